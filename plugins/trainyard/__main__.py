@@ -1,0 +1,9 @@
+"""Allow ``python -m trainyard``."""
+
+from __future__ import annotations
+
+import sys
+
+from trainyard.cli import main
+
+sys.exit(main())

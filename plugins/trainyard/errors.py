@@ -1,0 +1,43 @@
+"""Domain exceptions: each names what failed and why, so a task log reads as a diagnosis."""
+
+from __future__ import annotations
+
+
+class TrainyardError(Exception):
+    """Base class of every error trainyard raises on purpose."""
+
+
+class ConfigError(TrainyardError):
+    """A pipeline config, cluster profile or contract file is invalid (names file and field)."""
+
+
+class ContractError(ConfigError):
+    """A data contract is invalid or cannot be compiled."""
+
+
+class StagingError(TrainyardError):
+    """A source cannot be staged (missing, empty, corrupt, changed while read)."""
+
+
+class SnapshotError(TrainyardError):
+    """A snapshot is missing, incomplete or does not match its manifest."""
+
+
+class ValidationFailed(TrainyardError):
+    """A snapshot broke a blocking rule of its data contract (the data is invalid)."""
+
+
+class TrainingError(TrainyardError):
+    """Distributed training failed after all attempts (or deterministically, e.g. NaN loss)."""
+
+
+class GateRejected(TrainyardError):
+    """The evaluation gate rejected the candidate model."""
+
+
+class RegistryError(TrainyardError):
+    """The model registry is missing a version or its champion pointer is unreadable."""
+
+
+class DeployError(TrainyardError):
+    """A deployment failed its smoke test or never became available (after rollback)."""

@@ -1,0 +1,22 @@
+"""Shared fixtures: the trainyard package on sys.path and an isolated volume root."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "plugins"))
+os.environ.setdefault("TRAINYARD_PROJECT_DIR", str(ROOT))
+
+
+@pytest.fixture
+def volume_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh volume root for one test (``TRAINYARD_VOLUME_ROOT``)."""
+    root = tmp_path / "volumes"
+    root.mkdir()
+    monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(root))
+    return root
