@@ -1,0 +1,585 @@
+"""Model registry on the models volume: numbered versions, a champion pointer, lineage.
+
+Layout of one pipeline's registry (``<models_root>/<pipeline>/``)::
+
+    versions/<n>/model/          the SavedModel, copied at registration
+    versions/<n>/metadata.json   lineage: snapshot, dataset, contract, config hash, code, image
+    versions/<n>/metrics.json    training metrics
+    versions/<n>/gate.{md,json}  the evaluation gate's decision (attached after evaluation)
+    champion.json                {"version": n, "previous": [...], "event": {...}}
+    history.jsonl                one JSON line per promotion or rollback
+    .tmp/                        private in-progress copies, never read
+    .lock                        ``flock`` serialising numbering and pointer moves
+
+A version directory appears only complete (copied into ``.tmp``, fsynced, renamed), and the
+champion pointer is replaced atomically and only ever names a published version, so a crash
+at any point leaves the previous champion in place. ``champion.json`` carries the stack of
+earlier champions that ``rollback`` pops, and the event that set it; an event whose history
+line was lost to a crash is appended the next time the registry is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fcntl
+import json
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from trainyard.errors import RegistryError
+from trainyard.fsutil import (
+    atomic_write_bytes,
+    atomic_write_json,
+    fsync_dir,
+    private_tmp_dir,
+    publish_dir,
+    read_json,
+)
+
+#: Files a caller may attach to a published version (written atomically, never the model).
+ATTACHABLE = ("gate.md", "gate.json")
+#: Metadata keys every version must carry (the lineage of the model).
+REQUIRED_METADATA = ("dataset", "snapshot_id")
+_TMP_PREFIX = "reg-"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Registry:
+    """The versions of one pipeline's model and which of them is the champion."""
+
+    def __init__(self, models_root: Path | str, pipeline: Any) -> None:
+        """Open (lazily create) the registry of ``pipeline`` below ``models_root``.
+
+        Args:
+            models_root: Root of the models volume (``Settings.models_root``).
+            pipeline: Pipeline name, or an object with a ``name`` (a ``PipelineConfig``).
+
+        Raises:
+            RegistryError: If the pipeline name could escape the models volume.
+        """
+        name = str(getattr(pipeline, "name", pipeline))
+        if not name or "/" in name or name.startswith(".") or name != name.strip():
+            raise RegistryError(f"invalid pipeline name {name!r} for the model registry")
+        self.pipeline = name
+        self.root = Path(models_root) / name
+        self.versions_root = self.root / "versions"
+        self.pointer = self.root / "champion.json"
+        self.history_path = self.root / "history.jsonl"
+        self._tmp_root = self.root / ".tmp"
+
+    # ----------------------------------------------------------------- locking + hygiene
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._reconcile_history()
+            yield
+        finally:
+            os.close(fd)
+
+    def _clean_stale_tmp(self) -> None:
+        """Remove in-progress copies left by writers that died (their pid is gone)."""
+        if not self._tmp_root.is_dir():
+            return
+        for entry in self._tmp_root.iterdir():
+            parts = entry.name.split("-")
+            owner = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+            if entry.name.startswith(_TMP_PREFIX) and owner and not _pid_alive(owner):
+                shutil.rmtree(entry, ignore_errors=True)
+
+    # ----------------------------------------------------------------- versions
+
+    def version_dir(self, version: int) -> Path:
+        """The directory of a published version.
+
+        Args:
+            version: Version number.
+
+        Returns:
+            ``versions/<n>`` (holding ``model/``, ``metadata.json``, ``metrics.json``).
+
+        Raises:
+            RegistryError: If the version does not exist.
+        """
+        path = self.versions_root / str(int(version))
+        if not (path / "metadata.json").is_file():
+            raise RegistryError(
+                f"pipeline {self.pipeline!r} has no version {version} (looked in {path}; "
+                f"known: {self.list_versions() or 'none'})"
+            )
+        return path
+
+    def list_versions(self) -> list[int]:
+        """Published version numbers, ascending."""
+        if not self.versions_root.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.versions_root.iterdir() if p.name.isdigit())
+
+    def metadata(self, version: int) -> dict[str, Any]:
+        """The lineage metadata of a version (``metadata.json``).
+
+        Args:
+            version: Version number.
+
+        Returns:
+            The metadata, including ``version``, ``pipeline`` and ``registered_at``.
+
+        Raises:
+            RegistryError: If the version is missing or its metadata unreadable.
+        """
+        path = self.version_dir(version) / "metadata.json"
+        try:
+            data = read_json(path)
+        except (OSError, ValueError) as e:
+            raise RegistryError(f"{path}: unreadable version metadata: {e}") from e
+        if not isinstance(data, dict):
+            raise RegistryError(f"{path}: version metadata is not a JSON object")
+        return data
+
+    def read_file(self, version: int, name: str) -> dict[str, Any] | None:
+        """A JSON file of a version (``metrics.json``, ``gate.json``), or None if absent.
+
+        Raises:
+            RegistryError: If the file exists but is not a JSON object.
+        """
+        path = self.version_dir(version) / name
+        if not path.is_file():
+            return None
+        try:
+            data = read_json(path)
+        except (OSError, ValueError) as e:
+            raise RegistryError(f"{path}: unreadable: {e}") from e
+        if not isinstance(data, dict):
+            raise RegistryError(f"{path}: expected a JSON object")
+        return data
+
+    def register(
+        self,
+        model_dir: Path | str,
+        metadata: Mapping[str, Any],
+        extra_files: Sequence[Path | str] = (),
+    ) -> int:
+        """Copy a SavedModel in as the next numbered version, atomically.
+
+        The model and the sibling files are copied into a private ``.tmp`` directory outside
+        the lock; the number is then assigned under the registry lock and the directory is
+        fsynced and renamed to ``versions/<n>``. Concurrent registrations get distinct,
+        consecutive numbers; a crash leaves no visible version.
+
+        Args:
+            model_dir: A SavedModel directory (with ``saved_model.pb``).
+            metadata: Lineage (must hold ``dataset`` and ``snapshot_id``; typically also
+                ``contract_version``, ``config_hash``, ``code_version``, ``image``,
+                ``training``, ``train_metrics``, ``timings``). ``version``, ``pipeline`` and
+                ``registered_at`` are added.
+            extra_files: Sibling files copied next to ``model/`` under their own names
+                (``metrics.json``, ``history.json``). Without a ``metrics.json`` one is
+                written from ``metadata["train_metrics"]`` (or ``{}``).
+
+        Returns:
+            The new version number.
+
+        Raises:
+            RegistryError: If the model directory is not a SavedModel, metadata lacks
+                lineage or is not JSON-serialisable, or an extra file is missing.
+        """
+        src = Path(model_dir)
+        if not (src / "saved_model.pb").is_file():
+            raise RegistryError(f"{src}: not a SavedModel directory (no saved_model.pb)")
+        missing = [k for k in REQUIRED_METADATA if not metadata.get(k)]
+        if missing:
+            raise RegistryError(f"version metadata for {src} lacks {', '.join(missing)}")
+        extras = [Path(p) for p in extra_files]
+        for path in extras:
+            if not path.is_file():
+                raise RegistryError(f"{path}: extra file to register does not exist")
+            if path.name in ("metadata.json", "model", *ATTACHABLE):
+                raise RegistryError(f"{path}: extra file name {path.name!r} is reserved")
+        try:
+            json.dumps(dict(metadata), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise RegistryError(f"version metadata for {src} is not plain JSON: {e}") from e
+
+        with private_tmp_dir(self._tmp_root, prefix=_TMP_PREFIX) as tmp:
+            shutil.copytree(src, tmp / "model")
+            for path in extras:
+                shutil.copy2(path, tmp / path.name)
+            if not (tmp / "metrics.json").exists():
+                metrics = metadata.get("train_metrics") or metadata.get("metrics") or {}
+                _write_plain_json(tmp / "metrics.json", metrics)
+            with self._locked():
+                self._clean_stale_tmp()
+                version = self._next_version()
+                meta = {
+                    **dict(metadata),
+                    "version": version,
+                    "pipeline": self.pipeline,
+                    "registered_at": _now(),
+                }
+                _write_plain_json(tmp / "metadata.json", meta)
+                if not publish_dir(tmp, self.versions_root / str(version)):
+                    raise RegistryError(f"version {version} appeared while the lock was held")
+        return version
+
+    def _next_version(self) -> int:
+        used = set(self.list_versions())
+        state = self._read_pointer()
+        if state:
+            used.update(v for v in [state.get("version"), *state.get("previous", [])] if v)
+        return max(used, default=0) + 1
+
+    def attach(self, version: int, name: str, data: bytes | str) -> Path:
+        """Write a report file (``gate.md`` or ``gate.json``) into a published version.
+
+        Args:
+            version: Version number.
+            name: One of ``ATTACHABLE``.
+            data: File content.
+
+        Returns:
+            The written path.
+
+        Raises:
+            RegistryError: If the version is missing or the name is not attachable.
+        """
+        if name not in ATTACHABLE:
+            raise RegistryError(f"cannot attach {name!r} to a version (allowed: {ATTACHABLE})")
+        path = self.version_dir(version) / name
+        atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
+        return path
+
+    # ----------------------------------------------------------------- champion pointer
+
+    def _read_pointer(self) -> dict[str, Any] | None:
+        if not self.pointer.exists():
+            return None
+        try:
+            state = read_json(self.pointer)
+        except (OSError, ValueError) as e:
+            raise RegistryError(f"{self.pointer}: unreadable champion pointer: {e}") from e
+        if (
+            not isinstance(state, dict)
+            or not (state.get("version") is None or isinstance(state.get("version"), int))
+            or not isinstance(state.get("previous", []), list)
+        ):
+            raise RegistryError(f"{self.pointer}: malformed champion pointer {state!r}")
+        return state
+
+    def champion(self) -> int | None:
+        """The current champion version, or None before the first promotion.
+
+        Raises:
+            RegistryError: If ``champion.json`` is unreadable or names a missing version.
+        """
+        state = self._read_pointer()
+        version = state.get("version") if state else None
+        if version is None:
+            return None
+        if not (self.versions_root / str(version) / "metadata.json").is_file():
+            raise RegistryError(
+                f"{self.pointer}: champion names version {version}, which is missing"
+            )
+        return version
+
+    def champion_state(self) -> dict[str, Any] | None:
+        """The whole pointer: ``version``, ``previous`` (rollback stack), ``event``."""
+        return self._read_pointer()
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every promotion and rollback, oldest first (from ``history.jsonl``).
+
+        Raises:
+            RegistryError: If a line is not JSON (names the line number).
+        """
+        if not self.history_path.exists():
+            return []
+        events = []
+        for i, line in enumerate(self.history_path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                events.append(json.loads(line))
+            except ValueError as e:
+                raise RegistryError(f"{self.history_path}:{i}: not a JSON line: {e}") from e
+        return events
+
+    def _append_history(self, event: Mapping[str, Any]) -> None:
+        line = (json.dumps(dict(event), sort_keys=True) + "\n").encode()
+        fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(self.root)
+
+    def _reconcile_history(self) -> None:
+        """Append the pointer's event if a crash lost it after the pointer moved."""
+        state = self._read_pointer() if self.pointer.exists() else None
+        event = (state or {}).get("event")
+        if not event:
+            return
+        if self.history_path.exists():
+            with self.history_path.open("rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 65536))
+                tail = fh.read().decode("utf-8", errors="replace").splitlines()
+            if any(f'"id": "{event["id"]}"' in line for line in tail):
+                return
+        self._append_history(event)
+
+    def _move_pointer(
+        self, version: int | None, previous: list[int], event: dict[str, Any]
+    ) -> None:
+        atomic_write_json(self.pointer, {"version": version, "previous": previous, "event": event})
+        self._append_history(event)
+
+    def promote(self, version: int, reason: str, actor: str, forced: bool = False) -> None:
+        """Make ``version`` the champion (atomically) and record who, when and why.
+
+        A version whose attached gate decision is ``reject`` can only be promoted with
+        ``forced=True``; a gate verdict of ``forced`` marks the promotion as forced.
+
+        Args:
+            version: A published version.
+            reason: Why (one sentence; required).
+            actor: Who (a user name or ``pipeline``; required).
+            forced: The promotion overrides the gate.
+
+        Raises:
+            RegistryError: If the version is missing, reason/actor are empty, or the gate
+                rejected it and ``forced`` is false.
+        """
+        if not reason.strip() or not actor.strip():
+            raise RegistryError("promote needs a non-empty reason and actor")
+        version = int(version)
+        with self._locked():
+            self.version_dir(version)
+            gate = self.read_file(version, "gate.json")
+            verdict = (gate or {}).get("verdict")
+            if verdict == "reject" and not forced:
+                raise RegistryError(
+                    f"version {version} was rejected by its gate ({(gate or {}).get('reason')}); "
+                    "promote it with forced=True (CLI: --force) and a reason to override"
+                )
+            forced = forced or verdict == "forced"
+            state = self._read_pointer() or {}
+            current = state.get("version")
+            previous = list(state.get("previous", []))
+            if current is not None and current != version:
+                previous.append(current)
+            event = {
+                "id": uuid.uuid4().hex,
+                "event": "promote",
+                "version": version,
+                "from": current,
+                "actor": actor,
+                "reason": reason,
+                "forced": forced,
+                "at": _now(),
+            }
+            if forced and gate and gate.get("force"):
+                event["force_request"] = gate["force"]
+            self._move_pointer(version, previous, event)
+
+    def rollback(self, reason: str, actor: str) -> int | None:
+        """Make the previous champion the champion again.
+
+        Args:
+            reason: Why (required).
+            actor: Who (required).
+
+        Returns:
+            The new champion, or None if the rolled-back version was the first champion
+            (then no version is champion any more).
+
+        Raises:
+            RegistryError: If there is no champion, or the previous one is missing.
+        """
+        if not reason.strip() or not actor.strip():
+            raise RegistryError("rollback needs a non-empty reason and actor")
+        with self._locked():
+            state = self._read_pointer() or {}
+            current = state.get("version")
+            if current is None:
+                raise RegistryError(f"pipeline {self.pipeline!r} has no champion to roll back")
+            previous = list(state.get("previous", []))
+            target = previous.pop() if previous else None
+            if target is not None:
+                self.version_dir(target)
+            event = {
+                "id": uuid.uuid4().hex,
+                "event": "rollback",
+                "version": target,
+                "from": current,
+                "actor": actor,
+                "reason": reason,
+                "forced": False,
+                "at": _now(),
+            }
+            self._move_pointer(target, previous, event)
+            return target
+
+    def snapshot_ids_in_use(self, live_only: bool = False) -> set[tuple[str, str]]:
+        """The ``(dataset, snapshot_id)`` pairs models of this pipeline were trained on.
+
+        Args:
+            live_only: Only the champion and the versions a rollback could reach.
+
+        Returns:
+            The pairs (snapshot garbage collection must keep them).
+        """
+        versions = self.list_versions()
+        if live_only:
+            state = self._read_pointer() or {}
+            live = {state.get("version"), *state.get("previous", [])}
+            versions = [v for v in versions if v in live]
+        used = set()
+        for v in versions:
+            meta = self.metadata(v)
+            used.add((str(meta["dataset"]), str(meta["snapshot_id"])))
+        return used
+
+
+def snapshots_in_use(models_root: Path, live_only: bool = False) -> set[tuple[str, str]]:
+    """``(dataset, snapshot_id)`` pairs referenced by any pipeline's registered models.
+
+    Args:
+        models_root: Root of the models volume.
+        live_only: See ``Registry.snapshot_ids_in_use``.
+
+    Returns:
+        The union over every pipeline registry below ``models_root``.
+    """
+    used: set[tuple[str, str]] = set()
+    if not Path(models_root).is_dir():
+        return used
+    for entry in sorted(Path(models_root).iterdir()):
+        if (entry / "versions").is_dir():
+            used |= Registry(models_root, entry.name).snapshot_ids_in_use(live_only)
+    return used
+
+
+def _write_plain_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------- CLI
+
+
+def _fmt_metrics(metrics: Mapping[str, Any]) -> str:
+    items = [(k, v) for k, v in sorted(metrics.items()) if "@" not in k]
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in items)
+
+
+def _list(reg: Registry) -> str:
+    champion = reg.champion()
+    rows = [("", "version", "registered", "snapshot", "gate", "metrics")]
+    for v in reg.list_versions():
+        meta = reg.metadata(v)
+        gate = reg.read_file(v, "gate.json") or {}
+        metrics = gate.get("candidate_metrics") or reg.read_file(v, "metrics.json") or {}
+        rows.append(
+            (
+                "*" if v == champion else "",
+                str(v),
+                str(meta.get("registered_at", "-")),
+                str(meta.get("snapshot_id", "-")),
+                str(gate.get("verdict", "-")),
+                _fmt_metrics(metrics),
+            )
+        )
+    if len(rows) == 1:
+        return f"pipeline {reg.pipeline!r} has no registered versions\n"
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1]
+        for r in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def cli_main(argv: list[str]) -> int:
+    """``python -m trainyard models list|show|promote|rollback|history --pipeline P``.
+
+    Args:
+        argv: Arguments after ``models``.
+
+    Returns:
+        The exit code (trainyard errors propagate to the dispatcher, which prints them).
+    """
+    from trainyard.config import NAME_RE
+    from trainyard.settings import get_settings
+
+    parser = argparse.ArgumentParser(prog="python -m trainyard models")
+    sub = parser.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("list", "versions, the champion marked *"),
+        ("show", "one version's metadata and gate decision (default: the champion)"),
+        ("promote", "make a version the champion"),
+        ("rollback", "make the previous champion the champion again"),
+        ("history", "promotions and rollbacks, oldest first"),
+    ):
+        p = sub.add_parser(action, help=text)
+        p.add_argument("--pipeline", required=True)
+        if action == "show":
+            p.add_argument("version", type=int, nargs="?")
+        if action == "promote":
+            p.add_argument("version", type=int)
+            p.add_argument("--force", action="store_true", help="override a rejecting gate")
+        if action in ("promote", "rollback"):
+            p.add_argument("--reason", required=True)
+            p.add_argument("--actor", default=os.environ.get("USER") or "cli")
+    args = parser.parse_args(argv)
+    if not NAME_RE.match(args.pipeline):
+        parser.error(f"invalid pipeline name {args.pipeline!r}")
+    reg = Registry(get_settings().models_root, args.pipeline)
+    out = sys.stdout
+    if args.action == "list":
+        out.write(_list(reg))
+    elif args.action == "show":
+        version = args.version if args.version is not None else reg.champion()
+        if version is None:
+            raise RegistryError(f"pipeline {reg.pipeline!r} has no champion; name a version")
+        shown = {
+            "version": version,
+            "champion": version == reg.champion(),
+            "path": str(reg.version_dir(version)),
+            "metadata": reg.metadata(version),
+            "metrics": reg.read_file(version, "metrics.json"),
+            "gate": reg.read_file(version, "gate.json"),
+        }
+        out.write(json.dumps(shown, indent=2, sort_keys=True, default=str) + "\n")
+    elif args.action == "promote":
+        reg.promote(args.version, args.reason, args.actor, forced=args.force)
+        out.write(f"{reg.pipeline}: version {args.version} is now the champion\n")
+    elif args.action == "rollback":
+        target = reg.rollback(args.reason, args.actor)
+        out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")
+    elif args.action == "history":
+        for event in reg.history():
+            out.write(json.dumps(event, sort_keys=True) + "\n")
+    return 0
