@@ -1,0 +1,562 @@
+"""Data contracts (``data_contracts/<dataset>.yaml``): load, check, split, serve.
+
+A contract declares a dataset's source, columns and quality rules, roles, drift limits and
+holdout split (the format is documented in ``data_contracts/README.md``). Loading checks it
+twice: against the JSON schema shipped next to the contracts (structure, types, unknown
+fields), then against semantic rules (every rule names an existing column of a fitting
+type). Every failure is one ``ContractError`` naming the file, the line and the field.
+YAML is loaded with the safe loader only, so tags that construct objects are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+
+from trainyard.errors import ContractError
+from trainyard.settings import get_settings
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Severity = Literal["error", "warn"]
+SCHEMA_FILE = "contract.schema.json"
+NUMERIC_TYPES = frozenset({"int32", "int64", "float32", "float64"})
+COLUMN_RULES = (
+    "nullable",
+    "unique",
+    "min",
+    "max",
+    "allowed_values",
+    "all_values_present",
+    "regex",
+    "min_length",
+    "max_length",
+)
+HOLDOUT_BUCKETS = 10_000
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the dataset's raw data comes from (``format`` as in pipeline configs)."""
+
+    format: str
+    extension: str | None = None
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The decoded image feature of a files dataset."""
+
+    column: str
+    height: int
+    width: int
+    channels: int
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the snapshot's table view and its rules.
+
+    ``severity`` maps each rule the column declares to ``error`` (blocks) or ``warn``.
+    """
+
+    name: str
+    type: str
+    nullable: bool = True
+    unique: bool = False
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    allowed_values: tuple[Any, ...] | None = None
+    all_values_present: bool = False
+    regex: str | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    description: str = ""
+    severity: dict[str, Severity] = field(default_factory=dict)
+
+    @property
+    def numeric(self) -> bool:
+        """True for integer and floating point columns."""
+        return self.type in NUMERIC_TYPES
+
+    def severity_of(self, rule: str) -> Severity:
+        """The severity of one of this column's rules (``error`` unless declared ``warn``)."""
+        return self.severity.get(rule, "error")
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which columns are the key, the label and the model's features."""
+
+    key: str
+    label: str
+    features: list[str]
+    num_classes: int | None = None
+
+
+@dataclass(frozen=True)
+class RowCountRule:
+    """Bounds on the number of rows of a whole snapshot."""
+
+    min: int | None = None
+    max: int | None = None
+    severity: Severity = "error"
+
+
+@dataclass(frozen=True)
+class FreshnessRule:
+    """The newest value of ``column`` (or the snapshot's creation) is at most this old."""
+
+    max_age_hours: float
+    column: str | None = None
+    severity: Severity = "error"
+
+
+@dataclass(frozen=True)
+class DatasetRules:
+    """Rules on the whole snapshot rather than on single values."""
+
+    row_count: RowCountRule | None = None
+    freshness: FreshnessRule | None = None
+
+
+@dataclass(frozen=True)
+class DriftRule:
+    """A limit on how far a column may move against the last validated snapshot."""
+
+    column: str
+    method: Literal["psi", "ks", "mean_shift", "std_shift"]
+    max: float
+    bins: int = 10
+    severity: Severity = "error"
+
+
+@dataclass(frozen=True)
+class Split:
+    """Holdout split by a stable hash of a key column."""
+
+    holdout_fraction: float
+    by: str
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A parsed, checked data contract."""
+
+    dataset: str
+    version: str
+    owner: str
+    source: Source
+    columns: list[Column]
+    roles: Roles
+    split: Split
+    description: str = ""
+    image: ImageSpec | None = None
+    allow_extra_columns: bool = False
+    rules: DatasetRules = DatasetRules()
+    drift: list[DriftRule] = field(default_factory=list)
+    path: Path | None = None
+
+    def column(self, name: str) -> Column:
+        """The column called ``name``.
+
+        Raises:
+            ContractError: If the contract has no such column.
+        """
+        for col in self.columns:
+            if col.name == name:
+                return col
+        raise ContractError(f"{self.path or self.dataset}: no column {name!r}")
+
+    @property
+    def column_names(self) -> list[str]:
+        """Column names in contract order."""
+        return [c.name for c in self.columns]
+
+
+def schema_path() -> Path:
+    """The JSON schema every contract must satisfy (shipped in the contracts folder)."""
+    return Path(__file__).resolve().parents[2] / "data_contracts" / SCHEMA_FILE
+
+
+@lru_cache(maxsize=1)
+def _schema_validator() -> Any:
+    import jsonschema
+
+    path = schema_path()
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _line_index(text: str) -> dict[tuple[Any, ...], int]:
+    """Map each key path of a YAML document to its 1-based line number."""
+    lines: dict[tuple[Any, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[Any, ...]) -> None:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = (*path, key.value)
+                lines[sub] = key.start_mark.line + 1
+                walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, (*path, i))
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+class _Where:
+    """Formats ``file:line: field: message`` for a key path of the document."""
+
+    def __init__(self, path: Path, lines: dict[tuple[Any, ...], int]) -> None:
+        self.path = path
+        self.lines = lines
+
+    def __call__(self, keys: Sequence[Any], message: str) -> str:
+        keys = tuple(keys)
+        line = None
+        for n in range(len(keys), -1, -1):
+            if keys[:n] in self.lines:
+                line = self.lines[keys[:n]]
+                break
+        where = f"{self.path}:{line}" if line else str(self.path)
+        dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
+        return f"{where}: {dotted or '<root>'}: {message}"
+
+
+def _schema_errors(raw: Any, where: _Where) -> list[str]:
+    validator = _schema_validator()
+    errors = sorted(validator.iter_errors(raw), key=lambda e: (list(e.absolute_path), e.message))
+    out = []
+    for err in errors:
+        message = err.message
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            allowed = err.schema.get("properties", {})
+            for key in sorted(k for k in err.instance if k not in allowed):
+                out.append(where([*err.absolute_path, key], f"unknown field {key!r}"))
+            continue
+        if err.validator == "oneOf" and err.context:
+            message = "; ".join(sorted({c.message for c in err.context}))
+        out.append(where(list(err.absolute_path), message))
+    return out
+
+
+def _value_fits(value: Any, type_: str) -> bool:
+    if type_ == "string":
+        return isinstance(value, str)
+    if type_ == "bool":
+        return isinstance(value, bool)
+    if type_ in ("int32", "int64"):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if type_ in ("float32", "float64"):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return False
+
+
+def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> list[str]:
+    errs: list[str] = []
+    if stem is not None and raw["dataset"] != stem:
+        errs.append(where(["dataset"], f"{raw['dataset']!r} must equal the file name {stem!r}"))
+    types: dict[str, str] = {}
+    for i, col in enumerate(raw["columns"]):
+        name, type_ = col["name"], col["type"]
+        at = ["columns", i]
+        if name in types:
+            errs.append(where([*at, "name"], f"duplicate column {name!r}"))
+        types[name] = type_
+        for rule in ("min", "max"):
+            if rule in col and type_ not in NUMERIC_TYPES:
+                errs.append(
+                    where([*at, rule], f"{rule} needs a numeric column, {name!r} is {type_}")
+                )
+        for flag, rule in (("min_exclusive", "min"), ("max_exclusive", "max")):
+            if col.get(flag) and rule not in col:
+                errs.append(where([*at, flag], f"{flag} needs {rule}"))
+        if "min" in col and "max" in col and col["min"] > col["max"]:
+            errs.append(where([*at, "min"], f"min {col['min']} is greater than max {col['max']}"))
+        for rule in ("regex", "min_length", "max_length"):
+            if rule in col and type_ != "string":
+                errs.append(
+                    where([*at, rule], f"{rule} needs a string column, {name!r} is {type_}")
+                )
+        if col.get("min_length", 0) > col.get("max_length", float("inf")):
+            errs.append(where([*at, "min_length"], "min_length is greater than max_length"))
+        if "regex" in col:
+            try:
+                re.compile(col["regex"])
+            except re.error as e:
+                errs.append(where([*at, "regex"], f"invalid regular expression: {e}"))
+        for j, value in enumerate(col.get("allowed_values", [])):
+            if not _value_fits(value, type_):
+                errs.append(where([*at, "allowed_values", j], f"{value!r} is not a {type_} value"))
+        if col.get("all_values_present") and "allowed_values" not in col:
+            errs.append(where([*at, "all_values_present"], "needs allowed_values"))
+        if col.get("unique") and type_ in ("float32", "float64"):
+            errs.append(where([*at, "unique"], "unique is not supported on float columns"))
+        severity = col.get("severity")
+        if isinstance(severity, dict):
+            for rule in severity:
+                declared = col.get(rule) not in (None, False) or (
+                    rule == "nullable" and col.get("nullable") is False
+                )
+                if not declared:
+                    errs.append(where([*at, "severity", rule], f"column declares no {rule} rule"))
+
+    def need_column(keys: list[Any], name: str, *, numeric: bool = False) -> None:
+        if name not in types:
+            errs.append(where(keys, f"unknown column {name!r} (columns: {', '.join(types)})"))
+        elif numeric and types[name] not in NUMERIC_TYPES | {"bool"}:
+            errs.append(where(keys, f"column {name!r} is {types[name]}, not numeric"))
+
+    roles = raw["roles"]
+    image = raw.get("image")
+    if image is not None and image["column"] in types:
+        errs.append(where(["image", "column"], "the image is decoded, not a table column"))
+    need_column(["roles", "key"], roles["key"])
+    need_column(["roles", "label"], roles["label"])
+    for i, feature in enumerate(roles["features"]):
+        if image is not None and feature == image["column"]:
+            continue
+        need_column(["roles", "features", i], feature, numeric=True)
+        if feature in (roles["key"], roles["label"]):
+            errs.append(where(["roles", "features", i], f"{feature!r} is also the key or label"))
+    label = next((c for c in raw["columns"] if c["name"] == roles["label"]), None)
+    num_classes = roles.get("num_classes")
+    if label is not None and num_classes is not None and "allowed_values" in label:
+        if len(label["allowed_values"]) != num_classes:
+            errs.append(
+                where(
+                    ["roles", "num_classes"],
+                    f"{num_classes} classes but label {label['name']!r} allows "
+                    f"{len(label['allowed_values'])} values",
+                )
+            )
+    if label is not None and num_classes is not None and label["type"] not in ("int32", "int64"):
+        errs.append(where(["roles", "label"], "a classification label must be an integer column"))
+    need_column(["split", "by"], raw["split"]["by"])
+    rules = raw.get("rules", {})
+    count = rules.get("row_count", {})
+    if count.get("min", 0) > count.get("max", float("inf")):
+        errs.append(where(["rules", "row_count", "min"], "min is greater than max"))
+    fresh = rules.get("freshness", {})
+    if "column" in fresh:
+        need_column(["rules", "freshness", "column"], fresh["column"])
+        if types.get(fresh["column"], "timestamp") != "timestamp":
+            errs.append(where(["rules", "freshness", "column"], "needs a timestamp column"))
+    for i, rule in enumerate(raw.get("drift", [])):
+        need_column(["drift", i, "column"], rule["column"], numeric=rule["method"] != "psi")
+    return errs
+
+
+def _severity_map(col: dict[str, Any]) -> dict[str, Severity]:
+    sev = col.get("severity", "error")
+    if isinstance(sev, str):
+        return dict.fromkeys(COLUMN_RULES, sev)  # type: ignore[arg-type]
+    return dict(sev)
+
+
+def _build(raw: dict[str, Any], path: Path | None) -> Contract:
+    rules = raw.get("rules", {})
+    return Contract(
+        dataset=raw["dataset"],
+        version=raw["version"],
+        owner=raw["owner"],
+        description=raw.get("description", ""),
+        source=Source(**raw["source"]),
+        image=ImageSpec(**raw["image"]) if "image" in raw else None,
+        allow_extra_columns=raw.get("allow_extra_columns", False),
+        columns=[
+            Column(
+                **{k: v for k, v in c.items() if k not in ("allowed_values", "severity")},
+                allowed_values=tuple(c["allowed_values"]) if "allowed_values" in c else None,
+                severity=_severity_map(c),
+            )
+            for c in raw["columns"]
+        ],
+        roles=Roles(**raw["roles"]),
+        rules=DatasetRules(
+            row_count=RowCountRule(**rules["row_count"]) if "row_count" in rules else None,
+            freshness=FreshnessRule(**rules["freshness"]) if "freshness" in rules else None,
+        ),
+        drift=[DriftRule(**d) for d in raw.get("drift", [])],
+        split=Split(**raw["split"]),
+        path=path,
+    )
+
+
+def parse_contract_text(text: str, path: Path, *, check_name: bool = True) -> Contract:
+    """Parse and check a contract from its YAML text.
+
+    Args:
+        text: The YAML document.
+        path: The file it came from (named in errors; its stem must equal ``dataset``).
+        check_name: Whether ``dataset`` must equal the file's stem.
+
+    Returns:
+        The checked contract.
+
+    Raises:
+        ContractError: If the YAML is invalid or unsafe, breaks the JSON schema, or breaks
+            a semantic rule; the message names the file, line and field of every problem.
+    """
+    try:
+        raw = yaml.safe_load(text)
+        lines = _line_index(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise ContractError(f"{path}{line}: not valid (safe) YAML: {e.problem or e}") from e
+    except yaml.YAMLError as e:
+        raise ContractError(f"{path}: not valid YAML: {e}") from e
+    where = _Where(path, lines)
+    if not isinstance(raw, dict):
+        raise ContractError(where([], "expected a mapping at the top level"))
+    errors = _schema_errors(raw, where)
+    if not errors:
+        errors = _semantic_errors(raw, where, path.stem if check_name else None)
+    if errors:
+        raise ContractError(f"{path}: invalid data contract\n  " + "\n  ".join(errors))
+    return _build(raw, path)
+
+
+def parse_contract(path: Path) -> Contract:
+    """Load and check one contract file.
+
+    Args:
+        path: The YAML file.
+
+    Returns:
+        The checked contract.
+
+    Raises:
+        ContractError: If the file is missing or invalid (names file, line and field).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ContractError(f"{path}: data contract not found") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ContractError(f"{path}: cannot read data contract: {e}") from e
+    return parse_contract_text(text, path)
+
+
+def contract_files(contracts_dir: Path | None = None) -> list[Path]:
+    """Every contract file of the project, sorted."""
+    folder = contracts_dir or get_settings().contracts_dir
+    return sorted(folder.glob("*.yaml"))
+
+
+def load_contract(dataset: str) -> Contract:
+    """Load the contract of a dataset from ``<contracts_dir>/<dataset>.yaml``.
+
+    Args:
+        dataset: The dataset name.
+
+    Returns:
+        The checked contract.
+
+    Raises:
+        ContractError: If there is no such contract (lists the known ones) or it is invalid.
+    """
+    if not re.match(r"^[a-z][a-z0-9_]{0,62}$", dataset):
+        raise ContractError(f"invalid dataset name {dataset!r}")
+    folder = get_settings().contracts_dir
+    path = folder / f"{dataset}.yaml"
+    if not path.exists():
+        known = ", ".join(p.stem for p in contract_files(folder)) or "none"
+        raise ContractError(f"no data contract for {dataset!r} (known: {known}; in {folder})")
+    return parse_contract(path)
+
+
+def holdout_mask(keys: Sequence[str], fraction: float) -> np.ndarray:
+    """Stable holdout membership of each key; the split never moves between runs.
+
+    Args:
+        keys: Key values (``roles.key`` / ``split.by`` of the contract).
+        fraction: Holdout fraction in (0, 1).
+
+    Returns:
+        A boolean array, True where the key belongs to the holdout set.
+    """
+    import numpy as np
+    import xxhash
+
+    cut = round(fraction * HOLDOUT_BUCKETS)
+    return np.fromiter(
+        (xxhash.xxh3_64_intdigest(k.encode()) % HOLDOUT_BUCKETS < cut for k in keys),
+        dtype=bool,
+        count=len(keys),
+    )
+
+
+def feature_spec(contract: Contract) -> dict[str, tuple[str, tuple[int | None, ...]]]:
+    """The serving inputs of a contract's model: name → (dtype, shape incl. batch dim).
+
+    Args:
+        contract: The dataset's contract.
+
+    Returns:
+        ``{"image": ("float32", (None, H, W, C))}`` for an image dataset, else one
+        ``("float32", (None,))`` entry per feature column, in contract order.
+    """
+    spec: dict[str, tuple[str, tuple[int | None, ...]]] = {}
+    for name in contract.roles.features:
+        img = contract.image
+        if img is not None and name == img.column:
+            spec[name] = ("float32", (None, img.height, img.width, img.channels))
+        else:
+            spec[name] = ("float32", (None,))
+    return spec
+
+
+def cli_main(argv: list[str]) -> int:
+    """``trainyard contracts check [FILE ...]``: check contracts against schema and rules.
+
+    Args:
+        argv: Arguments after ``contracts``.
+
+    Returns:
+        0 if every contract is valid, 1 if any is invalid, 2 on usage errors.
+    """
+    parser = argparse.ArgumentParser(prog="trainyard contracts")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="check contracts (default: every contract)")
+    check.add_argument("files", nargs="*", type=Path)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    files = args.files or contract_files()
+    if not files:
+        sys.stderr.write(f"no contracts found in {get_settings().contracts_dir}\n")
+        return 1
+    failed = 0
+    for path in files:
+        try:
+            contract = parse_contract(path)
+        except ContractError as e:
+            failed += 1
+            sys.stderr.write(f"FAIL {e}\n")
+        else:
+            sys.stdout.write(f"ok   {path} ({contract.dataset} {contract.version})\n")
+    if failed:
+        sys.stderr.write(f"{failed} of {len(files)} contract(s) invalid\n")
+    return 1 if failed else 0
