@@ -340,15 +340,18 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
             errs.append(where(["roles", "features", i], f"{feature!r} is also the key or label"))
     label = next((c for c in raw["columns"] if c["name"] == roles["label"]), None)
     num_classes = roles.get("num_classes")
-    if label is not None and num_classes is not None and "allowed_values" in label:
-        if len(label["allowed_values"]) != num_classes:
-            errs.append(
-                where(
-                    ["roles", "num_classes"],
-                    f"{num_classes} classes but label {label['name']!r} allows "
-                    f"{len(label['allowed_values'])} values",
-                )
+    if (
+        label is not None
+        and num_classes is not None
+        and len(label.get("allowed_values", [None] * num_classes)) != num_classes
+    ):
+        errs.append(
+            where(
+                ["roles", "num_classes"],
+                f"{num_classes} classes but label {label['name']!r} allows "
+                f"{len(label['allowed_values'])} values",
             )
+        )
     if label is not None and num_classes is not None and label["type"] not in ("int32", "int64"):
         errs.append(where(["roles", "label"], "a classification label must be an integer column"))
     need_column(["split", "by"], raw["split"]["by"])
