@@ -1,0 +1,876 @@
+"""Evaluation on the holdout split and the declarative promotion gate.
+
+``evaluate_model`` runs a SavedModel's ``serving_default`` signature over examples and
+computes the metrics a pipeline's gate names (overall and per slice, ``<metric>@<column>=
+<value>``). ``decide`` is the gate itself: a pure function of the gate config, the
+candidate's and the champion's metrics and an optional force request, returning a
+``GateDecision`` that lists every check and renders as markdown (``gate.md``) and JSON
+(``gate.json``). ``evaluate_and_decide`` wires both to the registry and the snapshot the
+candidate was trained on. A gate that cannot decide (missing metric, NaN, evaluation crash,
+unreadable champion) rejects, and says why.
+
+TensorFlow is imported inside the functions that run a model, never at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+from trainyard.config import GateConfig, Threshold
+from trainyard.errors import ConfigError, GateRejected, TrainyardError
+
+if TYPE_CHECKING:
+    from trainyard.config import PipelineConfig
+    from trainyard.registry import Registry
+
+log = logging.getLogger("trainyard.evaluation")
+
+KNOWN_METRICS = ("accuracy", "loss", "auc", "rmse", "mae")
+_EPS = 1e-7  # probability clip of the cross-entropy, as Keras does
+_TOL = 1e-9  # float slack when comparing a metric with a bound
+_MAX_SLICES = 256
+
+
+class EvaluationError(TrainyardError):
+    """A model could not be evaluated (bad inputs, outputs or labels)."""
+
+
+class ExamplesLike(Protocol):
+    """What evaluation needs from ``trainyard.trainer.data.Examples``."""
+
+    features: dict[str, np.ndarray]
+    labels: np.ndarray
+    keys: list[str]
+
+
+# --------------------------------------------------------------------- metrics
+
+
+def _binary_auc(positive: np.ndarray, score: np.ndarray) -> float:
+    """ROC AUC as the Mann-Whitney U statistic (average ranks for ties)."""
+    n_pos = int(positive.sum())
+    n_neg = positive.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    order = np.argsort(score, kind="mergesort")
+    _, inverse, counts = np.unique(score[order], return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    avg_rank = (ends - counts + 1 + ends) / 2.0
+    ranks = np.empty(score.size, dtype=np.float64)
+    ranks[order] = avg_rank[inverse]
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def _auc(labels: np.ndarray, probs: np.ndarray) -> float:
+    if probs.shape[1] == 1:
+        return _binary_auc(labels == 1, probs[:, 0])
+    if probs.shape[1] == 2:
+        return _binary_auc(labels == 1, probs[:, 1])
+    per_class = [_binary_auc(labels == c, probs[:, c]) for c in range(probs.shape[1])]
+    finite = [a for a in per_class if not math.isnan(a)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def compute_metrics(
+    outputs: Mapping[str, np.ndarray], labels: np.ndarray, metrics: Sequence[str]
+) -> dict[str, float]:
+    """Compute metrics from a model's outputs (pure numpy).
+
+    Args:
+        outputs: ``probabilities`` (n, classes) and ``class_id`` (n,) of a classifier, or
+            ``predictions`` (n,) / (n, 1) of a regressor.
+        labels: True labels (class ids, or targets for a regressor), shape (n,).
+        metrics: Names from ``KNOWN_METRICS``.
+
+    Returns:
+        Metric name to value; NaN where a metric is undefined (e.g. AUC of one class, or
+        no rows).
+
+    Raises:
+        EvaluationError: If a metric does not fit the model's outputs.
+        ConfigError: If a metric name is unknown.
+    """
+    unknown = [m for m in metrics if m not in KNOWN_METRICS]
+    if unknown:
+        raise ConfigError(f"unknown gate metric(s) {unknown}; known: {', '.join(KNOWN_METRICS)}")
+    result: dict[str, float] = {}
+    n = int(labels.shape[0])
+    if "probabilities" in outputs:
+        probs = np.asarray(outputs["probabilities"], dtype=np.float64).reshape(n, -1)
+        if "class_id" in outputs:
+            class_id = np.asarray(outputs["class_id"]).reshape(n)
+        elif probs.shape[1] == 1:
+            class_id = (probs[:, 0] >= 0.5).astype(np.int64)
+        else:
+            class_id = probs.argmax(axis=1)
+        y = labels.astype(np.int64)
+        for m in metrics:
+            if n == 0:
+                result[m] = math.nan
+            elif m == "accuracy":
+                result[m] = float(np.mean(class_id == y))
+            elif m == "loss":
+                if probs.shape[1] == 1:
+                    p = np.clip(probs[:, 0], _EPS, 1 - _EPS)
+                    result[m] = float(-np.mean(np.where(y == 1, np.log(p), np.log(1 - p))))
+                else:
+                    p = np.clip(probs[np.arange(n), y], _EPS, 1.0)
+                    result[m] = float(-np.mean(np.log(p)))
+            elif m == "auc":
+                result[m] = _auc(y, probs)
+            else:
+                raise EvaluationError(
+                    f"metric {m!r} needs a regression output 'predictions'; the model outputs "
+                    f"{sorted(outputs)}"
+                )
+        return result
+    if "predictions" in outputs:
+        pred = np.asarray(outputs["predictions"], dtype=np.float64).reshape(n, -1)[:, 0]
+        err = pred - labels.astype(np.float64)
+        for m in metrics:
+            if n == 0:
+                result[m] = math.nan
+            elif m in ("rmse", "loss"):
+                mse = float(np.mean(err**2))
+                result[m] = math.sqrt(mse) if m == "rmse" else mse
+            elif m == "mae":
+                result[m] = float(np.mean(np.abs(err)))
+            else:
+                raise EvaluationError(f"metric {m!r} needs a classifier output 'probabilities'")
+        return result
+    raise EvaluationError(
+        f"model outputs {sorted(outputs)} hold neither 'probabilities' nor 'predictions'"
+    )
+
+
+def _slice_label(value: Any) -> str:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def _check_labels(
+    labels: np.ndarray, keys: Sequence[str], outputs: Mapping[str, np.ndarray]
+) -> None:
+    if "probabilities" not in outputs:
+        return
+    classes = max(
+        2, int(np.asarray(outputs["probabilities"]).reshape(labels.shape[0], -1).shape[1])
+    )
+    bad = np.flatnonzero((labels < 0) | (labels >= classes) | (labels != np.round(labels)))
+    if bad.size:
+        i = int(bad[0])
+        key = keys[i] if i < len(keys) else "?"
+        raise EvaluationError(
+            f"holdout row {i} (key {key!r}), column label: value {labels[i]!r} is not a class id "
+            f"in [0, {classes}) ({bad.size} such rows)"
+        )
+
+
+def metrics_with_slices(
+    outputs: Mapping[str, np.ndarray],
+    labels: np.ndarray,
+    keys: Sequence[str],
+    metrics: Sequence[str],
+    slice_values: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, float]:
+    """Overall metrics plus ``<metric>@<column>=<value>`` for every slice column's values.
+
+    Args:
+        outputs: The model outputs over all rows (see ``compute_metrics``).
+        labels: True labels.
+        keys: Row keys (named in errors).
+        metrics: Metric names.
+        slice_values: Column name to one value per row.
+
+    Returns:
+        The metrics.
+
+    Raises:
+        EvaluationError: If a slice column has the wrong length or too many values, or a
+            label is not a class id.
+    """
+    labels = np.asarray(labels)
+    _check_labels(labels, keys, outputs)
+    result = compute_metrics(outputs, labels, metrics)
+    for column, values in (slice_values or {}).items():
+        values = np.asarray(values)
+        if values.shape[0] != labels.shape[0]:
+            raise EvaluationError(
+                f"slice column {column!r} has {values.shape[0]} values for {labels.shape[0]} rows"
+            )
+        distinct = np.unique(values)
+        if distinct.size > _MAX_SLICES:
+            raise EvaluationError(
+                f"slice column {column!r} has {distinct.size} distinct values (max {_MAX_SLICES})"
+            )
+        for value in distinct:
+            mask = values == value
+            sub = {k: np.asarray(v)[mask] for k, v in outputs.items()}
+            for m, v in compute_metrics(sub, labels[mask], metrics).items():
+                result[f"{m}@{column}={_slice_label(value)}"] = v
+    return result
+
+
+def _run_model(
+    model_dir: Path | str, features: Mapping[str, np.ndarray], batch_size: int = 1024
+) -> dict[str, np.ndarray]:
+    """Call a SavedModel's ``serving_default`` over the features in batches."""
+    import tensorflow as tf
+
+    try:
+        loaded = tf.saved_model.load(str(model_dir))
+        fn = loaded.signatures["serving_default"]
+    except (OSError, KeyError, ValueError, RuntimeError, tf.errors.OpError) as e:
+        raise EvaluationError(f"{model_dir}: cannot load a serving_default signature: {e}") from e
+    specs: dict[str, Any] = fn.structured_input_signature[1]
+    missing = sorted(set(specs) - set(features))
+    if missing:
+        raise EvaluationError(
+            f"{model_dir}: model inputs {missing} are not in the examples' features "
+            f"{sorted(features)}"
+        )
+    n = int(next(iter(features.values())).shape[0]) if features else 0
+    chunks: dict[str, list[np.ndarray]] = {}
+    for start in range(0, n, batch_size):
+        batch = {
+            name: tf.constant(
+                np.asarray(features[name][start : start + batch_size]), dtype=spec.dtype
+            )
+            for name, spec in specs.items()
+        }
+        try:
+            out = fn(**batch)
+        except (ValueError, TypeError, tf.errors.OpError) as e:
+            raise EvaluationError(
+                f"{model_dir}: rows {start}..{start + batch_size - 1}: {e}"
+            ) from e
+        for name, tensor in out.items():
+            chunks.setdefault(name, []).append(tensor.numpy())
+    if not chunks:
+        return {name: np.zeros((0,)) for name in fn.structured_outputs}
+    return {name: np.concatenate(parts) for name, parts in chunks.items()}
+
+
+def evaluate_model(
+    model_dir: Path | str,
+    examples: ExamplesLike,
+    metrics: Sequence[str],
+    slices: Sequence[str] | None = None,
+    slice_values: Mapping[str, np.ndarray] | None = None,
+    batch_size: int = 1024,
+) -> dict[str, float]:
+    """Evaluate a SavedModel on examples.
+
+    Args:
+        model_dir: SavedModel directory with a ``serving_default`` signature.
+        examples: Features, labels and keys (``trainyard.trainer.data.Examples``).
+        metrics: Names from ``KNOWN_METRICS``.
+        slices: Columns to slice by (each must be in ``slice_values``).
+        slice_values: Column name to one value per example.
+        batch_size: Rows per signature call.
+
+    Returns:
+        Metric name to value, overall and per slice (``accuracy@label=3``).
+
+    Raises:
+        EvaluationError: If the model cannot be loaded or run, or inputs do not fit.
+    """
+    values = _select_slices(slices, slice_values)
+    outputs = _run_model(model_dir, examples.features, batch_size)
+    return metrics_with_slices(outputs, examples.labels, examples.keys, metrics, values)
+
+
+def _select_slices(
+    slices: Sequence[str] | None, slice_values: Mapping[str, np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    missing = [c for c in slices or () if c not in (slice_values or {})]
+    if missing:
+        raise EvaluationError(
+            f"slice column(s) {missing} have no values (got {sorted(slice_values or {})})"
+        )
+    return {c: np.asarray((slice_values or {})[c]) for c in slices or ()}
+
+
+def required_metrics(gate: GateConfig) -> list[str]:
+    """The base metrics a gate reads: its ``metrics``, thresholds and champion rule."""
+    names = list(gate.metrics)
+    names += [k.split("@", 1)[0] for k in gate.thresholds]
+    if gate.champion:
+        names.append(gate.champion.metric.split("@", 1)[0])
+    return list(dict.fromkeys(names))
+
+
+# --------------------------------------------------------------------- the gate
+
+
+@dataclass(frozen=True)
+class ForceRequest:
+    """A person's request to promote whatever the gate says (the ``force_promote`` param).
+
+    Attributes:
+        actor: Who asked.
+        reason: Why (required, non-empty).
+        at: When (ISO timestamp).
+    """
+
+    actor: str
+    reason: str
+    at: str
+
+    def __post_init__(self) -> None:
+        if not str(self.reason or "").strip():
+            raise GateRejected("force_promote needs a non-empty reason (force_reason)")
+        if not str(self.actor or "").strip():
+            raise GateRejected("force_promote needs the actor who asked for it")
+        if isinstance(self.at, dt.datetime):
+            object.__setattr__(self, "at", self.at.isoformat())
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the gate report."""
+
+    name: str
+    metric: str
+    candidate: float | None
+    champion: float | None
+    threshold: str
+    passed: bool
+    note: str = ""
+
+
+Verdict = Literal["promote", "reject", "forced"]
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The gate's verdict with every check behind it.
+
+    Attributes:
+        promote: Whether the candidate may be deployed and made champion.
+        verdict: ``promote``, ``reject`` or ``forced`` (promoted over failed checks).
+        reason: One readable sentence.
+        checks: Every check, in order.
+        first_run: There was no champion, so only thresholds were checked.
+        force: The force request, if any.
+        candidate_metrics: The candidate's metrics.
+        champion_metrics: The champion's metrics (None on the first run).
+        version: The candidate version (set by ``evaluate_and_decide``).
+        champion_version: The champion version it was compared with.
+        smoke: ``{"keys": [...], "class_ids": [...]}``: the candidate's predictions for the
+            first holdout rows, for the deploy smoke test.
+        fail_run_on_reject: The pipeline wants a rejection to fail the run.
+    """
+
+    promote: bool
+    verdict: Verdict
+    reason: str
+    checks: list[Check]
+    first_run: bool
+    force: ForceRequest | None = None
+    candidate_metrics: dict[str, float] = field(default_factory=dict)
+    champion_metrics: dict[str, float] | None = None
+    version: int | None = None
+    champion_version: int | None = None
+    smoke: dict[str, list[Any]] | None = None
+    fail_run_on_reject: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``gate.json``); non-finite numbers become null."""
+        return _clean(
+            {
+                "promote": self.promote,
+                "verdict": self.verdict,
+                "reason": self.reason,
+                "first_run": self.first_run,
+                "checks": [dataclasses.asdict(c) for c in self.checks],
+                "force": dataclasses.asdict(self.force) if self.force else None,
+                "candidate_metrics": self.candidate_metrics,
+                "champion_metrics": self.champion_metrics,
+                "version": self.version,
+                "champion_version": self.champion_version,
+                "smoke": self.smoke,
+                "fail_run_on_reject": self.fail_run_on_reject,
+            }
+        )
+
+    def to_json(self) -> str:
+        """``gate.json`` content."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    def to_markdown(self) -> str:
+        """``gate.md``: the verdict, its reason and a table of every check."""
+        who = f"version {self.version}" if self.version is not None else "candidate"
+        against = (
+            f"champion version {self.champion_version}"
+            if self.champion_version is not None
+            else "no champion"
+        )
+        lines = [
+            f"## Gate: {self.verdict.upper()} ({who} vs {against})",
+            "",
+            f"**Verdict:** {self.verdict}. {self.reason}",
+            "",
+        ]
+        if self.first_run:
+            lines += ["First run: there is no champion yet, so only absolute thresholds apply.", ""]
+        if self.force:
+            lines += [
+                f"Force promote requested by **{self.force.actor}** at {self.force.at}: "
+                f"{self.force.reason}",
+                "",
+            ]
+        lines += [
+            "| check | metric | candidate | champion | threshold | result | note |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in self.checks:
+            cells = [
+                c.name,
+                c.metric,
+                _fmt(c.candidate),
+                _fmt(c.champion),
+                c.threshold,
+                "pass" if c.passed else "**FAIL**",
+                c.note,
+            ]
+            lines.append("| " + " | ".join(s.replace("|", "\\|") for s in cells) + " |")
+        return "\n".join(lines) + "\n"
+
+    def summary(self) -> dict[str, Any]:
+        """What the evaluate step returns (XCom): verdict, reason, metrics, the report."""
+        return _clean(
+            {
+                "promote": self.promote,
+                "verdict": self.verdict,
+                "reason": self.reason,
+                "first_run": self.first_run,
+                "version": self.version,
+                "champion": self.champion_version,
+                "metrics": self.candidate_metrics,
+                "champion_metrics": self.champion_metrics,
+                "forced_by": self.force.actor if self.force and self.verdict == "forced" else None,
+                "fail_run_on_reject": self.fail_run_on_reject,
+                "report": self.to_markdown(),
+            }
+        )
+
+    def report_files(self) -> dict[str, bytes]:
+        """``gate.md`` and ``gate.json`` as bytes, ready for ``Registry.attach``."""
+        return {"gate.md": self.to_markdown().encode(), "gate.json": self.to_json().encode()}
+
+
+def _bound_text(th: Threshold) -> str:
+    parts = []
+    if th.min is not None:
+        parts.append(f">= {th.min:g}")
+    if th.max is not None:
+        parts.append(f"<= {th.max:g}")
+    return " and ".join(parts) or "any"
+
+
+def _threshold_check(
+    name: str,
+    metric: str,
+    th: Threshold,
+    candidate: Mapping[str, Any],
+    champion: Mapping[str, Any] | None,
+) -> Check:
+    raw = candidate.get(metric)
+    value = _finite(raw)
+    champ = _finite((champion or {}).get(metric))
+    if value is None:
+        note = "missing" if raw is None else f"not a finite number ({raw!r})"
+        return Check(name, metric, None, champ, _bound_text(th), False, note)
+    low_ok = th.min is None or value >= th.min - _TOL
+    high_ok = th.max is None or value <= th.max + _TOL
+    note = "" if low_ok and high_ok else ("below minimum" if not low_ok else "above maximum")
+    return Check(name, metric, value, champ, _bound_text(th), low_ok and high_ok, note)
+
+
+def _champion_check(
+    gate: GateConfig, candidate: Mapping[str, Any], champion: Mapping[str, Any]
+) -> Check:
+    assert gate.champion is not None
+    rule = gate.champion
+    metric = rule.metric
+    cand, champ = _finite(candidate.get(metric)), _finite(champion.get(metric))
+    name = f"champion:{metric}"
+    if cand is None or champ is None:
+        whose = "candidate" if cand is None else "champion"
+        return Check(name, metric, cand, champ, "-", False, f"{whose} value missing or not finite")
+    required = rule.min_improvement if rule.min_improvement > 0 else -rule.max_regression
+    scale = abs(champ) if rule.relative else 1.0
+    sign = 1.0 if rule.higher_is_better else -1.0
+    bound = champ + sign * required * scale
+    op = ">=" if rule.higher_is_better else "<="
+    passed = (cand >= bound - _TOL) if rule.higher_is_better else (cand <= bound + _TOL)
+    unit = f"{required:+.2%} of champion" if rule.relative else f"{required:+g}"
+    kind = (
+        "improvement" if required > 0 else ("tolerated regression" if required < 0 else "no worse")
+    )
+    threshold = f"{op} {bound:.4f} (champion {unit}, {kind})"
+    delta = (cand - champ) * sign
+    trend = "improves" if delta > 0 else "regresses" if delta < 0 else "equals"
+    note = f"{trend} by {abs(cand - champ):.4f}"
+    return Check(name, metric, cand, champ, threshold, passed, note)
+
+
+def decide(
+    gate: GateConfig,
+    candidate: Mapping[str, Any],
+    champion: Mapping[str, Any] | None,
+    force: ForceRequest | None = None,
+    *,
+    candidate_error: str | None = None,
+    champion_error: str | None = None,
+) -> GateDecision:
+    """Apply a gate to the candidate's (and the champion's) metrics. Pure: no I/O.
+
+    Args:
+        gate: The pipeline's gate.
+        candidate: The candidate's metrics (overall and ``<metric>@<column>=<value>``).
+        champion: The champion's metrics on the same holdout, or None if there is no
+            champion (the first run: thresholds only).
+        force: A force-promote request; it promotes over failed checks, and is recorded.
+        candidate_error: Why the candidate could not be evaluated (rejects).
+        champion_error: Why the champion could not be evaluated (rejects: the gate cannot
+            decide), e.g. an unreadable champion pointer.
+
+    Returns:
+        The decision with every check.
+    """
+    checks: list[Check] = []
+    if candidate_error:
+        checks.append(Check("evaluate:candidate", "-", None, None, "-", False, candidate_error))
+    if champion_error:
+        checks.append(Check("evaluate:champion", "-", None, None, "-", False, champion_error))
+    first_run = champion is None and not champion_error
+    for metric in gate.metrics:
+        raw = candidate.get(metric)
+        value = _finite(raw)
+        note = "" if value is not None else ("missing" if raw is None else f"not finite ({raw!r})")
+        champ = _finite((champion or {}).get(metric))
+        checks.append(
+            Check(f"metric:{metric}", metric, value, champ, "finite", value is not None, note)
+        )
+    for metric, th in sorted(gate.thresholds.items()):
+        checks.append(_threshold_check(f"threshold:{metric}", metric, th, candidate, champion))
+    for column in gate.slices:
+        prefix = f"@{column}="
+        names = sorted(k for k in candidate if prefix in k)
+        if not names:
+            checks.append(
+                Check(
+                    f"slice:{column}",
+                    "-",
+                    None,
+                    None,
+                    "-",
+                    False,
+                    f"no metrics for slice column {column!r}",
+                )
+            )
+            continue
+        for metric, th in sorted(gate.thresholds.items()):
+            if "@" in metric:
+                continue
+            for name in (k for k in names if k.startswith(metric + prefix)):
+                checks.append(
+                    _threshold_check(
+                        f"slice:{name.split('@', 1)[1]}", name, th, candidate, champion
+                    )
+                )
+    if champion is not None and gate.champion is not None and not champion_error:
+        checks.append(_champion_check(gate, candidate, champion))
+
+    failed = [c for c in checks if not c.passed]
+    if not checks:
+        failed_text = "the gate declares no checks, so it cannot decide"
+    else:
+        shown = "; ".join(f"{c.name} {c.note or 'failed'}".strip() for c in failed[:3])
+        more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+        failed_text = f"{len(failed)} of {len(checks)} checks failed: {shown}{more}"
+    ok = bool(checks) and not failed
+    champ_part = ""
+    if gate.champion and champion is not None and not champion_error:
+        c = next(c for c in checks if c.name.startswith("champion:"))
+        champ_part = f"; {c.metric} {_fmt(c.candidate)} vs champion {_fmt(c.champion)}"
+    if ok:
+        verdict: Verdict = "promote"
+        first = " (first run: no champion, thresholds only)" if first_run else ""
+        reason = f"All {len(checks)} checks passed{first}{champ_part}."
+        if force:
+            reason += f" Force promote by {force.actor} was not needed."
+    elif force:
+        verdict = "forced"
+        reason = (
+            f"Forced by {force.actor} at {force.at} ({force.reason}) over the gate: {failed_text}."
+        )
+    else:
+        verdict = "reject"
+        reason = f"Rejected: {failed_text}{champ_part}."
+    return GateDecision(
+        promote=verdict != "reject",
+        verdict=verdict,
+        reason=reason,
+        checks=checks,
+        first_run=first_run,
+        force=force,
+        candidate_metrics=dict(candidate),
+        champion_metrics=dict(champion) if champion is not None else None,
+        fail_run_on_reject=gate.fail_run_on_reject,
+    )
+
+
+# --------------------------------------------------------------------- wiring
+
+
+def run_gate(
+    gate: GateConfig,
+    candidate_dir: Path | str,
+    champion_dir: Path | str | None,
+    examples: ExamplesLike,
+    slice_values: Mapping[str, np.ndarray] | None = None,
+    force: ForceRequest | None = None,
+    smoke_rows: int = 8,
+    champion_error: str | None = None,
+) -> GateDecision:
+    """Evaluate candidate and champion on the same examples, then ``decide``.
+
+    An evaluation that fails (any exception: a corrupt SavedModel, a signature that does not
+    fit the features) does not raise: it becomes a failed check, so the gate rejects with
+    the reason.
+
+    Args:
+        gate: The pipeline's gate.
+        candidate_dir: The candidate SavedModel.
+        champion_dir: The champion SavedModel, or None on the first run.
+        examples: The holdout examples.
+        slice_values: Slice column values per example.
+        force: A force-promote request.
+        smoke_rows: How many leading rows' predicted class ids to keep for the smoke test.
+        champion_error: A champion that could not even be located (passed through).
+
+    Returns:
+        The decision, with ``smoke`` set when the candidate ran.
+    """
+    metrics = required_metrics(gate)
+    candidate: dict[str, float] = {}
+    candidate_error = None
+    smoke = None
+    try:
+        values = _select_slices(gate.slices, slice_values)
+        outputs = _run_model(candidate_dir, examples.features)
+        candidate = metrics_with_slices(outputs, examples.labels, examples.keys, metrics, values)
+        if "class_id" in outputs:
+            k = min(smoke_rows, len(examples.keys))
+            ids = np.asarray(outputs["class_id"]).reshape(-1)[:k]
+            smoke = {"keys": list(examples.keys[:k]), "class_ids": [int(i) for i in ids]}
+    except Exception as e:  # any failure means the gate cannot decide: reject with the reason
+        log.exception("evaluating candidate %s failed", candidate_dir)
+        candidate_error = f"candidate evaluation failed: {type(e).__name__}: {e}"
+    champion: dict[str, float] | None = None
+    if champion_dir is not None and champion_error is None:
+        try:
+            champion = evaluate_model(champion_dir, examples, metrics, gate.slices, slice_values)
+        except Exception as e:  # an unreadable champion cannot be compared with: reject
+            log.exception("evaluating champion %s failed", champion_dir)
+            champion_error = f"champion evaluation failed: {type(e).__name__}: {e}"
+    decision = decide(
+        gate,
+        candidate,
+        champion,
+        force,
+        candidate_error=candidate_error,
+        champion_error=champion_error,
+    )
+    return dataclasses.replace(decision, smoke=smoke)
+
+
+def _slice_values(
+    snapshot_dir: Path, contract: Any, examples: ExamplesLike, columns: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Slice columns aligned with the examples: the label, or a column of the table view."""
+    values: dict[str, np.ndarray] = {}
+    table_columns = [c for c in columns if c != contract.roles.label]
+    if contract.roles.label in columns:
+        values[contract.roles.label] = np.asarray(examples.labels)
+    if not table_columns:
+        return values
+    import pyarrow.parquet as pq
+
+    from trainyard.volumes import table_files
+
+    key = contract.roles.key
+    lookup: dict[str, dict[str, Any]] = {c: {} for c in table_columns}
+    for path in table_files(snapshot_dir):
+        names = pq.read_schema(path).names
+        absent = [c for c in [key, *table_columns] if c not in names]
+        if absent:
+            raise EvaluationError(f"{path}: slice column(s) {absent} not in the table ({names})")
+        table = pq.read_table(path, columns=[key, *table_columns]).to_pydict()
+        for c in table_columns:
+            lookup[c].update(zip(table[key], table[c], strict=True))
+    for c in table_columns:
+        try:
+            values[c] = np.asarray([lookup[c][k] for k in examples.keys])
+        except KeyError as e:
+            raise EvaluationError(
+                f"{snapshot_dir}: holdout key {e} has no row in the table view"
+            ) from e
+    return values
+
+
+def _holdout(cfg: PipelineConfig, meta: Mapping[str, Any]) -> tuple[Path, Any, ExamplesLike]:
+    from trainyard.contracts import load_contract
+    from trainyard.trainer.data import load_examples
+    from trainyard.volumes import snapshot_dir
+
+    contract = load_contract(cfg.dataset)
+    snap = snapshot_dir(str(meta["dataset"]), str(meta["snapshot_id"]))
+    return snap, contract, load_examples(snap, contract, "holdout")
+
+
+def evaluate_and_decide(
+    cfg: PipelineConfig, registry: Registry, version: int, force: ForceRequest | None = None
+) -> GateDecision:
+    """The evaluate step: gate a registered candidate and attach ``gate.md``/``gate.json``.
+
+    Candidate and champion are evaluated on the holdout split of the snapshot the candidate
+    was trained on. Anything that stops the gate from deciding (missing data, an unreadable
+    champion pointer, a crashing model) becomes a failed check: the verdict is ``reject``.
+
+    Args:
+        cfg: The pipeline config (its ``gate`` and ``serving.smoke_rows``).
+        registry: The pipeline's registry.
+        version: The candidate version.
+        force: A force-promote request.
+
+    Returns:
+        The decision (also stored next to the model).
+
+    Raises:
+        RegistryError: If the candidate version does not exist.
+    """
+    meta = registry.metadata(version)
+    champion_version: int | None = None
+    champion_error = None
+    try:
+        champion_version = registry.champion()
+    except TrainyardError as e:
+        champion_error = f"champion unreadable: {e}"
+    try:
+        snap, contract, examples = _holdout(cfg, meta)
+        slice_values = _slice_values(snap, contract, examples, cfg.gate.slices)
+    except Exception as e:  # no holdout data means no decision: reject with the reason
+        log.exception("loading the holdout of %s v%s failed", cfg.name, version)
+        if champion_version is not None and champion_error is None:
+            champion_error = "not evaluated (no holdout data)"
+        decision = decide(
+            cfg.gate,
+            {},
+            None,
+            force,
+            candidate_error=f"holdout data unavailable: {type(e).__name__}: {e}",
+            champion_error=champion_error,
+        )
+    else:
+        champion_dir = (
+            registry.version_dir(champion_version) / "model" if champion_version else None
+        )
+        decision = run_gate(
+            cfg.gate,
+            registry.version_dir(version) / "model",
+            champion_dir,
+            examples,
+            slice_values,
+            force,
+            cfg.serving.smoke_rows,
+            champion_error,
+        )
+    decision = dataclasses.replace(decision, version=version, champion_version=champion_version)
+    for name, data in decision.report_files().items():
+        registry.attach(version, name, data)
+    return decision
+
+
+@dataclass(frozen=True)
+class SmokeExamples:
+    """Holdout rows for the deploy smoke test and the class ids the model gave them offline."""
+
+    keys: list[str]
+    features: dict[str, np.ndarray]
+    expected_class_ids: list[int]
+
+
+def smoke_examples(
+    cfg: PipelineConfig, registry: Registry, version: int, rows: int
+) -> SmokeExamples:
+    """The first ``rows`` holdout rows of a version's snapshot and its offline predictions.
+
+    Uses the predictions recorded in ``gate.json`` when they cover the rows; otherwise runs
+    the model.
+
+    Args:
+        cfg: The pipeline config.
+        registry: The pipeline's registry.
+        version: The version about to be deployed.
+        rows: How many rows.
+
+    Returns:
+        Keys, features (numpy, batch first) and expected class ids.
+
+    Raises:
+        EvaluationError: If the holdout split is empty or the model cannot run.
+    """
+    _, _, examples = _holdout(cfg, registry.metadata(version))
+    k = min(rows, len(examples.keys))
+    if k == 0:
+        raise EvaluationError(
+            f"version {version}: the holdout split is empty, nothing to smoke-test"
+        )
+    keys = list(examples.keys[:k])
+    features = {name: np.asarray(arr[:k]) for name, arr in examples.features.items()}
+    recorded = (registry.read_file(version, "gate.json") or {}).get("smoke") or {}
+    if recorded.get("keys", [])[:k] == keys and len(recorded.get("class_ids", [])) >= k:
+        expected = [int(i) for i in recorded["class_ids"][:k]]
+    else:
+        outputs = _run_model(registry.version_dir(version) / "model", features)
+        expected = [int(i) for i in np.asarray(outputs["class_id"]).reshape(-1)]
+    return SmokeExamples(keys=keys, features=features, expected_class_ids=expected)
