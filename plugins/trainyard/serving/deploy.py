@@ -1,0 +1,454 @@
+"""Deploy a promoted model version: publish, wait until AVAILABLE, smoke-test, roll back.
+
+Publishing copies the SavedModel into ``<serving_root>/<model>/.tmp-<n>-<pid>`` (with the
+contract's feature spec in ``assets.extra/trainyard.json``), fsyncs it and renames it to
+``<n>``, so the server never sees a half-copied version. Rolling back renames ``<n>`` out
+of the base path (atomic) before deleting it; the server then falls back to the previous
+highest version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import trainyard
+from trainyard.errors import DeployError
+from trainyard.fsutil import atomic_write_json, publish_dir, read_json
+from trainyard.serving.client import ServingClient, ServingHTTPError
+from trainyard.serving.models import SPEC_FILE
+from trainyard.serving.schema import FeatureSpec, spec_to_json
+
+PID_FILE = ".server.pid"
+LOG_FILE = ".server.log"
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    """Outcome of :func:`deploy`.
+
+    Attributes:
+        version: The deployed version.
+        url: Its predict URL.
+        status: The server's status entry for the version.
+        sample_prediction: The served outputs of the first smoke row.
+        smoke_rows: How many holdout rows were checked.
+        rolled_back: Whether the deployment was undone.
+        reason: Why it succeeded or failed.
+    """
+
+    version: int
+    url: str
+    status: dict[str, Any] = field(default_factory=dict)
+    sample_prediction: dict[str, Any] = field(default_factory=dict)
+    smoke_rows: int = 0
+    rolled_back: bool = False
+    reason: str = ""
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "assets.extra":
+            continue
+        h.update(str(rel).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def publish_version(
+    model_dir: Path, serving_root: Path, model_name: str, version: int, feature_spec: FeatureSpec
+) -> bool:
+    """Copy a SavedModel into the base path as version ``version``, atomically.
+
+    Args:
+        model_dir: The SavedModel directory (has ``saved_model.pb``).
+        serving_root: The server's base path.
+        model_name: Model name (a folder below ``serving_root``).
+        version: Version number.
+        feature_spec: The contract's serving inputs, written to ``assets.extra``.
+
+    Returns:
+        True if this call published it; False if the same content was already there.
+
+    Raises:
+        DeployError: If ``model_dir`` is not a SavedModel, or version ``version`` already
+            exists with different content.
+    """
+    model_dir = Path(model_dir)
+    if not (model_dir / "saved_model.pb").is_file():
+        raise DeployError(f"{model_dir}: not a SavedModel directory (no saved_model.pb)")
+    final = serving_root / model_name / str(version)
+    if final.exists():
+        if _tree_digest(final) == _tree_digest(model_dir):
+            return False
+        raise DeployError(f"{final}: version {version} is already published with different content")
+    tmp = serving_root / model_name / f".tmp-{version}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copytree(model_dir, tmp)
+        atomic_write_json(
+            tmp / SPEC_FILE,
+            {"model": model_name, "version": version, "feature_spec": spec_to_json(feature_spec)},
+        )
+        if not publish_dir(tmp, final):
+            raise DeployError(f"{final}: another deploy published version {version} concurrently")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def unpublish_version(serving_root: Path, model_name: str, version: int) -> bool:
+    """Remove a version from the base path (rename out of sight first, then delete).
+
+    Returns:
+        True if the version existed.
+    """
+    final = serving_root / model_name / str(version)
+    trash = serving_root / model_name / f".tmp-del-{version}-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        os.rename(final, trash)
+    except FileNotFoundError:
+        return False
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
+def wait_available(
+    client: ServingClient, model: str, version: int, timeout_s: float
+) -> dict[str, Any]:
+    """Poll the server until ``version`` of ``model`` is AVAILABLE.
+
+    Returns:
+        The version's status entry.
+
+    Raises:
+        DeployError: If loading failed (with the server's error message) or the timeout passed.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while True:
+        try:
+            entries = client.status(model, version)
+            entry = entries[0]
+            if entry["state"] == "AVAILABLE":
+                return entry
+            err = entry.get("status", {})
+            if entry["state"] == "END" and err.get("error_code", "OK") != "OK":
+                raise DeployError(
+                    f"version {version} of {model} failed to load: {err.get('error_message')}"
+                )
+            last = f"state {entry['state']}"
+        except ServingHTTPError as e:
+            last = e.message
+        except (OSError, ConnectionError) as e:
+            last = f"{type(e).__name__}: {e}"
+            client.close()
+        if time.monotonic() > deadline:
+            raise DeployError(
+                f"version {version} of {model} not AVAILABLE after {timeout_s:.0f}s ({last})"
+            )
+        time.sleep(0.1)
+
+
+def _smoke(
+    client: ServingClient,
+    model: str,
+    version: int,
+    smoke_inputs: Mapping[str, np.ndarray],
+    expected: Sequence[int],
+) -> dict[str, Any]:
+    outputs = client.predict(
+        model, inputs={k: np.asarray(v) for k, v in smoke_inputs.items()}, version=version
+    )
+    if not isinstance(outputs, dict) or "class_id" not in outputs:
+        raise DeployError(f"smoke test: response has no 'class_id' output: {str(outputs)[:200]}")
+    served = [int(c) for c in outputs["class_id"]]
+    exp = [int(c) for c in expected]
+    if len(served) != len(exp):
+        raise DeployError(f"smoke test: {len(served)} predictions for {len(exp)} rows")
+    diff = [i for i, (s, e) in enumerate(zip(served, exp, strict=True)) if s != e]
+    if diff:
+        i = diff[0]
+        raise DeployError(
+            f"smoke test: {len(diff)} of {len(exp)} holdout rows differ from the offline "
+            f"evaluation (row {i}: served class {served[i]}, expected {exp[i]})"
+        )
+    return {k: v[0] for k, v in outputs.items()}
+
+
+def deploy(
+    model_name: str,
+    version: int,
+    model_dir: Path,
+    serving_root: Path,
+    host: str,
+    port: int,
+    smoke_inputs: Mapping[str, np.ndarray],
+    expected_class_ids: Sequence[int],
+    feature_spec: FeatureSpec,
+    previous_version: int | None,
+    timeout_s: float = 120.0,
+    *,
+    raise_on_rollback: bool = True,
+) -> DeployResult:
+    """Publish a version, wait until it serves, smoke-test it, roll back on failure.
+
+    Args:
+        model_name: Model name in the base path.
+        version: The version to deploy (the registry's version number).
+        model_dir: Its SavedModel directory.
+        serving_root: The server's base path.
+        host: Server host.
+        port: Server port (a server must answer there, see :func:`ensure_local_server`).
+        smoke_inputs: Holdout rows, feature name → array (batch first).
+        expected_class_ids: The offline evaluation's class ids for those rows.
+        feature_spec: The contract's serving inputs.
+        previous_version: The champion served before (restored on failure), or None.
+        timeout_s: How long to wait for the version (and for a rollback) to be AVAILABLE.
+        raise_on_rollback: Raise after rolling back (default) instead of returning a
+            result with ``rolled_back=True``.
+
+    Returns:
+        The result.
+
+    Raises:
+        DeployError: After a rollback (names the reason and whether the previous version
+            serves again), unless ``raise_on_rollback`` is False.
+    """
+    serving_root = Path(serving_root)
+    url = f"http://{host}:{port}/v1/models/{model_name}/versions/{version}:predict"
+    rows = len(expected_class_ids)
+    client = ServingClient(host, port)
+    ours = False  # the version dir is this deploy's (just published, or same content)
+    try:
+        try:
+            publish_version(Path(model_dir), serving_root, model_name, version, feature_spec)
+            ours = True
+            status = wait_available(client, model_name, version, timeout_s)
+            sample = _smoke(client, model_name, version, smoke_inputs, expected_class_ids)
+            latest = client.status(model_name)
+            newest = max(int(e["version"]) for e in latest if e["state"] == "AVAILABLE")
+            if newest != version:
+                raise DeployError(
+                    f"version {version} is AVAILABLE but the server serves {newest} as latest"
+                )
+        except DeployError as e:
+            reason = str(e)
+        except Exception as e:  # any failure rolls back; the reason names it
+            reason = f"{type(e).__name__}: {e}"
+        else:
+            return DeployResult(
+                version=version,
+                url=url,
+                status=status,
+                sample_prediction=sample,
+                smoke_rows=rows,
+                reason=f"version {version} AVAILABLE; {rows} smoke rows match offline evaluation",
+            )
+        restored = _rollback(
+            client, serving_root, model_name, version, previous_version, ours, timeout_s
+        )
+        result = DeployResult(
+            version=version,
+            url=url,
+            smoke_rows=rows,
+            rolled_back=True,
+            reason=f"{reason}; {restored}",
+        )
+        if raise_on_rollback:
+            raise DeployError(
+                f"deploy of {model_name} version {version} rolled back: {result.reason}"
+            )
+        return result
+    finally:
+        client.close()
+
+
+def _rollback(
+    client: ServingClient,
+    serving_root: Path,
+    model: str,
+    version: int,
+    previous: int | None,
+    ours: bool,
+    timeout_s: float,
+) -> str:
+    if not ours:
+        return f"left {serving_root / model / str(version)} alone (not published by this deploy)"
+    if previous != version:
+        unpublish_version(serving_root, model, version)
+    if previous is None:
+        return f"removed version {version}; no previous version to restore"
+    if not (serving_root / model / str(previous)).is_dir():
+        where = serving_root / model
+        return f"removed version {version}; previous version {previous} is not in {where}"
+    try:
+        wait_available(client, model, previous, timeout_s)
+    except DeployError as e:
+        return f"removed version {version}; previous version {previous} did not come back: {e}"
+    return f"removed version {version}; previous version {previous} is AVAILABLE again"
+
+
+# ---- the local server process --------------------------------------------------------
+
+
+def _answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether a TF-Serving-compatible server answers on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError:
+        return False
+    client = ServingClient(host, port, timeout=timeout)
+    try:
+        status, data = client.request("GET", "/v1/models/__trainyard_probe__")
+    except (OSError, ConnectionError):
+        return False
+    finally:
+        client.close()
+    return status in (200, 404) and b"error" in data
+
+
+def ensure_local_server(
+    serving_root: Path, host: str = "127.0.0.1", port: int = 8501, timeout_s: float = 90.0
+) -> int:
+    """Start ``python -m trainyard serve`` detached unless a server already answers.
+
+    The process gets its own session (it outlives the caller), its log in
+    ``<serving_root>/.server.log`` and its pid file ``<serving_root>/.server.pid``.
+
+    Args:
+        serving_root: The base path to serve.
+        host: Listen address.
+        port: Listen port.
+        timeout_s: How long to wait for it to answer.
+
+    Returns:
+        The server's pid (from the pid file if one was already running, else 0 when the
+        answering server was not started by trainyard).
+
+    Raises:
+        DeployError: If the port is taken by something else, or the server exits or does
+            not answer in time (with the tail of its log).
+    """
+    serving_root = Path(serving_root)
+    serving_root.mkdir(parents=True, exist_ok=True)
+    pid_file = serving_root / PID_FILE
+    if _answers(host, port):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            info = read_json(pid_file)
+            if info["port"] == port and _alive(int(info["pid"])):
+                return int(info["pid"])
+        return 0
+    with contextlib.suppress(OSError):
+        probe = socket.create_connection((host, port), timeout=1.0)
+        probe.close()
+        raise DeployError(f"{host}:{port} is in use by something that is not a model server")
+    plugins_dir = str(Path(trainyard.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (plugins_dir, env.get("PYTHONPATH")) if p)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    log_path = serving_root / LOG_FILE
+    cmd = [
+        sys.executable, "-m", "trainyard", "serve",
+        "--base-path", str(serving_root), "--host", host, "--port", str(port),
+        "--poll-interval", "0.5",
+    ]  # fmt: skip
+    with open(log_path, "ab") as log_fh:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    atomic_write_json(pid_file, {"pid": proc.pid, "host": host, "port": port, "cmd": cmd})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pid_file.unlink(missing_ok=True)
+            raise DeployError(
+                f"serving process exited with code {proc.returncode}; log {log_path}:\n"
+                + _tail(log_path)
+            )
+        if _answers(host, port):
+            return proc.pid
+        time.sleep(0.2)
+    proc.terminate()
+    pid_file.unlink(missing_ok=True)
+    raise DeployError(
+        f"serving process did not answer on {host}:{port} within {timeout_s:.0f}s:\n"
+        + _tail(log_path)
+    )
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of this process counts as dead
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def _is_our_server(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"trainyard" in cmdline and b"serve" in cmdline
+
+
+def stop_local_server(serving_root: Path, timeout_s: float = 15.0) -> bool:
+    """Stop the server :func:`ensure_local_server` started (SIGTERM, then SIGKILL).
+
+    Returns:
+        True if a running server was stopped; False if none was recorded or running.
+    """
+    pid_file = Path(serving_root) / PID_FILE
+    try:
+        pid = int(read_json(pid_file)["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if not _alive(pid) or not _is_our_server(pid):
+        pid_file.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.05)
+    pid_file.unlink(missing_ok=True)
+    return True

@@ -1,0 +1,491 @@
+"""Model versions under a TF Serving base path: discovery, loading, warm-up, swap, batching.
+
+Layout: ``<base_path>/<model_name>/<n>/`` is a SavedModel (``n`` numeric; anything else,
+such as ``.tmp-*``, is ignored). Policy, as TF Serving's "latest" with availability
+preservation: the highest version directory that has not failed to load is aspired; it is
+loaded and warmed up in a background thread while the previous version keeps serving, and
+only once it is ``AVAILABLE`` are the other versions unloaded. A version whose directory
+disappears is unloaded (after the next highest is available), which is how a rollback
+reaches the server. Requests that already hold a version finish on it.
+
+TensorFlow is imported only inside the functions that load a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainyard.fsutil import read_json
+from trainyard.serving.schema import FeatureSpec, parse_feature_spec
+
+log = logging.getLogger("trainyard.serving")
+
+SPEC_FILE = Path("assets.extra") / "trainyard.json"
+SIGNATURE = "serving_default"
+
+
+class ModelNotFound(LookupError):
+    """No servable version of the requested model (HTTP 404)."""
+
+
+@dataclass
+class LoadedVersion:
+    """A SavedModel version loaded in memory and ready to run.
+
+    Attributes:
+        model: Model name.
+        version: Version number.
+        path: The version directory it was loaded from.
+        feature_spec: Inputs: name → (dtype, shape), batch first.
+        output_spec: Outputs: name → (dtype, shape), batch first.
+        fn: The ``serving_default`` concrete function.
+        batcher: Merges concurrent requests into one model call.
+        saved_model: The loaded object, kept alive because ``fn`` uses its variables.
+    """
+
+    model: str
+    version: int
+    path: Path
+    feature_spec: FeatureSpec
+    output_spec: FeatureSpec
+    fn: Any
+    batcher: Batcher = field(init=False, repr=False)
+    saved_model: Any = field(default=None, repr=False)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the signature on numpy inputs (blocking; call from a worker thread)."""
+        import tensorflow as tf
+
+        result = self.fn(**{k: tf.constant(v) for k, v in inputs.items()})
+        return {k: v.numpy() for k, v in result.items()}
+
+    async def predict(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        """Run the model on one request's inputs, batched with concurrent requests."""
+        return await self.batcher.submit(inputs, rows)
+
+
+class Batcher:
+    """Opportunistic batching: requests that queue while the model is busy run together.
+
+    Nothing waits for a batch to fill, so a lone request pays no delay; under load, every
+    request that arrived during the previous model call is merged into the next one (up to
+    ``max_batch_rows``), which amortises the per-call overhead.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+        executor: Executor,
+        max_batch_rows: int = 1024,
+        max_concurrency: int = 2,
+    ) -> None:
+        self._run = run
+        self._executor = executor
+        self._max_rows = max_batch_rows
+        self._max_concurrency = max_concurrency
+        self._queue: collections.deque[tuple[dict[str, np.ndarray], int, asyncio.Future[Any]]] = (
+            collections.deque()
+        )
+        self._running = 0
+        self.calls = 0
+        self.merged_requests = 0
+
+    async def submit(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        """Queue one request and wait for its slice of the batch's outputs."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((inputs, rows, fut))
+        self._kick()
+        return await fut
+
+    def _take(self) -> list[tuple[dict[str, np.ndarray], int, asyncio.Future[Any]]]:
+        first = self._queue.popleft()
+        items = [first]
+        total = first[1]
+        key = {k: v.shape[1:] for k, v in first[0].items()}
+        while self._queue:
+            inputs, rows, _ = self._queue[0]
+            if total + rows > self._max_rows or {k: v.shape[1:] for k, v in inputs.items()} != key:
+                break
+            items.append(self._queue.popleft())
+            total += rows
+        return items
+
+    def _kick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._queue and self._running < self._max_concurrency:
+            items = [it for it in self._take() if not it[2].cancelled()]
+            if not items:
+                continue
+            self._running += 1
+            self.calls += 1
+            self.merged_requests += len(items) - 1
+            task = loop.run_in_executor(self._executor, self._run_merged, [it[0] for it in items])
+            task.add_done_callback(lambda t, items=items: self._done(t, items))
+
+    def _run_merged(self, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        if len(parts) == 1:
+            return self._run(parts[0])
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return self._run(merged)
+
+    def _done(
+        self,
+        task: asyncio.Future[dict[str, np.ndarray]],
+        items: list[tuple[dict[str, np.ndarray], int, asyncio.Future[Any]]],
+    ) -> None:
+        self._running -= 1
+        exc = task.exception()
+        if exc is not None:
+            for _, _, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+        else:
+            outputs = task.result()
+            start = 0
+            for _, rows, fut in items:
+                if not fut.done():
+                    fut.set_result({k: v[start : start + rows] for k, v in outputs.items()})
+                start += rows
+        self._kick()
+
+
+def _spec_from_tensor_specs(specs: dict[str, Any]) -> FeatureSpec:
+    out: FeatureSpec = {}
+    for name, ts in specs.items():
+        dims = ts.shape.as_list() if ts.shape.rank is not None else [None]
+        out[name] = (ts.dtype.name, tuple(dims))
+    return out
+
+
+def load_version(
+    model: str, version: int, path: Path, executor: Executor, max_batch_rows: int = 1024
+) -> LoadedVersion:
+    """Load, check and warm up one SavedModel version (blocking).
+
+    The feature spec comes from ``assets.extra/trainyard.json`` (written by the deploy
+    step) and must agree with the signature; without that file it is derived from the
+    signature. Warm-up runs the signature once on a zero batch so the first request does
+    not pay for tracing and kernel selection.
+
+    Args:
+        model: Model name.
+        version: Version number.
+        path: The SavedModel directory.
+        executor: Thread pool the model runs on.
+        max_batch_rows: Largest merged batch.
+
+    Returns:
+        The loaded version.
+
+    Raises:
+        ValueError: If the SavedModel cannot be loaded, lacks ``serving_default``, its
+            signature disagrees with the declared feature spec, or warm-up fails.
+    """
+    import tensorflow as tf
+
+    if not (path / "saved_model.pb").is_file():
+        raise ValueError(f"{path}: no saved_model.pb (not a SavedModel directory)")
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as e:
+        raise ValueError(f"{path}: cannot load SavedModel: {type(e).__name__}: {e}") from e
+    if SIGNATURE not in loaded.signatures:
+        raise ValueError(
+            f"{path}: no {SIGNATURE!r} signature (has: {sorted(loaded.signatures) or 'none'})"
+        )
+    fn = loaded.signatures[SIGNATURE]
+    sig_spec = _spec_from_tensor_specs(fn.structured_input_signature[1])
+    output_spec = _spec_from_tensor_specs(fn.structured_outputs)
+    spec_path = path / SPEC_FILE
+    if spec_path.is_file():
+        try:
+            declared = parse_feature_spec(read_json(spec_path).get("feature_spec"), str(spec_path))
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{spec_path}: invalid feature spec: {e}") from e
+        _check_compatible(declared, sig_spec, path)
+        feature_spec = declared
+    else:
+        feature_spec = sig_spec
+    version_obj = LoadedVersion(
+        model=model,
+        version=version,
+        path=path,
+        feature_spec=feature_spec,
+        output_spec=output_spec,
+        fn=fn,
+        saved_model=loaded,
+    )
+    version_obj.batcher = Batcher(version_obj.run, executor, max_batch_rows=max_batch_rows)
+    warm = {
+        name: np.zeros([1 if d is None else d for d in shape], dtype=dtype)
+        for name, (dtype, shape) in feature_spec.items()
+    }
+    try:
+        out = version_obj.run(warm)
+    except Exception as e:
+        raise ValueError(f"{path}: warm-up prediction failed: {type(e).__name__}: {e}") from e
+    bad = [k for k, v in out.items() if v.shape[:1] != (1,)]
+    if bad:
+        raise ValueError(f"{path}: output {bad[0]!r} is not batched (shape {out[bad[0]].shape})")
+    return version_obj
+
+
+def _check_compatible(declared: FeatureSpec, signature: FeatureSpec, path: Path) -> None:
+    if set(declared) != set(signature):
+        raise ValueError(
+            f"{path}: signature inputs {sorted(signature)} differ from the contract's "
+            f"features {sorted(declared)}"
+        )
+    for name, (dtype, shape) in declared.items():
+        sdtype, sshape = signature[name]
+        if sdtype != dtype:
+            raise ValueError(
+                f"{path}: input {name!r} is {sdtype} in the signature, {dtype} in the contract"
+            )
+        if len(sshape) != len(shape) or any(
+            s is not None and d is not None and s != d for s, d in zip(sshape, shape, strict=True)
+        ):
+            raise ValueError(
+                f"{path}: input {name!r} has shape {list(sshape)} in the signature, "
+                f"{list(shape)} in the contract"
+            )
+
+
+@dataclass
+class VersionRecord:
+    """What the server knows about one version directory (TF Serving's version status)."""
+
+    version: int
+    state: str  # START | LOADING | AVAILABLE | UNLOADING | END
+    error_code: str = "OK"
+    error_message: str = ""
+    stamp: tuple[int, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """TF Serving's ``model_version_status`` entry."""
+        return {
+            "version": str(self.version),
+            "state": self.state,
+            "status": {"error_code": self.error_code, "error_message": self.error_message},
+        }
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+        pb = path / "saved_model.pb"
+        pb_m = pb.stat().st_mtime_ns if pb.exists() else 0
+    except OSError:
+        return None
+    return (st.st_mtime_ns, pb_m)
+
+
+def scan_base_path(base_path: Path) -> dict[str, dict[int, Path]]:
+    """Numbered version directories of every model under a base path.
+
+    Args:
+        base_path: ``<base_path>/<model>/<n>/``.
+
+    Returns:
+        Model name → version → directory. Hidden entries and non-numeric names are skipped.
+    """
+    found: dict[str, dict[int, Path]] = {}
+    try:
+        models = list(os.scandir(base_path))
+    except FileNotFoundError:
+        return found
+    for m in models:
+        if m.name.startswith(".") or not m.is_dir():
+            continue
+        versions: dict[int, Path] = {}
+        try:
+            entries = list(os.scandir(m.path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for v in entries:
+            if v.name.isdigit() and v.is_dir():
+                versions[int(v.name)] = Path(v.path)
+        found[m.name] = versions
+    return found
+
+
+class ModelRepository:
+    """Every model under a base path, kept in sync with its version directories."""
+
+    def __init__(
+        self,
+        base_path: Path,
+        poll_interval: float = 1.0,
+        max_batch_rows: int = 1024,
+        predict_threads: int = 2,
+    ) -> None:
+        self.base_path = Path(base_path)
+        self.poll_interval = poll_interval
+        self.max_batch_rows = max_batch_rows
+        self.executor = ThreadPoolExecutor(predict_threads, thread_name_prefix="predict")
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+        self._records: dict[str, dict[int, VersionRecord]] = {}
+        self._loaded: dict[str, dict[int, LoadedVersion]] = {}
+        self._serving: dict[str, LoadedVersion] = {}
+        self._loading: dict[tuple[str, int], asyncio.Future[LoadedVersion]] = {}
+        self._lock = asyncio.Lock()
+
+    # ---- lookups (event loop) -------------------------------------------------------
+
+    def get(self, model: str, version: int | None = None) -> LoadedVersion:
+        """The version that serves a request.
+
+        Args:
+            model: Model name.
+            version: A specific version, or None for the latest available one.
+
+        Returns:
+            The loaded version.
+
+        Raises:
+            ModelNotFound: If that model or version is not available.
+        """
+        if version is None:
+            served = self._serving.get(model)
+            if served is None:
+                raise ModelNotFound(f"Servable not found for request: Latest({model})")
+            return served
+        lv = self._loaded.get(model, {}).get(version)
+        if lv is None:
+            raise ModelNotFound(f"Servable not found for request: Specific({model}, {version})")
+        return lv
+
+    def status(self, model: str, version: int | None = None) -> list[dict[str, Any]]:
+        """TF Serving's ``model_version_status`` list for a model (newest first).
+
+        Raises:
+            ModelNotFound: If the model, or the requested version, is unknown.
+        """
+        records = self._records.get(model)
+        if not records:
+            raise ModelNotFound(f"Could not find any versions of model {model}")
+        if version is not None:
+            rec = records.get(version)
+            if rec is None:
+                raise ModelNotFound(f"Could not find version {version} of model {model}")
+            return [rec.to_json()]
+        return [records[v].to_json() for v in sorted(records, reverse=True)]
+
+    def models(self) -> list[str]:
+        """Names of models with at least one known version."""
+        return sorted(m for m, r in self._records.items() if r)
+
+    # ---- synchronisation with the file system -----------------------------------------
+
+    async def sync(self) -> None:
+        """Scan the base path once and load / unload versions to match it."""
+        async with self._lock:
+            found = await asyncio.get_running_loop().run_in_executor(
+                self._loader, scan_base_path, self.base_path
+            )
+            for model in sorted(set(found) | set(self._records)):
+                await self._sync_model(model, found.get(model, {}))
+
+    async def _sync_model(self, model: str, dirs: dict[int, Path]) -> None:
+        records = self._records.setdefault(model, {})
+        loaded = self._loaded.setdefault(model, {})
+        for v in list(records):
+            if v not in dirs and v not in loaded:
+                del records[v]
+        for v, path in dirs.items():
+            rec = records.get(v)
+            if rec is not None and rec.state == "END" and rec.error_code != "OK":
+                stamp = _stamp(path)
+                if stamp is not None and stamp != rec.stamp:
+                    del records[v]  # the directory changed since it failed: retry it
+        candidates = [
+            v
+            for v in sorted(dirs, reverse=True)
+            if not (records.get(v) and records[v].state == "END" and records[v].error_code != "OK")
+        ]
+        aspired = candidates[0] if candidates else None
+        if aspired is not None and aspired not in loaded:
+            await self._load(model, aspired, dirs[aspired])
+        if aspired is not None and aspired in loaded:
+            keep = {aspired}
+        elif aspired is None and not dirs:
+            keep = set()
+        else:
+            # The aspired version failed or is absent: keep serving what still has a directory,
+            # else the newest loaded version, rather than nothing.
+            with_dirs = [v for v in loaded if v in dirs]
+            keep = {max(with_dirs)} if with_dirs else ({max(loaded)} if loaded else set())
+        served = max(keep) if keep else None
+        if served is not None:
+            self._serving[model] = loaded[served]
+        else:
+            self._serving.pop(model, None)
+        for v in sorted(set(loaded) - keep):
+            lv = loaded.pop(v)
+            if v in dirs:
+                records[v] = VersionRecord(v, "END")
+            else:
+                records.pop(v, None)
+            log.info("model %s version %d unloaded", model, v)
+            del lv
+        if not records and not loaded:
+            self._records.pop(model, None)
+            self._loaded.pop(model, None)
+
+    async def _load(self, model: str, version: int, path: Path) -> None:
+        records = self._records[model]
+        rec = VersionRecord(version, "LOADING", stamp=_stamp(path))
+        records[version] = rec
+        log.info("model %s version %d loading from %s", model, version, path)
+        t0 = time.perf_counter()
+        try:
+            lv = await asyncio.get_running_loop().run_in_executor(
+                self._loader,
+                load_version,
+                model,
+                version,
+                path,
+                self.executor,
+                self.max_batch_rows,
+            )
+        except Exception as e:
+            rec.state, rec.error_code, rec.error_message = "END", "UNKNOWN", str(e)
+            log.error("model %s version %d failed to load: %s", model, version, e)
+            return
+        self._loaded[model][version] = lv
+        rec.state = "AVAILABLE"
+        log.info(
+            "model %s version %d AVAILABLE (loaded and warmed up in %.2fs)",
+            model,
+            version,
+            time.perf_counter() - t0,
+        )
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Poll the base path until ``stop`` is set (errors are logged, never fatal)."""
+        while not stop.is_set():
+            try:
+                await self.sync()
+            except Exception:
+                log.exception("scanning %s failed", self.base_path)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.poll_interval)
+
+    def close(self) -> None:
+        """Drop every model and stop the worker threads."""
+        self._serving.clear()
+        self._loaded.clear()
+        self.executor.shutdown(wait=True)
+        self._loader.shutdown(wait=True)

@@ -1,0 +1,344 @@
+"""Predict requests checked against a model's feature schema (TF Serving's REST formats).
+
+A feature spec maps each serving input to ``(dtype, shape)`` with the batch dimension
+first (``None``), exactly as ``trainyard.contracts.feature_spec`` returns it. Requests come
+in TF Serving's row format (``{"instances": [...]}``) or columnar format
+(``{"inputs": ...}``); both are decoded straight into numpy arrays and every mistake is
+reported as one :class:`InvalidRequest` naming the row and the field. Pure numpy: no
+TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from trainyard.errors import TrainyardError
+
+FeatureSpec = dict[str, tuple[str, tuple[int | None, ...]]]
+
+NUMERIC_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8")
+SUPPORTED_DTYPES = (*NUMERIC_DTYPES, "bool")
+
+_TF_DTYPE_NAMES = {
+    "float16": "DT_HALF",
+    "float32": "DT_FLOAT",
+    "float64": "DT_DOUBLE",
+    "int8": "DT_INT8",
+    "int16": "DT_INT16",
+    "int32": "DT_INT32",
+    "int64": "DT_INT64",
+    "uint8": "DT_UINT8",
+    "bool": "DT_BOOL",
+    "string": "DT_STRING",
+}
+
+
+class InvalidRequest(TrainyardError):
+    """A predict request does not match the model's feature schema (HTTP 400)."""
+
+
+def tf_dtype_name(dtype: str) -> str:
+    """TF Serving's name of a dtype (``float32`` → ``DT_FLOAT``) for model metadata."""
+    return _TF_DTYPE_NAMES.get(dtype, "DT_INVALID")
+
+
+def parse_feature_spec(raw: Any, where: str) -> FeatureSpec:
+    """Validate a feature spec read from JSON (``{name: [dtype, shape]}``).
+
+    Args:
+        raw: The decoded JSON value.
+        where: What the value came from (a file path), used in error messages.
+
+    Returns:
+        The spec with tuple shapes, batch dimension ``None``.
+
+    Raises:
+        InvalidRequest: Never; see ``ValueError``.
+        ValueError: If the value is not a valid spec (names ``where`` and the feature).
+    """
+    if not isinstance(raw, Mapping) or not raw:
+        raise ValueError(
+            f"{where}: feature_spec must be a non-empty mapping name -> [dtype, shape]"
+        )
+    spec: FeatureSpec = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, list | tuple) or len(entry) != 2:
+            raise ValueError(f"{where}: feature {name!r}: expected [dtype, shape], got {entry!r}")
+        dtype, shape = entry
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(
+                f"{where}: feature {name!r}: unsupported dtype {dtype!r} "
+                f"(supported: {', '.join(SUPPORTED_DTYPES)})"
+            )
+        if (
+            not isinstance(shape, list | tuple)
+            or not shape
+            or shape[0] not in (None, -1)
+            or not all(d is None or (isinstance(d, int) and d >= 0) for d in shape[1:])
+        ):
+            raise ValueError(
+                f"{where}: feature {name!r}: shape must start with the batch dimension "
+                f"null and list sizes or null, got {shape!r}"
+            )
+        spec[str(name)] = (str(dtype), (None, *shape[1:]))
+    return spec
+
+
+def spec_to_json(spec: FeatureSpec) -> dict[str, list[Any]]:
+    """The JSON form of a feature spec (inverse of :func:`parse_feature_spec`)."""
+    return {name: [dtype, list(shape)] for name, (dtype, shape) in spec.items()}
+
+
+def _reject_constant(name: str) -> float:
+    raise InvalidRequest(f"non-finite number {name} is not allowed in a request")
+
+
+def _fmt_shape(shape: tuple[int | None, ...]) -> str:
+    return (
+        "("
+        + ", ".join("?" if d is None else str(d) for d in shape)
+        + ("," if len(shape) == 1 else "")
+        + ")"
+    )
+
+
+def _to_array(values: Any, dtype: str, where: str) -> np.ndarray:
+    """Convert nested lists to an array of ``dtype``; reject strings, nulls, ragged lists."""
+    try:
+        arr = np.asarray(values)
+    except ValueError as e:
+        raise InvalidRequest(f"{where}: ragged nested lists ({e})") from None
+    kind = arr.dtype.kind
+    if kind == "O":
+        if any(v is None for v in _flat_items(values)):
+            raise InvalidRequest(f"{where}: null values are not allowed (expected {dtype})")
+        raise InvalidRequest(f"{where}: ragged nested lists or mixed types (expected {dtype})")
+    if kind in "US":
+        raise InvalidRequest(f"{where}: expected {dtype} numbers, got strings")
+    if dtype == "bool":
+        if kind != "b":
+            raise InvalidRequest(f"{where}: expected booleans (true/false), got numbers")
+        return arr
+    if kind == "b":
+        raise InvalidRequest(f"{where}: expected {dtype} numbers, got booleans")
+    if (
+        kind == "f"
+        and dtype not in ("float16", "float32", "float64")
+        and not np.all(arr == np.round(arr))
+    ):
+        raise InvalidRequest(f"{where}: expected integers ({dtype}), got fractional numbers")
+    if np.issubdtype(np.dtype(dtype), np.integer) and arr.size:
+        info = np.iinfo(np.dtype(dtype))
+        if arr.min() < info.min or arr.max() > info.max:
+            raise InvalidRequest(f"{where}: value out of range for {dtype}")
+    return arr.astype(dtype, copy=False)
+
+
+def _flat_items(values: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = [values]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        else:
+            out.append(v)
+    return out
+
+
+def _check_shape(
+    arr: np.ndarray, shape: tuple[int | None, ...], where: str, values: list[Any], row_prefix: str
+) -> None:
+    """Check the array's per-row shape; name the first offending row if it is wrong."""
+    row_shape = shape[1:]
+    got = arr.shape[1:]
+    if len(got) == len(row_shape) and all(
+        e is None or e == g for e, g in zip(row_shape, got, strict=True)
+    ):
+        return
+    for i, row in enumerate(values):
+        try:
+            r = np.asarray(row)
+        except ValueError:
+            raise InvalidRequest(f"{row_prefix.format(i=i)}{where}: ragged nested lists") from None
+        if r.ndim != len(row_shape) or any(
+            e is not None and e != g for e, g in zip(row_shape, r.shape, strict=True)
+        ):
+            raise InvalidRequest(
+                f"{row_prefix.format(i=i)}{where}: expected shape {_fmt_shape(row_shape)} per row, "
+                f"got {_fmt_shape(r.shape)}"
+            )
+    raise InvalidRequest(
+        f"{where}: expected shape {_fmt_shape(shape)}, got {_fmt_shape(arr.shape)}"
+    )
+
+
+def decode_predict_request(
+    body: bytes, spec: FeatureSpec, max_rows: int = 65536
+) -> tuple[dict[str, np.ndarray], int, bool]:
+    """Decode and check a ``:predict`` request body.
+
+    Args:
+        body: The raw request body (UTF-8 JSON).
+        spec: The model's feature spec.
+        max_rows: The largest batch accepted in one request.
+
+    Returns:
+        ``(inputs, rows, columnar)``: one array per feature (batch first), the batch size,
+        and whether the request used the columnar ``inputs`` format.
+
+    Raises:
+        InvalidRequest: If the body is not JSON, uses neither or both formats, or a
+            feature is missing, unknown, of the wrong type or shape (names row and field).
+    """
+    try:
+        doc = json.loads(body, parse_constant=_reject_constant)
+    except InvalidRequest:
+        raise
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRequest(f"malformed JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest("malformed JSON: nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest("request body must be a JSON object with 'instances' or 'inputs'")
+    unknown = sorted(set(doc) - {"instances", "inputs", "signature_name"})
+    if unknown:
+        raise InvalidRequest(
+            f"unknown request field {unknown[0]!r} (expected 'instances' or 'inputs')"
+        )
+    sig = doc.get("signature_name", "serving_default")
+    if sig not in ("serving_default", ""):
+        raise InvalidRequest(f"unknown signature_name {sig!r} (this model has 'serving_default')")
+    if ("instances" in doc) == ("inputs" in doc):
+        raise InvalidRequest(
+            "request must contain exactly one of 'instances' (row format) "
+            "or 'inputs' (columnar format)"
+        )
+    if "instances" in doc:
+        inputs = _decode_rows(doc["instances"], spec, max_rows)
+        columnar = False
+    else:
+        inputs = _decode_columns(doc["inputs"], spec, max_rows)
+        columnar = True
+    rows = next(iter(inputs.values())).shape[0]
+    return inputs, rows, columnar
+
+
+def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, np.ndarray]:
+    if not isinstance(instances, list) or not instances:
+        raise InvalidRequest("'instances' must be a non-empty list of rows")
+    if len(instances) > max_rows:
+        raise InvalidRequest(
+            f"'instances' has {len(instances)} rows, at most {max_rows} are allowed"
+        )
+    names = list(spec)
+    by_name = isinstance(instances[0], dict)
+    if not by_name:
+        if len(names) != 1:
+            raise InvalidRequest(
+                f"instances[0]: expected an object with features {names} (the model has "
+                f"{len(names)} inputs)"
+            )
+        (name,) = names
+        dtype, shape = spec[name]
+        for i, row in enumerate(instances):
+            if isinstance(row, dict):
+                raise InvalidRequest(f"instances[{i}]: mixes objects and bare values across rows")
+        arr = _to_array(instances, dtype, f"instances.{name}")
+        _check_shape(arr, shape, name, instances, "instances[{i}].")
+        return {name: arr}
+    columns: dict[str, list[Any]] = {n: [] for n in names}
+    wanted = set(names)
+    for i, row in enumerate(instances):
+        if not isinstance(row, dict):
+            raise InvalidRequest(f"instances[{i}]: expected an object with features {names}")
+        if row.keys() != wanted:
+            missing = [n for n in names if n not in row]
+            if missing:
+                raise InvalidRequest(f"instances[{i}]: missing feature {missing[0]!r}")
+            extra = sorted(k for k in row if k not in wanted)
+            raise InvalidRequest(f"instances[{i}]: unknown feature {extra[0]!r} (expected {names})")
+        for n in names:
+            columns[n].append(row[n])
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        dtype, shape = spec[name]
+        arr = _to_array(columns[name], dtype, f"instances.{name}")
+        _check_shape(arr, shape, name, columns[name], "instances[{i}].")
+        out[name] = arr
+    return out
+
+
+def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, np.ndarray]:
+    names = list(spec)
+    if not isinstance(inputs, dict):
+        if len(names) != 1:
+            raise InvalidRequest(f"'inputs' must be an object with features {names}")
+        inputs = {names[0]: inputs}
+    missing = [n for n in names if n not in inputs]
+    if missing:
+        raise InvalidRequest(f"inputs: missing feature {missing[0]!r}")
+    extra = sorted(k for k in inputs if k not in spec)
+    if extra:
+        raise InvalidRequest(f"inputs: unknown feature {extra[0]!r} (expected {names})")
+    out: dict[str, np.ndarray] = {}
+    rows: int | None = None
+    for name in names:
+        dtype, shape = spec[name]
+        values = inputs[name]
+        if not isinstance(values, list) or not values:
+            raise InvalidRequest(f"inputs.{name}: expected a non-empty list (one entry per row)")
+        if len(values) > max_rows:
+            raise InvalidRequest(
+                f"inputs.{name}: {len(values)} rows, at most {max_rows} are allowed"
+            )
+        arr = _to_array(values, dtype, f"inputs.{name}")
+        _check_shape(arr, shape, f"inputs.{name}", values, "row {i} of ")
+        if rows is not None and arr.shape[0] != rows:
+            raise InvalidRequest(
+                f"inputs.{name}: {arr.shape[0]} rows, but {names[0]!r} has {rows} "
+                "(every feature needs the same batch size)"
+            )
+        rows = arr.shape[0]
+        out[name] = arr
+    return out
+
+
+def _jsonable(arr: np.ndarray) -> Any:
+    if arr.dtype.kind == "f" and arr.size and not np.all(np.isfinite(arr)):
+        return (
+            [_jsonable(a) for a in arr]
+            if arr.ndim > 1
+            else [v if math.isfinite(v) else str(v) for v in arr.astype(np.float64).tolist()]
+        )
+    if arr.dtype.kind in "SO":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in arr.tolist()]
+    return arr.tolist()
+
+
+def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -> bytes:
+    """Encode model outputs in TF Serving's response shape.
+
+    Args:
+        outputs: Output name → array (batch first).
+        columnar: True for ``{"outputs": ...}``, False for ``{"predictions": [...]}``.
+
+    Returns:
+        The JSON body. With one output the value is bare; with several, the columnar form
+        is an object and the row form is one object per row, as TF Serving does.
+    """
+    names = sorted(outputs)
+    cols = {n: _jsonable(np.asarray(outputs[n])) for n in names}
+    if columnar:
+        payload: Any = {"outputs": cols[names[0]] if len(names) == 1 else cols}
+    elif len(names) == 1:
+        payload = {"predictions": cols[names[0]]}
+    else:
+        rows = zip(*(cols[n] for n in names), strict=True)
+        payload = {"predictions": [dict(zip(names, r, strict=True)) for r in rows]}
+    return json.dumps(payload, separators=(",", ":")).encode()

@@ -1,0 +1,284 @@
+"""TF-Serving-compatible REST server on aiohttp (``python -m trainyard serve``).
+
+Endpoints, with TF Serving's JSON shapes and its error shape ``{"error": "..."}``:
+
+* ``GET  /v1/models/{name}[/versions/{v}]``: version status.
+* ``GET  /v1/models/{name}[/versions/{v}]/metadata``: the ``serving_default`` signature.
+* ``POST /v1/models/{name}[/versions/{v}]:predict``: row (``instances``) or columnar
+  (``inputs``) format, checked against the model's feature schema.
+
+Models come from a base path watched by :class:`~trainyard.serving.models.ModelRepository`.
+aiohttp sets ``TCP_NODELAY`` on every accepted connection (``BaseProtocol.connection_made``),
+so small responses are not held back by Nagle's algorithm; a test asserts the latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from trainyard.serving.models import LoadedVersion, ModelNotFound, ModelRepository
+from trainyard.serving.schema import (
+    InvalidRequest,
+    decode_predict_request,
+    encode_predict_response,
+    tf_dtype_name,
+)
+
+log = logging.getLogger("trainyard.serving")
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+_INLINE_PARSE_BYTES = 64 * 1024
+
+_GET_RE = re.compile(
+    r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<v>[^/:]+))?(?P<meta>/metadata)?$"
+)
+_POST_RE = re.compile(
+    r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<v>[^/:]+))?:(?P<verb>[A-Za-z]+)$"
+)
+
+REPO_KEY: web.AppKey[ModelRepository] = web.AppKey("repository", ModelRepository)
+MAX_ROWS_KEY: web.AppKey[int] = web.AppKey("max_rows", int)
+MAX_BODY_KEY: web.AppKey[int] = web.AppKey("max_body_bytes", int)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps({"error": message}).encode(),
+        content_type="application/json",
+    )
+
+
+def _json(obj: Any) -> web.Response:
+    return web.Response(body=json.dumps(obj).encode(), content_type="application/json")
+
+
+def _version(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise InvalidRequest(f"version must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def _metadata(lv: LoadedVersion) -> dict[str, Any]:
+    def tensor(name: str, dtype: str, shape: tuple[int | None, ...], prefix: str) -> dict[str, Any]:
+        return {
+            "dtype": tf_dtype_name(dtype),
+            "tensor_shape": {
+                "dim": [{"size": str(-1 if d is None else d), "name": ""} for d in shape],
+                "unknown_rank": False,
+            },
+            "name": f"{prefix}{name}:0",
+        }
+
+    return {
+        "model_spec": {"name": lv.model, "signature_name": "", "version": str(lv.version)},
+        "metadata": {
+            "signature_def": {
+                "signature_def": {
+                    "serving_default": {
+                        "inputs": {
+                            n: tensor(n, d, s, "serving_default_")
+                            for n, (d, s) in lv.feature_spec.items()
+                        },
+                        "outputs": {
+                            n: tensor(n, d, s, "StatefulPartitionedCall:")
+                            for n, (d, s) in lv.output_spec.items()
+                        },
+                        "method_name": "tensorflow/serving/predict",
+                    }
+                }
+            }
+        },
+    }
+
+
+async def _handle(request: web.Request) -> web.Response:
+    repo = request.app[REPO_KEY]
+    path = request.path
+    try:
+        if request.method == "GET":
+            m = _GET_RE.match(path)
+            if not m:
+                return _error(404, f"Malformed request: GET {path}")
+            name, version = m["name"], _version(m["v"])
+            if m["meta"]:
+                return _json(_metadata(repo.get(name, version)))
+            return _json({"model_version_status": repo.status(name, version)})
+        if request.method == "POST":
+            m = _POST_RE.match(path)
+            if not m:
+                return _error(404, f"Malformed request: POST {path}")
+            if m["verb"] != "predict":
+                return _error(400, f"unsupported method {m['verb']!r}: only ':predict' is served")
+            return await _predict(request, repo, m["name"], _version(m["v"]))
+        return _error(405, f"Malformed request: {request.method} {path} (use GET or POST)")
+    except InvalidRequest as e:
+        return _error(400, str(e))
+    except ModelNotFound as e:
+        return _error(404, str(e))
+
+
+async def _predict(
+    request: web.Request, repo: ModelRepository, name: str, version: int | None
+) -> web.Response:
+    lv = repo.get(name, version)
+    length = request.content_length
+    limit = request.app[MAX_BODY_KEY]
+    if length is not None and length > limit:
+        return _error(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"request body exceeds the limit of {limit} bytes")
+    max_rows = request.app[MAX_ROWS_KEY]
+    loop = asyncio.get_running_loop()
+    if len(body) > _INLINE_PARSE_BYTES:
+        inputs, rows, columnar = await loop.run_in_executor(
+            None, decode_predict_request, body, lv.feature_spec, max_rows
+        )
+    else:
+        inputs, rows, columnar = decode_predict_request(body, lv.feature_spec, max_rows)
+    try:
+        outputs = await lv.predict(inputs, rows)
+    except Exception as e:  # TensorFlow rejected inputs the schema let through
+        log.warning("model %s version %d: prediction failed: %s", lv.model, lv.version, e)
+        return _error(
+            400 if type(e).__name__ == "InvalidArgumentError" else 500, f"{type(e).__name__}: {e}"
+        )
+    if rows > 256:
+        data = await loop.run_in_executor(None, encode_predict_response, outputs, columnar)
+    else:
+        data = encode_predict_response(outputs, columnar)
+    return web.Response(body=data, content_type="application/json")
+
+
+def create_app(
+    repository: ModelRepository,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_rows: int = 65536,
+) -> web.Application:
+    """The aiohttp application serving a model repository.
+
+    Args:
+        repository: The models to serve.
+        max_body_bytes: Larger request bodies get 413.
+        max_rows: Larger batches get 400.
+
+    Returns:
+        The application (routes every path; unknown ones get TF Serving's 404 shape).
+    """
+    app = web.Application(client_max_size=max_body_bytes)
+    app[REPO_KEY] = repository
+    app[MAX_ROWS_KEY] = max_rows
+    app[MAX_BODY_KEY] = max_body_bytes
+    app.router.add_route("*", "/{tail:.*}", _handle)
+    return app
+
+
+class ServingServer:
+    """A running server: the HTTP listener plus the base-path watcher."""
+
+    def __init__(
+        self,
+        base_path: Path,
+        host: str = "127.0.0.1",
+        port: int = 8501,
+        poll_interval: float = 1.0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_batch_rows: int = 1024,
+    ) -> None:
+        self.repository = ModelRepository(
+            base_path, poll_interval=poll_interval, max_batch_rows=max_batch_rows
+        )
+        self.host = host
+        self.port = port
+        self._app = create_app(self.repository, max_body_bytes=max_body_bytes)
+        self._runner: web.AppRunner | None = None
+        self._stop = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Listen, then start watching the base path.
+
+        Returns:
+            The bound port (useful with ``port=0``).
+        """
+        self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=10.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        log.info("serving %s on http://%s:%d", self.repository.base_path, self.host, self.port)
+        self._watcher = asyncio.create_task(self.repository.watch(self._stop))
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop watching, finish in-flight requests, release models."""
+        self._stop.set()
+        if self._watcher is not None:
+            await self._watcher
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await asyncio.get_running_loop().run_in_executor(None, self.repository.close)
+
+
+async def serve_until_signalled(server: ServingServer) -> None:
+    """Run ``server`` until SIGTERM or SIGINT, then shut it down gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    await stop.wait()
+    log.info("shutting down (finishing in-flight requests)")
+    await server.stop()
+    log.info("stopped")
+
+
+def cli_main(argv: list[str]) -> int:
+    """``trainyard serve --base-path DIR --port P [--host H] [--poll-interval S]``.
+
+    Args:
+        argv: Command-line arguments after ``serve``.
+
+    Returns:
+        0 after a graceful shutdown.
+    """
+    from trainyard.settings import get_settings
+
+    parser = argparse.ArgumentParser(prog="trainyard serve", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--base-path",
+        type=Path,
+        default=None,
+        help="model base path (default: <volume_root>/_serving)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between scans")
+    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
+    parser.add_argument("--max-batch-rows", type=int, default=1024, help="largest merged batch")
+    args = parser.parse_args(argv)
+    base = args.base_path or get_settings().serving_root
+    base.mkdir(parents=True, exist_ok=True)
+    server = ServingServer(
+        base,
+        host=args.host,
+        port=args.port,
+        poll_interval=args.poll_interval,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_batch_rows=args.max_batch_rows,
+    )
+    asyncio.run(serve_until_signalled(server))
+    return 0
