@@ -1,0 +1,954 @@
+"""Pure builders of typed ``kubernetes.client`` objects for every trainyard workload.
+
+Nothing here talks to a cluster. ``kubernetes.client`` is imported inside the functions
+(it takes about a second to import), so the Airflow DAG parse path stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from trainyard.errors import ConfigError
+from trainyard.k8s.placement import Placement, cpu_placement, placement_for_tier
+
+if TYPE_CHECKING:
+    from kubernetes.client import (
+        V1Deployment,
+        V1Job,
+        V1PersistentVolumeClaim,
+        V1Pod,
+        V1PodSecurityContext,
+        V1ResourceRequirements,
+        V1SecurityContext,
+        V1Service,
+        V1Volume,
+        V1VolumeMount,
+    )
+
+    from trainyard.k8s.profile import ClusterProfile, Resources
+
+VOLUME_ROOT = "/volumes"
+TF_PORT = 2222
+SERVING_REST_PORT = 8501
+SERVING_GRPC_PORT = 8500
+BASE_CONTAINER = "base"
+"""Main container name: ``KubernetesPodOperator.base_container_name`` (logs, XCom)."""
+JOB_NAME_PREFIX = "job-"
+"""``KubernetesJobOperator`` prepends this to every Job name; our Job names carry it."""
+APP_LABEL = "app.kubernetes.io/name"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+RUN_LABEL = "trainyard.io/run"
+ROLE_LABEL = "trainyard.io/role"
+MODEL_LABEL = "trainyard.io/model"
+VERSION_ANNOTATION = "trainyard.io/model-version"
+MODELS_SUBPATHS = ("_models", "_serving", "_checkpoints")
+"""Folders of the models PVC, mounted at ``/volumes/<folder>`` (the volume layout)."""
+
+STEPS = ("stage", "validate", "train", "register", "evaluate", "deploy")
+STEP_WRITES_DATASET: dict[str, bool] = {
+    "stage": True,
+    # validate writes its report into the snapshot and updates validated.json
+    "validate": True,
+    "train": False,
+    "register": False,
+    "evaluate": False,
+    "deploy": False,
+}
+Role = Literal["worker", "chief", "ps"]
+
+
+def k8s_name(text: str, max_len: int = 63) -> str:
+    """A DNS-1123 label from free text (``digits_v2`` → ``digits-v2``).
+
+    Args:
+        text: Any name (pipeline, dataset, run id).
+        max_len: Maximum length.
+
+    Returns:
+        Lowercase letters, digits and ``-``, starting with a letter.
+
+    Raises:
+        ConfigError: If nothing usable remains.
+    """
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    name = re.sub(r"-{2,}", "-", name)
+    if not name or not name[0].isalpha():
+        raise ConfigError(f"cannot derive a Kubernetes name from {text!r}")
+    return name[:max_len].rstrip("-")
+
+
+def dataset_pvc_name(dataset: str) -> str:
+    """The PVC holding a dataset's volume: ``trainyard-data-<dataset>``."""
+    return k8s_name(f"trainyard-data-{dataset}")
+
+
+def _labels(component: str, **extra: str) -> dict[str, str]:
+    return {APP_LABEL: "trainyard", COMPONENT_LABEL: component, **extra}
+
+
+def restricted_pod_security_context(profile: ClusterProfile | None = None) -> V1PodSecurityContext:
+    """Pod-level security context meeting Pod Security "restricted".
+
+    Args:
+        profile: Supplies uid/gid/fsGroup (defaults: 50000/0/0, the apache/airflow user).
+
+    Returns:
+        runAsNonRoot, a non-zero runAsUser, fsGroup, seccomp RuntimeDefault.
+    """
+    from kubernetes.client import V1PodSecurityContext, V1SeccompProfile
+
+    from trainyard.k8s.profile import Security
+
+    sec = profile.security if profile else Security()
+    return V1PodSecurityContext(
+        run_as_non_root=True,
+        run_as_user=sec.run_as_user,
+        run_as_group=sec.run_as_group,
+        fs_group=sec.fs_group,
+        fs_group_change_policy="OnRootMismatch",
+        seccomp_profile=V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def restricted_security_context(*, read_only_root: bool = False) -> V1SecurityContext:
+    """Container-level security context meeting Pod Security "restricted".
+
+    Args:
+        read_only_root: Also make the root filesystem read-only (serving; the Python steps
+            and TensorFlow write caches under ``$HOME``).
+
+    Returns:
+        No privilege escalation, every capability dropped, non-root, seccomp RuntimeDefault.
+    """
+    from kubernetes.client import V1Capabilities, V1SeccompProfile, V1SecurityContext
+
+    return V1SecurityContext(
+        allow_privilege_escalation=False,
+        privileged=False,
+        capabilities=V1Capabilities(drop=["ALL"]),
+        run_as_non_root=True,
+        read_only_root_filesystem=read_only_root,
+        seccomp_profile=V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def xcom_sidecar_security_context() -> dict[str, Any]:
+    """Security context for KubernetesPodOperator's XCom sidecar (``airflow-xcom-sidecar``).
+
+    Pass it as ``xcom_sidecar_container_security_context=`` (provider >= 10.x) or set it in
+    the Kubernetes connection extra ``xcom_sidecar_container_security_context``; without
+    it the sidecar has no security context and the pod is rejected by a "restricted"
+    namespace whenever ``do_xcom_push=True``.
+
+    Returns:
+        The restricted container security context, as a plain dict.
+    """
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(restricted_security_context(read_only_root=True))
+
+
+def _resources(res: Resources, gpus: int = 0) -> V1ResourceRequirements:
+    from kubernetes.client import V1ResourceRequirements
+
+    limits = dict(res.limits)
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    return V1ResourceRequirements(requests=dict(res.requests) or None, limits=limits or None)
+
+
+def _tmp_volume() -> tuple[V1Volume, V1VolumeMount]:
+    from kubernetes.client import V1EmptyDirVolumeSource, V1Volume, V1VolumeMount
+
+    return (
+        V1Volume(name="tmp", empty_dir=V1EmptyDirVolumeSource(size_limit="1Gi")),
+        V1VolumeMount(name="tmp", mount_path="/tmp"),
+    )
+
+
+def _data_volume(dataset: str, read_only: bool) -> tuple[V1Volume, V1VolumeMount]:
+    from kubernetes.client import V1PersistentVolumeClaimVolumeSource, V1Volume, V1VolumeMount
+
+    return (
+        V1Volume(
+            name="data",
+            persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(
+                claim_name=dataset_pvc_name(dataset), read_only=read_only
+            ),
+        ),
+        V1VolumeMount(name="data", mount_path=f"{VOLUME_ROOT}/{dataset}", read_only=read_only),
+    )
+
+
+def _models_volume(
+    profile: ClusterProfile, subpaths: dict[str, bool]
+) -> tuple[V1Volume, list[V1VolumeMount]]:
+    from kubernetes.client import V1PersistentVolumeClaimVolumeSource, V1Volume, V1VolumeMount
+
+    all_ro = all(subpaths.values())
+    vol = V1Volume(
+        name="models",
+        persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(
+            claim_name=profile.storage.models_pvc, read_only=all_ro
+        ),
+    )
+    mounts = [
+        V1VolumeMount(name="models", mount_path=f"{VOLUME_ROOT}/{sub}", sub_path=sub, read_only=ro)
+        for sub, ro in subpaths.items()
+    ]
+    return vol, mounts
+
+
+def _env(values: dict[str, str]) -> list[Any]:
+    from kubernetes.client import V1EnvVar
+
+    return [V1EnvVar(name=k, value=v) for k, v in values.items()]
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def dataset_pvc(
+    profile: ClusterProfile,
+    dataset: str,
+    size: str | None = None,
+    storage_class: str | None = None,
+    access_mode: str | None = None,
+) -> V1PersistentVolumeClaim:
+    """The PVC of one dataset volume (``trainyard-data-<dataset>``).
+
+    Args:
+        profile: Cluster profile (namespace and storage defaults).
+        dataset: Dataset name.
+        size: Requested size (pipeline ``staging.pvc_size``); default from the profile.
+        storage_class: StorageClass; default from the profile.
+        access_mode: ``ReadWriteMany`` lets step pods and all training workers mount it.
+
+    Returns:
+        The claim.
+    """
+    from kubernetes.client import (
+        V1ObjectMeta,
+        V1PersistentVolumeClaim,
+        V1PersistentVolumeClaimSpec,
+        V1VolumeResourceRequirements,
+    )
+
+    st = profile.storage
+    return V1PersistentVolumeClaim(
+        api_version="v1",
+        kind="PersistentVolumeClaim",
+        metadata=V1ObjectMeta(
+            name=dataset_pvc_name(dataset),
+            namespace=profile.namespace,
+            labels=_labels("dataset-volume", **{"trainyard.io/dataset": k8s_name(dataset)}),
+        ),
+        spec=V1PersistentVolumeClaimSpec(
+            access_modes=[access_mode or st.dataset_access_mode],
+            storage_class_name=storage_class or st.storage_class,
+            resources=V1VolumeResourceRequirements(requests={"storage": size or st.dataset_size}),
+        ),
+    )
+
+
+def models_pvc(profile: ClusterProfile) -> V1PersistentVolumeClaim:
+    """The shared models PVC (registry, serving base paths, training checkpoints).
+
+    Args:
+        profile: Cluster profile.
+
+    Returns:
+        The claim named ``profile.storage.models_pvc``.
+    """
+    from kubernetes.client import (
+        V1ObjectMeta,
+        V1PersistentVolumeClaim,
+        V1PersistentVolumeClaimSpec,
+        V1VolumeResourceRequirements,
+    )
+
+    st = profile.storage
+    return V1PersistentVolumeClaim(
+        api_version="v1",
+        kind="PersistentVolumeClaim",
+        metadata=V1ObjectMeta(
+            name=st.models_pvc, namespace=profile.namespace, labels=_labels("models-volume")
+        ),
+        spec=V1PersistentVolumeClaimSpec(
+            access_modes=[st.models_access_mode],
+            storage_class_name=st.storage_class,
+            resources=V1VolumeResourceRequirements(requests={"storage": st.models_size}),
+        ),
+    )
+
+
+def volume_snapshot(profile: ClusterProfile, dataset: str, name: str) -> dict[str, Any]:
+    """A CSI ``VolumeSnapshot`` of a dataset PVC (off unless the profile names a class).
+
+    Args:
+        profile: Cluster profile; ``storage.volume_snapshot_class`` must be set.
+        dataset: Dataset whose PVC is snapshotted.
+        name: Snapshot object name (e.g. derived from the snapshot id).
+
+    Returns:
+        The object as a dict (a CRD: there is no typed model).
+
+    Raises:
+        ConfigError: If the profile has no volume snapshot class.
+    """
+    cls = profile.storage.volume_snapshot_class
+    if not cls:
+        raise ConfigError("cluster profile storage.volume_snapshot_class is not set")
+    return {
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshot",
+        "metadata": {
+            "name": k8s_name(name),
+            "namespace": profile.namespace,
+            "labels": _labels("dataset-snapshot", **{"trainyard.io/dataset": k8s_name(dataset)}),
+        },
+        "spec": {
+            "volumeSnapshotClassName": cls,
+            "source": {"persistentVolumeClaimName": dataset_pvc_name(dataset)},
+        },
+    }
+
+
+# --------------------------------------------------------------------------- step pods
+
+
+def step_pod(
+    profile: ClusterProfile,
+    step: str,
+    args: list[str],
+    dataset: str,
+    read_only_data: bool | None = None,
+) -> V1Pod:
+    """The pod of one pipeline step: ``python -m trainyard <step> <args>``.
+
+    Give it to ``KubernetesPodOperator(full_pod_spec=...)``; the operator sets the pod name
+    and its own labels. If the operator pushes XCom, also pass
+    ``xcom_sidecar_container_security_context=xcom_sidecar_security_context()``.
+
+    Args:
+        profile: Cluster profile (image, pool, service account, security).
+        step: Step name (``stage``, ``validate``, ``train``, ``register``, ``evaluate``,
+            ``deploy``).
+        args: Arguments after the step name (e.g. ``["--pipeline", "digits"]``).
+        dataset: Dataset whose PVC is mounted at ``/volumes/<dataset>``.
+        read_only_data: Mount the dataset read-only; default from ``STEP_WRITES_DATASET``.
+
+    Returns:
+        The pod, restricted, on the CPU pool, ``restartPolicy: Never``.
+
+    Raises:
+        ConfigError: If the step is unknown.
+    """
+    from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec
+
+    if step not in STEP_WRITES_DATASET:
+        raise ConfigError(f"unknown step {step!r} (known: {', '.join(STEPS)})")
+    if read_only_data is None:
+        read_only_data = not STEP_WRITES_DATASET[step]
+    place = cpu_placement(profile)
+    data_vol, data_mount = _data_volume(dataset, read_only_data)
+    models_vol, models_mounts = _models_volume(profile, dict.fromkeys(MODELS_SUBPATHS, False))
+    tmp_vol, tmp_mount = _tmp_volume()
+    container = V1Container(
+        name=BASE_CONTAINER,
+        image=profile.images.steps,
+        image_pull_policy=profile.images.pull_policy,
+        command=["python", "-m", "trainyard", step],
+        args=list(args),
+        env=_env(
+            {
+                "TRAINYARD_VOLUME_ROOT": VOLUME_ROOT,
+                # inside the pod the step does its own work; it never renders more pods
+                "TRAINYARD_RUNNER": "local",
+                "PYTHONUNBUFFERED": "1",
+            }
+        ),
+        resources=_resources(profile.resources.steps),
+        security_context=restricted_security_context(),
+        volume_mounts=[data_mount, *models_mounts, tmp_mount],
+    )
+    return V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=V1ObjectMeta(
+            name=k8s_name(f"trainyard-{step}-{dataset}"),
+            namespace=profile.namespace,
+            labels=_labels("step", **{"trainyard.io/step": step}),
+        ),
+        spec=V1PodSpec(
+            restart_policy="Never",
+            service_account_name=profile.service_account,
+            automount_service_account_token=False,
+            enable_service_links=False,
+            security_context=restricted_pod_security_context(profile),
+            containers=[container],
+            volumes=[data_vol, models_vol, tmp_vol],
+            **place.pod_fields(),
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- training
+
+
+def training_base_name(pipeline: str, run_id: str, attempt: int = 1) -> str:
+    """Stable, DNS-safe base name of one training attempt (service = pod subdomain).
+
+    A retry is a new attempt and so a new Job, Service and set of pods.
+
+    Args:
+        pipeline: Pipeline name.
+        run_id: Airflow run id (any characters).
+        attempt: 1-based attempt number.
+
+    Returns:
+        ``ty-<pipeline>-<hash8 of run id>-a<attempt>``, at most 40 characters, so
+        ``job-<base>-worker-<index>`` stays a valid hostname.
+    """
+    digest = hashlib.blake2b(run_id.encode(), digest_size=4).hexdigest()
+    suffix = f"-{digest}-a{attempt}"
+    head = k8s_name(f"ty-{pipeline}", 40 - len(suffix))
+    return f"{head}{suffix}"
+
+
+def job_name(base: str, role: str) -> str:
+    """The created Job name of a role (``job-<base>-<role>``); pods are ``<job>-<index>``."""
+    return f"{JOB_NAME_PREFIX}{base}-{role}"
+
+
+def tf_jobs_env(base: str, replicas: dict[str, int]) -> str:
+    """``TRAINYARD_TF_JOBS``: JSON ``{"worker": {"job": ..., "replicas": n}, ...}``.
+
+    Args:
+        base: Attempt base name.
+        replicas: Replicas per role; roles with 0 replicas are left out.
+
+    Returns:
+        Compact JSON with sorted keys.
+    """
+    jobs = {r: {"job": job_name(base, r), "replicas": n} for r, n in replicas.items() if n > 0}
+    return json.dumps(jobs, sort_keys=True, separators=(",", ":"))
+
+
+def training_service(name: str, namespace: str) -> V1Service:
+    """Headless Service giving every training pod a stable DNS name.
+
+    ``publishNotReadyAddresses`` matters: training pods have no readiness probe and must
+    resolve each other while still starting.
+
+    Args:
+        name: Attempt base name (the pods' ``subdomain``).
+        namespace: Namespace.
+
+    Returns:
+        ``clusterIP: None`` service selecting the attempt's pods on port 2222.
+    """
+    from kubernetes.client import V1ObjectMeta, V1Service, V1ServicePort, V1ServiceSpec
+
+    return V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=V1ObjectMeta(
+            name=name, namespace=namespace, labels=_labels("training", **{RUN_LABEL: name})
+        ),
+        spec=V1ServiceSpec(
+            cluster_ip="None",
+            publish_not_ready_addresses=True,
+            selector={RUN_LABEL: name},
+            ports=[V1ServicePort(name="tf-grpc", port=TF_PORT, target_port=TF_PORT)],
+        ),
+    )
+
+
+def training_job(
+    profile: ClusterProfile,
+    name: str,
+    role: Role,
+    replicas: int,
+    tier: str,
+    args: list[str],
+    gpus: int,
+    dataset: str,
+    *,
+    tf_jobs: str,
+    deadline_s: float | None = None,
+    kueue: bool | None = None,
+) -> V1Job:
+    """One role of a training attempt as an Indexed Job.
+
+    Args:
+        profile: Cluster profile.
+        name: Attempt base name (= headless Service name = pod subdomain).
+        role: ``worker``, ``chief`` (GPU) or ``ps`` (CPU, parameter server).
+        replicas: Pods of this role (``completions = parallelism = replicas``).
+        tier: Priority tier of the GPU roles.
+        args: Arguments of ``python -m trainyard.trainer``.
+        gpus: ``nvidia.com/gpu`` per pod (ignored for ``ps``).
+        dataset: Dataset PVC, mounted read-only.
+        tf_jobs: ``TRAINYARD_TF_JOBS`` of the attempt (:func:`tf_jobs_env`).
+        deadline_s: ``activeDeadlineSeconds`` (the attempt timeout).
+        kueue: Kueue mode (labels, created suspended); default ``profile.kueue.enabled``.
+
+    Returns:
+        The Job, ``backoffLimit: 0``: the launcher owns retries (a retry is a new Job).
+
+    Raises:
+        ConfigError: On an unknown role/tier or replicas < 1.
+    """
+    from kubernetes.client import (
+        V1Container,
+        V1ContainerPort,
+        V1Job,
+        V1JobSpec,
+        V1ObjectMeta,
+        V1PodSpec,
+        V1PodTemplateSpec,
+    )
+
+    if role not in ("worker", "chief", "ps"):
+        raise ConfigError(f"unknown training role {role!r} (worker, chief, ps)")
+    if replicas < 1:
+        raise ConfigError(f"training role {role!r}: replicas must be >= 1, got {replicas}")
+    use_kueue = profile.kueue.enabled if kueue is None else kueue
+    gpu_place = placement_for_tier(profile, tier, kueue=use_kueue)
+    if role == "ps":
+        place, res, gpus = cpu_placement(profile), profile.resources.ps, 0
+        place = Placement(
+            tier=tier,
+            node_selector=place.node_selector,
+            affinity=None,
+            tolerations=place.tolerations,
+            priority_class_name=gpu_place.priority_class_name,
+            labels=gpu_place.labels,
+            kueue_queue=gpu_place.kueue_queue,
+            plan=place.plan,
+        )
+    else:
+        place, res = gpu_place, profile.resources.trainer
+    jname = job_name(name, role)
+    data_vol, data_mount = _data_volume(dataset, read_only=True)
+    models_vol, models_mounts = _models_volume(profile, {"_checkpoints": False})
+    tmp_vol, tmp_mount = _tmp_volume()
+    pod_labels = _labels("training", **{RUN_LABEL: name, ROLE_LABEL: role})
+    container = V1Container(
+        name=BASE_CONTAINER,
+        image=profile.images.trainer,
+        image_pull_policy=profile.images.pull_policy,
+        command=["python", "-m", "trainyard.trainer"],
+        args=list(args),
+        ports=[V1ContainerPort(name="tf-grpc", container_port=TF_PORT)],
+        env=_env(
+            {
+                "TRAINYARD_TF_TASK_TYPE": role,
+                "TRAINYARD_TF_JOBS": tf_jobs,
+                "TRAINYARD_TF_SERVICE": name,
+                "TRAINYARD_TF_PORT": str(TF_PORT),
+                "TRAINYARD_VOLUME_ROOT": VOLUME_ROOT,
+                "TF_USE_LEGACY_KERAS": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        ),
+        resources=_resources(res, gpus),
+        security_context=restricted_security_context(),
+        volume_mounts=[data_mount, *models_mounts, tmp_mount],
+    )
+    return V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=V1ObjectMeta(
+            name=jname,
+            namespace=profile.namespace,
+            labels={**pod_labels, **place.labels},
+        ),
+        spec=V1JobSpec(
+            completion_mode="Indexed",
+            completions=replicas,
+            parallelism=replicas,
+            backoff_limit=0,
+            active_deadline_seconds=int(deadline_s) if deadline_s else None,
+            ttl_seconds_after_finished=3600,
+            suspend=True if use_kueue else None,
+            template=V1PodTemplateSpec(
+                metadata=V1ObjectMeta(labels=pod_labels),
+                spec=V1PodSpec(
+                    restart_policy="Never",
+                    subdomain=name,
+                    service_account_name=profile.service_account,
+                    automount_service_account_token=False,
+                    enable_service_links=False,
+                    security_context=restricted_pod_security_context(profile),
+                    containers=[container],
+                    volumes=[data_vol, models_vol, tmp_vol],
+                    **place.pod_fields(),
+                ),
+            ),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TrainingObjects:
+    """Everything one training attempt creates, in creation order.
+
+    Attributes:
+        name: Attempt base name (Service name, pod subdomain).
+        service: The headless Service (create first).
+        jobs: One Indexed Job per role (ps first, then chief, then worker).
+        placement: GPU placement of the tier.
+        plan: Lines for the task log: roles, pools, priorities, addresses.
+        teardown: What to delete afterwards, as ``kubectl`` commands.
+    """
+
+    name: str
+    service: V1Service
+    jobs: list[V1Job]
+    placement: Placement
+    plan: list[str] = field(default_factory=list)
+    teardown: list[str] = field(default_factory=list)
+
+
+def training_objects(
+    profile: ClusterProfile,
+    pipeline: str,
+    run_id: str,
+    *,
+    strategy: str,
+    workers: int,
+    parameter_servers: int,
+    tier: str,
+    gpus_per_worker: int,
+    args: list[str],
+    dataset: str,
+    attempt: int = 1,
+    deadline_s: float | None = None,
+    kueue: bool | None = None,
+) -> TrainingObjects:
+    """Service + Jobs of one training attempt for a strategy.
+
+    ``multi_worker_mirrored``: one ``worker`` Job of ``workers`` GPU pods (worker 0 acts as
+    chief). ``parameter_server``: a CPU ``ps`` Job, a 1-pod GPU ``chief`` Job and a GPU
+    ``worker`` Job.
+
+    Args:
+        profile: Cluster profile.
+        pipeline: Pipeline name.
+        run_id: Airflow run id.
+        strategy: ``multi_worker_mirrored`` or ``parameter_server``.
+        workers: Worker replicas.
+        parameter_servers: Parameter servers (``parameter_server`` only, >= 1).
+        tier: Priority tier.
+        gpus_per_worker: GPUs per chief/worker pod.
+        args: Trainer arguments (same for every role; the role comes from the env).
+        dataset: Dataset PVC.
+        attempt: 1-based attempt number (a retry is a new attempt).
+        deadline_s: Attempt timeout (``activeDeadlineSeconds``).
+        kueue: Kueue mode; default ``profile.kueue.enabled``.
+
+    Returns:
+        The objects, plan and teardown.
+
+    Raises:
+        ConfigError: On an unknown strategy or an impossible replica count.
+    """
+    if strategy == "multi_worker_mirrored":
+        replicas = {"worker": workers}
+    elif strategy == "parameter_server":
+        if parameter_servers < 1:
+            raise ConfigError("parameter_server strategy needs parameter_servers >= 1")
+        replicas = {"ps": parameter_servers, "chief": 1, "worker": workers}
+    else:
+        raise ConfigError(f"unknown training strategy {strategy!r}")
+    base = training_base_name(pipeline, run_id, attempt)
+    tf_jobs = tf_jobs_env(base, replicas)
+    jobs = [
+        training_job(
+            profile,
+            base,
+            role,  # type: ignore[arg-type]
+            n,
+            tier,
+            args,
+            0 if role == "ps" else gpus_per_worker,
+            dataset,
+            tf_jobs=tf_jobs,
+            deadline_s=deadline_s,
+            kueue=kueue,
+        )
+        for role, n in replicas.items()
+    ]
+    place = placement_for_tier(profile, tier, kueue=kueue)
+    plan = [f"training attempt {base}: strategy {strategy}"]
+    for role, n in replicas.items():
+        where = "CPU pool" if role == "ps" else f"{gpus_per_worker} GPU(s) each, tier {tier!r}"
+        addrs = ", ".join(f"{job_name(base, role)}-{i}.{base}:{TF_PORT}" for i in range(min(n, 3)))
+        more = ", ..." if n > 3 else ""
+        plan.append(f"  {role}: {n} pod(s), {where}; {addrs}{more}")
+    plan += place.plan
+    ns = profile.namespace
+    teardown = [
+        *(
+            f"kubectl -n {ns} delete job {j.metadata.name} --cascade=foreground --ignore-not-found"
+            for j in jobs
+        ),
+        f"kubectl -n {ns} delete service {base} --ignore-not-found",
+        f"kubectl -n {ns} delete pods -l {RUN_LABEL}={base} --ignore-not-found",
+    ]
+    return TrainingObjects(base, training_service(base, ns), jobs, place, plan, teardown)
+
+
+def job_operator_kwargs(
+    job: V1Job,
+    *,
+    deferrable: bool = False,
+    poll_interval: float = 10,
+    kueue_queue: str | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``KubernetesJobOperator`` (or ``KubernetesStartKueueJobOperator``).
+
+    The operator rebuilds the Job from its own parameters and merges ``full_job_spec``
+    under them, and prefixes the name with ``job-``; these kwargs make the created Job
+    equal ours: same name (so pod DNS names match ``TRAINYARD_TF_JOBS``), Indexed,
+    ``completions = parallelism``, no retries inside the Job.
+
+    Caveats of provider 10.25: it lists the Job's pods right after creating it, up to
+    ``discover_pods_retry_number`` times with no wait between tries (apache/airflow#70585),
+    so pods that are slow to appear fail the task; and it fetches logs only after the Job
+    ended. The trainyard launcher therefore treats a failed task as a failed attempt.
+
+    Args:
+        job: A Job from :func:`training_job`.
+        deferrable: Defer to the triggerer while waiting.
+        poll_interval: Seconds between Job status polls.
+        kueue_queue: For ``KubernetesStartKueueJobOperator``: its ``queue_name``.
+
+    Returns:
+        The kwargs (add ``task_id`` and connection settings).
+    """
+    name = job.metadata.name
+    if not name.startswith(JOB_NAME_PREFIX):
+        raise ConfigError(f"Job name {name!r} must start with {JOB_NAME_PREFIX!r}")
+    spec = job.spec
+    kwargs: dict[str, Any] = {
+        "name": name[len(JOB_NAME_PREFIX) :],
+        "namespace": job.metadata.namespace,
+        "full_job_spec": job,
+        "completion_mode": spec.completion_mode,
+        "completions": spec.completions,
+        "parallelism": spec.parallelism,
+        "backoff_limit": spec.backoff_limit,
+        "random_name_suffix": False,
+        "wait_until_job_complete": True,
+        "deferrable": deferrable,
+        "job_poll_interval": poll_interval,
+        "get_logs": True,
+        "do_xcom_push": False,
+        "base_container_name": BASE_CONTAINER,
+        "on_finish_action": "delete_pod",
+        "reattach_on_restart": False,
+        "discover_pods_retry_number": 10,
+    }
+    if spec.active_deadline_seconds:
+        kwargs["active_deadline_seconds"] = spec.active_deadline_seconds
+    if spec.ttl_seconds_after_finished is not None:
+        kwargs["ttl_seconds_after_finished"] = spec.ttl_seconds_after_finished
+    if kueue_queue:
+        kwargs["queue_name"] = kueue_queue
+        kwargs["suspend"] = True
+    return kwargs
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def serving_name(model_name: str) -> str:
+    """Deployment / Service name of a served model: ``serving-<model>``."""
+    return k8s_name(f"serving-{model_name}")
+
+
+def serving_deployment(
+    profile: ClusterProfile,
+    model_name: str,
+    version: int,
+    replicas: int,
+    *,
+    progress_deadline_s: int = 300,
+) -> V1Deployment:
+    """TF Serving (CPU) Deployment over the model base path on the models PVC.
+
+    The base path ``/volumes/_serving/<model>`` (PVC sub-path ``_serving/<model>``) is
+    mounted read-only at ``/models/<model>``; TF Serving polls it for new numeric version
+    folders. ``version`` goes into a pod annotation, so each deploy also rolls the pods.
+
+    Args:
+        profile: Cluster profile (serving image, CPU pool, security).
+        model_name: Model name (URL path ``/v1/models/<name>``).
+        version: Version being deployed.
+        replicas: Pod replicas.
+        progress_deadline_s: ``progressDeadlineSeconds`` of the rollout.
+
+    Returns:
+        A RollingUpdate Deployment with ``maxUnavailable: 0``, readiness on
+        ``GET /v1/models/<name>``, a preStop sleep and a restricted security context.
+    """
+    from kubernetes.client import (
+        V1Container,
+        V1ContainerPort,
+        V1Deployment,
+        V1DeploymentSpec,
+        V1DeploymentStrategy,
+        V1ExecAction,
+        V1HTTPGetAction,
+        V1LabelSelector,
+        V1Lifecycle,
+        V1LifecycleHandler,
+        V1ObjectMeta,
+        V1PersistentVolumeClaimVolumeSource,
+        V1PodSpec,
+        V1PodTemplateSpec,
+        V1Probe,
+        V1RollingUpdateDeployment,
+        V1TCPSocketAction,
+        V1Volume,
+        V1VolumeMount,
+    )
+
+    if replicas < 1:
+        raise ConfigError(f"serving replicas must be >= 1, got {replicas}")
+    name = serving_name(model_name)
+    selector = {
+        APP_LABEL: "trainyard",
+        COMPONENT_LABEL: "serving",
+        MODEL_LABEL: k8s_name(model_name),
+    }
+    place = cpu_placement(profile)
+    tmp_vol, tmp_mount = _tmp_volume()
+    base_path = f"/models/{model_name}"
+    container = V1Container(
+        name="serving",
+        image=profile.images.serving,
+        image_pull_policy=profile.images.pull_policy,
+        command=["tensorflow_model_server"],
+        args=[
+            f"--port={SERVING_GRPC_PORT}",
+            f"--rest_api_port={SERVING_REST_PORT}",
+            f"--model_name={model_name}",
+            f"--model_base_path={base_path}",
+            "--file_system_poll_wait_seconds=5",
+        ],
+        ports=[
+            V1ContainerPort(name="http", container_port=SERVING_REST_PORT),
+            V1ContainerPort(name="grpc", container_port=SERVING_GRPC_PORT),
+        ],
+        readiness_probe=V1Probe(
+            http_get=V1HTTPGetAction(path=f"/v1/models/{model_name}", port=SERVING_REST_PORT),
+            period_seconds=5,
+            failure_threshold=3,
+        ),
+        liveness_probe=V1Probe(
+            tcp_socket=V1TCPSocketAction(port=SERVING_REST_PORT),
+            initial_delay_seconds=15,
+            period_seconds=10,
+            failure_threshold=6,
+        ),
+        lifecycle=V1Lifecycle(
+            pre_stop=V1LifecycleHandler(_exec=V1ExecAction(command=["sleep", "10"]))
+        ),
+        resources=_resources(profile.resources.serving),
+        security_context=restricted_security_context(read_only_root=True),
+        volume_mounts=[
+            V1VolumeMount(
+                name="models",
+                mount_path=base_path,
+                sub_path=f"_serving/{model_name}",
+                read_only=True,
+            ),
+            tmp_mount,
+        ],
+    )
+    return V1Deployment(
+        api_version="apps/v1",
+        kind="Deployment",
+        metadata=V1ObjectMeta(
+            name=name,
+            namespace=profile.namespace,
+            labels=selector,
+            annotations={VERSION_ANNOTATION: str(version)},
+        ),
+        spec=V1DeploymentSpec(
+            replicas=replicas,
+            selector=V1LabelSelector(match_labels=selector),
+            strategy=V1DeploymentStrategy(
+                type="RollingUpdate",
+                rolling_update=V1RollingUpdateDeployment(max_unavailable=0, max_surge=1),
+            ),
+            min_ready_seconds=5,
+            progress_deadline_seconds=progress_deadline_s,
+            revision_history_limit=5,
+            template=V1PodTemplateSpec(
+                metadata=V1ObjectMeta(
+                    labels=selector, annotations={VERSION_ANNOTATION: str(version)}
+                ),
+                spec=V1PodSpec(
+                    service_account_name=profile.service_account,
+                    automount_service_account_token=False,
+                    enable_service_links=False,
+                    termination_grace_period_seconds=30,
+                    security_context=restricted_pod_security_context(profile),
+                    containers=[container],
+                    volumes=[
+                        V1Volume(
+                            name="models",
+                            persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(
+                                claim_name=profile.storage.models_pvc, read_only=True
+                            ),
+                        ),
+                        tmp_vol,
+                    ],
+                    **place.pod_fields(),
+                ),
+            ),
+        ),
+    )
+
+
+def serving_service(profile: ClusterProfile, model_name: str) -> V1Service:
+    """ClusterIP Service in front of the serving Deployment (REST 8501, gRPC 8500).
+
+    Args:
+        profile: Cluster profile.
+        model_name: Model name.
+
+    Returns:
+        The Service named like the Deployment.
+    """
+    from kubernetes.client import V1ObjectMeta, V1Service, V1ServicePort, V1ServiceSpec
+
+    selector = {
+        APP_LABEL: "trainyard",
+        COMPONENT_LABEL: "serving",
+        MODEL_LABEL: k8s_name(model_name),
+    }
+    return V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=V1ObjectMeta(
+            name=serving_name(model_name), namespace=profile.namespace, labels=selector
+        ),
+        spec=V1ServiceSpec(
+            type="ClusterIP",
+            selector=selector,
+            ports=[
+                V1ServicePort(name="http", port=SERVING_REST_PORT, target_port="http"),
+                V1ServicePort(name="grpc", port=SERVING_GRPC_PORT, target_port="grpc"),
+            ],
+        ),
+    )

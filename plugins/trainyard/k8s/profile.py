@@ -1,0 +1,278 @@
+"""The cluster profile (``deploy/cluster_profile.yaml``): images, GPU pools, tiers, storage.
+
+Parsed and typed once with pydantic (frozen models); errors name the file and the field.
+No I/O at import: the file is read by :func:`load_cluster_profile`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainyard.errors import ConfigError
+
+DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
+AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _dns_label(value: str) -> str:
+    if not DNS_LABEL_RE.match(value):
+        raise ValueError(f"{value!r} is not a DNS-1035 label (lowercase, digits, '-', <= 63)")
+    return value
+
+
+class Taint(_Strict):
+    """A node taint of a pool; pods placed on the pool tolerate it."""
+
+    key: str
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class GpuPool(_Strict):
+    """One GPU node pool.
+
+    Attributes:
+        name: Short pool name used by tiers (``h100``).
+        generation: Larger is newer; pools are listed newest first.
+        description: Human text for placement plans.
+        node_labels: Labels every node of the pool carries (the pool's selector).
+        taints: Taints of the pool's nodes.
+    """
+
+    name: str
+    generation: int = Field(ge=0)
+    description: str = ""
+    node_labels: dict[str, str] = Field(min_length=1)
+    taints: tuple[Taint, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, value: str) -> str:
+        return _dns_label(value)
+
+
+class Tier(_Strict):
+    """A priority tier: which GPU pools, in which order, at which priority."""
+
+    pools: tuple[str, ...] = Field(min_length=1)
+    priority_class: str
+    reason: str = ""
+    kueue_queue: str | None = None
+    kueue_priority_class: str | None = None
+
+    @field_validator("priority_class")
+    @classmethod
+    def _dns(cls, value: str) -> str:
+        return _dns_label(value)
+
+
+class CpuPool(_Strict):
+    """The CPU pool for step pods, parameter servers and serving."""
+
+    node_labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+
+
+class Resources(_Strict):
+    """Container requests and limits (Kubernetes quantities)."""
+
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, qty in value.items():
+            if not QUANTITY_RE.match(str(qty)):
+                raise ValueError(f"{name}: {qty!r} is not a Kubernetes quantity")
+        return value
+
+
+class ResourceSet(_Strict):
+    """Resources per role."""
+
+    steps: Resources = Resources(requests={"cpu": "500m", "memory": "1Gi"})
+    trainer: Resources = Resources(requests={"cpu": "2", "memory": "8Gi"})
+    ps: Resources = Resources(requests={"cpu": "1", "memory": "4Gi"})
+    serving: Resources = Resources(requests={"cpu": "500m", "memory": "1Gi"})
+
+
+class Images(_Strict):
+    """Container images (pinned tags; ``latest`` is refused)."""
+
+    trainer: str
+    serving: str
+    steps: str
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+
+    @field_validator("trainer", "serving", "steps")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        last = value.rsplit("/", 1)[-1]
+        if "@sha256:" in value:
+            return value
+        if ":" not in last or last.endswith(":latest"):
+            raise ValueError(f"{value!r} must be pinned to a tag or digest other than latest")
+        return value
+
+
+class Storage(_Strict):
+    """Persistent volumes: one PVC per dataset, one shared models PVC."""
+
+    storage_class: str | None = None
+    dataset_size: str = "10Gi"
+    dataset_access_mode: AccessMode = "ReadWriteMany"
+    models_pvc: str = "trainyard-models"
+    models_size: str = "50Gi"
+    models_access_mode: AccessMode = "ReadWriteMany"
+    volume_snapshot_class: str | None = None
+
+    @field_validator("models_pvc")
+    @classmethod
+    def _dns(cls, value: str) -> str:
+        return _dns_label(value)
+
+    @field_validator("dataset_size", "models_size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        if not QUANTITY_RE.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity")
+        return value
+
+
+class Security(_Strict):
+    """The non-root identity every trainyard container runs as."""
+
+    run_as_user: int = Field(default=50000, ge=1)
+    run_as_group: int = Field(default=0, ge=0)
+    fs_group: int = Field(default=0, ge=0)
+
+
+class Kueue(_Strict):
+    """Optional Kueue integration (queueing and quotas instead of raw priorities)."""
+
+    enabled: bool = False
+
+
+class ClusterProfile(_Strict):
+    """Everything that differs between clusters, in one typed object."""
+
+    namespace: str
+    service_account: str
+    images: Images
+    gpu_pools: tuple[GpuPool, ...] = Field(min_length=1)
+    tiers: dict[str, Tier] = Field(min_length=1)
+    cpu_pool: CpuPool = CpuPool()
+    resources: ResourceSet = ResourceSet()
+    storage: Storage = Storage()
+    security: Security = Security()
+    kueue: Kueue = Kueue()
+
+    @field_validator("namespace", "service_account")
+    @classmethod
+    def _dns(cls, value: str) -> str:
+        return _dns_label(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterProfile:
+        names = [p.name for p in self.gpu_pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gpu_pools: duplicate pool names in {names}")
+        gens = [p.generation for p in self.gpu_pools]
+        if gens != sorted(gens, reverse=True):
+            raise ValueError(f"gpu_pools: list pools newest generation first (got {gens})")
+        for tier_name, tier in self.tiers.items():
+            unknown = [p for p in tier.pools if p not in names]
+            if unknown:
+                raise ValueError(f"tiers.{tier_name}.pools: unknown pool(s) {unknown}")
+            if len(set(tier.pools)) != len(tier.pools):
+                raise ValueError(f"tiers.{tier_name}.pools: a pool is listed twice")
+            if self.kueue.enabled and not tier.kueue_queue:
+                raise ValueError(f"tiers.{tier_name}.kueue_queue: required when kueue.enabled")
+        return self
+
+    def pool(self, name: str) -> GpuPool:
+        """The GPU pool called ``name``.
+
+        Raises:
+            ConfigError: If there is no such pool.
+        """
+        for p in self.gpu_pools:
+            if p.name == name:
+                return p
+        raise ConfigError(f"cluster profile has no GPU pool {name!r}")
+
+    def tier(self, name: str) -> Tier:
+        """The tier called ``name``.
+
+        Raises:
+            ConfigError: If there is no such tier (lists the known ones).
+        """
+        try:
+            return self.tiers[name]
+        except KeyError:
+            known = ", ".join(sorted(self.tiers))
+            raise ConfigError(f"unknown priority tier {name!r} (known: {known})") from None
+
+
+def parse_cluster_profile(raw: Any, source: str = "<cluster profile>") -> ClusterProfile:
+    """Validate an already-loaded profile mapping.
+
+    Args:
+        raw: The YAML document.
+        source: Where it came from, for error messages.
+
+    Returns:
+        The typed profile.
+
+    Raises:
+        ConfigError: Naming ``source`` and every failing field.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return ClusterProfile.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"{source}: invalid cluster profile"]
+        for item in e.errors():
+            where = ".".join(str(p) for p in item["loc"]) or "<root>"
+            lines.append(f"  {where}: {item['msg']}")
+        raise ConfigError("\n".join(lines)) from e
+
+
+def load_cluster_profile(path: Path | str | None = None) -> ClusterProfile:
+    """Read and validate the cluster profile.
+
+    Args:
+        path: The YAML file; defaults to ``Settings.cluster_profile``
+            (``TRAINYARD_CLUSTER_PROFILE`` or ``deploy/cluster_profile.yaml``).
+
+    Returns:
+        The typed profile.
+
+    Raises:
+        ConfigError: If the file is missing, not YAML, or breaks the schema (names file and
+            field).
+    """
+    if path is None:
+        from trainyard.settings import get_settings
+
+        path = get_settings().cluster_profile
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"{path}: cluster profile not found") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    return parse_cluster_profile(raw, str(path))
