@@ -1,0 +1,215 @@
+"""Staging: a pipeline's raw source -> an immutable, content-addressed dataset snapshot.
+
+``stage(pipeline, interval_start, interval_end)`` reads the source through fsspec, casts
+tables to the contract's schema (Parquet shards) or packs small files into WebDataset tar
+shards, writes everything into a private ``.tmp/`` directory on the dataset volume, fsyncs
+it and renames it into ``snapshots/<id>``. The id derives from content, so re-staging the
+same data reuses the existing snapshot; a data interval maps to the snapshot it produced.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainyard import volumes
+from trainyard.errors import StagingError
+from trainyard.fsutil import atomic_write_json, publish_dir
+from trainyard.staging.progress import Progress, human_bytes
+from trainyard.staging.sources import open_source, read_contract
+
+if TYPE_CHECKING:
+    from trainyard.config import PipelineConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StageResult", "stage"]
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What one staging run produced.
+
+    Attributes:
+        snapshot_id: Content-derived id.
+        dataset: Dataset name.
+        path: The snapshot directory.
+        reused: True if the snapshot already existed (nothing new was published).
+        rows: Rows (table) or samples (files).
+        bytes: Bytes of the data shards.
+        shards: Number of data shards.
+        seconds: Wall time of the run.
+    """
+
+    snapshot_id: str
+    dataset: str
+    path: Path
+    reused: bool
+    rows: int
+    bytes: int
+    shards: int
+    seconds: float
+
+    def summary(self) -> str:
+        """One line for logs: id, new/reused, rows, shards, size, time and throughput."""
+        state = "reused" if self.reused else "new"
+        rate = human_bytes(self.bytes / self.seconds) if self.seconds > 0 else "-"
+        return (
+            f"staged {self.dataset}: snapshot {self.snapshot_id} ({state}), {self.rows} rows, "
+            f"{self.shards} shards, {human_bytes(self.bytes)} in {self.seconds:.2f}s ({rate}/s)"
+        )
+
+
+def _result(manifest: volumes.Manifest, path: Path, reused: bool, t0: float) -> StageResult:
+    data = manifest.data_shards
+    return StageResult(
+        snapshot_id=manifest.snapshot_id,
+        dataset=manifest.dataset,
+        path=path,
+        reused=reused,
+        rows=manifest.rows,
+        bytes=sum(s.bytes for s in data),
+        shards=len(data),
+        seconds=time.monotonic() - t0,
+    )
+
+
+def _ensure_source(pipeline: PipelineConfig, url: str, ds: str | None) -> None:
+    if not pipeline.source.bootstrap or ("://" in url and not url.startswith("file://")):
+        return
+    path = Path(url.removeprefix("file://"))
+    if path.exists():
+        return
+    from trainyard.staging.bootstrap import run_bootstrap
+
+    log.info("source %s is missing: bootstrapping it with %s", path, pipeline.source.bootstrap)
+    run_bootstrap(pipeline.source.bootstrap, path, ds)
+
+
+def stage(
+    pipeline: PipelineConfig,
+    interval_start: str | None = None,
+    interval_end: str | None = None,
+    *,
+    restage: bool = False,
+    quiet: bool = False,
+) -> StageResult:
+    """Stage a pipeline's raw source for a data interval into a dataset snapshot.
+
+    Args:
+        pipeline: The pipeline config (dataset, source, staging options).
+        interval_start: Data interval start (ISO); its date fills ``{ds}`` in the URL.
+        interval_end: Data interval end (ISO).
+        restage: Re-read the source even if this interval already produced a snapshot
+            (the interval then points at the new snapshot; old snapshots stay).
+        quiet: No progress line and no summary on stderr.
+
+    Returns:
+        The snapshot (new, or reused when the same content or interval was staged before).
+
+    Raises:
+        StagingError: For a bad dataset name, missing/empty/corrupt/changing source,
+            ill-typed rows or a failed write; nothing is published then.
+    """
+    t0 = time.monotonic()
+    dataset = volumes.check_dataset_name(pipeline.dataset, StagingError)
+    volumes.clean_stale_tmp(dataset)
+    key = volumes.interval_key(interval_start, interval_end)
+    if key and not restage:
+        record = volumes.read_interval(dataset, key)
+        if record:
+            path = volumes.snapshot_dir(dataset, record["snapshot_id"])
+            if (path / volumes.MANIFEST).is_file():
+                result = _result(volumes.read_manifest(path), path, True, t0)
+                _report(result, quiet)
+                return result
+    contract = read_contract(dataset)
+    ds = interval_start[:10] if interval_start else None
+    url = pipeline.source_url(ds)
+    _ensure_source(pipeline, url, ds)
+    src = open_source(url, pipeline.source.format, contract.extension)
+    progress = Progress(f"staging {dataset}", src.total_bytes)
+    advance = (lambda n: None) if quiet else progress.advance
+    with volumes.staging_area(dataset, "stage") as tmp:
+        if src.format == "image_folder":
+            from trainyard.staging.files import stage_files
+
+            shards, schema, extra = stage_files(
+                src, tmp, shard_target_mb=pipeline.staging.shard_target_mb, advance=advance
+            )
+            kind = "files"
+        else:
+            from trainyard.staging.tables import stage_table
+
+            shards, schema = stage_table(
+                src,
+                contract,
+                tmp,
+                shard_target_mb=pipeline.staging.shard_target_mb,
+                row_group_rows=pipeline.staging.row_group_rows,
+                advance=advance,
+            )
+            kind, extra = "table", {}
+        progress.close()
+        src.check_unchanged()
+        from trainyard.staging.tables import schema_to_json
+
+        data = [s for s in shards if s.role == "data"]
+        snapshot_id = volumes.compute_snapshot_id(kind, contract.version, shards)
+        manifest = volumes.Manifest(
+            snapshot_id=snapshot_id,
+            dataset=dataset,
+            kind=kind,
+            shards=shards,
+            hash_algo=volumes.HASH_ALGO,
+            schema=schema_to_json(schema),
+            contract_version=contract.version,
+            source=src.describe(),
+            interval=({"start": interval_start, "end": interval_end} if key is not None else None),
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"),
+            rows=sum(s.rows for s in data),
+            bytes=sum(s.bytes for s in data),
+            extra=extra,
+        )
+        final = volumes.snapshot_dir(dataset, snapshot_id)
+        reused = final.is_dir()
+        if not reused:
+            try:
+                atomic_write_json(tmp / volumes.MANIFEST, manifest.to_dict())
+                os.chmod(tmp / volumes.MANIFEST, 0o644)
+                reused = not publish_dir(tmp, final)
+            except OSError as e:
+                raise StagingError(f"{tmp}: cannot publish snapshot {snapshot_id}: {e}") from e
+    if reused:
+        manifest = volumes.read_manifest(final)
+    if key is not None:
+        record = {
+            "snapshot_id": snapshot_id,
+            "start": interval_start,
+            "end": interval_end,
+            "staged_at": manifest.created_at,
+        }
+        kept = volumes.record_interval(dataset, key, record, overwrite=restage)
+        if kept["snapshot_id"] != snapshot_id:
+            log.warning(
+                "interval %s already maps to snapshot %s; staged %s is kept but not mapped",
+                key,
+                kept["snapshot_id"],
+                snapshot_id,
+            )
+    volumes.gc_snapshots(dataset, pipeline.staging.retention, also_keep={snapshot_id})
+    result = _result(manifest, final, reused, t0)
+    _report(result, quiet)
+    return result
+
+
+def _report(result: StageResult, quiet: bool) -> None:
+    log.info(result.summary())
+    if not quiet:
+        sys.stderr.write(result.summary() + "\n")

@@ -1,0 +1,358 @@
+"""Tables (CSV, Parquet, JSON Lines) -> Parquet shards, streamed.
+
+The reader (this thread) parses one block at a time and casts it to the contract's
+schema; a writer thread packs rows into row groups of ``row_group_rows`` and rolls over to
+a new ``part-NNNNN.parquet`` shard past ``shard_target_mb``. A bounded queue between them
+keeps memory flat whatever the input size. Row-group and shard boundaries depend only on
+the row sequence, so the same data always gives byte-identical shards (and the same id).
+"""
+
+from __future__ import annotations
+
+import csv
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from trainyard.errors import StagingError
+from trainyard.staging.sources import ContractInfo, Source, SourceFile, contract_schema
+from trainyard.volumes import ShardInfo, hash_file
+
+CSV_BLOCK_BYTES = 8 << 20
+_QUEUE_DEPTH = 3
+_DONE = object()
+
+
+def _pa() -> Any:
+    import pyarrow as pa
+
+    return pa
+
+
+class _ShardWriter:
+    """Packs record batches into row groups and shards (runs in the writer thread)."""
+
+    def __init__(self, out_dir: Path, schema: Any, target_bytes: int, row_group_rows: int) -> None:
+        self.out_dir = out_dir
+        self.schema = schema
+        self.target_bytes = target_bytes
+        self.row_group_rows = row_group_rows
+        self.pending: list[Any] = []
+        self.pending_rows = 0
+        self.shards: list[ShardInfo] = []
+        self.writer: Any = None
+        self.sink: Any = None
+        self.shard_rows = 0
+        self.path: Path | None = None
+        self.dictionary_columns = [
+            f.name for f in schema if str(f.type) in ("string", "large_string", "binary")
+        ]
+
+    def add(self, batch: Any) -> None:
+        if batch.num_rows == 0:
+            return
+        self.pending.append(batch)
+        self.pending_rows += batch.num_rows
+        while self.pending_rows >= self.row_group_rows:
+            table = _pa().Table.from_batches(self.pending, schema=self.schema)
+            self._write(table.slice(0, self.row_group_rows))
+            rest = table.slice(self.row_group_rows)
+            self.pending = rest.to_batches() if rest.num_rows else []
+            self.pending_rows = rest.num_rows
+
+    def _write(self, table: Any) -> None:
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            self.path = self.out_dir / f"part-{len(self.shards):05d}.parquet"
+            self.sink = _pa().OSFile(str(self.path), "wb")
+            self.writer = pq.ParquetWriter(
+                self.sink,
+                self.schema,
+                compression="snappy",
+                use_dictionary=self.dictionary_columns,
+                write_statistics=True,
+            )
+            self.shard_rows = 0
+        self.writer.write_table(table, row_group_size=self.row_group_rows)
+        self.shard_rows += table.num_rows
+        if self.sink.tell() >= self.target_bytes:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        self.writer.close()
+        self.sink.close()
+        assert self.path is not None
+        self.shards.append(
+            ShardInfo(
+                path=self.path.name,
+                bytes=self.path.stat().st_size,
+                rows=self.shard_rows,
+                hash=hash_file(self.path),
+            )
+        )
+        self.writer = self.sink = self.path = None
+
+    def finish(self) -> list[ShardInfo]:
+        if self.pending_rows:
+            self._write(_pa().Table.from_batches(self.pending, schema=self.schema))
+            self.pending, self.pending_rows = [], 0
+        if self.writer is not None:
+            self._close_shard()
+        return self.shards
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+                self.sink.close()
+            except OSError:
+                pass
+
+
+def _cast_batch(batch: Any, schema: Any, where: str) -> Any:
+    import pyarrow.compute as pc
+
+    pa = _pa()
+    names = set(batch.schema.names)
+    missing = [f.name for f in schema if f.name not in names]
+    if missing:
+        raise StagingError(f"{where}: column {missing[0]!r} of the contract is missing")
+    arrays = []
+    for f in schema:
+        col = batch.column(f.name)
+        if col.type != f.type:
+            try:
+                col = pc.cast(col, f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise StagingError(
+                    f"{where}: column {f.name!r}: cannot cast {col.type} to contract type "
+                    f"{f.type}: {e}"
+                ) from e
+        arrays.append(col)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _csv_header(src: Source, f: SourceFile) -> list[str]:
+    with src.fs.open(f.path, "rb") as fh:
+        line = fh.readline()
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StagingError(f"{f.path}: row 1 (header): not UTF-8 text ({e.reason})") from e
+    return next(csv.reader([text]), [])
+
+
+def _diagnose_csv(src: Source, f: SourceFile, header: list[str], message: str) -> str:
+    """Find the row (and column) a pyarrow CSV error is about; only runs on failure."""
+    col_idx: int | None = None
+    if "In CSV column #" in message:
+        try:
+            col_idx = int(message.split("In CSV column #", 1)[1].split(":", 1)[0])
+        except ValueError:
+            col_idx = None
+    bad_value = None
+    if "invalid value '" in message:
+        bad_value = message.split("invalid value '", 1)[1].rsplit("'", 1)[0]
+    column = f" column {header[col_idx]!r}" if col_idx is not None and col_idx < len(header) else ""
+    with src.fs.open(f.path, "rb") as raw:
+        for lineno, line in enumerate(raw, start=1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"{f.path}: row {lineno}{column}: not UTF-8 text ({e.reason})"
+            if lineno == 1:
+                continue
+            fields = next(csv.reader([text]), [])
+            if not fields:
+                continue
+            if len(fields) != len(header):
+                return f"{f.path}: row {lineno}: expected {len(header)} columns, got {len(fields)}"
+            if col_idx is not None and bad_value is not None and fields[col_idx] == bad_value:
+                return f"{f.path}: row {lineno}{column}: {message}"
+    return f"{f.path}:{column} {message}"
+
+
+def _read_csv(
+    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None]
+) -> Iterator[Any]:
+    import pyarrow.csv as pcsv
+
+    pa = _pa()
+    header = _csv_header(src, f)
+    missing = [n for n in schema.names if n not in header]
+    if missing:
+        raise StagingError(
+            f"{f.path}: row 1 (header): column {missing[0]!r} of the contract is missing "
+            f"(header: {', '.join(header)})"
+        )
+    stream = pa.OSFile(f.path, "rb") if src.is_local else src.fs.open(f.path, "rb")
+    try:
+        reader = pcsv.open_csv(
+            stream,
+            read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=True),
+            convert_options=pcsv.ConvertOptions(
+                column_types=schema, include_columns=schema.names, check_utf8=True
+            ),
+        )
+        done = 0
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            pos = stream.tell()
+            advance(pos - done)
+            done = pos
+            yield _cast_batch(batch, schema, f.path)
+        advance(f.size - done)
+    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+        raise StagingError(_diagnose_csv(src, f, header, str(e))) from e
+    finally:
+        stream.close()
+
+
+def _read_jsonl(
+    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None]
+) -> Iterator[Any]:
+    import pyarrow.json as pjson
+
+    pa = _pa()
+    stream = pa.OSFile(f.path, "rb") if src.is_local else src.fs.open(f.path, "rb")
+    try:
+        reader = pjson.open_json(
+            stream,
+            read_options=pjson.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=True),
+            parse_options=pjson.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore"
+            ),
+        )
+        done = 0
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            pos = stream.tell()
+            advance(pos - done)
+            done = pos
+            yield _cast_batch(batch, schema, f.path)
+        advance(f.size - done)
+    except pa.ArrowInvalid as e:
+        raise StagingError(f"{f.path}: not valid JSON Lines for the contract: {e}") from e
+    finally:
+        stream.close()
+
+
+def _read_parquet(
+    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None]
+) -> Iterator[Any]:
+    import pyarrow.parquet as pq
+
+    pa = _pa()
+    stream = pa.OSFile(f.path, "rb") if src.is_local else src.fs.open(f.path, "rb")
+    try:
+        try:
+            pf = pq.ParquetFile(stream)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise StagingError(f"{f.path}: not a readable Parquet file: {e}") from e
+        names = set(pf.schema_arrow.names)
+        missing = [n for n in schema.names if n not in names]
+        if missing:
+            raise StagingError(f"{f.path}: column {missing[0]!r} of the contract is missing")
+        per_group = f.size // max(pf.metadata.num_row_groups, 1)
+        for i in range(pf.metadata.num_row_groups):
+            try:
+                table = pf.read_row_group(i, columns=schema.names)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise StagingError(f"{f.path}: row group {i} is corrupt: {e}") from e
+            for batch in table.to_batches():
+                yield _cast_batch(batch, schema, f"{f.path} (row group {i})")
+            advance(per_group)
+    finally:
+        stream.close()
+
+
+_READERS = {"csv": _read_csv, "jsonl": _read_jsonl, "parquet": _read_parquet}
+
+
+def stage_table(
+    src: Source,
+    contract: ContractInfo,
+    out_dir: Path,
+    *,
+    shard_target_mb: int,
+    row_group_rows: int,
+    advance: Callable[[int], None],
+) -> tuple[list[ShardInfo], Any]:
+    """Stream every file of a table source into Parquet shards cast to the contract.
+
+    Args:
+        src: The source (CSV, Parquet or JSON Lines files).
+        contract: Gives the schema (column names and types).
+        out_dir: The private snapshot directory being filled.
+        shard_target_mb: Roll over to a new shard past this size.
+        row_group_rows: Rows per Parquet row group.
+        advance: Progress callback, bytes of source consumed.
+
+    Returns:
+        The shards written and the Arrow schema.
+
+    Raises:
+        StagingError: Naming file, row and column, for unreadable or ill-typed input, no
+            rows, or a write failure (e.g. disk full).
+    """
+    pa = _pa()
+    schema = pa.schema([pa.field(f.name, f.type) for f in contract_schema(contract)])
+    writer = _ShardWriter(out_dir, schema, shard_target_mb << 20, row_group_rows)
+    q: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_DEPTH)
+    failure: list[BaseException] = []
+
+    def drain() -> None:
+        try:
+            while (item := q.get()) is not _DONE:
+                if not failure:
+                    writer.add(item)
+            if not failure:
+                writer.finish()
+        except BaseException as e:  # handed to the reading thread, re-raised there
+            failure.append(e)
+            while q.get() is not _DONE:
+                pass
+        finally:
+            if failure:
+                writer.abort()
+
+    thread = threading.Thread(target=drain, name="parquet-writer", daemon=True)
+    thread.start()
+    read = _READERS[src.format]
+    try:
+        for f in src.files:
+            if f.size == 0 or failure:
+                continue
+            for batch in read(src, f, schema, advance):
+                if failure:
+                    break
+                q.put(batch)
+    except BaseException:
+        failure.append(StagingError("reader failed"))
+        raise
+    finally:
+        q.put(_DONE)
+        thread.join()
+    if failure:
+        err = failure[0]
+        where = writer.path or out_dir
+        if isinstance(err, OSError):
+            raise StagingError(f"{where}: cannot write shard: {err}") from err
+        raise StagingError(f"{where}: writing shards failed: {err}") from err
+    if not writer.shards or sum(s.rows for s in writer.shards) == 0:
+        raise StagingError(f"{src.url}: source has no data rows")
+    return writer.shards, schema
+
+
+def schema_to_json(schema: Any) -> list[dict[str, Any]]:
+    """An Arrow schema as ``[{"name", "type", "nullable"}]`` for the manifest."""
+    return [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema]

@@ -1,0 +1,773 @@
+"""Dataset volumes: layout, immutable snapshots, manifests, verify, mirror and retention.
+
+Layout (one volume per dataset; locally a directory under the volume root)::
+
+    <volume_root>/<dataset>/snapshots/<snapshot_id>/   manifest.json + shards
+    <volume_root>/<dataset>/intervals/<interval_key>.json
+    <volume_root>/<dataset>/validated.json
+    <volume_root>/<dataset>/.tmp/                      private in-progress writes
+
+A snapshot directory is only ever created by renaming a complete, fsynced directory from
+``.tmp/`` into ``snapshots/``, so readers never see a partial snapshot. Its id derives from
+its content (the shard hashes and the contract version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fcntl
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import blake3
+
+from trainyard.errors import SnapshotError, TrainyardError
+from trainyard.fsutil import (
+    atomic_write_json,
+    fsync_dir,
+    private_tmp_dir,
+    publish_dir,
+    read_json,
+)
+from trainyard.settings import get_settings
+
+HASH_ALGO = "blake3"
+MANIFEST = "manifest.json"
+DATASET_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+SNAPSHOT_RE = re.compile(r"^[0-9a-f]{16}$")
+_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
+_FOREIGN_TMP_MAX_AGE_S = 24 * 3600
+_HASH_CHUNK = 8 << 20
+
+
+def check_dataset_name(dataset: str, error: type[TrainyardError] = SnapshotError) -> str:
+    """Reject dataset names that are not plain lowercase identifiers (e.g. ``../x``).
+
+    Args:
+        dataset: The dataset name.
+        error: The exception class to raise.
+
+    Returns:
+        The name, unchanged.
+
+    Raises:
+        TrainyardError: ``error`` if the name could escape the volume root.
+    """
+    if not isinstance(dataset, str) or not DATASET_RE.match(dataset):
+        raise error(
+            f"invalid dataset name {dataset!r}: must match {DATASET_RE.pattern} "
+            "(no path separators or '..')"
+        )
+    return dataset
+
+
+def _check_snapshot_id(snapshot_id: str) -> str:
+    if not isinstance(snapshot_id, str) or not SNAPSHOT_RE.match(snapshot_id):
+        raise SnapshotError(f"invalid snapshot id {snapshot_id!r}: expected 16 hex digits")
+    return snapshot_id
+
+
+def dataset_dir(dataset: str, volume_root: Path | None = None) -> Path:
+    """The volume directory of one dataset.
+
+    Args:
+        dataset: The dataset name.
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        ``<volume_root>/<dataset>``.
+    """
+    root = volume_root if volume_root is not None else get_settings().volume_root
+    return root / check_dataset_name(dataset)
+
+
+def snapshot_dir(dataset: str, snapshot_id: str, volume_root: Path | None = None) -> Path:
+    """The directory of one snapshot (it may not exist).
+
+    Args:
+        dataset: The dataset name.
+        snapshot_id: The content-derived snapshot id.
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        ``<volume_root>/<dataset>/snapshots/<snapshot_id>``.
+    """
+    return dataset_dir(dataset, volume_root) / "snapshots" / _check_snapshot_id(snapshot_id)
+
+
+def tmp_root(dataset: str, volume_root: Path | None = None) -> Path:
+    """The private in-progress area of a dataset volume (``<dataset>/.tmp``)."""
+    return dataset_dir(dataset, volume_root) / ".tmp"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One file of a snapshot.
+
+    Attributes:
+        path: Relative to the snapshot directory.
+        bytes: File size.
+        rows: Rows (table shards, the index) or samples (tar shards).
+        hash: Hex digest of the file content (``Manifest.hash_algo``).
+        role: ``"data"`` or ``"index"``.
+    """
+
+    path: str
+    bytes: int
+    rows: int
+    hash: str
+    role: Literal["data", "index"] = "data"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The description of one snapshot: the unit of lineage.
+
+    Attributes:
+        snapshot_id: Content-derived id (16 hex digits).
+        dataset: Dataset name.
+        kind: ``"table"`` (Parquet shards) or ``"files"`` (tar shards + index.parquet).
+        shards: Every file of the snapshot except the manifest.
+        hash_algo: ``"blake3"`` or ``"xxh3_128"``.
+        schema: Arrow schema of the table view, ``[{"name", "type", "nullable"}]``.
+        contract_version: Version of the data contract the data was cast to.
+        source: Where the data came from (``url``, ``format``, ``files``, ``bytes``).
+        interval: ``{"start", "end"}`` of the data interval, or None.
+        created_at: ISO-8601 UTC time of staging.
+        rows: Total rows (table) or samples (files).
+        bytes: Total bytes of the data shards.
+        extra: Kind-specific facts (e.g. ``classes`` of an image folder).
+    """
+
+    snapshot_id: str
+    dataset: str
+    kind: Literal["table", "files"]
+    shards: list[ShardInfo]
+    hash_algo: str
+    schema: list[dict[str, Any]]
+    contract_version: str
+    source: dict[str, Any]
+    interval: dict[str, str | None] | None
+    created_at: str
+    rows: int
+    bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form written to ``manifest.json``."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """Build a manifest from its JSON form.
+
+        Raises:
+            SnapshotError: If a field is missing or has the wrong shape.
+        """
+        try:
+            shards = [ShardInfo(**s) for s in data["shards"]]
+            return cls(
+                snapshot_id=str(data["snapshot_id"]),
+                dataset=str(data["dataset"]),
+                kind=data["kind"],
+                shards=shards,
+                hash_algo=str(data["hash_algo"]),
+                schema=list(data["schema"]),
+                contract_version=str(data["contract_version"]),
+                source=dict(data["source"]),
+                interval=data.get("interval"),
+                created_at=str(data["created_at"]),
+                rows=int(data["rows"]),
+                bytes=int(data["bytes"]),
+                extra=dict(data.get("extra") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise SnapshotError(f"manifest is malformed: {type(e).__name__}: {e}") from e
+
+    @property
+    def data_shards(self) -> list[ShardInfo]:
+        """The shards with role ``data``."""
+        return [s for s in self.shards if s.role == "data"]
+
+
+def compute_snapshot_id(kind: str, contract_version: str, shards: Sequence[ShardInfo]) -> str:
+    """Derive a snapshot id from content: same data and contract, same id.
+
+    Args:
+        kind: ``"table"`` or ``"files"``.
+        contract_version: The contract version the data was cast to.
+        shards: The snapshot's shards.
+
+    Returns:
+        The first 16 hex digits of BLAKE3 over kind, contract version and shard hashes.
+    """
+    parts = [kind, contract_version] + [f"{s.path}:{s.rows}:{s.hash}" for s in shards]
+    return blake3.blake3("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def hash_file(path: Path) -> str:
+    """BLAKE3 hex digest of a local file (memory-mapped, multithreaded for large files)."""
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if path.stat().st_size > 0:
+        h.update_mmap(path)
+    return h.hexdigest()
+
+
+def _hash_stream(fh: Any) -> str:
+    h = blake3.blake3()
+    while chunk := fh.read(_HASH_CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(snapshot: Path) -> Manifest:
+    """Read ``manifest.json`` of a snapshot directory.
+
+    Args:
+        snapshot: The snapshot directory.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        SnapshotError: If the manifest is missing, not JSON or malformed.
+    """
+    path = Path(snapshot) / MANIFEST
+    try:
+        data = read_json(path)
+    except FileNotFoundError as e:
+        raise SnapshotError(f"{path}: manifest not found (no such snapshot?)") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SnapshotError(f"{path}: manifest is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise SnapshotError(f"{path}: manifest must be a JSON object")
+    try:
+        return Manifest.from_dict(data)
+    except SnapshotError as e:
+        raise SnapshotError(f"{path}: {e}") from e
+
+
+def table_files(snapshot: Path) -> list[Path]:
+    """The Parquet files of a snapshot's table view (what validation reads).
+
+    Args:
+        snapshot: The snapshot directory.
+
+    Returns:
+        The data shards of a table snapshot, or ``index.parquet`` of a files snapshot.
+    """
+    manifest = read_manifest(snapshot)
+    role = "data" if manifest.kind == "table" else "index"
+    return [Path(snapshot) / s.path for s in manifest.shards if s.role == role]
+
+
+def list_snapshots(dataset: str, volume_root: Path | None = None) -> list[Manifest]:
+    """Every complete snapshot of a dataset, oldest first.
+
+    Args:
+        dataset: The dataset name.
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        The manifests, sorted by ``created_at`` then id.
+    """
+    folder = dataset_dir(dataset, volume_root) / "snapshots"
+    if not folder.is_dir():
+        return []
+    out = []
+    for child in folder.iterdir():
+        if SNAPSHOT_RE.match(child.name) and (child / MANIFEST).is_file():
+            out.append(read_manifest(child))
+    return sorted(out, key=lambda m: (m.created_at, m.snapshot_id))
+
+
+def list_datasets(volume_root: Path | None = None) -> list[str]:
+    """Names of the dataset volumes under the volume root (``_models`` etc. excluded)."""
+    root = volume_root if volume_root is not None else get_settings().volume_root
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and DATASET_RE.match(p.name))
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def latest_validated(dataset: str, volume_root: Path | None = None) -> str | None:
+    """The id of the most recently validated snapshot of a dataset, or None."""
+    path = dataset_dir(dataset, volume_root) / "validated.json"
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as e:
+        raise SnapshotError(f"{path}: not valid JSON: {e}") from e
+    return data.get("snapshot_id")
+
+
+def mark_validated(
+    dataset: str, snapshot_id: str, summary: dict[str, Any], volume_root: Path | None = None
+) -> None:
+    """Record that a snapshot passed validation (it becomes the latest validated one).
+
+    Args:
+        dataset: The dataset name.
+        snapshot_id: The validated snapshot.
+        summary: A small JSON-able summary of the validation run.
+        volume_root: Another volume root (defaults to the configured one).
+
+    Raises:
+        SnapshotError: If the snapshot does not exist.
+    """
+    snap = snapshot_dir(dataset, snapshot_id, volume_root)
+    if not (snap / MANIFEST).is_file():
+        raise SnapshotError(f"{snap}: cannot mark as validated, no such snapshot")
+    folder = dataset_dir(dataset, volume_root)
+    path = folder / "validated.json"
+    with _locked(folder / ".validated.lock"):
+        try:
+            history = list(read_json(path).get("history", []))
+        except (FileNotFoundError, json.JSONDecodeError):
+            history = []
+        history.append({"snapshot_id": snapshot_id, "at": _now(), "summary": summary})
+        atomic_write_json(path, {"snapshot_id": snapshot_id, "history": history})
+
+
+def interval_key(start: str | None, end: str | None) -> str | None:
+    """A file-name-safe key for a data interval (None when there is no interval).
+
+    Args:
+        start: Interval start (ISO date or datetime).
+        end: Interval end.
+
+    Returns:
+        E.g. ``2026-11-01T000000+0000__2026-11-02T000000+0000``.
+    """
+    if not start and not end:
+        return None
+
+    def clean(value: str | None) -> str:
+        return re.sub(r"[^0-9A-Za-z+_-]", "", (value or "open").replace(" ", "T").replace(".", "_"))
+
+    return f"{clean(start)}__{clean(end)}"
+
+
+def read_interval(dataset: str, key: str, volume_root: Path | None = None) -> dict | None:
+    """The record of the snapshot an interval produced, or None if not staged yet."""
+    path = dataset_dir(dataset, volume_root) / "intervals" / f"{key}.json"
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as e:
+        raise SnapshotError(f"{path}: not valid JSON: {e}") from e
+
+
+def record_interval(
+    dataset: str,
+    key: str,
+    record: dict[str, Any],
+    *,
+    overwrite: bool = False,
+    volume_root: Path | None = None,
+) -> dict[str, Any]:
+    """Map an interval to its snapshot, without overwriting an existing mapping.
+
+    The record is written to a temporary file and hard-linked into place, so when two runs
+    record the same interval at once exactly one wins and both read the winner's record.
+
+    Args:
+        dataset: The dataset name.
+        key: From :func:`interval_key`.
+        record: At least ``{"snapshot_id": ...}``.
+        overwrite: Replace an existing mapping (an explicit re-stage).
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        The record now on disk (ours, or the one that was already there).
+    """
+    path = dataset_dir(dataset, volume_root) / "intervals" / f"{key}.json"
+    if overwrite:
+        atomic_write_json(path, record)
+        return record
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    atomic_write_json(tmp, record)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return read_json(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return record
+
+
+@contextmanager
+def staging_area(dataset: str, purpose: str, volume_root: Path | None = None) -> Iterator[Path]:
+    """A private directory in the dataset's ``.tmp/``, removed on exit unless published.
+
+    Its name records host and pid (``<purpose>-<host>-<pid>-<uuid>``) so a later run can
+    tell the residue of a dead process from the work of a live one.
+    """
+    with private_tmp_dir(tmp_root(dataset, volume_root), prefix=f"{purpose}-{_HOST}-") as tmp:
+        yield tmp
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_tmp(dataset: str, volume_root: Path | None = None) -> list[str]:
+    """Remove ``.tmp/`` entries left by dead processes (e.g. a staging run killed -9).
+
+    Entries of this host are removed when their pid is dead; entries of other hosts (pods
+    sharing the volume) only when older than a day.
+
+    Returns:
+        The names removed.
+    """
+    folder = tmp_root(dataset, volume_root)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for entry in folder.iterdir():
+        parts = entry.name.rsplit("-", 3)
+        stale = False
+        if len(parts) == 4 and parts[2].isdigit():
+            host, pid = parts[1], int(parts[2])
+            if host == _HOST:
+                stale = pid != os.getpid() and not _pid_alive(pid)
+            else:
+                stale = time.time() - entry.lstat().st_mtime > _FOREIGN_TMP_MAX_AGE_S
+        else:
+            stale = time.time() - entry.lstat().st_mtime > _FOREIGN_TMP_MAX_AGE_S
+        if stale:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
+
+
+def verify_snapshot(snapshot: Path) -> list[str]:
+    """Re-hash every shard of a snapshot against its manifest.
+
+    Args:
+        snapshot: The snapshot directory.
+
+    Returns:
+        One line per problem (a shard that vanished, changed size or content, or an
+        unexpected extra file); empty when the snapshot is intact.
+
+    Raises:
+        SnapshotError: If the manifest itself is missing or corrupt.
+    """
+    snapshot = Path(snapshot)
+    manifest = read_manifest(snapshot)
+    problems = []
+    for shard in manifest.shards:
+        path = snapshot / shard.path
+        if not path.is_file():
+            problems.append(f"{shard.path}: missing")
+            continue
+        size = path.stat().st_size
+        if size != shard.bytes:
+            problems.append(f"{shard.path}: size {size} != manifest {shard.bytes}")
+            continue
+        if hash_file(path) != shard.hash:
+            problems.append(f"{shard.path}: content hash differs from manifest")
+    expected = {s.path for s in manifest.shards} | {MANIFEST}
+    for path in sorted(snapshot.rglob("*")):
+        rel = path.relative_to(snapshot).as_posix()
+        if path.is_file() and rel not in expected and not rel.startswith("validation/"):
+            problems.append(f"{rel}: not listed in the manifest")
+    if compute_snapshot_id(manifest.kind, manifest.contract_version, manifest.shards) != (
+        manifest.snapshot_id
+    ):
+        problems.append(f"{MANIFEST}: snapshot id does not match the listed shards")
+    return problems
+
+
+def _verify_remote(fs: Any, base: str, manifest: Manifest) -> list[str]:
+    problems = []
+    for shard in manifest.shards:
+        path = f"{base}/{shard.path}"
+        if not fs.exists(path):
+            problems.append(f"{path}: missing")
+            continue
+        with fs.open(path, "rb") as fh:
+            digest = _hash_stream(fh)
+        if digest != shard.hash:
+            problems.append(f"{path}: content hash differs from manifest")
+    return problems
+
+
+def mirror_snapshot(dataset: str, snapshot_id: str, target: str) -> str:
+    """Copy a snapshot to a second volume root (path) or an fsspec URL, then verify the copy.
+
+    A local target gets the same atomic publish as staging (``.tmp/`` then rename). A remote
+    target (object store) receives the shards first and ``manifest.json`` last, so a
+    manifest there means a complete copy.
+
+    Args:
+        dataset: The dataset name.
+        snapshot_id: The snapshot to copy.
+        target: A directory (another volume root), ``file://`` URL or any fsspec URL.
+
+    Returns:
+        The location of the verified copy.
+
+    Raises:
+        SnapshotError: If the source snapshot is broken or the copy does not verify.
+    """
+    import fsspec
+
+    src = snapshot_dir(dataset, snapshot_id)
+    problems = verify_snapshot(src)
+    if problems:
+        raise SnapshotError(f"{src}: will not mirror a damaged snapshot: " + "; ".join(problems))
+    manifest = read_manifest(src)
+    fs, root = fsspec.core.url_to_fs(target)
+    if "file" in fs.protocol or "local" in fs.protocol:
+        target_root = Path(root)
+        final = snapshot_dir(dataset, snapshot_id, target_root)
+        if not final.is_dir():
+            clean_stale_tmp(dataset, target_root)
+            with staging_area(dataset, "mirror", target_root) as tmp:
+                for shard in [*manifest.shards, None]:
+                    rel = shard.path if shard else MANIFEST
+                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src / rel, tmp / rel)
+                publish_dir(tmp, final)
+        problems = verify_snapshot(final)
+        where = str(final)
+    else:
+        base = f"{root.rstrip('/')}/{dataset}/snapshots/{snapshot_id}"
+        if not fs.exists(f"{base}/{MANIFEST}"):
+            for shard in manifest.shards:
+                fs.makedirs(f"{base}/{shard.path}".rsplit("/", 1)[0], exist_ok=True)
+                fs.put_file(str(src / shard.path), f"{base}/{shard.path}")
+            fs.put_file(str(src / MANIFEST), f"{base}/{MANIFEST}")
+        with fs.open(f"{base}/{MANIFEST}", "rb") as fh:
+            remote = Manifest.from_dict(json.loads(fh.read()))
+        problems = _verify_remote(fs, base, remote)
+        if remote.snapshot_id != snapshot_id:
+            problems.append(f"{base}/{MANIFEST}: holds snapshot {remote.snapshot_id}")
+        where = fs.unstrip_protocol(base)
+    if problems:
+        raise SnapshotError(f"mirror {where} does not verify: " + "; ".join(problems))
+    return where
+
+
+def protected_snapshots(dataset: str, volume_root: Path | None = None) -> dict[str, str]:
+    """Snapshots that retention must keep, with the reason.
+
+    The latest validated snapshot, and every snapshot a registered model version was trained
+    on (read from ``_models/*/versions/*/metadata.json``, fields ``dataset`` and
+    ``snapshot_id``).
+
+    Returns:
+        ``{snapshot_id: reason}``.
+    """
+    root = volume_root if volume_root is not None else get_settings().volume_root
+    keep: dict[str, str] = {}
+    validated = latest_validated(dataset, root)
+    if validated:
+        keep[validated] = "latest validated"
+    for meta_path in sorted(root.glob("_models/*/versions/*/metadata.json")):
+        try:
+            meta = read_json(meta_path)
+        except (OSError, json.JSONDecodeError) as e:
+            raise SnapshotError(
+                f"{meta_path}: unreadable model metadata, refusing to garbage-collect: {e}"
+            ) from e
+        if isinstance(meta, dict) and meta.get("dataset") == dataset and meta.get("snapshot_id"):
+            rel = meta_path.parent.relative_to(root).as_posix()
+            keep.setdefault(str(meta["snapshot_id"]), f"trained {rel}")
+    return keep
+
+
+def gc_snapshots(
+    dataset: str,
+    keep: int,
+    *,
+    dry_run: bool = False,
+    also_keep: set[str] | frozenset[str] = frozenset(),
+    volume_root: Path | None = None,
+) -> list[str]:
+    """Apply retention: keep the newest ``keep`` snapshots and every protected one.
+
+    A doomed snapshot is first renamed into ``.tmp/`` (atomically leaving ``snapshots/``),
+    then deleted, so a reader never sees half of a snapshot.
+
+    Args:
+        dataset: The dataset name.
+        keep: How many of the newest snapshots to keep (``staging.retention``).
+        dry_run: Only report what would be deleted.
+        also_keep: More ids to keep (e.g. the snapshot a run just returned).
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        The ids deleted (or that would be).
+    """
+    if keep < 1:
+        raise SnapshotError(f"retention must keep at least 1 snapshot, got {keep}")
+    snaps = list_snapshots(dataset, volume_root)
+    protected = protected_snapshots(dataset, volume_root)
+    recent = {m.snapshot_id for m in snaps[-keep:]}
+    doomed = [
+        m.snapshot_id
+        for m in snaps
+        if m.snapshot_id not in recent
+        and m.snapshot_id not in protected
+        and m.snapshot_id not in also_keep
+    ]
+    if dry_run:
+        return doomed
+    trash_root = tmp_root(dataset, volume_root)
+    trash_root.mkdir(parents=True, exist_ok=True)
+    for sid in doomed:
+        src = snapshot_dir(dataset, sid, volume_root)
+        trash = trash_root / f"gc-{_HOST}-{os.getpid()}-{sid}"
+        os.rename(src, trash)
+        fsync_dir(src.parent)
+        shutil.rmtree(trash, ignore_errors=True)
+    return doomed
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def _cli_list(args: argparse.Namespace) -> int:
+    datasets = [args.dataset] if args.dataset else list_datasets()
+    head = f"{'dataset':<16} {'snapshot':<16} {'kind':<5} {'rows':>10} {'size':>10}"
+    print(f"{head}  created / interval")
+    for ds in datasets:
+        validated = latest_validated(ds)
+        for m in list_snapshots(ds):
+            mark = " *validated" if m.snapshot_id == validated else ""
+            iv = f"  [{m.interval['start']} .. {m.interval['end']})" if m.interval else ""
+            print(
+                f"{ds:<16} {m.snapshot_id:<16} {m.kind:<5} {m.rows:>10} "
+                f"{_fmt_bytes(m.bytes):>10}  {m.created_at}{iv}{mark}"
+            )
+    return 0
+
+
+def _cli_show(args: argparse.Namespace) -> int:
+    manifest = read_manifest(snapshot_dir(args.dataset, args.snapshot_id))
+    print(json.dumps(manifest.to_dict(), indent=2))
+    return 0
+
+
+def _cli_verify(args: argparse.Namespace) -> int:
+    ids = args.snapshot_id or [m.snapshot_id for m in list_snapshots(args.dataset)]
+    bad = 0
+    for sid in ids:
+        problems = verify_snapshot(snapshot_dir(args.dataset, sid))
+        if problems:
+            bad += 1
+            for p in problems:
+                print(f"{args.dataset}/{sid}: {p}")
+        else:
+            print(f"{args.dataset}/{sid}: ok")
+    return 1 if bad else 0
+
+
+def _cli_mirror(args: argparse.Namespace) -> int:
+    where = mirror_snapshot(args.dataset, args.snapshot_id, args.target)
+    print(f"{args.dataset}/{args.snapshot_id}: mirrored and verified at {where}")
+    return 0
+
+
+def _cli_gc(args: argparse.Namespace) -> int:
+    keep = args.keep
+    if keep is None:
+        from trainyard.config import load_pipeline
+
+        keep = load_pipeline(args.pipeline).staging.retention if args.pipeline else 7
+    removed = clean_stale_tmp(args.dataset)
+    doomed = gc_snapshots(args.dataset, keep, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    print(
+        f"{args.dataset}: kept newest {keep}, {verb} {len(doomed)}: {', '.join(doomed) or '-'}"
+        f"; removed {len(removed)} stale temp entries"
+    )
+    return 0
+
+
+def cli_main(argv: list[str]) -> int:
+    """``trainyard snapshots list|show|verify|mirror|gc``.
+
+    Args:
+        argv: Arguments after ``snapshots``.
+
+    Returns:
+        0 on success, 1 if ``verify`` found a damaged snapshot.
+    """
+    parser = argparse.ArgumentParser(prog="trainyard snapshots")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("list", help="list snapshots (of one dataset or all)")
+    p.add_argument("dataset", nargs="?")
+    p.set_defaults(fn=_cli_list)
+    p = sub.add_parser("show", help="print a snapshot's manifest")
+    p.add_argument("dataset")
+    p.add_argument("snapshot_id")
+    p.set_defaults(fn=_cli_show)
+    p = sub.add_parser("verify", help="re-hash shards against the manifest")
+    p.add_argument("dataset")
+    p.add_argument("snapshot_id", nargs="*", help="default: every snapshot of the dataset")
+    p.set_defaults(fn=_cli_verify)
+    p = sub.add_parser("mirror", help="copy a snapshot to another volume root or URL, verify")
+    p.add_argument("dataset")
+    p.add_argument("snapshot_id")
+    p.add_argument("target", help="a directory (volume root) or an fsspec URL")
+    p.set_defaults(fn=_cli_mirror)
+    p = sub.add_parser("gc", help="apply retention and remove stale temp entries")
+    p.add_argument("dataset")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--keep", type=int, help="newest snapshots to keep")
+    group.add_argument("--pipeline", help="take the retention from this pipeline's config")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(fn=_cli_gc)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except BrokenPipeError:
+        sys.stderr.close()
+        return 0
