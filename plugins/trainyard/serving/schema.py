@@ -107,19 +107,33 @@ def _fmt_shape(shape: tuple[int | None, ...]) -> str:
     )
 
 
-def _to_array(values: Any, dtype: str, where: str) -> np.ndarray:
-    """Convert nested lists to an array of ``dtype``; reject strings, nulls, ragged lists."""
+def _to_array(
+    values: Any,
+    dtype: str,
+    shape: tuple[int | None, ...],
+    field: str,
+    where: str,
+    row_prefix: str,
+) -> np.ndarray:
+    """Convert nested lists to an array of ``dtype`` and ``shape``.
+
+    Strings, nulls, booleans for numbers, fractions for integers and ragged lists are
+    rejected; shape errors name the first offending row.
+    """
     try:
         arr = np.asarray(values)
-    except ValueError as e:
-        raise InvalidRequest(f"{where}: ragged nested lists ({e})") from None
+    except ValueError:
+        _diagnose_rows(values, shape, field, row_prefix)
+        raise InvalidRequest(f"{where}: ragged nested lists") from None
     kind = arr.dtype.kind
     if kind == "O":
         if any(v is None for v in _flat_items(values)):
             raise InvalidRequest(f"{where}: null values are not allowed (expected {dtype})")
+        _diagnose_rows(values, shape, field, row_prefix)
         raise InvalidRequest(f"{where}: ragged nested lists or mixed types (expected {dtype})")
     if kind in "US":
         raise InvalidRequest(f"{where}: expected {dtype} numbers, got strings")
+    _check_shape(arr, shape, field, values, row_prefix)
     if dtype == "bool":
         if kind != "b":
             raise InvalidRequest(f"{where}: expected booleans (true/false), got numbers")
@@ -152,7 +166,7 @@ def _flat_items(values: Any) -> list[Any]:
 
 
 def _check_shape(
-    arr: np.ndarray, shape: tuple[int | None, ...], where: str, values: list[Any], row_prefix: str
+    arr: np.ndarray, shape: tuple[int | None, ...], field: str, values: list[Any], row_prefix: str
 ) -> None:
     """Check the array's per-row shape; name the first offending row if it is wrong."""
     row_shape = shape[1:]
@@ -161,21 +175,31 @@ def _check_shape(
         e is None or e == g for e, g in zip(row_shape, got, strict=True)
     ):
         return
+    _diagnose_rows(values, shape, field, row_prefix)
+    raise InvalidRequest(
+        f"{field}: expected shape {_fmt_shape(shape)}, got {_fmt_shape(arr.shape)}"
+    )
+
+
+def _diagnose_rows(
+    values: list[Any], shape: tuple[int | None, ...], field: str, row_prefix: str
+) -> None:
+    """Raise for the first row whose shape is wrong or ragged (return if none is)."""
+    row_shape = shape[1:]
     for i, row in enumerate(values):
         try:
             r = np.asarray(row)
         except ValueError:
-            raise InvalidRequest(f"{row_prefix.format(i=i)}{where}: ragged nested lists") from None
+            raise InvalidRequest(f"{row_prefix.format(i=i)}{field}: ragged nested lists") from None
+        if r.dtype.kind == "O":
+            raise InvalidRequest(f"{row_prefix.format(i=i)}{field}: ragged nested lists")
         if r.ndim != len(row_shape) or any(
             e is not None and e != g for e, g in zip(row_shape, r.shape, strict=True)
         ):
             raise InvalidRequest(
-                f"{row_prefix.format(i=i)}{where}: expected shape {_fmt_shape(row_shape)} per row, "
-                f"got {_fmt_shape(r.shape)}"
+                f"{row_prefix.format(i=i)}{field}: expected shape {_fmt_shape(row_shape)} "
+                f"per row, got {_fmt_shape(r.shape)}"
             )
-    raise InvalidRequest(
-        f"{where}: expected shape {_fmt_shape(shape)}, got {_fmt_shape(arr.shape)}"
-    )
 
 
 def decode_predict_request(
@@ -249,8 +273,7 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
         for i, row in enumerate(instances):
             if isinstance(row, dict):
                 raise InvalidRequest(f"instances[{i}]: mixes objects and bare values across rows")
-        arr = _to_array(instances, dtype, f"instances.{name}")
-        _check_shape(arr, shape, name, instances, "instances[{i}].")
+        arr = _to_array(instances, dtype, shape, name, f"instances.{name}", "instances[{i}].")
         return {name: arr}
     columns: dict[str, list[Any]] = {n: [] for n in names}
     wanted = set(names)
@@ -268,8 +291,7 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     out: dict[str, np.ndarray] = {}
     for name in names:
         dtype, shape = spec[name]
-        arr = _to_array(columns[name], dtype, f"instances.{name}")
-        _check_shape(arr, shape, name, columns[name], "instances[{i}].")
+        arr = _to_array(columns[name], dtype, shape, name, f"instances.{name}", "instances[{i}].")
         out[name] = arr
     return out
 
@@ -297,8 +319,7 @@ def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
             raise InvalidRequest(
                 f"inputs.{name}: {len(values)} rows, at most {max_rows} are allowed"
             )
-        arr = _to_array(values, dtype, f"inputs.{name}")
-        _check_shape(arr, shape, f"inputs.{name}", values, "row {i} of ")
+        arr = _to_array(values, dtype, shape, f"inputs.{name}", f"inputs.{name}", "row {i} of ")
         if rows is not None and arr.shape[0] != rows:
             raise InvalidRequest(
                 f"inputs.{name}: {arr.shape[0]} rows, but {names[0]!r} has {rows} "

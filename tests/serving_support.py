@@ -1,0 +1,117 @@
+"""Tiny real SavedModels and a server-in-a-thread for the serving tests.
+
+The image model is a linear softmax classifier over the flattened 8x8x1 image with fixed
+weights, so tests can compute the expected classes in numpy; ``bias_class`` adds a large
+bias to one class so every input predicts it (lets a load generator see which version
+answered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+
+IMAGE_SPEC = {"image": ("float32", (None, 8, 8, 1))}
+TABLE_SPEC = {"a": ("float32", (None,)), "b": ("float32", (None,))}
+
+
+def image_weights(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(64, 10)).astype(np.float32), rng.normal(size=10).astype(np.float32)
+
+
+def expected_classes(images: np.ndarray, seed: int, bias_class: int | None = None) -> np.ndarray:
+    w, b = image_weights(seed)
+    if bias_class is not None:
+        b = b.copy()
+        b[bias_class] += 1000.0
+    return np.argmax(images.reshape(len(images), 64) @ w + b, axis=1)
+
+
+def build_image_model(
+    path: Path,
+    seed: int = 0,
+    bias_class: int | None = None,
+    input_name: str = "image",
+    side: int = 8,
+) -> Path:
+    """Save a linear classifier with TF Serving's signature (import TF lazily)."""
+    import tensorflow as tf
+
+    w, b = image_weights(seed)
+    if bias_class is not None:
+        b = b.copy()
+        b[bias_class] += 1000.0
+    if side != 8:
+        w = np.resize(w, (side * side, 10))
+
+    class Model(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable(w)
+            self.b = tf.Variable(b)
+
+        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            logits = tf.reshape(x, [-1, side * side]) @ self.w + self.b
+            probs = tf.nn.softmax(logits)
+            return {"probabilities": probs, "class_id": tf.argmax(probs, axis=1)}
+
+    m = Model()
+    m.sig = tf.function(
+        m.serve, input_signature=[tf.TensorSpec([None, side, side, 1], tf.float32, name=input_name)]
+    )
+    tf.saved_model.save(m, str(path), signatures={"serving_default": m.sig})
+    return path
+
+
+def build_table_model(path: Path) -> Path:
+    """Save a model with two scalar float32 inputs ``a`` and ``b`` (class = a > b)."""
+    import tensorflow as tf
+
+    class Model(tf.Module):
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.float32, name="a"),
+                tf.TensorSpec([None], tf.float32, name="b"),
+            ]
+        )
+        def serve(self, a: tf.Tensor, b: tf.Tensor) -> dict[str, tf.Tensor]:
+            logits = tf.stack([b - a, a - b], axis=1)
+            probs = tf.nn.softmax(logits)
+            return {"probabilities": probs, "class_id": tf.argmax(probs, axis=1)}
+
+    m = Model()
+    tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ThreadedServer:
+    """Run a ServingServer on its own event loop thread (real HTTP on 127.0.0.1)."""
+
+    def __init__(self, base_path: Path, **kwargs: object) -> None:
+        from trainyard.serving.server import ServingServer
+
+        self.loop = asyncio.new_event_loop()
+        self.server = ServingServer(base_path, host="127.0.0.1", port=0, **kwargs)  # type: ignore[arg-type]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(30)
+
+    def sync(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.repository.sync(), self.loop).result(60)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()

@@ -1,0 +1,148 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trainyard.serving.schema import (
+    InvalidRequest,
+    decode_predict_request,
+    encode_predict_response,
+    parse_feature_spec,
+)
+
+IMAGE = {"image": ("float32", (None, 8, 8, 1))}
+TABLE = {"a": ("float32", (None,)), "n": ("int64", (None,))}
+IMG = np.arange(64, dtype=np.float32).reshape(8, 8, 1) / 64
+
+
+def _img(rows: int = 2) -> list:
+    return [IMG.tolist()] * rows
+
+
+GOOD = [
+    ("rows bare values", IMAGE, {"instances": _img(3)}, {"image": (3, 8, 8, 1)}, False),
+    ("rows named", IMAGE, {"instances": [{"image": IMG.tolist()}]}, {"image": (1, 8, 8, 1)}, False),
+    ("columnar bare", IMAGE, {"inputs": _img(2)}, {"image": (2, 8, 8, 1)}, True),
+    ("columnar named", IMAGE, {"inputs": {"image": _img(4)}}, {"image": (4, 8, 8, 1)}, True),
+    (
+        "table rows",
+        TABLE,
+        {"instances": [{"a": 1.5, "n": 2}, {"a": 0, "n": 3.0}]},
+        {"a": (2,), "n": (2,)},
+        False,
+    ),
+    ("table columnar", TABLE, {"inputs": {"a": [1, 2], "n": [3, 4]}}, {"a": (2,), "n": (2,)}, True),
+    ("signature name", TABLE, {"signature_name": "serving_default", "inputs": {"a": [1], "n": [1]}},
+     {"a": (1,), "n": (1,)}, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "doc", "shapes", "columnar"), [c[1:] for c in GOOD], ids=[c[0] for c in GOOD]
+)
+def test_decode_accepts(spec, doc, shapes, columnar):
+    inputs, rows, col = decode_predict_request(json.dumps(doc).encode(), spec)
+    assert col is columnar
+    assert {k: v.shape for k, v in inputs.items()} == shapes
+    assert rows == next(iter(shapes.values()))[0]
+    for name, (dtype, _) in spec.items():
+        assert inputs[name].dtype == np.dtype(dtype)
+
+
+def test_decode_values_exact():
+    inputs, _, _ = decode_predict_request(json.dumps({"instances": _img(2)}).encode(), IMAGE)
+    np.testing.assert_array_equal(inputs["image"][1], IMG)
+
+
+BAD = [
+    ("malformed json", IMAGE, b'{"instances": [1,', "malformed JSON"),
+    ("not utf8", IMAGE, b"\xff\xfe", "malformed JSON"),
+    ("not an object", IMAGE, b"[1, 2]", "must be a JSON object"),
+    ("neither format", IMAGE, b"{}", "exactly one of"),
+    ("both formats", IMAGE, b'{"instances": [], "inputs": []}', "exactly one of"),
+    ("unknown top field", IMAGE, b'{"instances": [1], "foo": 1}', "unknown request field 'foo'"),
+    ("bad signature", IMAGE, b'{"signature_name": "x", "inputs": [1]}', "unknown signature_name"),
+    ("empty instances", IMAGE, b'{"instances": []}', "non-empty list"),
+    ("NaN", TABLE, b'{"inputs": {"a": [NaN], "n": [1]}}', "non-finite number NaN"),
+    ("row wrong shape", IMAGE, json.dumps({"instances": [IMG.tolist(), IMG[:, :, 0].tolist()]}),
+     "instances[1].image: expected shape (8, 8, 1) per row, got (8, 8)"),
+    ("all rows wrong shape", IMAGE, json.dumps({"instances": [IMG[:4].tolist()]}),
+     "instances[0].image: expected shape (8, 8, 1) per row, got (4, 8, 1)"),
+    ("strings", IMAGE, json.dumps({"instances": [[["x"] * 1] * 8] * 8}), "got strings"),
+    ("null value", TABLE, b'{"instances": [{"a": null, "n": 1}]}', "instances.a: null values"),
+    ("missing feature row", TABLE, b'{"instances": [{"a": 1, "n": 1}, {"a": 2}]}',
+     "instances[1]: missing feature 'n'"),
+    ("unknown feature row", TABLE, b'{"instances": [{"a": 1, "n": 1, "z": 0}]}',
+     "instances[0]: unknown feature 'z'"),
+    ("missing feature columnar", TABLE, b'{"inputs": {"a": [1]}}', "inputs: missing feature 'n'"),
+    ("unknown feature columnar", TABLE, b'{"inputs": {"a": [1], "n": [1], "q": [1]}}',
+     "inputs: unknown feature 'q'"),
+    ("batch mismatch", TABLE, b'{"inputs": {"a": [1, 2], "n": [1]}}', "same batch size"),
+    ("fractional int", TABLE, b'{"inputs": {"a": [1], "n": [1.5]}}', "inputs.n: expected integers"),
+    ("booleans", TABLE, b'{"inputs": {"a": [true], "n": [1]}}',
+     "inputs.a: expected float32 numbers, got booleans"),
+    ("bare rows multi input", TABLE, b'{"instances": [1, 2]}', "expected an object with features"),
+    ("mixed rows", TABLE, b'{"instances": [{"a": 1, "n": 1}, 3]}',
+     "instances[1]: expected an object"),
+    ("scalar column", TABLE, b'{"inputs": {"a": 1, "n": [1]}}',
+     "inputs.a: expected a non-empty list"),
+    ("ragged row", TABLE, b'{"inputs": {"a": [1, [2, 3]], "n": [1, 2]}}',
+     "row 1 of inputs.a: expected shape () per row, got (2,)"),
+    ("nested scalar feature", TABLE, b'{"inputs": {"a": [[1]], "n": [1]}}',
+     "row 0 of inputs.a: expected shape () per row, got (1,)"),
+    ("too many rows", TABLE, json.dumps({"inputs": {"a": [1] * 11, "n": [1] * 11}}), "at most 10"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("spec", "body", "message"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_decode_rejects_with_clear_message(spec, body, message):
+    raw = body.encode() if isinstance(body, str) else body
+    with pytest.raises(InvalidRequest) as exc:
+        decode_predict_request(raw, spec, max_rows=10)
+    assert message in str(exc.value)
+
+
+def test_encode_shapes_match_tf_serving():
+    outputs = {
+        "probabilities": np.array([[0.25, 0.75], [1.0, 0.0]], np.float32),
+        "class_id": np.array([1, 0], np.int64),
+    }
+    rows = json.loads(encode_predict_response(outputs, columnar=False))
+    assert rows == {
+        "predictions": [
+            {"class_id": 1, "probabilities": [0.25, 0.75]},
+            {"class_id": 0, "probabilities": [1.0, 0.0]},
+        ]
+    }
+    cols = json.loads(encode_predict_response(outputs, columnar=True))
+    assert cols == {"outputs": {"class_id": [1, 0], "probabilities": [[0.25, 0.75], [1.0, 0.0]]}}
+    single = json.loads(encode_predict_response({"y": np.array([3, 4])}, columnar=False))
+    assert single == {"predictions": [3, 4]}
+    assert json.loads(encode_predict_response({"y": np.array([3])}, columnar=True)) == {
+        "outputs": [3]
+    }
+
+
+SPECS_BAD = [
+    ("not a mapping", [1], "non-empty mapping"),
+    ("entry not pair", {"x": "float32"}, "expected [dtype, shape]"),
+    ("bad dtype", {"x": ["complex64", [None]]}, "unsupported dtype"),
+    ("no batch dim", {"x": ["float32", [8]]}, "batch dimension"),
+    ("negative dim", {"x": ["float32", [None, -3]]}, "batch dimension"),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"), [c[1:] for c in SPECS_BAD], ids=[c[0] for c in SPECS_BAD]
+)
+def test_parse_feature_spec_rejects(raw, message):
+    with pytest.raises(ValueError, match=r"spec\.json") as exc:
+        parse_feature_spec(raw, "spec.json")
+    assert message in str(exc.value)
+
+
+def test_parse_feature_spec_round_trip():
+    spec = parse_feature_spec({"image": ["float32", [None, 8, 8, 1]]}, "x")
+    assert spec == {"image": ("float32", (None, 8, 8, 1))}
