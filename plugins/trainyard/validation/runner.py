@@ -1,0 +1,629 @@
+"""Run a contract's suite on a snapshot's table view in bounded memory.
+
+The Parquet files are read with pyarrow in batches of ``batch_rows`` rows; each batch is
+validated by GX against the batch-scope part of the suite and the per-expectation results
+are merged (counts add up, the first unexpected samples are kept in row order, indexes are
+shifted to snapshot row numbers). Dataset-scope rules are computed over the whole snapshot
+while the batches stream by: the row count from all batches, uniqueness from 64-bit key
+hashes spilled to disk in hash-prefix buckets (so memory is one bucket, not the data),
+the set of allowed values seen, freshness, and the drift profiles.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainyard.errors import SnapshotError, TrainyardError
+from trainyard.validation.drift import ColumnProfile, drift_value, histogram_edges, needs_edges
+from trainyard.validation.drift import rule_bins as drift_bins
+from trainyard.validation.suite import build_suite, rule_meta
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainyard.contracts import Contract
+
+DEFAULT_BATCH_ROWS = 250_000
+SAMPLES = 20
+
+
+class ValidatorCrashed(TrainyardError):
+    """The validator itself failed (a bug or an environment problem), not the data."""
+
+
+@dataclass
+class RuleOutcome:
+    """The result of one rule of the contract on one snapshot."""
+
+    rule: str
+    column: str | None
+    severity: str
+    success: bool
+    reason: str = ""
+    unexpected_count: int | None = None
+    element_count: int | None = None
+    samples: list[Any] = field(default_factory=list)
+    observed: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (sample values as strings if they are not JSON scalars)."""
+        d = asdict(self)
+        d["samples"] = [_jsonable(v) for v in self.samples]
+        d["observed"] = _jsonable(self.observed)
+        return d
+
+
+@dataclass
+class RunOutput:
+    """Everything one run produced: rule outcomes and the merged GX result."""
+
+    outcomes: list[RuleOutcome]
+    gx_result: Any
+    rows: int
+    batches: int
+    seconds: float
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item"):
+        return _jsonable(value.item())
+    return str(value)
+
+
+def _type_matches(arrow_type: pa.DataType, contract_type: str) -> bool:
+    import pyarrow as pa
+
+    checks = {
+        "string": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+        "int32": lambda t: t == pa.int32(),
+        "int64": lambda t: t == pa.int64(),
+        "float32": lambda t: t == pa.float32(),
+        "float64": lambda t: t == pa.float64(),
+        "bool": pa.types.is_boolean,
+        "timestamp": pa.types.is_timestamp,
+    }
+    return bool(checks[contract_type](arrow_type))
+
+
+def open_files(files: Sequence[Path]) -> list[pq.ParquetFile]:
+    """Open the Parquet files of a table view.
+
+    Raises:
+        SnapshotError: If a file is missing or not readable Parquet (names the file).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    opened = []
+    for path in files:
+        try:
+            opened.append(pq.ParquetFile(path))
+        except (OSError, pa.ArrowException) as e:
+            raise SnapshotError(f"{path}: cannot read Parquet file: {e}") from e
+    return opened
+
+
+def schema_outcomes(
+    contract: Contract, files: Sequence[Path], opened: Sequence[Any]
+) -> list[RuleOutcome]:
+    """Compare each file's Arrow schema with the contract's columns.
+
+    Returns:
+        One failing ``schema`` outcome per missing, retyped or unexpected column per file
+        (empty if every file matches).
+    """
+    out: list[RuleOutcome] = []
+    wanted = {c.name: c for c in contract.columns}
+    for path, pf in zip(files, opened, strict=True):
+        schema = pf.schema_arrow
+        names = set(schema.names)
+        for col in contract.columns:
+            if col.name not in names:
+                reason = f"{path.name}: column {col.name!r} is missing (renamed or dropped?)"
+                out.append(RuleOutcome("schema", col.name, "error", False, reason))
+            elif not _type_matches(schema.field(col.name).type, col.type):
+                actual = schema.field(col.name).type
+                reason = (
+                    f"{path.name}: column {col.name!r} is {actual}, the contract says {col.type}"
+                )
+                out.append(
+                    RuleOutcome("schema", col.name, "error", False, reason, observed=str(actual))
+                )
+        if not contract.allow_extra_columns:
+            for name in schema.names:
+                if name not in wanted:
+                    reason = f"{path.name}: unexpected column {name!r} (not in the contract)"
+                    out.append(RuleOutcome("schema", name, "error", False, reason))
+    return out
+
+
+def iter_batches(
+    opened: Sequence[Any], columns: list[str], batch_rows: int
+) -> Iterator[pd.DataFrame]:
+    """Yield the snapshot's rows as pandas frames of at most ``batch_rows`` rows."""
+    for pf in opened:
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
+            yield batch.to_pandas()
+
+
+def _hash_values(series: pd.Series) -> np.ndarray:
+    import pandas as pd
+
+    return pd.util.hash_array(series.to_numpy(), categorize=False)
+
+
+class KeyUniqueness:
+    """Exact-duplicate detection over all batches in memory bounded by one hash bucket.
+
+    Keys are hashed to 64 bits; hashes are spilled to ``nbuckets`` files by their top bits
+    (sized so a bucket holds about ``batch_rows`` hashes), and each bucket is checked on its
+    own. A 64-bit collision between distinct keys has probability about n^2 / 2^65.
+    """
+
+    def __init__(self, total_rows: int, batch_rows: int, work_dir: Path) -> None:
+        wanted = max(1, math.ceil(total_rows / max(batch_rows, 1)))
+        self.bits = min(10, max(0, math.ceil(math.log2(wanted))))
+        self.memory: list[np.ndarray] = []
+        self.files: list[Any] = []
+        if self.bits:
+            for i in range(1 << self.bits):
+                self.files.append(open(work_dir / f"keys-{i:04d}.u64", "wb"))  # noqa: SIM115
+        self.element_count = 0
+        self.missing_count = 0
+
+    def add(self, series: pd.Series) -> None:
+        """Add a batch of key values (nulls are counted, not hashed)."""
+        import numpy as np
+
+        self.element_count += len(series)
+        present = series.dropna()
+        self.missing_count += len(series) - len(present)
+        hashes = _hash_values(present)
+        if not self.bits:
+            self.memory.append(hashes)
+            return
+        bucket = hashes >> np.uint64(64 - self.bits)
+        order = np.argsort(bucket, kind="stable")
+        bounds = np.searchsorted(bucket[order], np.arange((1 << self.bits) + 1))
+        sorted_hashes = hashes[order]
+        for i, fh in enumerate(self.files):
+            lo, hi = bounds[i], bounds[i + 1]
+            if hi > lo:
+                sorted_hashes[lo:hi].tofile(fh)
+
+    def duplicates(self) -> tuple[np.ndarray, int]:
+        """Hashes that occur more than once, and the number of rows carrying them."""
+        import numpy as np
+
+        dup_parts = []
+        rows = 0
+        chunks: Iterator[np.ndarray]
+        if not self.bits:
+            chunks = iter([np.concatenate(self.memory) if self.memory else np.empty(0, np.uint64)])
+        else:
+            for fh in self.files:
+                fh.close()
+            chunks = (np.fromfile(fh.name, dtype=np.uint64) for fh in self.files)
+        for chunk in chunks:
+            values, counts = np.unique(chunk, return_counts=True)
+            many = counts > 1
+            dup_parts.append(values[many])
+            rows += int(counts[many].sum())
+        dups = np.concatenate(dup_parts) if dup_parts else np.empty(0, np.uint64)
+        return dups, rows
+
+    def close(self) -> None:
+        """Close the spill files (they live in the caller's work dir)."""
+        for fh in self.files:
+            fh.close()
+
+
+def _merge_map_result(acc: dict[str, Any], result: dict[str, Any], offset: int) -> None:
+    for key in ("element_count", "unexpected_count", "missing_count"):
+        acc[key] = acc.get(key, 0) + int(result.get(key) or 0)
+    samples = acc.setdefault("partial_unexpected_list", [])
+    indexes = acc.setdefault("partial_unexpected_index_list", [])
+    room = SAMPLES - len(samples)
+    if room > 0:
+        samples.extend(result.get("partial_unexpected_list", [])[:room])
+        indexes.extend(
+            int(i) + offset for i in result.get("partial_unexpected_index_list", [])[:room]
+        )
+
+
+def _finish_map_result(acc: dict[str, Any]) -> dict[str, Any]:
+    element = acc.get("element_count", 0)
+    missing = acc.get("missing_count", 0)
+    unexpected = acc.get("unexpected_count", 0)
+    nonmissing = element - missing
+    acc["missing_percent"] = 100.0 * missing / element if element else None
+    acc["unexpected_percent"] = 100.0 * unexpected / nonmissing if nonmissing else None
+    acc["unexpected_percent_total"] = 100.0 * unexpected / element if element else None
+    acc["unexpected_percent_nonmissing"] = acc["unexpected_percent"]
+    counts = Counter(acc.get("partial_unexpected_list", []))
+    acc["partial_unexpected_counts"] = [
+        {"value": v, "count": c}
+        for v, c in sorted(counts.items(), key=lambda vc: (-vc[1], str(vc[0])))
+    ]
+    return acc
+
+
+def _describe(meta: dict[str, Any], kwargs: dict[str, Any], result: dict[str, Any]) -> str:
+    n = result.get("unexpected_count", 0)
+    rule = meta["rule"]
+    if rule == "nullable":
+        return f"{n} null value(s) in a non-null column"
+    if rule in ("range", "min", "max"):
+        lo = kwargs.get("min_value")
+        hi = kwargs.get("max_value")
+        left = "(" if kwargs.get("strict_min") else "["
+        right = ")" if kwargs.get("strict_max") else "]"
+        lo_text = "-inf" if lo is None else lo
+        hi_text = "inf" if hi is None else hi
+        return f"{n} value(s) outside {left}{lo_text}, {hi_text}{right}"
+    if rule == "allowed_values":
+        return f"{n} value(s) not in the allowed set {kwargs.get('value_set')}"
+    if rule == "regex":
+        return f"{n} value(s) do not match /{kwargs.get('regex')}/"
+    if rule == "length":
+        bounds = f"[{kwargs.get('min_value')}, {kwargs.get('max_value')}]"
+        return f"{n} value(s) with a length outside {bounds}"
+    return f"{n} unexpected value(s)"
+
+
+class _GXBatchValidator:
+    """One ephemeral GX context with a pandas datasource, reused for every batch."""
+
+    def __init__(self, suite: Any) -> None:
+        import great_expectations as gx
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        self.context = gx.get_context(mode="ephemeral")
+        self.context.variables.progress_bars = ProgressBarsConfig(globally=False)
+        name = f"trainyard-{uuid.uuid4().hex[:8]}"
+        asset = self.context.data_sources.add_pandas(name).add_dataframe_asset("snapshot")
+        self.batch_definition = asset.add_batch_definition_whole_dataframe("batch")
+        self.suite = suite
+
+    def validate(self, df: pd.DataFrame) -> Any:
+        batch = self.batch_definition.get_batch(batch_parameters={"dataframe": df})
+        result = batch.validate(self.suite, result_format="SUMMARY")
+        for r in result.results:
+            info = r.exception_info or {}
+            infos = info.values() if info and "raised_exception" not in info else [info]
+            for item in infos:
+                if isinstance(item, dict) and item.get("raised_exception"):
+                    raise ValidatorCrashed(
+                        f"GX failed on {r.expectation_config.type} "
+                        f"{r.expectation_config.kwargs}: {item.get('exception_message')}"
+                    )
+        return result
+
+
+def _read_profiles(
+    contract: Contract, files: Sequence[Path], batch_rows: int
+) -> tuple[dict[int, ColumnProfile], list[RuleOutcome]]:
+    """Profile the previous snapshot for every drift rule (two passes when binning)."""
+    opened = open_files(files)
+    present = set.intersection(*(set(pf.schema_arrow.names) for pf in opened)) if opened else set()
+    profiles: dict[int, ColumnProfile] = {}
+    problems: list[RuleOutcome] = []
+    for i, rule in enumerate(contract.drift):
+        col = contract.column(rule.column)
+        if rule.column not in present:
+            reason = f"cannot compare: column {rule.column!r} is not in the previous snapshot"
+            problems.append(RuleOutcome(f"drift:{rule.method}", rule.column, "warn", False, reason))
+            continue
+        profiles[i] = ColumnProfile(categorical=not col.numeric and col.type != "bool")
+    columns = sorted({contract.drift[i].column for i in profiles})
+    if not columns:
+        return profiles, problems
+    for df in iter_batches(opened, columns, batch_rows):
+        for i, prof in profiles.items():
+            prof.update(df[contract.drift[i].column])
+    binned = {i: p for i, p in profiles.items() if needs_edges(contract.drift[i], p.categorical)}
+    for i, prof in binned.items():
+        prof.edges = histogram_edges(prof.stats, drift_bins(contract.drift[i]))
+    if binned:
+        for df in iter_batches(
+            opened, sorted({contract.drift[i].column for i in binned}), batch_rows
+        ):
+            for i, prof in binned.items():
+                prof.update_histogram(df[contract.drift[i].column])
+    return profiles, problems
+
+
+def run_contract(
+    contract: Contract,
+    files: Sequence[Path],
+    *,
+    previous_files: Sequence[Path] | None = None,
+    previous_id: str | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    work_dir: Path | None = None,
+    created_at: str | None = None,
+    now: float | None = None,
+) -> RunOutput:
+    """Validate a snapshot's table view against its contract, batch by batch.
+
+    Args:
+        contract: The dataset's contract.
+        files: The snapshot's table-view Parquet files (``volumes.table_files``).
+        previous_files: Table files of the last validated snapshot (drift), if any.
+        previous_id: Its snapshot id (named in drift reasons).
+        batch_rows: Rows per batch: memory is bounded by this, not by the data size.
+        work_dir: Where key-hash buckets are spilled (a temporary dir by default).
+        created_at: The snapshot's creation time (ISO 8601), for freshness without column.
+        now: The current time (epoch seconds), for freshness.
+
+    Returns:
+        Every rule's outcome and the merged GX suite result.
+
+    Raises:
+        SnapshotError: If a file cannot be read.
+        ValidatorCrashed: If GX raised inside an expectation.
+    """
+    import datetime as dt
+
+    import numpy as np
+    from great_expectations.core import (
+        ExpectationSuiteValidationResult,
+        ExpectationValidationResult,
+    )
+
+    start = time.perf_counter()
+    opened = open_files(files)
+    schema_problems = schema_outcomes(contract, files, opened)
+    full_suite = build_suite(contract)
+    if schema_problems:
+        return RunOutput(schema_problems, None, 0, 0, time.perf_counter() - start)
+    total_rows = sum(pf.metadata.num_rows for pf in opened)
+    batch_suite = build_suite(contract, scopes=("batch",))
+    validator = _GXBatchValidator(batch_suite) if batch_suite.expectations else None
+    merged: dict[tuple[str, str | None], dict[str, Any]] = {
+        _rule_key(e.meta): {} for e in batch_suite.expectations
+    }
+    dataset_exps = [e for e in full_suite.expectations if rule_meta(e)["scope"] == "dataset"]
+    unique_cols = [e.column for e in dataset_exps if rule_meta(e)["rule"] == "unique"]
+    contain = {
+        e.column: set(e.value_set)
+        for e in dataset_exps
+        if rule_meta(e)["rule"] == "all_values_present"
+    }
+    seen: dict[str, set[Any]] = {c: set() for c in contain}
+    fresh = contract.rules.freshness
+    newest: Any = None
+    previous, drift_problems = (
+        _read_profiles(contract, previous_files, batch_rows)
+        if previous_files is not None
+        else ({}, [])
+    )
+    current = {
+        i: ColumnProfile(categorical=p.categorical, edges=p.edges) for i, p in previous.items()
+    }
+    rows = 0
+    batches = 0
+    with tempfile.TemporaryDirectory(prefix="trainyard-keys-", dir=work_dir) as tmp:
+        uniq: dict[str, KeyUniqueness] = {}
+        for col in unique_cols:
+            (Path(tmp) / col).mkdir()
+            uniq[col] = KeyUniqueness(total_rows, batch_rows, Path(tmp) / col)
+        try:
+            for df in iter_batches(opened, contract.column_names, batch_rows):
+                if validator is not None and len(df):
+                    result = validator.validate(df)
+                    for r in result.results:
+                        _merge_map_result(
+                            merged[_rule_key(r.expectation_config.meta)], r.result, rows
+                        )
+                for col, acc in uniq.items():
+                    acc.add(df[col])
+                for col, wanted in contain.items():
+                    seen[col] |= wanted.intersection(df[col].dropna().unique().tolist())
+                if fresh is not None and fresh.column is not None and len(df):
+                    batch_max = df[fresh.column].max()
+                    if batch_max is not None and (newest is None or batch_max > newest):
+                        newest = batch_max
+                for i, prof in current.items():
+                    prof.update(df[contract.drift[i].column])
+                rows += len(df)
+                batches += 1
+            dup_info = {col: acc.duplicates() for col, acc in uniq.items()}
+        finally:
+            for acc in uniq.values():
+                acc.close()
+    if rows != total_rows:
+        raise SnapshotError(f"read {rows} rows but the Parquet metadata says {total_rows}")
+    dup_samples = _duplicate_samples(opened, dup_info, batch_rows)
+
+    outcomes: list[RuleOutcome] = []
+    gx_results = []
+    for exp in full_suite.expectations:
+        meta = rule_meta(exp)
+        kwargs = dict(exp.configuration.kwargs)
+        if meta["scope"] == "batch":
+            res = _finish_map_result(merged.get(_rule_key(exp.meta), {}) or {"element_count": rows})
+            ok = res.get("unexpected_count", 0) == 0
+            reason = "" if ok else _describe(meta, kwargs, res)
+            outcome = RuleOutcome(
+                meta["rule"],
+                meta["column"],
+                meta["severity"],
+                ok,
+                reason,
+                res.get("unexpected_count", 0),
+                res.get("element_count", rows),
+                res.get("partial_unexpected_list", []),
+            )
+        elif meta["rule"] == "row_count":
+            lo, hi = kwargs.get("min_value"), kwargs.get("max_value")
+            ok = (lo is None or rows >= lo) and (hi is None or rows <= hi)
+            res = {"observed_value": rows}
+            reason = "" if ok else f"{rows} rows, the contract allows [{lo}, {hi}]"
+            outcome = RuleOutcome("row_count", None, meta["severity"], ok, reason, observed=rows)
+        elif meta["rule"] == "unique":
+            col = meta["column"]
+            dups, dup_rows = dup_info[col]
+            acc = uniq[col]
+            res = _finish_map_result(
+                {
+                    "element_count": acc.element_count,
+                    "missing_count": acc.missing_count,
+                    "unexpected_count": dup_rows,
+                    "partial_unexpected_list": dup_samples[col][0],
+                    "partial_unexpected_index_list": dup_samples[col][1],
+                }
+            )
+            ok = dup_rows == 0
+            reason = (
+                ""
+                if ok
+                else f"{dup_rows} row(s) share a key value with another row "
+                f"({len(dups)} value(s) repeated)"
+            )
+            outcome = RuleOutcome(
+                "unique",
+                col,
+                meta["severity"],
+                ok,
+                reason,
+                dup_rows,
+                acc.element_count,
+                res["partial_unexpected_list"],
+            )
+        else:
+            col = meta["column"]
+            missing = sorted(contain[col] - seen[col], key=str)
+            ok = not missing
+            res = {"observed_value": sorted(seen[col], key=str), "details": {"missing": missing}}
+            reason = "" if ok else f"allowed value(s) never seen (a class disappeared?): {missing}"
+            outcome = RuleOutcome(
+                "all_values_present", col, meta["severity"], ok, reason, observed=missing
+            )
+        outcomes.append(outcome)
+        gx_results.append(
+            ExpectationValidationResult(
+                success=ok, expectation_config=exp.configuration, result=res
+            )
+        )
+
+    if fresh is not None:
+        now_dt = dt.datetime.fromtimestamp(time.time() if now is None else now, tz=dt.UTC)
+        stamp = _as_utc(newest) if fresh.column else (_as_utc(created_at) if created_at else None)
+        what = f"newest {fresh.column!r}" if fresh.column else "snapshot creation"
+        if stamp is None:
+            outcomes.append(
+                RuleOutcome(
+                    "freshness", fresh.column, fresh.severity, False, f"no {what} time to check"
+                )
+            )
+        else:
+            age_h = (now_dt - stamp).total_seconds() / 3600
+            ok = age_h <= fresh.max_age_hours
+            reason = (
+                ""
+                if ok
+                else f"{what} is {age_h:.1f} h old, the contract allows {fresh.max_age_hours} h"
+            )
+            outcomes.append(
+                RuleOutcome(
+                    "freshness",
+                    fresh.column,
+                    fresh.severity,
+                    ok,
+                    reason,
+                    observed=stamp.isoformat(),
+                )
+            )
+
+    outcomes.extend(drift_problems)
+    for i, old in previous.items():
+        rule = contract.drift[i]
+        value = drift_value(rule, current[i], old)
+        ok = bool(value <= rule.max)
+        against = f" against snapshot {previous_id}" if previous_id else ""
+        reason = "" if ok else f"{rule.method} {value:.4g} > max {rule.max}{against}"
+        outcomes.append(
+            RuleOutcome(
+                f"drift:{rule.method}",
+                rule.column,
+                rule.severity,
+                ok,
+                reason,
+                observed=round(float(value), 6) if np.isfinite(value) else str(value),
+            )
+        )
+
+    succeeded = sum(1 for r in gx_results if r.success)
+    gx_result = ExpectationSuiteValidationResult(
+        success=all(r.success for r in gx_results),
+        results=gx_results,
+        suite_name=full_suite.name,
+        statistics={
+            "evaluated_expectations": len(gx_results),
+            "successful_expectations": succeeded,
+            "unsuccessful_expectations": len(gx_results) - succeeded,
+            "success_percent": 100.0 * succeeded / len(gx_results) if gx_results else 100.0,
+        },
+    )
+    return RunOutput(outcomes, gx_result, rows, batches, time.perf_counter() - start)
+
+
+def _rule_key(meta: dict[str, Any]) -> tuple[str, str | None]:
+    """Identifies an expectation of a compiled suite: (rule, column) is unique per suite."""
+    return meta["trainyard"]["rule"], meta["trainyard"]["column"]
+
+
+def _as_utc(value: Any) -> Any:
+    import pandas as pd
+
+    stamp = pd.Timestamp(value)
+    if stamp.tzinfo is None:
+        stamp = stamp.tz_localize("UTC")
+    return stamp.tz_convert("UTC").to_pydatetime()
+
+
+def _duplicate_samples(
+    opened: Sequence[Any], dup_info: dict[str, tuple[np.ndarray, int]], batch_rows: int
+) -> dict[str, tuple[list[Any], list[int]]]:
+    """First duplicated key values in row order (a second pass, only when there are any)."""
+    import numpy as np
+
+    out: dict[str, tuple[list[Any], list[int]]] = {c: ([], []) for c in dup_info}
+    todo = {c: dups for c, (dups, n) in dup_info.items() if n}
+    if not todo:
+        return out
+    offset = 0
+    for df in iter_batches(opened, sorted(todo), batch_rows):
+        for col, dups in todo.items():
+            values, indexes = out[col]
+            if len(values) >= SAMPLES:
+                continue
+            present = df[col].dropna()
+            hit = np.isin(_hash_values(present), dups)
+            for idx, value in zip(
+                present.index[hit][: SAMPLES - len(values)], present[hit], strict=False
+            ):
+                values.append(value)
+                indexes.append(int(idx) + offset)
+        offset += len(df)
+        if all(len(v) >= SAMPLES for v, _ in out.values()):
+            break
+    return out
