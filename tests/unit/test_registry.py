@@ -1,0 +1,380 @@
+"""Model registry: numbering, champion pointer, history, concurrency and crash safety."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainyard import registry as registry_mod
+from trainyard.cli import main as cli
+from trainyard.errors import RegistryError
+from trainyard.registry import Registry, snapshots_in_use
+
+SPAWN = mp.get_context("spawn")
+
+
+def make_model(root: Path, name: str = "model", files: int = 3) -> Path:
+    """A SavedModel-shaped directory (the registry copies bytes; it never parses them)."""
+    model = root / name
+    (model / "variables").mkdir(parents=True, exist_ok=True)
+    (model / "saved_model.pb").write_bytes(b"\x08\x01pb-" + name.encode())
+    for i in range(files):
+        (model / "variables" / f"variables.data-{i:05d}").write_bytes(os.urandom(2048))
+    (model / "variables" / "variables.index").write_bytes(b"index")
+    return model
+
+
+def meta(snapshot: str = "snap0001", **extra: Any) -> dict[str, Any]:
+    return {
+        "dataset": "digits",
+        "snapshot_id": snapshot,
+        "contract_version": "1.0.0",
+        "config_hash": "abc123",
+        "code_version": "0.1.0+gdeadbeef",
+        "image": "local",
+        "training": {"epochs": 1},
+        "timings": {"train_seconds": 1.5},
+        **extra,
+    }
+
+
+def assert_consistent(reg: Registry) -> None:
+    """Every visible version is complete and the pointer names one of them (or none)."""
+    for v in reg.list_versions():
+        vdir = reg.versions_root / str(v)
+        assert (vdir / "metadata.json").is_file(), f"version {v} lacks metadata.json"
+        assert (vdir / "model" / "saved_model.pb").is_file(), f"version {v} lacks its model"
+        assert (vdir / "metrics.json").is_file()
+        assert reg.metadata(v)["version"] == v
+    champion = reg.champion()
+    assert champion is None or champion in reg.list_versions()
+
+
+@pytest.fixture
+def reg(volume_root: Path) -> Registry:
+    return Registry(volume_root / "_models", "digits")
+
+
+def test_register_publishes_complete_numbered_versions(reg: Registry, tmp_path: Path) -> None:
+    model = make_model(tmp_path)
+    (tmp_path / "metrics.json").write_text('{"accuracy": 0.93}')
+    (tmp_path / "history.json").write_text('{"loss": [1.0, 0.5]}')
+    v1 = reg.register(
+        model, meta(), extra_files=[tmp_path / "metrics.json", tmp_path / "history.json"]
+    )
+    v2 = reg.register(model, meta("snap0002", train_metrics={"accuracy": 0.5}))
+    assert (v1, v2) == (1, 2)
+    assert reg.list_versions() == [1, 2]
+    d1 = reg.version_dir(1)
+    assert sorted(p.name for p in d1.iterdir()) == [
+        "history.json",
+        "metadata.json",
+        "metrics.json",
+        "model",
+    ]
+    assert (d1 / "model" / "saved_model.pb").read_bytes() == (model / "saved_model.pb").read_bytes()
+    assert json.loads((d1 / "metrics.json").read_text()) == {"accuracy": 0.93}
+    assert reg.read_file(2, "metrics.json") == {"accuracy": 0.5}
+    m = reg.metadata(1)
+    assert (m["version"], m["pipeline"], m["snapshot_id"], m["config_hash"]) == (
+        1,
+        "digits",
+        "snap0001",
+        "abc123",
+    )
+    assert "registered_at" in m
+    assert list((reg.root / ".tmp").iterdir()) == []
+    assert reg.champion() is None
+    assert reg.snapshot_ids_in_use() == {("digits", "snap0001"), ("digits", "snap0002")}
+    assert snapshots_in_use(reg.root.parent) == {("digits", "snap0001"), ("digits", "snap0002")}
+    assert_consistent(reg)
+
+
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [
+        ("no saved_model.pb", "not a SavedModel"),
+        ("metadata without snapshot", "lacks snapshot_id"),
+        ("missing extra file", "does not exist"),
+        ("reserved extra name", "reserved"),
+        ("NaN in metadata", "not plain JSON"),
+    ],
+    ids=lambda x: str(x).replace(" ", "-"),
+)
+def test_register_rejects_bad_input_without_publishing(
+    reg: Registry, tmp_path: Path, case: str, match: str
+) -> None:
+    model = make_model(tmp_path)
+    metadata, extra = meta(), []
+    if case == "no saved_model.pb":
+        (model / "saved_model.pb").unlink()
+    elif case == "metadata without snapshot":
+        metadata.pop("snapshot_id")
+    elif case == "missing extra file":
+        extra = [tmp_path / "nope.json"]
+    elif case == "reserved extra name":
+        (tmp_path / "gate.json").write_text("{}")
+        extra = [tmp_path / "gate.json"]
+    elif case == "NaN in metadata":
+        metadata["timings"] = {"train_seconds": float("nan")}
+    with pytest.raises(RegistryError, match=match):
+        reg.register(model, metadata, extra_files=extra)
+    assert reg.list_versions() == []
+
+
+def test_promote_rollback_and_history(reg: Registry, tmp_path: Path) -> None:
+    model = make_model(tmp_path)
+    for i in range(3):
+        reg.register(model, meta(f"snap{i}"))
+    reg.promote(1, "first model", "alice")
+    reg.promote(2, "better", "pipeline")
+    reg.promote(3, "better again", "pipeline")
+    assert reg.champion() == 3
+    assert reg.champion_state()["previous"] == [1, 2]
+    assert reg.snapshot_ids_in_use(live_only=True) == {("digits", f"snap{i}") for i in range(3)}
+    assert reg.rollback("smoke test failed", "deploy") == 2
+    assert reg.rollback("bad again", "bob") == 1
+    assert reg.snapshot_ids_in_use(live_only=True) == {("digits", "snap0")}
+    assert reg.rollback("first one bad too", "bob") is None
+    assert reg.champion() is None
+    with pytest.raises(RegistryError, match="no champion to roll back"):
+        reg.rollback("again", "bob")
+    events = reg.history()
+    assert [(e["event"], e["version"], e["from"]) for e in events] == [
+        ("promote", 1, None),
+        ("promote", 2, 1),
+        ("promote", 3, 2),
+        ("rollback", 2, 3),
+        ("rollback", 1, 2),
+        ("rollback", None, 1),
+    ]
+    assert events[0]["actor"] == "alice" and events[0]["reason"] == "first model"
+    assert all(e["at"] and e["id"] for e in events)
+
+
+@pytest.mark.parametrize(
+    ("pointer", "match"),
+    [
+        ("{not json", "unreadable champion pointer"),
+        ('{"version": "two"}', "malformed champion pointer"),
+        ('{"version": 7, "previous": []}', "names version 7, which is missing"),
+    ],
+    ids=["corrupt json", "wrong type", "missing version"],
+)
+def test_unreadable_champion_raises(
+    reg: Registry, tmp_path: Path, pointer: str, match: str
+) -> None:
+    reg.register(make_model(tmp_path), meta())
+    reg.pointer.write_text(pointer)
+    with pytest.raises(RegistryError, match=match):
+        reg.champion()
+
+
+@pytest.mark.parametrize(
+    ("problem", "match"),
+    [
+        (lambda r: r.promote(9, "x", "a"), "has no version 9"),
+        (lambda r: r.promote(1, " ", "a"), "non-empty"),
+    ],
+    ids=["unknown version", "blank reason"],
+)
+def test_promote_bad_requests(reg: Registry, tmp_path: Path, problem: Any, match: str) -> None:
+    reg.register(make_model(tmp_path), meta())
+    with pytest.raises(RegistryError, match=match):
+        problem(reg)
+    assert reg.champion() is None
+
+
+def test_gate_verdict_guards_promotion(reg: Registry, tmp_path: Path) -> None:
+    model = make_model(tmp_path)
+    reg.register(model, meta())
+    reg.register(model, meta())
+    reg.attach(1, "gate.json", json.dumps({"verdict": "reject", "reason": "accuracy below 0.85"}))
+    with pytest.raises(RegistryError, match=r"rejected by its gate \(accuracy below 0.85\)"):
+        reg.promote(1, "try", "alice")
+    reg.promote(1, "override after review", "alice", forced=True)
+    force = {"actor": "bob", "reason": "hotfix", "at": "2026-11-20T10:00:00Z"}
+    reg.attach(2, "gate.json", json.dumps({"verdict": "forced", "force": force}))
+    reg.promote(2, "deployed", "pipeline")
+    last = reg.history()[-1]
+    assert last["forced"] is True and last["force_request"] == force
+    with pytest.raises(RegistryError, match="cannot attach"):
+        reg.attach(2, "metadata.json", "{}")
+
+
+# ---------------------------------------------------------------- real processes
+
+
+def _register_and_promote(models_root: str, model: str, worker: int) -> None:
+    reg = Registry(models_root, "digits")
+    version = reg.register(Path(model), meta(f"snap-w{worker}", worker=worker))
+    reg.promote(version, f"worker {worker}", f"w{worker}")
+
+
+def test_concurrent_register_and_promote_real_processes(reg: Registry, tmp_path: Path) -> None:
+    model = make_model(tmp_path, files=20)
+    n = 6
+    procs = [
+        SPAWN.Process(target=_register_and_promote, args=(str(reg.root.parent), str(model), i))
+        for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * n
+    assert reg.list_versions() == list(range(1, n + 1))
+    assert sorted(reg.metadata(v)["worker"] for v in range(1, n + 1)) == list(range(n))
+    state = reg.champion_state()
+    assert sorted([state["version"], *state["previous"]]) == list(range(1, n + 1))
+    events = reg.history()
+    assert len(events) == n and len({e["id"] for e in events}) == n
+    # the history chains: each promotion replaced the one recorded before it
+    assert [e["from"] for e in events] == [None] + [e["version"] for e in events[:-1]]
+    assert events[-1]["version"] == reg.champion()
+    assert_consistent(reg)
+
+
+def _crash_child(models_root: str, model: str, where: str) -> None:
+    """Register (and promote) with ``os._exit`` injected at one point: a hard crash."""
+    reg = Registry(models_root, "digits")
+
+    def die(*_: Any, **__: Any) -> None:
+        os._exit(17)
+
+    if where == "mid-copy":
+        real_copytree = registry_mod.shutil.copytree
+
+        def copy_half_then_die(src: Path, dst: Path, **_: Any) -> None:
+            registry_mod.shutil.copytree = real_copytree  # its recursion calls the global name
+            real_copytree(src, dst, ignore=lambda _d, names: [n for n in names if "data-0" in n])
+            die()
+
+        registry_mod.shutil.copytree = copy_half_then_die
+    elif where == "before-publish":
+        registry_mod.publish_dir = die
+    elif where == "before-pointer":
+        registry_mod.atomic_write_json = die
+    elif where == "before-history":
+        Registry._append_history = die  # type: ignore[method-assign]
+    version = reg.register(Path(model), meta("snap-crash"))
+    reg.promote(version, "crash test", "child")
+    os._exit(0)
+
+
+@pytest.mark.parametrize(
+    ("where", "versions", "champion", "history_after"),
+    [
+        ("mid-copy", [1], 1, 1),
+        ("before-publish", [1], 1, 1),
+        ("before-pointer", [1, 2], 1, 1),
+        ("before-history", [1, 2], 2, 2),
+    ],
+    ids=[
+        "crash mid-copy",
+        "crash before publish",
+        "crash between version and pointer",
+        "crash after pointer",
+    ],
+)
+def test_crash_never_exposes_incomplete_version(
+    reg: Registry,
+    tmp_path: Path,
+    where: str,
+    versions: list[int],
+    champion: int,
+    history_after: int,
+) -> None:
+    model = make_model(tmp_path, files=5)
+    reg.register(model, meta())
+    reg.promote(1, "baseline", "alice")
+    child = SPAWN.Process(target=_crash_child, args=(str(reg.root.parent), str(model), where))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 17
+    assert reg.list_versions() == versions
+    assert reg.champion() == champion
+    assert_consistent(reg)
+    # the next writer cleans the dead child's private copy, numbers on, and the history
+    # gains the event a crash lost after the pointer moved
+    nxt = reg.register(model, meta("snap-next"))
+    assert nxt == versions[-1] + 1
+    assert [p.name for p in (reg.root / ".tmp").iterdir()] == []
+    events = reg.history()
+    assert len(events) == history_after
+    assert events[-1]["version"] == champion
+
+
+_LOOP = """
+import sys
+sys.path.insert(0, {plugins!r})
+from pathlib import Path
+from trainyard.registry import Registry
+reg = Registry({root!r}, "digits")
+while True:
+    v = reg.register(Path({model!r}), {{"dataset": "digits", "snapshot_id": "s"}})
+    reg.promote(v, "loop", "killer-test")
+    if v % 3 == 0:
+        reg.rollback("loop", "killer-test")
+    print(v, flush=True)
+"""
+
+
+def test_sigkill_at_random_points_keeps_registry_consistent(reg: Registry, tmp_path: Path) -> None:
+    model = make_model(tmp_path, files=30)
+    plugins = str(Path(registry_mod.__file__).resolve().parents[1])
+    code = _LOOP.format(plugins=plugins, root=str(reg.root.parent), model=str(model))
+    for delay in (0.35, 0.6, 0.9):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # at least one full round done: the killing is mid-work
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        assert_consistent(reg)
+        reg.history()  # every line parses
+    assert len(reg.list_versions()) >= 3
+
+
+def test_cli_list_show_promote_rollback(
+    reg: Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = make_model(tmp_path)
+    reg.register(model, meta("snapA", train_metrics={"accuracy": 0.9}))
+    reg.register(model, meta("snapB", train_metrics={"accuracy": 0.95}))
+    assert (
+        cli(
+            ["models", "promote", "--pipeline", "digits", "1", "--reason", "first", "--actor", "al"]
+        )
+        == 0
+    )
+    assert cli(["models", "promote", "--pipeline", "digits", "2", "--reason", "better"]) == 0
+    capsys.readouterr()
+    assert cli(["models", "list", "--pipeline", "digits"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["version", "registered", "snapshot", "gate", "metrics"]
+    assert out[2].startswith("*") and "snapB" in out[2] and "accuracy=0.9500" in out[2]
+    assert cli(["models", "show", "--pipeline", "digits"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (
+        shown["version"] == 2 and shown["champion"] and shown["metadata"]["snapshot_id"] == "snapB"
+    )
+    assert cli(["models", "rollback", "--pipeline", "digits", "--reason", "regression"]) == 0
+    assert "champion is now 1" in capsys.readouterr().out
+    assert cli(["models", "show", "--pipeline", "digits", "9"]) == 1
+    assert "RegistryError: pipeline 'digits' has no version 9" in capsys.readouterr().err
+    assert cli(["models", "history", "--pipeline", "digits"]) == 0
+    assert [json.loads(line)["event"] for line in capsys.readouterr().out.splitlines()] == [
+        "promote",
+        "promote",
+        "rollback",
+    ]
