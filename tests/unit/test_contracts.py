@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from trainyard import contracts
+from trainyard.contracts import (
+    contract_files,
+    feature_spec,
+    holdout_mask,
+    load_contract,
+    parse_contract,
+    parse_contract_text,
+)
+from trainyard.errors import ContractError
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "contracts"
+NEGATIVE = sorted((FIXTURES / "negative").glob("*.yaml"))
+POSITIVE = sorted((FIXTURES / "positive").glob("*.yaml"))
+SHIPPED = sorted((ROOT / "data_contracts").glob("*.yaml"))
+
+
+def _expected(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), f"{path} must start with '# expect: <message>'"
+    return first.removeprefix("# expect: ")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_contracts_are_valid(path: Path) -> None:
+    contract = parse_contract(path)
+    assert contract.dataset == path.stem
+    assert contract.roles.key in contract.column_names
+
+
+@pytest.mark.parametrize("path", POSITIVE, ids=[p.stem for p in POSITIVE])
+def test_positive_fixtures_are_valid(path: Path) -> None:
+    assert parse_contract(path).dataset == path.stem
+
+
+def test_there_are_negative_fixtures() -> None:
+    assert len(NEGATIVE) >= 15
+
+
+@pytest.mark.parametrize("path", NEGATIVE, ids=[p.stem for p in NEGATIVE])
+def test_negative_fixtures_fail_with_a_clear_message(path: Path) -> None:
+    with pytest.raises(ContractError) as err:
+        parse_contract(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert _expected(path) in message
+    assert ":" in message.split(str(path), 1)[1][:6], "names the line"
+
+
+def test_python_tag_is_never_constructed(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    text = (FIXTURES / "positive" / "minimal.yaml").read_text()
+    text = text.replace(
+        "owner: data@example.com", f'owner: !!python/object/apply:os.system ["touch {marker}"]'
+    )
+    with pytest.raises(ContractError, match="safe"):
+        parse_contract_text(text, tmp_path / "minimal.yaml")
+    assert not marker.exists()
+
+
+def test_error_names_the_line_of_the_unknown_field(tmp_path: Path) -> None:
+    text = (FIXTURES / "positive" / "minimal.yaml").read_text()
+    lines = text.splitlines()
+    idx = lines.index("    min: 0")
+    lines.insert(idx + 1, "    maximum: 3")
+    with pytest.raises(ContractError) as err:
+        parse_contract_text("\n".join(lines), tmp_path / "minimal.yaml")
+    assert f"minimal.yaml:{idx + 2}: columns[1].maximum: unknown field 'maximum'" in str(err.value)
+
+
+def test_missing_file_and_unknown_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ContractError, match="not found"):
+        parse_contract(tmp_path / "nope.yaml")
+    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(FIXTURES / "positive"))
+    assert load_contract("full").dataset == "full"
+    with pytest.raises(ContractError, match=r"no data contract for 'nope' \(known: full, minimal"):
+        load_contract("nope")
+    with pytest.raises(ContractError, match="invalid dataset name"):
+        load_contract("../etc")
+
+
+def test_full_contract_parses_every_field() -> None:
+    c = parse_contract(FIXTURES / "positive" / "full.yaml")
+    x = c.column("x")
+    assert (x.min, x.max, x.min_exclusive, x.severity_of("max"), x.severity_of("min")) == (
+        0,
+        100,
+        True,
+        "warn",
+        "error",
+    )
+    assert c.column("id").regex == "^[a-z0-9]+$"
+    assert c.column("y").allowed_values == (0, 1)
+    assert c.rules.row_count is not None and c.rules.row_count.max == 1000
+    assert c.rules.freshness is not None and c.rules.freshness.column == "ts"
+    assert [(d.column, d.method, d.bins, d.severity) for d in c.drift] == [
+        ("x", "ks", 10, "error"),
+        ("y", "psi", 5, "warn"),
+    ]
+    assert c.split.holdout_fraction == 0.2 and c.split.by == "id"
+
+
+def test_digits_contract_interface() -> None:
+    c = load_contract("digits")
+    assert (c.dataset, c.roles.key, c.roles.label, c.roles.num_classes) == (
+        "digits",
+        "key",
+        "label",
+        10,
+    )
+    assert c.image is not None and (c.image.height, c.image.width, c.image.channels) == (8, 8, 1)
+    assert (c.source.format, c.source.extension) == ("image_folder", "png")
+    assert feature_spec(c) == {"image": ("float32", (None, 8, 8, 1))}
+
+
+def test_transactions_contract_interface() -> None:
+    c = load_contract("transactions")
+    assert feature_spec(c) == {
+        "amount": ("float32", (None,)),
+        "hour": ("float32", (None,)),
+        "customer_age": ("float32", (None,)),
+    }
+    assert c.roles.num_classes == 2 and c.roles.label == "is_fraud" and c.split.by == "txn_id"
+    assert c.column("merchant_category").allowed_values == (
+        "grocery",
+        "fuel",
+        "travel",
+        "dining",
+        "electronics",
+        "fashion",
+        "health",
+        "online",
+    )
+    assert {(d.column, d.method) for d in c.drift} >= {
+        ("amount", "ks"),
+        ("merchant_category", "psi"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "keys", "fraction"),
+    [
+        ("tiny", ["a", "b", "c"], 0.5),
+        ("digits-like", [f"{i % 10}/img_{i:04d}" for i in range(2000)], 0.2),
+        ("ten-percent", [f"t{i}" for i in range(5000)], 0.1),
+    ],
+)
+def test_holdout_mask_is_the_documented_hash(case: str, keys: list[str], fraction: float) -> None:
+    mask = holdout_mask(keys, fraction)
+    expected = [
+        xxhash.xxh3_64_intdigest(k.encode()) % 10_000 < round(fraction * 10_000) for k in keys
+    ]
+    assert mask.dtype == np.bool_ and mask.tolist() == expected
+    assert holdout_mask(list(reversed(keys)), fraction).tolist() == expected[::-1]
+    if len(keys) > 1000:
+        assert abs(mask.mean() - fraction) < 0.03
+
+
+def test_holdout_mask_empty() -> None:
+    assert holdout_mask([], 0.2).shape == (0,)
+
+
+def test_cli_check(capsys: pytest.CaptureFixture[str]) -> None:
+    assert contracts.cli_main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"ok   {p}" in out for p in contract_files())
+    bad = [str(p) for p in NEGATIVE[:3]]
+    assert contracts.cli_main(["check", str(POSITIVE[0]), *bad]) == 1
+    captured = capsys.readouterr()
+    assert f"ok   {POSITIVE[0]}" in captured.out
+    assert "3 of 4 contract(s) invalid" in captured.err
+    for p in NEGATIVE[:3]:
+        assert _expected(p) in captured.err
+    assert contracts.cli_main(["frobnicate"]) == 2
+
+
+def test_schema_file_is_a_valid_json_schema() -> None:
+    import json
+
+    import jsonschema
+
+    schema = json.loads(contracts.schema_path().read_text())
+    jsonschema.validators.validator_for(schema).check_schema(schema)
