@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         sys.stderr.write(f"unknown command {command!r}\n\n{_usage()}")
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     module = importlib.import_module(COMMANDS[command][0])
     try:
         if module.__name__ == "trainyard.steps":

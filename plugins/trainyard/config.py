@@ -108,7 +108,14 @@ class ServingConfig(_Strict):
 
 
 class PipelineConfig(_Strict):
-    """One pipeline: one DAG, one dataset, one model."""
+    """One pipeline: one DAG, one dataset, one model.
+
+    ``schedule`` is a cron expression (nightly by default) or null for manual runs only;
+    ``trigger_on_dataset`` also runs the pipeline when another pipeline publishes a new
+    validated snapshot of the same dataset (an Airflow Asset event). In a backfill every run
+    stages and validates its interval; ``backfill_training`` says which runs also train:
+    only the backfill's last run (``last``), each run, or none.
+    """
 
     name: str
     dataset: str
@@ -117,6 +124,8 @@ class PipelineConfig(_Strict):
     schedule: str | None = "0 2 * * *"
     start_date: dt.date
     catchup: bool = False
+    trigger_on_dataset: bool = False
+    backfill_training: Literal["last", "each", "none"] = "last"
     tags: list[str] = Field(default_factory=list)
     source: SourceConfig
     staging: StagingConfig = StagingConfig()

@@ -27,7 +27,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def fsync_tree(root: Path) -> None:
-    """fsync every file and directory below ``root`` (before publishing it)."""
+    """Fsync every file and directory below ``root`` (before publishing it)."""
     for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
@@ -56,7 +56,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+    atomic_write_bytes(
+        path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+    )
 
 
 def read_json(path: Path) -> Any:
@@ -78,7 +80,7 @@ def private_tmp_dir(parent: Path, prefix: str = "w-") -> Iterator[Path]:
 
 
 def publish_dir(tmp: Path, final: Path) -> bool:
-    """fsync ``tmp`` and rename it to ``final`` (same file system).
+    """Fsync ``tmp`` and rename it to ``final`` (same file system).
 
     Args:
         tmp: A complete directory, private to this writer.

@@ -78,7 +78,9 @@ def get_settings() -> Settings:
             os.environ.get("TRAINYARD_VOLUME_ROOT", project / ".trainyard" / "volumes")
         ).resolve(),
         runner=runner,  # type: ignore[arg-type]
-        pipelines_dir=Path(os.environ.get("TRAINYARD_PIPELINES_DIR", project / "dags" / "pipelines")),
+        pipelines_dir=Path(
+            os.environ.get("TRAINYARD_PIPELINES_DIR", project / "dags" / "pipelines")
+        ),
         contracts_dir=Path(os.environ.get("TRAINYARD_CONTRACTS_DIR", project / "data_contracts")),
         cluster_profile=Path(
             os.environ.get("TRAINYARD_CLUSTER_PROFILE", project / "deploy" / "cluster_profile.yaml")

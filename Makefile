@@ -1,0 +1,48 @@
+# trainyard: `make run` sets everything up and runs the digits pipeline end to end on the
+# embedded default (Airflow on SQLite, local TensorFlow workers); `make test` runs the tests.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+STAMP := $(VENV)/.installed
+ENV := . scripts/env.sh &&
+PIPELINE ?= digits
+
+.PHONY: run setup airflow-init test lint bench standalone stop clean
+
+run: airflow-init
+	$(ENV) airflow dags test trainyard_$(PIPELINE) > .trainyard/last_dags_test.log 2>&1 \
+	  || { tail -n 80 .trainyard/last_dags_test.log; echo "airflow dags test failed (full log: .trainyard/last_dags_test.log)"; exit 1; }
+	@$(ENV) python -m trainyard summary --pipeline $(PIPELINE)
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is required"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -r requirements.txt -c constraints.txt
+	touch $(STAMP)
+
+airflow-init: $(STAMP)
+	@mkdir -p .trainyard
+	$(ENV) airflow db migrate > .trainyard/airflow_init.log 2>&1 || { tail -n 40 .trainyard/airflow_init.log; exit 1; }
+	$(ENV) airflow pools set trainyard_training 1 "one distributed training at a time on this machine" >> .trainyard/airflow_init.log 2>&1
+
+standalone: airflow-init
+	$(ENV) airflow standalone
+
+stop:
+	$(ENV) python -c "from trainyard.serving.deploy import stop_local_server; from trainyard.settings import get_settings; stop_local_server(get_settings().serving_root)"
+
+test: $(STAMP)
+	bash scripts/system_deps.sh
+	$(ENV) pytest
+
+lint: $(STAMP)
+	$(ENV) ruff check . && ruff format --check .
+
+bench: $(STAMP)
+	$(ENV) for b in benchmarks/*.py; do python $$b || exit 1; done
+
+clean:
+	rm -rf .trainyard

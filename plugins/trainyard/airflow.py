@@ -1,0 +1,445 @@
+"""The only trainyard module that imports Airflow: pipeline configs become DAGs.
+
+One DAG per ``dags/pipelines/<name>.yaml``, all with the same shape::
+
+    stage ─▶ validate ─▶ train ─▶ evaluate ─▶ gate ─▶ deploy ─▶ summary
+
+Every task calls the step of the same name in :mod:`trainyard.steps`. The runner setting
+(``TRAINYARD_RUNNER``) decides where a step runs: ``local`` calls it in the task's own
+process (training starts N local worker processes); ``kubernetes`` runs the same step
+command in a pod (KubernetesPodOperator) and training as an Indexed Job of workers
+(KubernetesJobOperator) behind a headless Service. Nothing here does I/O at import time
+beyond reading the small pipeline YAML files the DAGs are generated from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, Asset, Param, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from trainyard import steps
+from trainyard.config import PipelineConfig, parse_pipeline, pipeline_files
+from trainyard.errors import (
+    ConfigError,
+    DeployError,
+    GateRejected,
+    SnapshotError,
+    TrainingError,
+    ValidationFailed,
+)
+from trainyard.settings import Settings, get_settings
+
+log = logging.getLogger("trainyard.airflow")
+
+TRAINING_POOL = "trainyard_training"
+DETERMINISTIC = (ConfigError, ValidationFailed, GateRejected, SnapshotError, DeployError)
+
+
+def snapshot_asset(cfg: PipelineConfig, settings: Settings) -> Asset:
+    """The Asset updated whenever a pipeline's dataset gets a new validated snapshot."""
+    return Asset(
+        name=f"trainyard.dataset.{cfg.dataset}",
+        uri=f"file://{settings.volume_root}/{cfg.dataset}/snapshots",
+        group="trainyard-datasets",
+    )
+
+
+def model_asset(cfg: PipelineConfig, settings: Settings) -> Asset:
+    """The Asset updated whenever a pipeline promotes and serves a new model version."""
+    return Asset(
+        name=f"trainyard.model.{cfg.name}",
+        uri=f"file://{settings.models_root}/{cfg.name}/champion.json",
+        group="trainyard-models",
+    )
+
+
+@cache
+def _tiers(profile_path: Path) -> tuple[str, ...]:
+    from trainyard.k8s import load_cluster_profile
+
+    try:
+        return tuple(load_cluster_profile(profile_path).tiers)
+    except (ConfigError, FileNotFoundError):
+        return ("high", "low")
+
+
+def trigger_params(cfg: PipelineConfig, tiers: tuple[str, ...]) -> dict[str, Param]:
+    """The typed trigger form: every field defaults to the pipeline config.
+
+    Args:
+        cfg: The pipeline config.
+        tiers: Priority tiers of the cluster profile (the ``priority`` enum).
+
+    Returns:
+        Params keyed by name, each with a type, a description and a UI section.
+    """
+    t = cfg.training
+    return {
+        "snapshot_id": Param(
+            None,
+            type=["null", "string"],
+            title="Snapshot id",
+            description="Train on this existing snapshot instead of staging the data interval.",
+            section="Data",
+        ),
+        "epochs": Param(
+            t.epochs, type="integer", minimum=0, maximum=1000, title="Epochs", section="Training"
+        ),
+        "workers": Param(
+            t.workers,
+            type="integer",
+            minimum=1,
+            maximum=64,
+            title="Workers",
+            description="Number of training workers (local processes or GPU pods).",
+            section="Training",
+        ),
+        "strategy": Param(
+            t.strategy,
+            type="string",
+            enum=["multi_worker_mirrored", "parameter_server"],
+            title="Strategy",
+            description="All-reduce (MultiWorkerMirrored) or parameter servers.",
+            section="Training",
+        ),
+        "priority": Param(
+            t.priority if t.priority in tiers else tiers[0],
+            type="string",
+            enum=list(tiers),
+            title="Priority tier",
+            description="Which GPU pools the workers may use (see deploy/cluster_profile.yaml).",
+            section="Training",
+        ),
+        "force_promote": Param(
+            False,
+            type="boolean",
+            title="Force promote",
+            description="Promote even if the gate rejects; recorded with who, when and why.",
+            section="Promotion",
+        ),
+        "force_reason": Param(
+            None,
+            type=["null", "string"],
+            title="Reason for forcing",
+            description="Required when force promote is on.",
+            section="Promotion",
+        ),
+        "dry_run": Param(
+            False,
+            type="boolean",
+            title="Dry run",
+            description="Stage and validate, log the training plan, then stop before training.",
+            section="Run",
+        ),
+    }
+
+
+def pipeline_schedule(cfg: PipelineConfig, settings: Settings) -> Any:
+    """The pipeline's schedule: its cron (with data intervals), or-ed with its dataset Asset.
+
+    Args:
+        cfg: The pipeline config.
+        settings: Locations (the Asset URI names the dataset's volume).
+
+    Returns:
+        A timetable, an Asset, ``AssetOrTimeSchedule`` or ``None`` (manual only).
+    """
+    from airflow.sdk import AssetOrTimeSchedule, CronDataIntervalTimetable
+
+    cron = CronDataIntervalTimetable(cfg.schedule, timezone="UTC") if cfg.schedule else None
+    if not cfg.trigger_on_dataset:
+        return cron
+    asset = snapshot_asset(cfg, settings)
+    return AssetOrTimeSchedule(timetable=cron, assets=[asset]) if cron else [asset]
+
+
+def _triggering_snapshot(context: dict[str, Any]) -> str | None:
+    """The snapshot id of the newest Asset event that triggered this run, if any."""
+    events = context.get("triggering_asset_events") or {}
+    newest = None
+    for asset_events in events.values():
+        for event in asset_events:
+            if (event.extra or {}).get("snapshot_id") and (
+                newest is None or event.timestamp > newest.timestamp
+            ):
+                newest = event
+    return newest.extra["snapshot_id"] if newest else None
+
+
+def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bool, str]:
+    """Whether this run trains, given the pipeline's backfill policy.
+
+    Args:
+        policy: ``last``, ``each`` or ``none`` (``PipelineConfig.backfill_training``).
+        run_type: The DagRun's run type (``backfill``, ``scheduled``, ``manual``, ...).
+        later_runs_queued: How many runs of this DAG are still queued.
+
+    Returns:
+        (train or not, the reason in one sentence).
+    """
+    if run_type != "backfill" or policy == "each":
+        return True, "train"
+    if policy == "none":
+        return (
+            False,
+            "backfill run: the pipeline trains on no backfill run (backfill_training: none)",
+        )
+    if later_runs_queued:
+        return False, (
+            f"backfill run with {later_runs_queued} later interval(s) still queued: "
+            "training happens once, in the backfill's last run"
+        )
+    return True, "last run of the backfill: training on its snapshot"
+
+
+def _interval(context: dict[str, Any]) -> tuple[str, str]:
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is None or end is None:
+        after = context["dag_run"].run_after
+        start = end = after
+    return start.date().isoformat(), end.date().isoformat()
+
+
+def _fail_closed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a step; deterministic domain failures fail the task without retries."""
+    try:
+        return fn(*args, **kwargs)
+    except DETERMINISTIC as e:
+        raise AirflowFailException(f"{type(e).__name__}: {e}") from e
+    except TrainingError as e:
+        if getattr(e, "retryable", True):
+            raise
+        raise AirflowFailException(f"TrainingError: {e}") from e
+
+
+def _overrides(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: params.get(k) for k in steps.TRAINING_OVERRIDES if k in params}
+
+
+def _failure_callback() -> Callable[[Any], None] | None:
+    """A failure notifier named by ``TRAINYARD_FAILURE_NOTIFIER`` (``module:attribute``).
+
+    Any Airflow notifier instance or callback works, e.g. an SmtpNotifier or SlackNotifier
+    created in a small module of your own.
+    """
+    spec = os.environ.get("TRAINYARD_FAILURE_NOTIFIER")
+    if not spec:
+        return None
+    import importlib
+
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _doc_md(cfg: PipelineConfig) -> str:
+    t, g = cfg.training, cfg.gate
+    bounds = []
+    for metric, th in g.thresholds.items():
+        if th.min is not None:
+            bounds.append(f"{metric} ≥ {th.min}")
+        if th.max is not None:
+            bounds.append(f"{metric} ≤ {th.max}")
+    champion = g.champion.metric if g.champion else "not compared"
+    return f"""### {cfg.name}
+
+{cfg.description}
+
+| | |
+|---|---|
+| dataset | `{cfg.dataset}` (contract `data_contracts/{cfg.dataset}.yaml`) |
+| source | `{cfg.source.url}` ({cfg.source.format}) |
+| training | `{t.model}`, {t.strategy}, {t.workers} workers, {t.epochs} epochs, `{t.priority}` |
+| gate | {", ".join(bounds) or "no thresholds"}; champion compared on: {champion} |
+| serving | model `{cfg.serving.model_name}` |
+
+Steps: stage → validate → train → evaluate → gate → deploy → summary. Trigger with the form to
+change epochs, workers, strategy or priority, to train on an existing snapshot, or to force a
+promotion (with a reason). Config: `dags/pipelines/{cfg.name}.yaml`.
+"""
+
+
+def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
+    """Build the DAG of one pipeline.
+
+    Args:
+        cfg: The pipeline config.
+        settings: Runner and locations (defaults to the environment's).
+
+    Returns:
+        The DAG ``trainyard_<pipeline>``.
+    """
+    settings = settings or get_settings()
+    t = cfg.training
+    schedule = pipeline_schedule(cfg, settings)
+    dag = DAG(
+        dag_id=f"trainyard_{cfg.name}",
+        description=cfg.description or None,
+        schedule=schedule,
+        start_date=dt.datetime.combine(cfg.start_date, dt.time(), tzinfo=dt.UTC),
+        catchup=cfg.catchup,
+        max_active_runs=1,
+        tags=["trainyard", cfg.dataset, *cfg.tags],
+        doc_md=_doc_md(cfg),
+        params=trigger_params(cfg, _tiers(settings.cluster_profile)),
+        default_args={"owner": cfg.owner, "retries": 0, "retry_delay": dt.timedelta(seconds=30)},
+        on_failure_callback=_failure_callback(),
+        dagrun_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 3600),
+    )
+    with dag:
+        if settings.runner == "local":
+            _local_tasks(cfg, settings)
+        else:
+            from trainyard.airflow_k8s import kubernetes_tasks
+
+            kubernetes_tasks(cfg, settings)
+    return dag
+
+
+def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
+    name = cfg.name
+    t = cfg.training
+    snap_asset, mdl_asset = snapshot_asset(cfg, settings), model_asset(cfg, settings)
+
+    @task(task_id="stage", retries=2, execution_timeout=dt.timedelta(hours=2))
+    def stage_task(**context: Any) -> dict[str, Any]:
+        snapshot_id = context["params"].get("snapshot_id") or _triggering_snapshot(context)
+        if snapshot_id:
+            return {
+                "snapshot_id": snapshot_id,
+                "dataset": cfg.dataset,
+                "reused": True,
+                "given": True,
+            }
+        return _fail_closed(steps.stage, name, *_interval(context))
+
+    @task(task_id="validate", outlets=[snap_asset], execution_timeout=dt.timedelta(hours=2))
+    def validate_task(staged: dict[str, Any], **context: Any) -> dict[str, Any]:
+        result = _fail_closed(steps.validate, name, staged["snapshot_id"])
+        if not staged.get("given"):  # a given snapshot is not news: no event, no trigger loop
+            context["outlet_events"][snap_asset].extra = {
+                "snapshot_id": staged["snapshot_id"],
+                "dataset": cfg.dataset,
+                "pipeline": name,
+            }
+        return result
+
+    @task(
+        task_id="train",
+        retries=1,
+        pool=TRAINING_POOL,
+        execution_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 300),
+    )
+    def train_task(
+        staged: dict[str, Any], validated: dict[str, Any], **context: Any
+    ) -> dict[str, Any]:
+        params = context["params"]
+        dag_run = context["dag_run"]
+        queued = 0
+        if dag_run.run_type == "backfill" and cfg.backfill_training == "last":
+            queued = context["ti"].get_dr_count(dag_id=dag_run.dag_id, states=["queued"])
+        train_now, why = should_train(cfg.backfill_training, dag_run.run_type, queued)
+        if not train_now:
+            raise AirflowSkipException(why)
+        if params.get("dry_run"):
+            effective = steps.training_params(cfg, _overrides(params))
+            log.info("dry run: would train %s", effective.model_dump_json())
+            raise AirflowSkipException("dry run: stopping before training")
+        return _fail_closed(
+            steps.train,
+            name,
+            staged["snapshot_id"],
+            context["run_id"],
+            _overrides(params),
+            log.info,
+        )
+
+    @task(task_id="evaluate", execution_timeout=dt.timedelta(hours=1))
+    def evaluate_task(trained: dict[str, Any], **context: Any) -> dict[str, Any]:
+        params = context["params"]
+        return _fail_closed(
+            steps.evaluate,
+            name,
+            trained["version"],
+            bool(params.get("force_promote")),
+            params.get("force_reason"),
+            _actor(context),
+        )
+
+    @task.short_circuit(task_id="gate", ignore_downstream_trigger_rules=False)
+    def gate_task(decision: dict[str, Any]) -> bool:
+        return gate(decision, cfg.gate.fail_run_on_reject)
+
+    @task(task_id="deploy", outlets=[mdl_asset], execution_timeout=dt.timedelta(minutes=30))
+    def deploy_task(decision: dict[str, Any], **context: Any) -> dict[str, Any]:
+        result = _fail_closed(steps.deploy, name, decision["version"], _actor(context))
+        context["outlet_events"][mdl_asset].extra = {"version": result["version"], "pipeline": name}
+        return result
+
+    @task(task_id="summary", trigger_rule="none_failed")
+    def summary_task(**context: Any) -> dict[str, Any]:
+        ti = context["ti"]
+        results = {
+            step: ti.xcom_pull(task_ids=step)
+            for step in ("stage", "validate", "train", "evaluate", "deploy")
+        }
+        return steps.summary(name, context["run_id"], {k: v for k, v in results.items() if v})
+
+    staged = stage_task()
+    validated = validate_task(staged)
+    trained = train_task(staged, validated)
+    decision = evaluate_task(trained)
+    deployed = deploy_task(decision)
+    gate_task(decision) >> deployed >> summary_task()
+
+
+def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
+    """Turn a gate decision into "deploy or not"; log the reason either way.
+
+    Args:
+        decision: ``steps.evaluate``'s result.
+        fail_run_on_reject: Pipeline setting: a rejection fails the run instead of skipping.
+
+    Returns:
+        True to deploy; False skips deployment (and the run still succeeds).
+
+    Raises:
+        AirflowFailException: On rejection when ``fail_run_on_reject`` is set.
+    """
+    if decision.get("promote"):
+        log.info("gate: %s — %s", decision.get("verdict"), decision.get("reason"))
+        return True
+    log.warning("gate: REJECTED — %s", decision.get("reason"))
+    if fail_run_on_reject:
+        raise AirflowFailException(f"gate rejected the candidate: {decision.get('reason')}")
+    return False
+
+
+def _actor(context: dict[str, Any]) -> str:
+    dag_run = context.get("dag_run")
+    who = getattr(dag_run, "triggering_user_name", None) if dag_run else None
+    return who or f"airflow:{getattr(dag_run, 'run_type', 'run')}"
+
+
+def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
+    """Build one DAG per pipeline YAML file, in sorted order.
+
+    Args:
+        pipelines_dir: Folder of pipeline configs (defaults to the settings').
+
+    Returns:
+        DAGs keyed by dag_id.
+    """
+    settings = get_settings()
+    dags = {}
+    for path in pipeline_files(pipelines_dir or settings.pipelines_dir):
+        dag = build_dag(parse_pipeline(path), settings)
+        dags[dag.dag_id] = dag
+    return dags

@@ -1,0 +1,17 @@
+# Source me: the project's Airflow home on SQLite, inside the checkout (no global state).
+# Usage: . scripts/env.sh
+_root="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
+export TRAINYARD_PROJECT_DIR="$_root"
+export TRAINYARD_VOLUME_ROOT="${TRAINYARD_VOLUME_ROOT:-$_root/.trainyard/volumes}"
+export TRAINYARD_RUNNER="${TRAINYARD_RUNNER:-local}"
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$_root/.trainyard/airflow}"
+export AIRFLOW__CORE__DAGS_FOLDER="$_root/dags"
+export AIRFLOW__CORE__PLUGINS_FOLDER="$_root/plugins"
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=True
+export AIRFLOW__SCHEDULER__CATCHUP_BY_DEFAULT=False
+export AIRFLOW__LOGGING__LOGGING_LEVEL="${AIRFLOW__LOGGING__LOGGING_LEVEL:-INFO}"
+export PYTHONPATH="$_root/plugins${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$_root/.venv/bin:$PATH"
+unset _root

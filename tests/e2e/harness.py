@@ -1,0 +1,124 @@
+"""An isolated trainyard + Airflow home for end-to-end tests (real Airflow on SQLite)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Project:
+    """Paths and environment of one isolated project run."""
+
+    home: Path
+    env: dict[str, str]
+    port: int
+
+    @property
+    def volume_root(self) -> Path:
+        return Path(self.env["TRAINYARD_VOLUME_ROOT"])
+
+    def airflow(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        """Run the ``airflow`` CLI of the venv in this project's environment."""
+        exe = str(Path(sys.executable).with_name("airflow"))
+        return subprocess.run(
+            [exe, *args], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
+
+    def trainyard(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        """Run ``python -m trainyard`` in this project's environment."""
+        return subprocess.run(
+            [sys.executable, "-m", "trainyard", *args],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def stop_server(self) -> None:
+        """Stop the local model server the deploy step started, if any."""
+        self.trainyard_py(
+            "from trainyard.serving.deploy import stop_local_server\n"
+            "from trainyard.settings import get_settings\n"
+            "stop_local_server(get_settings().serving_root)\n"
+        )
+
+    def trainyard_py(self, code: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+
+def make_project(
+    tmp: Path, pipeline_overrides: dict | None = None, api_port: int | None = None
+) -> Project:
+    """Write a pipelines folder (the real digits pipeline with test overrides) and an env.
+
+    Args:
+        tmp: A fresh temporary folder.
+        pipeline_overrides: Nested updates to ``dags/pipelines/digits.yaml``.
+        api_port: Port of the Airflow API server (standalone tests).
+
+    Returns:
+        The project handle; call ``init_airflow`` before running DAGs.
+    """
+    port = free_port()
+    pipelines = tmp / "pipelines"
+    pipelines.mkdir()
+    cfg = yaml.safe_load((ROOT / "dags" / "pipelines" / "digits.yaml").read_text())
+    cfg["serving"]["port"] = port
+    for key, value in (pipeline_overrides or {}).items():
+        if isinstance(value, dict):
+            cfg.setdefault(key, {}).update(value)
+        else:
+            cfg[key] = value
+    (pipelines / "digits.yaml").write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ)
+    env.update(
+        TRAINYARD_PROJECT_DIR=str(ROOT),
+        TRAINYARD_VOLUME_ROOT=str(tmp / "volumes"),
+        TRAINYARD_PIPELINES_DIR=str(pipelines),
+        TRAINYARD_RUNNER="local",
+        AIRFLOW_HOME=str(tmp / "airflow"),
+        AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        PYTHONPATH=str(ROOT / "plugins"),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    if api_port:
+        env.update(
+            AIRFLOW__API__HOST="127.0.0.1",
+            AIRFLOW__API__PORT=str(api_port),
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{api_port}/execution/",
+        )
+    return Project(home=tmp, env=env, port=port)
+
+
+def init_airflow(project: Project) -> None:
+    """Migrate the SQLite metadata DB and create the training pool."""
+    out = project.airflow("db", "migrate", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = project.airflow("pools", "set", "trainyard_training", "1", "training", timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -1,0 +1,117 @@
+"""The digits DAG end to end under real Airflow (``airflow dags test`` on SQLite).
+
+Stage the bundled digits, validate them, train on 2 real TensorFlow worker processes,
+gate, deploy to the local TF-Serving-compatible server, and predict over HTTP. A second run
+on unchanged data reuses the snapshot; a deliberately worse candidate (0 epochs) is
+rejected and the champion keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.harness import ROOT, Project, init_airflow, make_project
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _last_run(project: Project) -> dict:
+    return json.loads((project.volume_root / "_models" / "digits" / "last_run.json").read_text())
+
+
+def _model_status(project: Project) -> dict:
+    url = f"http://127.0.0.1:{project.port}/v1/models/digits"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _predict(project: Project, image: list) -> dict:
+    body = json.dumps({"instances": [{"image": image}]}).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{project.port}/v1/models/digits:predict",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    proj = make_project(tmp_path_factory.mktemp("e2e"), {"training": {"epochs": 3}})
+    init_airflow(proj)
+    yield proj
+    proj.stop_server()
+
+
+def test_first_run_serves_a_real_prediction(project: Project) -> None:
+    out = project.airflow("dags", "test", "trainyard_digits")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    run = _last_run(project)
+    assert run["validate"]["success"] is True
+    assert run["evaluate"]["verdict"] == "promote"
+    assert run["deploy"]["version"] == 1
+    assert run["train"]["attempts"] >= 1
+    champion = json.loads(
+        (project.volume_root / "_models" / "digits" / "champion.json").read_text()
+    )
+    assert champion["version"] == 1
+    status = _model_status(project)["model_version_status"]
+    assert [(s["version"], s["state"]) for s in status if s["state"] == "AVAILABLE"] == [
+        ("1", "AVAILABLE")
+    ]
+    # A blank image and a real "1"-like stroke get well-formed predictions over HTTP.
+    image = [[[0.0] for _ in range(8)] for _ in range(8)]
+    for row in range(8):
+        image[row][4] = [1.0]
+    pred = _predict(project, image)["predictions"][0]
+    assert len(pred["probabilities"]) == 10
+    assert 0 <= pred["class_id"] <= 9
+    summary = project.trainyard("summary", "--pipeline", "digits")
+    assert summary.returncode == 0
+    assert run["stage"]["snapshot_id"] in summary.stdout
+    assert "served        version 1" in summary.stdout
+
+
+def test_second_run_reuses_snapshot_and_rejects_worse_candidate(project: Project) -> None:
+    first = _last_run(project)
+    out = project.airflow("dags", "test", "trainyard_digits", "--conf", json.dumps({"epochs": 0}))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    second = _last_run(project)
+    assert second["stage"]["snapshot_id"] == first["stage"]["snapshot_id"]
+    assert second["stage"]["reused"] is True
+    assert second["train"]["version"] == 2
+    assert second["evaluate"]["verdict"] == "reject"
+    assert "accuracy" in second["evaluate"]["reason"]
+    assert "deploy" not in second
+    champion = json.loads(
+        (project.volume_root / "_models" / "digits" / "champion.json").read_text()
+    )
+    assert champion["version"] == 1
+    status = _model_status(project)["model_version_status"]
+    assert ("1", "AVAILABLE") in [(s["version"], s["state"]) for s in status]
+    gate_md = project.volume_root / "_models" / "digits" / "versions" / "2" / "gate.md"
+    assert "reject" in gate_md.read_text().lower()
+
+
+def test_contract_violation_stops_the_run(tmp_path: Path) -> None:
+    contracts = tmp_path / "contracts"
+    shutil.copytree(ROOT / "data_contracts", contracts)
+    contract = yaml.safe_load((contracts / "digits.yaml").read_text())
+    contract["rules"]["row_count"] = {"min": 1_000_000}
+    (contracts / "digits.yaml").write_text(yaml.safe_dump(contract, sort_keys=False))
+    proj = make_project(tmp_path)
+    proj.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
+    init_airflow(proj)
+    out = proj.airflow("dags", "test", "trainyard_digits")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "ValidationFailed" in text
+    assert "row" in text.lower()
+    assert not (proj.volume_root / "_models" / "digits" / "versions").exists()

@@ -1,0 +1,104 @@
+"""End-to-end: real worker processes train on CPU with each strategy and export a model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer_fixtures import (
+    make_files_snapshot,
+    make_table_snapshot,
+    write_table_contract,
+)
+
+from trainyard.config import TrainingConfig, parse_pipeline
+from trainyard.training import run_training
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CASES = [
+    pytest.param(
+        "digits_files",
+        TrainingConfig(model="small_cnn", strategy="multi_worker_mirrored", workers=2, epochs=2,
+                       batch_size=64, learning_rate=0.003, steps_per_execution=4),
+        ["worker:0", "worker:1"],
+        0.8,
+        id="mwms-2-workers-images",
+    ),
+    pytest.param(
+        "blobs_table",
+        TrainingConfig(model="mlp", strategy="parameter_server", workers=2, parameter_servers=1,
+                       epochs=2, batch_size=32, learning_rate=0.01, steps_per_execution=4),
+        ["chief:0", "worker:0", "worker:1", "ps:0"],
+        0.8,
+        id="ps-chief-2-workers-1-ps-table",
+    ),
+]  # fmt: skip
+
+
+def _check_saved_model(model_dir: Path, inputs: dict[str, list[int | None]]) -> dict:
+    """Load the SavedModel in a fresh process (as serving would) and describe its signature."""
+    code = f"""
+import json, os, sys
+import numpy as np, tensorflow as tf
+m = tf.saved_model.load({str(model_dir)!r})
+sig = m.signatures["serving_default"]
+_, kw = sig.structured_input_signature
+feed = {{n: tf.zeros([3] + [d for d in s.shape[1:]], s.dtype) for n, s in kw.items()}}
+out = sig(**feed)
+print(json.dumps({{"inputs": {{n: [d for d in s.shape] for n, s in kw.items()}},
+  "outputs": {{k: [list(v.shape), v.dtype.name] for k, v in out.items()}}}}))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("data", "params", "roles", "min_accuracy"), CASES)
+def test_strategy_trains_and_exports(
+    data: str, params: TrainingConfig, roles: list[str], min_accuracy: float, volume_root: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    pipeline = parse_pipeline(ROOT / "dags" / "pipelines" / "digits.yaml")
+    if data == "digits_files":
+        snap = make_files_snapshot(tmp_path / "snap", n=None, shards=4)
+        expected_inputs = {"image": [None, 8, 8, 1]}
+    else:
+        contracts = tmp_path / "contracts"
+        contracts.mkdir()
+        write_table_contract(contracts)
+        monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
+        pipeline = pipeline.model_copy(update={"dataset": "blobs"})
+        snap = make_table_snapshot(tmp_path / "snap", n=1200, parts=3)
+        expected_inputs = {"x1": [None], "x2": [None], "x3": [None]}
+    lines: list[str] = []
+    result = run_training(pipeline, snap, tmp_path / "out", params, run_id="r1", log=lines.append)
+
+    assert result.attempts == 1
+    assert result.tf_config_roles == roles
+    for role in roles:  # every task's output reached the log callback, prefixed
+        assert any(
+            line.startswith(f"[{role}] ") and "TRAINYARD_WORKER_READY" in line for line in lines
+        )
+    assert result.metrics["epochs"] == 2
+    assert result.metrics["accuracy"] >= min_accuracy, result.metrics
+    assert result.metrics["examples_per_s"] > 0
+    assert result.history["attempts"] == [{"attempt": 1, "start_epoch": 0}]
+    assert [e["epoch"] for e in result.history["epochs"]] == [0, 1]
+    sig = _check_saved_model(result.output_dir / "model", expected_inputs)
+    assert sig["inputs"] == expected_inputs
+    assert sig["outputs"]["probabilities"] == [[3, 10 if data == "digits_files" else 3], "float32"]
+    assert sig["outputs"]["class_id"] == [[3], "int64"]
+    assert not [
+        p for p in (result.output_dir).iterdir() if p.name.startswith(".")
+    ]  # no temp dirs left
+    assert psutil.Process().children(recursive=True) == []
