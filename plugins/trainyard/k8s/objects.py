@@ -520,18 +520,21 @@ def training_job(
         raise ConfigError(f"training role {role!r}: replicas must be >= 1, got {replicas}")
     use_kueue = profile.kueue.enabled if kueue is None else kueue
     gpu_place = placement_for_tier(profile, tier, kueue=use_kueue)
-    if role == "ps":
-        place, res, gpus = cpu_placement(profile), profile.resources.ps, 0
+    if role == "ps" and use_kueue:
+        # the admitted ResourceFlavor injects its node labels; a CPU-pool selector of our
+        # own would conflict with them
+        place, res, gpus = gpu_place, profile.resources.ps, 0
+    elif role == "ps":
+        cpu = cpu_placement(profile)
         place = Placement(
             tier=tier,
-            node_selector=place.node_selector,
+            node_selector=cpu.node_selector,
             affinity=None,
-            tolerations=place.tolerations,
+            tolerations=cpu.tolerations,
             priority_class_name=gpu_place.priority_class_name,
-            labels=gpu_place.labels,
-            kueue_queue=gpu_place.kueue_queue,
-            plan=place.plan,
+            plan=cpu.plan,
         )
+        res, gpus = profile.resources.ps, 0
     else:
         place, res = gpu_place, profile.resources.trainer
     jname = job_name(name, role)
