@@ -112,7 +112,7 @@ def synthetic_transactions(dest: Path, ds: str, rows: int = 2000) -> Path:
         amount = round(rng.lognormvariate(3.6, 1.0) + 0.5, 2)
         age = rng.randint(18, 90)
         score = (
-            -4.2
+            -3.1
             + 1.1 * (amount > 200)
             + 0.9 * (amount > 600)
             + 1.4 * (hour < 6)
