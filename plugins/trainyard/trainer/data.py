@@ -1,0 +1,345 @@
+"""Examples of a snapshot as numpy arrays, and the shard index the tf.data reader uses.
+
+Pure numpy / pyarrow / PIL: **no TensorFlow import** (evaluation and the serving smoke
+test use :func:`load_examples`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trainyard.contracts import Contract, holdout_mask, parse_contract
+from trainyard.errors import ContractError, SnapshotError
+
+Split = Literal["train", "holdout", "all"]
+
+
+def read_contract(path: Path) -> Contract:
+    """Read the contract file the worker was given (``trainyard.contracts.parse_contract``).
+
+    Raises:
+        ContractError: Missing or invalid file (names file, line and field).
+    """
+    return parse_contract(Path(path))
+
+
+def select(keys: Sequence[str], fraction: float, split: Split) -> np.ndarray:
+    """Boolean row selector of a split."""
+    if split == "all":
+        return np.ones(len(keys), dtype=bool)
+    mask = holdout_mask(keys, fraction)
+    if split == "holdout":
+        return mask
+    if split == "train":
+        return ~mask
+    raise ValueError(f"split must be 'train', 'holdout' or 'all', got {split!r}")
+
+
+def read_manifest(snapshot_dir: Path) -> dict[str, Any]:
+    """The snapshot's ``manifest.json`` as a dict (``kind``, ``shards``).
+
+    Raises:
+        SnapshotError: Missing or unreadable manifest, or an unknown ``kind``.
+    """
+    path = Path(snapshot_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise SnapshotError(f"{path}: manifest not found (not a complete snapshot)") from e
+    except (OSError, json.JSONDecodeError) as e:
+        raise SnapshotError(f"{path}: unreadable manifest: {e}") from e
+    if not isinstance(manifest, dict) or manifest.get("kind") not in ("files", "table"):
+        raise SnapshotError(f"{path}: field kind must be 'files' or 'table'")
+    if not isinstance(manifest.get("shards"), list):
+        raise SnapshotError(f"{path}: field shards must be a list")
+    return manifest
+
+
+def data_shards(snapshot_dir: Path, manifest: dict[str, Any]) -> list[Path]:
+    """Paths of the data shards named by the manifest, in manifest order.
+
+    Raises:
+        SnapshotError: A listed shard is missing, or there is none.
+    """
+    out = []
+    for i, shard in enumerate(manifest["shards"]):
+        if not isinstance(shard, dict) or "path" not in shard:
+            raise SnapshotError(f"{snapshot_dir}/manifest.json: shards[{i}] has no path")
+        if shard.get("role", "data") != "data":
+            continue
+        path = Path(snapshot_dir) / shard["path"]
+        if not path.is_file():
+            raise SnapshotError(f"{path}: shard listed in the manifest is missing")
+        out.append(path)
+    if not out:
+        raise SnapshotError(f"{snapshot_dir}/manifest.json: no data shards")
+    return out
+
+
+@dataclass(frozen=True)
+class FileIndex:
+    """Where each sample of a files snapshot lives inside the tar shards.
+
+    Attributes:
+        keys: Sample keys.
+        labels: int64 labels.
+        shard: Index into ``shards`` per sample.
+        offset: Byte offset of the image member's data in its shard.
+        size: Byte size of the image member.
+        shards: Shard paths.
+    """
+
+    keys: list[str]
+    labels: np.ndarray
+    shard: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    shards: list[Path]
+
+    def take(self, mask: np.ndarray) -> FileIndex:
+        """The rows where ``mask`` is True, order kept."""
+        idx = np.flatnonzero(mask)
+        return FileIndex(
+            keys=[self.keys[i] for i in idx],
+            labels=self.labels[idx],
+            shard=self.shard[idx],
+            offset=self.offset[idx],
+            size=self.size[idx],
+            shards=self.shards,
+        )
+
+
+def _scan_tar(
+    path: Path, image_ext: str | None
+) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+    images: dict[str, tuple[int, int]] = {}
+    labels: dict[str, int] = {}
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                key, dot, ext = member.name.rpartition(".")
+                if not dot:
+                    raise SnapshotError(f"{path}: member {member.name!r} has no extension")
+                if ext == "cls":
+                    fh = tar.extractfile(member)
+                    text = fh.read().decode("ascii", "replace").strip() if fh else ""
+                    try:
+                        labels[key] = int(text)
+                    except ValueError as e:
+                        raise SnapshotError(
+                            f"{path}: member {member.name!r}: label {text!r} is not an integer"
+                        ) from e
+                elif image_ext is None or ext == image_ext:
+                    images[key] = (member.offset_data, member.size)
+    except tarfile.TarError as e:
+        raise SnapshotError(f"{path}: corrupt tar shard: {e}") from e
+    return images, labels
+
+
+def file_index(snapshot_dir: Path, contract: Any) -> FileIndex:
+    """Scan the tar headers of a files snapshot (no image bytes read) and join the index.
+
+    Args:
+        snapshot_dir: The snapshot directory.
+        contract: Its contract.
+
+    Returns:
+        One row per sample of ``index.parquet``, in index order.
+
+    Raises:
+        SnapshotError: Missing index or shard, a key of the index missing from its shard,
+            or a label that disagrees with the shard's ``.cls`` member (names key and shard).
+    """
+    snapshot_dir = Path(snapshot_dir)
+    manifest = read_manifest(snapshot_dir)
+    if manifest["kind"] != "files":
+        raise SnapshotError(
+            f"{snapshot_dir}: expected a files snapshot, got kind {manifest['kind']!r}"
+        )
+    shards = data_shards(snapshot_dir, manifest)
+    index_path = snapshot_dir / "index.parquet"
+    try:
+        table = pq.read_table(
+            index_path, columns=[contract.roles.key, contract.roles.label, "shard"]
+        )
+    except FileNotFoundError as e:
+        raise SnapshotError(f"{index_path}: index not found") from e
+    except (pa.ArrowInvalid, KeyError) as e:
+        raise SnapshotError(f"{index_path}: unreadable index: {e}") from e
+    keys = table.column(contract.roles.key).to_pylist()
+    labels = np.asarray(
+        table.column(contract.roles.label).to_numpy(zero_copy_only=False), dtype=np.int64
+    )
+    shard_names = table.column("shard").to_pylist()
+    by_name = {p.name: i for i, p in enumerate(shards)}
+    by_name.update({str(p.relative_to(snapshot_dir)): i for i, p in enumerate(shards)})
+    ext = getattr(contract.source, "extension", None) if getattr(contract, "source", None) else None
+    scans = [_scan_tar(p, ext) for p in shards]
+    n = len(keys)
+    shard_idx = np.empty(n, dtype=np.int64)
+    offset = np.empty(n, dtype=np.int64)
+    size = np.empty(n, dtype=np.int64)
+    for row, (key, label, sname) in enumerate(zip(keys, labels, shard_names, strict=True)):
+        if sname not in by_name:
+            raise SnapshotError(
+                f"{index_path}: row {row} (key {key!r}): shard {sname!r} is not in the manifest"
+            )
+        s = by_name[sname]
+        images, cls = scans[s]
+        if key not in images:
+            raise SnapshotError(f"{shards[s]}: image of key {key!r} (index row {row}) is missing")
+        if key in cls and cls[key] != label:
+            raise SnapshotError(
+                f"{shards[s]}: key {key!r}: .cls says {cls[key]} but index row {row} column "
+                f"{contract.roles.label} says {label}"
+            )
+        shard_idx[row] = s
+        offset[row], size[row] = images[key]
+    return FileIndex(
+        keys=keys, labels=labels, shard=shard_idx, offset=offset, size=size, shards=shards
+    )
+
+
+@dataclass(frozen=True)
+class Examples:
+    """Examples of one split.
+
+    Attributes:
+        features: Feature name → array (images: float32 (n, H, W, C) in [0, 1]; table
+            features: float32 (n,)).
+        labels: int64 labels (n,).
+        keys: Sample keys.
+    """
+
+    features: dict[str, np.ndarray]
+    labels: np.ndarray
+    keys: list[str]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def _decode_image(data: bytes, contract: Any, where: str) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    img = contract.image
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            mode = {1: "L", 3: "RGB", 4: "RGBA"}.get(img.channels)
+            if mode is None:
+                raise SnapshotError(f"{where}: unsupported image.channels {img.channels}")
+            arr = np.asarray(im.convert(mode), dtype=np.float32)
+    except (UnidentifiedImageError, OSError) as e:
+        raise SnapshotError(f"{where}: not a decodable image: {e}") from e
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.shape != (img.height, img.width, img.channels):
+        raise SnapshotError(
+            f"{where}: image is {arr.shape}, contract says {(img.height, img.width, img.channels)}"
+        )
+    return arr / 255.0
+
+
+def table_files(snapshot_dir: Path) -> list[Path]:
+    """Parquet data shards of a table snapshot.
+
+    Raises:
+        SnapshotError: Not a table snapshot, or a shard is missing.
+    """
+    manifest = read_manifest(snapshot_dir)
+    if manifest["kind"] != "table":
+        raise SnapshotError(
+            f"{snapshot_dir}: expected a table snapshot, got kind {manifest['kind']!r}"
+        )
+    return data_shards(Path(snapshot_dir), manifest)
+
+
+def _table_columns(snapshot_dir: Path, contract: Any) -> dict[str, np.ndarray | list[str]]:
+    roles = contract.roles
+    names = [roles.key, roles.label, *roles.features]
+    cols: dict[str, list[Any]] = {n: [] for n in names}
+    for path in table_files(snapshot_dir):
+        try:
+            table = pq.read_table(path, columns=names)
+        except (pa.ArrowInvalid, KeyError) as e:
+            raise SnapshotError(f"{path}: cannot read columns {names}: {e}") from e
+        for n in names:
+            cols[n].append(table.column(n))
+    out: dict[str, np.ndarray | list[str]] = {}
+    for n in names:
+        chunked = pa.chunked_array([c for arr in cols[n] for c in arr.chunks], type=cols[n][0].type)
+        if n == roles.key:
+            out[n] = [str(k) for k in chunked.to_pylist()]
+            continue
+        if chunked.null_count:
+            raise SnapshotError(f"{snapshot_dir}: column {n} has {chunked.null_count} null values")
+        try:
+            dtype = np.int64 if n == roles.label else np.float32
+            out[n] = np.asarray(chunked.to_numpy(zero_copy_only=False), dtype=dtype)
+        except (ValueError, TypeError) as e:
+            raise SnapshotError(f"{snapshot_dir}: column {n} is not numeric: {e}") from e
+    return out
+
+
+def load_examples(snapshot_dir: Path, contract: Any, split: Split) -> Examples:
+    """Load one split of a snapshot into memory.
+
+    Args:
+        snapshot_dir: A files or table snapshot directory.
+        contract: Its contract (``trainyard.contracts.Contract``).
+        split: ``train`` (``~holdout_mask``), ``holdout`` or ``all``.
+
+    Returns:
+        The examples, in snapshot order.
+
+    Raises:
+        SnapshotError: Missing/corrupt shard, undecodable image (names shard and key), a
+            null or non-numeric feature (names the column).
+    """
+    snapshot_dir = Path(snapshot_dir)
+    manifest = read_manifest(snapshot_dir)
+    fraction = contract.split.holdout_fraction if contract.split else 0.0
+    if manifest["kind"] == "files":
+        if contract.image is None:
+            raise ContractError(
+                f"{snapshot_dir}: files snapshot but the contract has no image section"
+            )
+        index = file_index(snapshot_dir, contract)
+        index = index.take(select(index.keys, fraction, split))
+        images = np.empty(
+            (len(index.keys), contract.image.height, contract.image.width, contract.image.channels),
+            np.float32,
+        )
+        for s, shard in enumerate(index.shards):
+            rows = np.flatnonzero(index.shard == s)
+            if not len(rows):
+                continue
+            with shard.open("rb") as fh:
+                for r in rows:
+                    fh.seek(int(index.offset[r]))
+                    data = fh.read(int(index.size[r]))
+                    images[r] = _decode_image(data, contract, f"{shard} key {index.keys[r]!r}")
+        return Examples(
+            features={contract.image.column: images}, labels=index.labels, keys=index.keys
+        )
+    cols = _table_columns(snapshot_dir, contract)
+    keys = cols[contract.roles.key]
+    assert isinstance(keys, list)
+    sel = select(keys, fraction, split)
+    return Examples(
+        features={f: np.asarray(cols[f])[sel] for f in contract.roles.features},
+        labels=np.asarray(cols[contract.roles.label])[sel],
+        keys=[k for k, m in zip(keys, sel, strict=True) if m],
+    )

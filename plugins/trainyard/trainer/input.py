@@ -1,0 +1,246 @@
+"""tf.data input pipelines over a snapshot's shards.
+
+Files snapshots (tar shards): the tar headers are scanned once in Python
+(:func:`trainyard.trainer.data.file_index`); the dataset itself is pure TensorFlow ops —
+each shard is read with one ``tf.io.read_file`` and its images are sliced out with
+``tf.strings.substr`` at their offsets, decoded and batched in parallel. Pure graph ops
+mean the same pipeline runs on remote parameter-server workers.
+
+Table snapshots (Parquet): Arrow record batches are read with pyarrow and handed to
+tf.data a whole batch at a time (``from_generator``) under all-reduce; under
+parameter-server training the split is materialised as tensors (workers cannot run the
+coordinator's Python generators).
+
+Per-worker sharding: with at least as many shards as input pipelines, whole shards go to
+each pipeline; otherwise every pipeline keeps every n-th example.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from trainyard.trainer.data import (
+    FileIndex,
+    file_index,
+    load_examples,
+    read_manifest,
+    select,
+    table_files,
+)
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the training loop needs to know about a split.
+
+    Attributes:
+        kind: ``files`` or ``table``.
+        num_examples: Examples in the split.
+        num_classes: Classes (from the contract, else max label + 1).
+        feature_stats: Table features: name → (mean, variance) over the split.
+    """
+
+    kind: str
+    num_examples: int
+    num_classes: int
+    feature_stats: dict[str, tuple[float, float]]
+
+
+class SnapshotInput:
+    """Builds per-worker tf.data pipelines of one split of a snapshot.
+
+    Args:
+        snapshot_dir: The snapshot.
+        contract: Its contract.
+        split: ``train``, ``holdout`` or ``all``.
+        in_graph: Build only graph-serialisable datasets (parameter-server workers).
+        cache: None, ``"memory"``, or a directory for ``Dataset.cache`` files (local disk).
+    """
+
+    def __init__(
+        self,
+        snapshot_dir: Path,
+        contract: Any,
+        split: str = "train",
+        in_graph: bool = False,
+        cache: str | None = None,
+    ) -> None:
+        self.snapshot_dir = Path(snapshot_dir)
+        self.contract = contract
+        self.split = split
+        self.in_graph = in_graph
+        self.cache = cache
+        self.kind = read_manifest(self.snapshot_dir)["kind"]
+        fraction = contract.split.holdout_fraction if contract.split else 0.0
+        self._index: FileIndex | None = None
+        self._table: dict[str, np.ndarray] | None = None
+        self._files: list[Path] = []
+        if self.kind == "files":
+            index = file_index(self.snapshot_dir, contract)
+            self._index = index.take(select(index.keys, fraction, split))  # type: ignore[arg-type]
+            labels = self._index.labels
+            stats: dict[str, tuple[float, float]] = {}
+        else:
+            ex = load_examples(self.snapshot_dir, contract, split)  # type: ignore[arg-type]
+            labels = ex.labels
+            stats = {f: (float(np.mean(v)), float(np.var(v))) for f, v in ex.features.items()}
+            self._table = {**ex.features, "__label__": labels} if in_graph else None
+            self._files = table_files(self.snapshot_dir)
+            self._keep = set(ex.keys) if split != "all" else None
+        num_classes = contract.roles.num_classes or (int(labels.max()) + 1 if len(labels) else 2)
+        self.spec = InputSpec(self.kind, len(labels), int(num_classes), stats)
+
+    def dataset(
+        self,
+        batch_size: int,
+        num_pipelines: int = 1,
+        pipeline_id: int = 0,
+        shuffle: bool = True,
+        repeat: bool = True,
+        seed: int = 0,
+        drop_remainder: bool = True,
+    ) -> tf.data.Dataset:
+        """The batched dataset of one input pipeline.
+
+        Args:
+            batch_size: Per-pipeline batch size.
+            num_pipelines: Number of input pipelines (workers).
+            pipeline_id: This pipeline's index.
+            shuffle: Shuffle shards and examples.
+            repeat: Repeat forever (training with ``steps_per_epoch``).
+            seed: Shuffle seed.
+            drop_remainder: Drop the last partial batch (static shapes for distribution).
+
+        Returns:
+            Batches of ``(features dict, int64 labels)``.
+        """
+        if self.kind == "files":
+            ds = self._files_dataset(num_pipelines, pipeline_id, shuffle, seed)
+        elif self.in_graph:
+            ds = self._tensor_dataset(num_pipelines, pipeline_id)
+        else:
+            ds = self._parquet_dataset(num_pipelines, pipeline_id)
+        if self.cache == "memory":
+            ds = ds.cache()
+        elif self.cache:
+            Path(self.cache).mkdir(parents=True, exist_ok=True)
+            ds = ds.cache(str(Path(self.cache) / f"{self.split}-{pipeline_id}-of-{num_pipelines}"))
+        if repeat:
+            ds = ds.repeat()
+        if shuffle:
+            ds = ds.shuffle(
+                min(max(self.spec.num_examples // max(num_pipelines, 1), 1), 10_000), seed=seed
+            )
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=AUTOTUNE)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        options.deterministic = not shuffle
+        return ds.with_options(options).prefetch(AUTOTUNE)
+
+    def _files_dataset(
+        self, num_pipelines: int, pipeline_id: int, shuffle: bool, seed: int
+    ) -> tf.data.Dataset:
+        index = self._index
+        assert index is not None and self.contract.image is not None
+        img = self.contract.image
+        image_name = img.column
+        groups = [np.flatnonzero(index.shard == s) for s in range(len(index.shards))]
+        shard_ids = [s for s, rows in enumerate(groups) if len(rows)]
+        element_stride = 1
+        if len(shard_ids) >= num_pipelines:
+            shard_ids = shard_ids[pipeline_id::num_pipelines]
+        else:
+            element_stride = num_pipelines
+        paths = [str(index.shards[s]) for s in shard_ids]
+        offsets = tf.ragged.constant(
+            [index.offset[groups[s]].tolist() for s in shard_ids], dtype=tf.int64
+        )
+        sizes = tf.ragged.constant(
+            [index.size[groups[s]].tolist() for s in shard_ids], dtype=tf.int64
+        )
+        labels = tf.ragged.constant(
+            [index.labels[groups[s]].tolist() for s in shard_ids], dtype=tf.int64
+        )
+        shards = tf.data.Dataset.from_tensor_slices((paths, offsets, sizes, labels))
+        if shuffle:
+            shards = shards.shuffle(len(paths), seed=seed)
+
+        def members(
+            path: tf.Tensor, off: tf.Tensor, size: tf.Tensor, label: tf.Tensor
+        ) -> tf.data.Dataset:
+            content = tf.io.read_file(path)
+            pieces = tf.strings.substr(content, off, size)
+            return tf.data.Dataset.from_tensor_slices((pieces, label))
+
+        ds = shards.interleave(
+            members,
+            cycle_length=min(max(len(paths), 1), 4),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=not shuffle,
+        )
+        if element_stride > 1:
+            ds = ds.shard(element_stride, pipeline_id)
+
+        def decode(data: tf.Tensor, label: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+            image = tf.io.decode_image(data, channels=img.channels, expand_animations=False)
+            image = tf.ensure_shape(image, (img.height, img.width, img.channels))
+            return {image_name: tf.cast(image, tf.float32) / 255.0}, label
+
+        return ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=not shuffle)
+
+    def _tensor_dataset(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
+        assert self._table is not None
+        feats = {f: self._table[f] for f in self.contract.roles.features}
+        ds = tf.data.Dataset.from_tensor_slices((feats, self._table["__label__"]))
+        return ds.shard(num_pipelines, pipeline_id) if num_pipelines > 1 else ds
+
+    def _parquet_dataset(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
+        roles = self.contract.roles
+        features = list(roles.features)
+        files = self._files
+        stride = 1
+        if len(files) >= num_pipelines:
+            files = files[pipeline_id::num_pipelines]
+        else:
+            stride = num_pipelines
+        keep = self._keep
+        fraction = self.contract.split.holdout_fraction if self.contract.split else 0.0
+        split = self.split
+
+        def batches():  # whole Arrow record batches, never one example at a time
+            seen = 0
+            for path in files:
+                pf = pq.ParquetFile(path)
+                for rb in pf.iter_batches(
+                    batch_size=8192, columns=[roles.key, roles.label, *features]
+                ):
+                    sel = np.ones(rb.num_rows, dtype=bool)
+                    if keep is not None:
+                        keys = rb.column(roles.key).to_pylist()
+                        sel = select(keys, fraction, split)  # type: ignore[arg-type]
+                    if stride > 1:
+                        pos = np.arange(seen, seen + rb.num_rows)
+                        sel &= pos % stride == pipeline_id
+                    seen += rb.num_rows
+                    x = {
+                        f: np.asarray(rb.column(f).to_numpy(zero_copy_only=False), np.float32)[sel]
+                        for f in features
+                    }
+                    y = np.asarray(rb.column(roles.label).to_numpy(zero_copy_only=False), np.int64)[
+                        sel
+                    ]
+                    yield x, y
+
+        signature = (
+            {f: tf.TensorSpec((None,), tf.float32) for f in features},
+            tf.TensorSpec((None,), tf.int64),
+        )
+        return tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()

@@ -1,0 +1,128 @@
+"""Model registry: a name → a function building an uncompiled ``tf_keras`` model.
+
+Add a model with :func:`register`::
+
+    @register("my_model")
+    def my_model(spec: ModelSpec) -> tf_keras.Model: ...
+
+Every model takes inputs named after ``feature_spec(contract)`` and outputs class
+probabilities of shape (None, num_classes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainyard.errors import ConfigError
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model builder needs to know.
+
+    Attributes:
+        inputs: Feature name → (dtype, shape incl. batch dim None), as ``feature_spec``.
+        num_classes: Output classes.
+        feature_stats: Table features: name → (mean, variance) for normalisation.
+        seed: Initialiser seed.
+    """
+
+    inputs: dict[str, tuple[str, tuple[int | None, ...]]]
+    num_classes: int
+    feature_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
+    seed: int = 0
+
+
+Builder = Callable[[ModelSpec], Any]
+MODELS: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Decorator adding a builder to the registry under ``name``."""
+
+    def deco(fn: Builder) -> Builder:
+        MODELS[name] = fn
+        return fn
+
+    return deco
+
+
+def build_model(name: str, spec: ModelSpec) -> Any:
+    """Build a registered model.
+
+    Args:
+        name: Registry name (``small_cnn``, ``mlp``, ...).
+        spec: Inputs and classes.
+
+    Returns:
+        An uncompiled ``tf_keras.Model``.
+
+    Raises:
+        ConfigError: Unknown model name (lists the known ones) or inputs it cannot take.
+    """
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r} (known: {', '.join(sorted(MODELS))})")
+    return MODELS[name](spec)
+
+
+@register("small_cnn")
+def small_cnn(spec: ModelSpec) -> Any:
+    """A small CNN for one image input of shape (None, H, W, C)."""
+    import tf_keras as keras
+
+    if len(spec.inputs) != 1:
+        raise ConfigError(f"small_cnn takes one image input, got {sorted(spec.inputs)}")
+    (name, (_dtype, shape)) = next(iter(spec.inputs.items()))
+    if len(shape) != 4:
+        raise ConfigError(f"small_cnn needs an image input (None, H, W, C), got {name} {shape}")
+    init = keras.initializers.GlorotUniform
+    x = inp = keras.Input(shape=shape[1:], name=name, dtype="float32")
+    x = keras.layers.Conv2D(
+        32, 3, padding="same", activation="relu", kernel_initializer=init(spec.seed)
+    )(x)
+    if min(shape[1], shape[2]) >= 4:
+        x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Conv2D(
+        64, 3, padding="same", activation="relu", kernel_initializer=init(spec.seed + 1)
+    )(x)
+    x = (
+        keras.layers.GlobalAveragePooling2D()(x)
+        if min(shape[1], shape[2]) > 16
+        else keras.layers.Flatten()(x)
+    )
+    x = keras.layers.Dense(64, activation="relu", kernel_initializer=init(spec.seed + 2))(x)
+    out = keras.layers.Dense(
+        spec.num_classes, activation="softmax", kernel_initializer=init(spec.seed + 3)
+    )(x)
+    return keras.Model(inp, out, name="small_cnn")
+
+
+@register("mlp")
+def mlp(spec: ModelSpec) -> Any:
+    """An MLP over numeric table features: one (None,) input each, normalised, concatenated."""
+    import tf_keras as keras
+
+    inputs, columns = [], []
+    for name, (_dtype, shape) in spec.inputs.items():
+        if len(shape) != 1:
+            raise ConfigError(f"mlp takes scalar features (None,), got {name} {shape}")
+        inp = keras.Input(shape=(), name=name, dtype="float32")
+        inputs.append(inp)
+        col = keras.layers.Reshape((1,))(inp)
+        if name in spec.feature_stats:
+            mean, var = spec.feature_stats[name]
+            col = keras.layers.Normalization(mean=mean, variance=max(var, 1e-12))(col)
+        columns.append(col)
+    x = keras.layers.Concatenate()(columns) if len(columns) > 1 else columns[0]
+    init = keras.initializers.GlorotUniform
+    x = keras.layers.Dense(64, activation="relu", kernel_initializer=init(spec.seed))(x)
+    x = keras.layers.Dense(32, activation="relu", kernel_initializer=init(spec.seed + 1))(x)
+    out = keras.layers.Dense(
+        spec.num_classes, activation="softmax", kernel_initializer=init(spec.seed + 2)
+    )(x)
+    return keras.Model(inputs, out, name="mlp")

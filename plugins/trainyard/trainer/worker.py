@@ -1,0 +1,399 @@
+"""The training worker: one process of a distributed run (``python -m trainyard.trainer``).
+
+Role from ``TF_CONFIG`` (or derived from the Indexed Job environment). Exit codes tell the
+launcher what happened: 0 done, :data:`EXIT_NAN` loss became NaN (do not retry),
+:data:`EXIT_BAD_INPUT` bad config / contract / snapshot (do not retry), :data:`EXIT_ORPHAN`
+the launcher died, anything else a crash (retry the attempt).
+
+Test-only fault injection (``TRAINYARD_FAULT``, comma-separated
+``<kind>:<epoch>:<task type>:<index>[:<attempt>]``, attempt defaults to 1):
+``exit_after_epoch`` exits with code 17 after that many completed epochs;
+``kill_mid_epoch`` SIGKILLs itself at the third batch of that epoch (0-based);
+``hang_before_ready`` never constructs the strategy (start-deadline test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import functools
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainyard.errors import TrainyardError
+from trainyard.fsutil import atomic_write_json, fsync_tree
+from trainyard.trainer.tf_config import Role, resolve_tf_config, role_of
+
+READY_MARKER = "TRAINYARD_WORKER_READY"
+EXIT_NAN = 3
+EXIT_BAD_INPUT = 4
+EXIT_ORPHAN = 5
+EXIT_FAULT = 17
+HISTORY_STATE = "trainyard_history.json"
+_PR_SET_PDEATHSIG = 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the worker command line (see ``--help``)."""
+    p = argparse.ArgumentParser(
+        prog="python -m trainyard.trainer", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--snapshot-dir", type=Path, required=True)
+    p.add_argument("--contract", type=Path, required=True, help="data contract YAML")
+    p.add_argument("--model", required=True, help="model registry name (small_cnn, mlp)")
+    p.add_argument(
+        "--strategy", required=True, choices=["multi_worker_mirrored", "parameter_server"]
+    )
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--batch-size", type=int, required=True, help="global batch size")
+    p.add_argument("--learning-rate", type=float, required=True)
+    p.add_argument("--checkpoint-dir", type=Path, required=True)
+    p.add_argument("--output-dir", type=Path, required=True)
+    p.add_argument("--steps-per-execution", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cache", default=None, help="'memory' or a local directory for tf.data cache files"
+    )
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size", "steps_per_execution"):
+        if getattr(args, name) < (0 if name == "epochs" else 1):
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    return args
+
+
+def install_parent_guard(parent_pid: int | None) -> None:
+    """Die with the launcher: ``PR_SET_PDEATHSIG`` plus a parent-pid watchdog thread.
+
+    Args:
+        parent_pid: The launcher's pid (``TRAINYARD_PARENT_PID``); None disables the guard
+            (a pod, where Kubernetes owns the process).
+    """
+    if parent_pid is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(EXIT_ORPHAN)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(EXIT_ORPHAN)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A test-only injected fault for this process."""
+
+    kind: str
+    epoch: int
+
+
+def active_fault(spec: str | None, role: Role, attempt: int) -> Fault | None:
+    """The fault of ``TRAINYARD_FAULT`` that targets this task and attempt, if any."""
+    for item in (spec or "").split(","):
+        parts = item.strip().split(":")
+        if len(parts) not in (4, 5):
+            continue
+        kind, epoch, ttype, index = parts[:4]
+        want_attempt = int(parts[4]) if len(parts) == 5 else 1
+        if ttype == role.task_type and int(index) == role.index and want_attempt == attempt:
+            return Fault(kind, int(epoch))
+    return None
+
+
+def _say(role: Role, msg: str) -> None:
+    print(f"[{role.name}] {msg}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one training task; returns the process exit code."""
+    args = parse_args(argv)
+    parent = os.environ.get("TRAINYARD_PARENT_PID")
+    install_parent_guard(int(parent) if parent else None)
+    try:
+        cfg = resolve_tf_config(os.environ)
+        role = role_of(cfg)
+        if args.strategy == "multi_worker_mirrored" and role.task_type == "ps":
+            raise TrainyardError("multi_worker_mirrored has no parameter servers; got task type ps")
+        from trainyard.trainer.data import read_contract
+
+        contract = read_contract(args.contract)
+    except TrainyardError as e:
+        print(f"trainyard.trainer: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    if args.strategy == "parameter_server":
+        cfg.setdefault("rpc_layer", "grpc")
+    os.environ["TF_CONFIG"] = json.dumps(cfg)
+    attempt = int(os.environ.get("TRAINYARD_ATTEMPT", "1"))
+    fault = active_fault(os.environ.get("TRAINYARD_FAULT"), role, attempt)
+    if fault and fault.kind == "hang_before_ready":
+        _say(role, "fault injected: hanging before the strategy is constructed")
+        while True:
+            time.sleep(3600)
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    try:
+        return _run(args, cfg, role, contract, fault, attempt)
+    except TrainyardError as e:
+        print(
+            f"trainyard.trainer [{role.name}]: {type(e).__name__}: {e}", file=sys.stderr, flush=True
+        )
+        return EXIT_BAD_INPUT
+
+
+def _run(
+    args: argparse.Namespace,
+    cfg: dict[str, Any],
+    role: Role,
+    contract: Any,
+    fault: Fault | None,
+    attempt: int,
+) -> int:
+    import tensorflow as tf
+
+    if args.strategy == "parameter_server" and role.task_type in ("worker", "ps"):
+        server = tf.distribute.Server(
+            tf.train.ClusterSpec(cfg["cluster"]),
+            job_name=role.task_type,
+            task_index=role.index,
+            protocol="grpc",
+            start=True,
+        )
+        _say(role, f"{READY_MARKER} parameter-server cluster task serving at {server.target}")
+        server.join()
+        return 0
+
+    import tf_keras as keras
+
+    from trainyard.contracts import feature_spec
+    from trainyard.trainer.input import SnapshotInput
+    from trainyard.trainer.models import ModelSpec, build_model
+
+    keras.utils.set_random_seed(args.seed)
+    if args.strategy == "multi_worker_mirrored":
+        gpus = tf.config.list_physical_devices("GPU")
+        impl = tf.distribute.experimental.CommunicationImplementation
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=impl.NCCL if gpus else impl.AUTO
+            )
+        )
+    else:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
+    _say(role, f"{READY_MARKER} strategy={args.strategy} replicas={strategy.num_replicas_in_sync}")
+
+    inp = SnapshotInput(
+        args.snapshot_dir,
+        contract,
+        "train",
+        in_graph=args.strategy == "parameter_server",
+        cache=args.cache,
+    )
+    if inp.spec.num_examples == 0:
+        raise TrainyardError(f"{args.snapshot_dir}: the training split is empty")
+    global_batch = args.batch_size
+    steps_per_epoch = max(inp.spec.num_examples // global_batch, 1)
+    if args.strategy == "multi_worker_mirrored" and global_batch % strategy.num_replicas_in_sync:
+        raise TrainyardError(
+            f"--batch-size {global_batch} is not divisible by "
+            f"{strategy.num_replicas_in_sync} replicas"
+        )
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        per_pipeline = (
+            ctx.get_per_replica_batch_size(global_batch)
+            if args.strategy == "multi_worker_mirrored"
+            else global_batch
+        )
+        return inp.dataset(
+            per_pipeline,
+            ctx.num_input_pipelines,
+            ctx.input_pipeline_id,
+            seed=args.seed + ctx.input_pipeline_id,
+        )
+
+    inputs = feature_spec(contract)
+    spec = ModelSpec(
+        inputs=inputs,
+        num_classes=inp.spec.num_classes,
+        feature_stats=inp.spec.feature_stats,
+        seed=args.seed,
+    )
+    with strategy.scope():
+        model = build_model(args.model, spec)
+        model.compile(
+            optimizer=keras.optimizers.Adam(args.learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            metrics=["accuracy"],
+            steps_per_execution=min(args.steps_per_execution, steps_per_epoch),
+        )
+
+    args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    history_cls, fault_cls = _callback_classes()
+    recorder = history_cls(args.checkpoint_dir / HISTORY_STATE, role.is_chief, attempt)
+    callbacks: list[Any] = [
+        keras.callbacks.BackupAndRestore(backup_dir=str(args.checkpoint_dir / "backup")),
+        recorder,
+    ]
+    if (
+        args.strategy == "multi_worker_mirrored"
+    ):  # tf_keras's TerminateOnNaN breaks on PS RemoteValues
+        callbacks.insert(1, keras.callbacks.TerminateOnNaN())
+    if fault is not None:
+        callbacks.append(fault_cls(fault, role))
+    _say(
+        role,
+        f"training {args.model} on {inp.spec.num_examples} examples, {steps_per_epoch} steps/epoch",
+    )
+    t0 = time.monotonic()
+    model.fit(
+        keras.utils.experimental.DatasetCreator(dataset_fn),
+        epochs=args.epochs,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=callbacks,
+        verbose=2,
+    )
+    seconds = time.monotonic() - t0
+    if recorder.nan or model.stop_training:
+        _say(role, "loss became NaN or inf; stopping without exporting a model")
+        return EXIT_NAN
+
+    plain = build_model(args.model, spec)
+    plain.set_weights(model.get_weights())
+    if not role.is_chief:
+        return 0
+    _export(plain, inputs, args.output_dir / "model")
+    state = recorder.state
+    epochs = state["epochs"]
+    last = epochs[-1] if epochs else {}
+    atomic_write_json(
+        args.output_dir / "metrics.json",
+        {
+            "loss": last.get("loss"),
+            "accuracy": last.get("accuracy"),
+            "epochs": len(epochs),
+            "epochs_this_attempt": recorder.epochs_run,
+            "examples_per_s": recorder.epochs_run * steps_per_epoch * global_batch / seconds
+            if seconds
+            else None,
+            "train_examples": inp.spec.num_examples,
+            "global_batch_size": global_batch,
+            "steps_per_epoch": steps_per_epoch,
+            "strategy": args.strategy,
+            "workers": role.num_workers,
+            "model": args.model,
+            "seconds": seconds,
+        },
+    )
+    atomic_write_json(args.output_dir / "history.json", state)
+    _say(role, f"exported {args.output_dir / 'model'}")
+    return 0
+
+
+def _export(model: Any, inputs: dict[str, tuple[str, tuple[int | None, ...]]], final: Path) -> None:
+    """Write the SavedModel with a ``serving_default`` signature, atomically."""
+    import tensorflow as tf
+
+    names = list(inputs)
+    specs = [tf.TensorSpec(shape, dtype, name=name) for name, (dtype, shape) in inputs.items()]
+
+    @tf.function(input_signature=specs)
+    def serve(*tensors: tf.Tensor) -> dict[str, tf.Tensor]:
+        probs = model(dict(zip(names, tensors, strict=True)), training=False)
+        return {"probabilities": probs, "class_id": tf.argmax(probs, axis=-1, output_type=tf.int64)}
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tf.saved_model.save(model, str(tmp), signatures={"serving_default": serve})
+        fsync_tree(tmp)
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@functools.cache
+def _callback_classes() -> tuple[type, type]:
+    """The Keras callbacks, defined on first use so importing this module stays TF-free."""
+    import tf_keras as keras
+
+    class _HistoryRecorder(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        """Per-epoch history kept on the checkpoint volume across attempts (chief writes)."""
+
+        def __init__(self, path: Path, is_chief: bool, attempt: int) -> None:
+            super().__init__()
+            self.path, self.is_chief, self.attempt = path, is_chief, attempt
+            self.state: dict[str, Any] = {"epochs": [], "attempts": []}
+            if path.exists():
+                self.state = json.loads(path.read_text(encoding="utf-8"))
+            self.nan = False
+            self.epochs_run = 0
+            self._started = False
+
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            if not self._started:
+                self._started = True
+                self.state["attempts"].append({"attempt": self.attempt, "start_epoch": epoch})
+                self.state["epochs"] = [e for e in self.state["epochs"] if e["epoch"] < epoch]
+                self._save()
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            row = {"epoch": epoch, "attempt": self.attempt}
+            for k, v in (logs or {}).items():
+                value = float(v)
+                row[k] = value
+                if k == "loss" and not math.isfinite(value):
+                    self.nan = True
+                    self.model.stop_training = True
+            self.state["epochs"].append(row)
+            self.epochs_run += 1
+            self._save()
+
+        def _save(self) -> None:
+            if self.is_chief:
+                atomic_write_json(self.path, self.state)
+
+    class _FaultCallback(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        def __init__(self, fault: Fault, role: Role) -> None:
+            super().__init__()
+            self.fault, self.role, self.epoch = fault, role, -1
+
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            if (
+                self.fault.kind == "kill_mid_epoch"
+                and self.epoch == self.fault.epoch
+                and batch >= 2
+            ):
+                _say(self.role, "fault injected: SIGKILL mid-epoch")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            if self.fault.kind == "exit_after_epoch" and epoch + 1 == self.fault.epoch:
+                _say(self.role, f"fault injected: exiting after epoch {epoch + 1}")
+                os._exit(EXIT_FAULT)
+
+    return _HistoryRecorder, _FaultCallback
