@@ -176,8 +176,8 @@ def _check_labels(
         i = int(bad[0])
         key = keys[i] if i < len(keys) else "?"
         raise EvaluationError(
-            f"holdout row {i} (key {key!r}), column label: value {labels[i]!r} is not a class id "
-            f"in [0, {classes}) ({bad.size} such rows)"
+            f"holdout row {i} (key {key!r}), column label: value {labels[i].item()!r} is not "
+            f"a class id in [0, {classes}) ({bad.size} such rows)"
         )
 
 
