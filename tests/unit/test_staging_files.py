@@ -1,0 +1,241 @@
+"""Image-folder staging: digits bootstrap end to end, tar shards, labels, bad files."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from trainyard import volumes
+from trainyard.config import PipelineConfig, load_pipeline
+from trainyard.errors import StagingError
+from trainyard.staging import stage
+from trainyard.staging.bootstrap import sklearn_digits
+from trainyard.staging.files import tar_header
+
+CONTRACT = """\
+dataset: pics
+version: 3
+source: {format: image_folder, extension: png}
+columns:
+  - {name: key, type: string}
+  - {name: label, type: int64}
+"""
+
+
+@pytest.fixture
+def contracts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "contracts"
+    folder.mkdir()
+    (folder / "pics.yaml").write_text(CONTRACT)
+    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def digits_raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sklearn_digits(tmp_path_factory.mktemp("lake") / "digits")
+
+
+def pics_pipeline(url: Path, shard_target_mb: int = 64) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "name": "pics",
+            "dataset": "pics",
+            "start_date": "2026-11-01",
+            "source": {"url": str(url), "format": "image_folder"},
+            "staging": {"shard_target_mb": shard_target_mb},
+            "training": {"model": "cnn"},
+            "serving": {"model_name": "pics"},
+        }
+    )
+
+
+def png(path: Path, value: int = 7, size: tuple[int, int] = (4, 3)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("L", size, value).save(path)
+
+
+def test_sklearn_digits_bootstrap_layout(digits_raw: Path):
+    from sklearn.datasets import load_digits
+
+    files = sorted(digits_raw.rglob("*.png"))
+    assert len(files) == 1797
+    assert sorted(p.name for p in digits_raw.iterdir()) == [str(d) for d in range(10)]
+    digits = load_digits()
+    img = Image.open(digits_raw / str(digits.target[42]) / "img_0042.png")
+    assert img.mode == "L" and img.size == (8, 8)
+    expected = np.rint(digits.images[42] * 255 / 16).astype(np.uint8)
+    assert np.array_equal(np.asarray(img), expected)
+
+
+def test_digits_pipeline_end_to_end(
+    volume_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digits_raw: Path
+):
+    project = tmp_path / "project"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "dags", project / "dags")
+    shutil.copytree(
+        Path(__file__).resolve().parents[2] / "data_contracts", project / "data_contracts"
+    )
+    monkeypatch.setenv("TRAINYARD_PROJECT_DIR", str(project))
+    monkeypatch.delenv("TRAINYARD_CONTRACTS_DIR", raising=False)
+    cfg = load_pipeline("digits")
+    raw = project / cfg.source.url
+    assert not raw.exists()
+    first = stage(cfg, "2026-11-01T02:00:00+00:00", "2026-11-02T02:00:00+00:00", quiet=True)
+    assert raw.is_dir() and len(list(raw.rglob("*.png"))) == 1797
+    assert not first.reused and first.rows == 1797
+    second = stage(cfg, quiet=True)
+    assert second.snapshot_id == first.snapshot_id and second.reused
+    manifest = volumes.read_manifest(first.path)
+    assert manifest.kind == "files" and manifest.contract_version == "1.0.0"
+    assert [s.role for s in manifest.shards] == ["data", "index"]
+    shard = first.path / "shard-00000.tar"
+    listing = subprocess.run(
+        ["tar", "-tf", str(shard)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert len(listing) == 2 * 1797
+    assert "3/img_0003.png" in listing and "3/img_0003.cls" in listing
+
+    import webdataset as wds
+
+    samples = list(wds.WebDataset(str(shard), shardshuffle=False))
+    assert len(samples) == 1797
+    one = next(s for s in samples if s["__key__"] == "3/img_0003")
+    assert one["cls"] == b"3" and Image.open(io.BytesIO(one["png"])).size == (8, 8)
+
+    (index,) = volumes.table_files(first.path)
+    assert index.name == "index.parquet"
+    table = pq.read_table(index)
+    assert table.schema.names == ["key", "label", "shard", "bytes", "width", "height"]
+    rows = table.to_pylist()
+    assert set(r["width"] for r in rows) == {8} and set(r["shard"] for r in rows) == {
+        "shard-00000.tar"
+    }
+    assert all(r["key"].split("/")[0] == str(r["label"]) for r in rows)
+    assert [s["name"] for s in manifest.schema] == table.schema.names
+
+
+def test_many_shards_and_class_names(volume_root: Path, contracts: Path, tmp_path: Path):
+    raw = tmp_path / "raw"
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        for i in range(40):
+            path = raw / cls / f"pic.{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (128, 128), dtype=np.uint8), "L").save(path)
+    result = stage(pics_pipeline(raw, shard_target_mb=1), quiet=True)
+    manifest = volumes.read_manifest(result.path)
+    assert len(manifest.data_shards) >= 2 and manifest.extra["classes"] == ["cat", "dog"]
+    index = pq.read_table(volumes.table_files(result.path)).to_pylist()
+    assert index[0]["key"] == "cat/pic_0" and index[0]["label"] == 0 and index[-1]["label"] == 1
+    total = 0
+    for shard in manifest.data_shards:
+        with tarfile.open(result.path / shard.path) as tar:
+            names = tar.getnames()
+        assert len(names) == 2 * shard.rows
+        total += shard.rows
+    assert total == 80 == result.rows
+
+
+def test_labels_file(volume_root: Path, contracts: Path, tmp_path: Path):
+    raw = tmp_path / "raw"
+    png(raw / "a.png")
+    png(raw / "sub" / "b.png", size=(5, 6))
+    (raw / "labels.csv").write_text("file,label\na.png,4\nsub/b.png,2\n")
+    result = stage(pics_pipeline(raw), quiet=True)
+    index = {r["key"]: r for r in pq.read_table(volumes.table_files(result.path)).to_pylist()}
+    assert index["a"]["label"] == 4 and index["sub/b"]["label"] == 2
+    assert (index["sub/b"]["width"], index["sub/b"]["height"]) == (5, 6)
+
+
+BAD_SOURCES = [
+    (
+        "zero-byte-image",
+        lambda r: (png(r / "1" / "ok.png"), (r / "1" / "bad.png").write_bytes(b"")),
+        "1/bad.png: image file is empty",
+    ),
+    (
+        "corrupt-image",
+        lambda r: (png(r / "1" / "ok.png"), (r / "1" / "bad.png").write_bytes(b"garbage!" * 10)),
+        "1/bad.png: not a readable image",
+    ),
+    (
+        "labels-traversal",
+        lambda r: (
+            png(r / "a.png"),
+            (r / "labels.csv").write_text("file,label\na.png,1\n../../etc/x.png,2\n"),
+        ),
+        "row 3: file name '../../etc/x.png' tries to leave",
+    ),
+    (
+        "labels-missing-file",
+        lambda r: (
+            png(r / "a.png"),
+            (r / "labels.csv").write_text("file,label\na.png,1\nb.png,2\n"),
+        ),
+        "lists 'b.png', which does not exist",
+    ),
+    (
+        "labels-bad-int",
+        lambda r: (png(r / "a.png"), (r / "labels.csv").write_text("file,label\na.png,one\n")),
+        "row 2 column 'label'",
+    ),
+    ("unlabelled-file", lambda r: png(r / "loose.png"), "loose.png: no label"),
+    (
+        "symlink-outside",
+        lambda r: (
+            png(r.parent / "secret" / "s.png"),
+            (r / "1").mkdir(parents=True),
+            (r / "1" / "s.png").symlink_to(r.parent / "secret" / "s.png"),
+        ),
+        "points outside the source folder",
+    ),
+    (
+        "key-collision",
+        lambda r: (png(r / "1" / "a.b.png"), png(r / "1" / "a_b.png")),
+        "same sample key '1/a_b'",
+    ),
+    ("empty-folder", lambda r: (r / "1").mkdir(parents=True), "source is empty"),
+]
+
+
+@pytest.mark.parametrize(("case", "make", "fragment"), BAD_SOURCES, ids=[c[0] for c in BAD_SOURCES])
+def test_bad_image_sources(
+    volume_root: Path, contracts: Path, tmp_path: Path, case: str, make, fragment: str
+):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    make(raw)
+    with pytest.raises(StagingError) as err:
+        stage(pics_pipeline(raw), quiet=True)
+    assert fragment in str(err.value)
+    assert not (volume_root / "pics" / "snapshots").exists()
+    tmp = volume_root / "pics" / ".tmp"
+    assert not tmp.exists() or list(tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [
+        ("a/b.png", 0),
+        ("3/img_0001.cls", 1),
+        ("x" * 99 + ".png", 1234),
+        ("deep/" * 30 + "long.png", 77),
+    ],
+    ids=["empty", "one-byte", "99-char-stem", "pax-long-name"],
+)
+def test_tar_header_is_read_back_by_tarfile(name: str, size: int):
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    blob = tar_header(name, size) + data + b"\0" * (-size % 512) + b"\0" * 1024
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        (member,) = tar.getmembers()
+        assert (member.name, member.size, member.mode, member.mtime) == (name, size, 0o644, 0)
+        assert tar.extractfile(member).read() == data
