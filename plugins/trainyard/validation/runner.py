@@ -265,6 +265,10 @@ def _finish_map_result(acc: dict[str, Any]) -> dict[str, Any]:
     return acc
 
 
+def _num(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _describe(meta: dict[str, Any], kwargs: dict[str, Any], result: dict[str, Any]) -> str:
     n = result.get("unexpected_count", 0)
     rule = meta["rule"]
@@ -275,8 +279,8 @@ def _describe(meta: dict[str, Any], kwargs: dict[str, Any], result: dict[str, An
         hi = kwargs.get("max_value")
         left = "(" if kwargs.get("strict_min") else "["
         right = ")" if kwargs.get("strict_max") else "]"
-        lo_text = "-inf" if lo is None else lo
-        hi_text = "inf" if hi is None else hi
+        lo_text = "-inf" if lo is None else _num(lo)
+        hi_text = "inf" if hi is None else _num(hi)
         return f"{n} value(s) outside {left}{lo_text}, {hi_text}{right}"
     if rule == "allowed_values":
         return f"{n} value(s) not in the allowed set {kwargs.get('value_set')}"
@@ -513,7 +517,7 @@ def run_contract(
             missing = sorted(contain[col] - seen[col], key=str)
             ok = not missing
             res = {"observed_value": sorted(seen[col], key=str), "details": {"missing": missing}}
-            reason = "" if ok else f"allowed value(s) never seen (a class disappeared?): {missing}"
+            reason = "" if ok else f"allowed value(s) never seen: {missing} (a class disappeared?)"
             outcome = RuleOutcome(
                 "all_values_present", col, meta["severity"], ok, reason, observed=missing
             )
