@@ -436,11 +436,10 @@ class GateDecision:
     def to_markdown(self) -> str:
         """``gate.md``: the verdict, its reason and a table of every check."""
         who = f"version {self.version}" if self.version is not None else "candidate"
-        against = (
-            f"champion version {self.champion_version}"
-            if self.champion_version is not None
-            else "no champion"
-        )
+        if self.champion_version is not None:
+            against = f"champion version {self.champion_version}"
+        else:
+            against = "no champion" if self.champion_metrics is None else "the champion"
         lines = [
             f"## Gate: {self.verdict.upper()} ({who} vs {against})",
             "",

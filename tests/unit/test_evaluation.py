@@ -321,3 +321,105 @@ def test_run_gate_without_slice_values_rejects(models: dict[str, Path], tmp_path
     assert sorted(p.name for p in copy.rglob("*")) == sorted(
         p.name for p in models["good"].rglob("*")
     )
+
+
+# ------------------------------------------------------------------ the evaluate step, end to end
+
+PIPELINE_YAML = """
+name: digits
+dataset: digits
+start_date: 2026-11-01
+source: {{url: {url}, format: image_folder}}
+training: {{model: small_cnn}}
+gate:
+  metrics: [accuracy, loss, auc]
+  thresholds: {{accuracy: {{min: 0.0}}}}
+  champion: {{metric: accuracy, max_regression: 0.0}}
+  slices: [label, width]
+serving: {{model_name: digits, smoke_rows: 4}}
+"""
+
+
+def test_evaluate_and_decide_on_a_staged_snapshot(
+    volume_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import Image
+
+    from trainyard.config import load_pipeline
+    from trainyard.evaluation import evaluate_and_decide, smoke_examples
+    from trainyard.registry import Registry
+    from trainyard.settings import get_settings
+    from trainyard.staging import stage
+
+    raw = tmp_path / "raw"
+    rng = np.random.default_rng(3)
+    for digit in range(10):
+        (raw / str(digit)).mkdir(parents=True)
+        for i in range(12):
+            pixels = (rng.random((8, 8)) * 255).astype(np.uint8)
+            Image.fromarray(pixels, mode="L").save(raw / str(digit) / f"img_{digit}_{i}.png")
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    (pipelines / "digits.yaml").write_text(PIPELINE_YAML.format(url=raw))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
+    cfg = load_pipeline("digits")
+    snap = stage(cfg, quiet=True)
+    w = rng.normal(size=(64, 10)).astype(np.float32)
+    model = tmp_path / "model"
+    _save_image_model(model, w)
+    reg = Registry(get_settings().models_root, cfg)
+    meta = {"dataset": "digits", "snapshot_id": snap.snapshot_id}
+    v1 = reg.register(model, meta)
+
+    first = evaluate_and_decide(cfg, reg, v1)
+    assert (first.verdict, first.first_run, first.version, first.champion_version) == (
+        "promote",
+        True,
+        1,
+        None,
+    ), first.reason
+    assert {"accuracy@label=0", "accuracy@label=9", "accuracy@width=8"} <= set(
+        first.candidate_metrics
+    )
+    gate_json = reg.read_file(v1, "gate.json")
+    assert gate_json is not None and gate_json["verdict"] == "promote"
+    assert (
+        "Gate: PROMOTE (version 1 vs no champion)" in (reg.version_dir(v1) / "gate.md").read_text()
+    )
+    assert len(first.smoke["class_ids"]) == 4
+
+    reg.promote(v1, "first run", "test")
+    v2 = reg.register(model, meta)
+    second = evaluate_and_decide(cfg, reg, v2)
+    assert (second.verdict, second.first_run, second.champion_version) == ("promote", False, 1)
+    assert second.champion_metrics == pytest.approx(second.candidate_metrics, nan_ok=True)
+
+    smoke = smoke_examples(cfg, reg, v2, 4)
+    assert smoke.keys == second.smoke["keys"]
+    assert smoke.expected_class_ids == second.smoke["class_ids"]
+    assert smoke.features["image"].shape == (4, 8, 8, 1)
+    flat = smoke.features["image"].reshape(4, 64)
+    assert smoke.expected_class_ids == (flat @ w).argmax(1).tolist()
+
+    reg.pointer.write_text("{broken")
+    third = evaluate_and_decide(cfg, reg, v2)
+    assert third.verdict == "reject"
+    assert "champion unreadable" in third.reason
+    assert reg.read_file(v2, "gate.json")["verdict"] == "reject"
+
+
+def _save_image_model(path: Path, weights: np.ndarray) -> None:
+    import tensorflow as tf
+
+    class Flat(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable(weights)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8, 8, 1], tf.float32, name="image")])
+        def serve(self, image: tf.Tensor) -> dict[str, tf.Tensor]:
+            p = tf.nn.softmax(tf.matmul(tf.reshape(image, [-1, 64]), self.w))
+            return {"probabilities": p, "class_id": tf.argmax(p, axis=1, output_type=tf.int64)}
+
+    module = Flat()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
