@@ -1,0 +1,266 @@
+"""The REST server over real HTTP on 127.0.0.1 with real (tiny) SavedModels."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serving_support import (
+    IMAGE_SPEC,
+    ThreadedServer,
+    build_image_model,
+    build_table_model,
+    expected_classes,
+)
+
+from trainyard.serving.client import ServingClient, ServingHTTPError
+from trainyard.serving.deploy import publish_version, unpublish_version
+from trainyard.serving.models import SPEC_FILE
+
+RNG = np.random.default_rng(7)
+IMAGES = RNG.random((5, 8, 8, 1), dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """SavedModels built once per module (TensorFlow is slow to trace)."""
+    root = tmp_path_factory.mktemp("built")
+    return {
+        "seed0": build_image_model(root / "seed0", seed=0),
+        "seed1": build_image_model(root / "seed1", seed=1),
+        "pixels": build_image_model(root / "pixels", input_name="pixels"),
+        "table": build_table_model(root / "table"),
+    }
+
+
+@pytest.fixture
+def served(tmp_path: Path, built: dict[str, Path]):
+    base = tmp_path / "serving"
+    publish_version(built["seed0"], base, "digits", 1, IMAGE_SPEC)
+    shutil.copytree(built["table"], base / "tab" / "3")
+    srv = ThreadedServer(base, poll_interval=3600)
+    srv.sync()
+    client = ServingClient("127.0.0.1", srv.port)
+    yield base, srv, client
+    client.close()
+    srv.stop()
+
+
+def test_status_metadata_and_predict_formats(served):
+    _, _, client = served
+    assert client.call("GET", "/v1/models/digits") == {
+        "model_version_status": [
+            {
+                "version": "1",
+                "state": "AVAILABLE",
+                "status": {"error_code": "OK", "error_message": ""},
+            }
+        ]
+    }
+    assert client.status("digits", 1)[0]["state"] == "AVAILABLE"
+    meta = client.metadata("digits")
+    assert meta["model_spec"] == {"name": "digits", "signature_name": "", "version": "1"}
+    sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert sig["inputs"]["image"]["dtype"] == "DT_FLOAT"
+    assert [d["size"] for d in sig["inputs"]["image"]["tensor_shape"]["dim"]] == [
+        "-1",
+        "8",
+        "8",
+        "1",
+    ]
+    assert set(sig["outputs"]) == {"probabilities", "class_id"}
+    assert sig["outputs"]["class_id"]["dtype"] == "DT_INT64"
+
+    want = expected_classes(IMAGES, seed=0).tolist()
+    rows = client.predict("digits", instances=IMAGES.tolist())
+    assert [r["class_id"] for r in rows] == want
+    assert all(len(r["probabilities"]) == 10 for r in rows)
+    np.testing.assert_allclose([sum(r["probabilities"]) for r in rows], 1.0, rtol=1e-5)
+    cols = client.predict("digits", inputs={"image": IMAGES.tolist()}, version=1)
+    assert cols["class_id"] == want
+    named = client.predict("digits", instances=[{"image": im} for im in IMAGES.tolist()])
+    assert named == rows
+
+
+def test_table_model_with_spec_derived_from_signature(served):
+    _, _, client = served
+    out = client.predict("tab", instances=[{"a": 2.0, "b": 1.0}, {"a": 0.0, "b": 5.0}])
+    assert [r["class_id"] for r in out] == [1, 0]
+    meta = client.metadata("tab")
+    assert set(meta["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]) == {
+        "a",
+        "b",
+    }
+    with pytest.raises(ServingHTTPError) as exc:
+        client.predict("tab", instances=[{"a": 1.0}])
+    assert exc.value.status == 400
+    assert "instances[0]: missing feature 'b'" in exc.value.message
+
+
+BAD_REQUESTS = [
+    ("malformed json", "POST", "/v1/models/digits:predict", b"{not json", 400, "malformed JSON"),
+    ("wrong shape", "POST", "/v1/models/digits:predict",
+     json.dumps({"instances": [[[0.0] * 8] * 8]}).encode(), 400,
+     "instances[0].image: expected shape (8, 8, 1) per row, got (8, 8)"),
+    ("wrong type", "POST", "/v1/models/digits:predict",
+     json.dumps({"inputs": {"image": [[[["a"]] * 8] * 8]}}).encode(), 400, "got strings"),
+    ("missing field", "POST", "/v1/models/digits:predict", b'{"signature_name": ""}', 400,
+     "exactly one of 'instances'"),
+    ("unknown feature", "POST", "/v1/models/digits:predict",
+     json.dumps({"inputs": {"image": IMAGES.tolist(), "extra": [1]}}).encode(), 400,
+     "inputs: unknown feature 'extra'"),
+    ("unknown model", "POST", "/v1/models/nope:predict", b"{}", 404,
+     "Servable not found for request: Latest(nope)"),
+    ("unknown version", "POST", "/v1/models/digits/versions/9:predict", b"{}", 404,
+     "Specific(digits, 9)"),
+    ("bad version", "GET", "/v1/models/digits/versions/x", None, 400, "non-negative integer"),
+    ("unknown model status", "GET", "/v1/models/nope", None, 404, "Could not find any versions"),
+    ("unknown path", "GET", "/v2/whatever", None, 404, "Malformed request: GET /v2/whatever"),
+    ("classify", "POST", "/v1/models/digits:classify", b"{}", 400, "only ':predict'"),
+    ("wrong method", "PUT", "/v1/models/digits", b"{}", 405, "use GET or POST"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "message"),
+    [c[1:] for c in BAD_REQUESTS],
+    ids=[c[0] for c in BAD_REQUESTS],
+)
+def test_bad_requests_get_tf_serving_errors_and_server_stays_up(
+    served, method, path, body, status, message
+):
+    _, _, client = served
+    got, data = client.request(method, path, body)
+    assert got == status
+    assert message in json.loads(data)["error"]
+    assert client.status("digits")[0]["state"] == "AVAILABLE"
+
+
+def test_oversized_body_is_413_and_server_stays_up(tmp_path, built):
+    base = tmp_path / "serving"
+    publish_version(built["seed0"], base, "digits", 1, IMAGE_SPEC)
+    srv = ThreadedServer(base, poll_interval=3600, max_body_bytes=50_000)
+    try:
+        srv.sync()
+        with ServingClient("127.0.0.1", srv.port) as client:
+            big = json.dumps({"instances": np.zeros((200, 8, 8, 1)).tolist()}).encode()
+            assert len(big) > 50_000
+            status, data = client.request("POST", "/v1/models/digits:predict", big)
+            assert status == 413
+            assert "exceeds the limit of 50000 bytes" in json.loads(data)["error"]
+            assert client.predict("digits", instances=IMAGES[:1].tolist())[0]["class_id"] in range(
+                10
+            )
+    finally:
+        srv.stop()
+
+
+def test_server_sockets_have_tcp_nodelay_and_no_nagle_delay(served):
+    """Without TCP_NODELAY, split writes on keep-alive connections wait ~40 ms (delayed ACK)."""
+    _, srv, client = served
+    client.status("digits")
+    handlers = srv.server._runner.server.connections
+    assert handlers
+    for handler in handlers:
+        sock = handler.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    body = json.dumps({"instances": IMAGES[:1].tolist()}).encode()
+    times = []
+    for _ in range(40):
+        t = time.perf_counter()
+        status, _ = client.request("POST", "/v1/models/digits:predict", body)
+        times.append(time.perf_counter() - t)
+        assert status == 200
+    assert statistics.median(times) < 0.02, f"median {statistics.median(times) * 1e3:.1f} ms"
+
+
+def test_new_version_swaps_in_and_removed_version_rolls_back(served, built):
+    base, srv, client = served
+    publish_version(built["seed1"], base, "digits", 2, IMAGE_SPEC)
+    srv.sync()
+    assert [(e["version"], e["state"]) for e in client.status("digits")] == [
+        ("2", "AVAILABLE"),
+        ("1", "END"),
+    ]
+    out = client.predict("digits", inputs=IMAGES.tolist())
+    assert out["class_id"] == expected_classes(IMAGES, seed=1).tolist()
+    with pytest.raises(ServingHTTPError) as exc:
+        client.predict("digits", inputs=IMAGES.tolist(), version=1)
+    assert exc.value.status == 404
+
+    unpublish_version(base, "digits", 2)
+    srv.sync()
+    assert [(e["version"], e["state"]) for e in client.status("digits")] == [("1", "AVAILABLE")]
+    out = client.predict("digits", inputs=IMAGES.tolist())
+    assert out["class_id"] == expected_classes(IMAGES, seed=0).tolist()
+
+
+BROKEN = [
+    ("corrupt saved_model.pb", "corrupt", "cannot load SavedModel"),
+    ("input renamed", "pixels", "signature inputs ['pixels'] differ from the contract's features"),
+    ("no saved_model.pb", "empty", "no saved_model.pb"),
+]
+
+
+@pytest.mark.parametrize(("kind", "message"), [c[1:] for c in BROKEN], ids=[c[0] for c in BROKEN])
+def test_broken_version_reports_error_and_old_version_keeps_serving(served, built, kind, message):
+    base, srv, client = served
+    target = base / "digits" / "2"
+    if kind == "pixels":
+        shutil.copytree(built["pixels"], target)
+        (target / SPEC_FILE).parent.mkdir()
+        (target / SPEC_FILE).write_text(
+            json.dumps({"feature_spec": {"image": ["float32", [None, 8, 8, 1]]}})
+        )
+    elif kind == "corrupt":
+        shutil.copytree(built["seed1"], target)
+        (target / "saved_model.pb").write_bytes(b"\x00garbage" * 10)
+    else:
+        target.mkdir(parents=True)
+    srv.sync()
+    entries = {e["version"]: e for e in client.status("digits")}
+    assert entries["1"]["state"] == "AVAILABLE"
+    assert entries["2"]["state"] == "END"
+    assert entries["2"]["status"]["error_code"] == "UNKNOWN"
+    assert message in entries["2"]["status"]["error_message"]
+    out = client.predict("digits", inputs=IMAGES.tolist())
+    assert out["class_id"] == expected_classes(IMAGES, seed=0).tolist()
+    # A fixed directory (new content) is retried.
+    shutil.rmtree(target)
+    publish_version(built["seed1"], base, "digits", 2, IMAGE_SPEC)
+    srv.sync()
+    assert client.status("digits", 2)[0]["state"] == "AVAILABLE"
+
+
+def test_concurrent_requests_are_batched_and_answered_correctly(served):
+    _, srv, _ = served
+    port = srv.port
+    errors: list[str] = []
+    batcher = srv.server.repository.get("digits").batcher
+    calls_before = batcher.calls
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with ServingClient("127.0.0.1", port) as c:
+            for _ in range(15):
+                imgs = rng.random((3, 8, 8, 1), dtype=np.float32)
+                got = c.predict("digits", inputs=imgs.tolist())["class_id"]
+                if got != expected_classes(imgs, seed=0).tolist():
+                    errors.append(f"client {seed}: {got}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    calls = batcher.calls - calls_before
+    assert calls + batcher.merged_requests >= 120
+    assert batcher.merged_requests > 0, "no request was merged under 8 concurrent clients"
