@@ -24,8 +24,10 @@ import argparse
 import datetime as dt
 import fcntl
 import json
+import logging
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from trainyard import __version__
 from trainyard.errors import RegistryError
 from trainyard.fsutil import (
     atomic_write_bytes,
@@ -48,6 +51,8 @@ ATTACHABLE = ("gate.md", "gate.json")
 #: Metadata keys every version must carry (the lineage of the model).
 REQUIRED_METADATA = ("dataset", "snapshot_id")
 _TMP_PREFIX = "reg-"
+
+log = logging.getLogger("trainyard.registry")
 
 
 def _now() -> str:
@@ -90,12 +95,18 @@ class Registry:
     # ----------------------------------------------------------------- locking + hygiene
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, strict: bool = True) -> Iterator[None]:
+        """Hold the registry lock; ``strict=False`` tolerates an unreadable pointer."""
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            self._reconcile_history()
+            try:
+                self._reconcile_history()
+            except RegistryError:
+                if strict:
+                    raise
+                log.warning("registry %s: champion pointer unreadable", self.root, exc_info=True)
             yield
         finally:
             os.close(fd)
@@ -194,7 +205,7 @@ class Registry:
             metadata: Lineage (must hold ``dataset`` and ``snapshot_id``; typically also
                 ``contract_version``, ``config_hash``, ``code_version``, ``image``,
                 ``training``, ``train_metrics``, ``timings``). ``version``, ``pipeline`` and
-                ``registered_at`` are added.
+                ``registered_at`` are added, and ``code_version`` when it is missing.
             extra_files: Sibling files copied next to ``model/`` under their own names
                 (``metrics.json``, ``history.json``). Without a ``metrics.json`` one is
                 written from ``metadata["train_metrics"]`` (or ``{}``).
@@ -212,6 +223,8 @@ class Registry:
         missing = [k for k in REQUIRED_METADATA if not metadata.get(k)]
         if missing:
             raise RegistryError(f"version metadata for {src} lacks {', '.join(missing)}")
+        if not metadata.get("code_version"):
+            metadata = {**metadata, "code_version": code_version()}
         extras = [Path(p) for p in extra_files]
         for path in extras:
             if not path.is_file():
@@ -230,7 +243,7 @@ class Registry:
             if not (tmp / "metrics.json").exists():
                 metrics = metadata.get("train_metrics") or metadata.get("metrics") or {}
                 _write_plain_json(tmp / "metrics.json", metrics)
-            with self._locked():
+            with self._locked(strict=False):
                 self._clean_stale_tmp()
                 version = self._next_version()
                 meta = {
@@ -246,7 +259,10 @@ class Registry:
 
     def _next_version(self) -> int:
         used = set(self.list_versions())
-        state = self._read_pointer()
+        try:
+            state = self._read_pointer()
+        except RegistryError:
+            state = None  # numbering never depends on a readable pointer
         if state:
             used.update(v for v in [state.get("version"), *state.get("previous", [])] if v)
         return max(used, default=0) + 1
@@ -481,6 +497,36 @@ def snapshots_in_use(models_root: Path, live_only: bool = False) -> set[tuple[st
         if (entry / "versions").is_dir():
             used |= Registry(models_root, entry.name).snapshot_ids_in_use(live_only)
     return used
+
+
+def code_version(project_dir: Path | None = None) -> str:
+    """The code's version for lineage: the git commit (``-dirty`` if modified) or the package.
+
+    Args:
+        project_dir: The checkout (defaults to the configured project dir).
+
+    Returns:
+        ``<40-hex sha>[-dirty]``, or ``trainyard <version>`` outside a git checkout.
+    """
+    from trainyard.settings import get_settings
+
+    cwd = str(project_dir or get_settings().project_dir)
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
+        if sha.returncode != 0:
+            return f"trainyard {__version__}"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return f"trainyard {__version__}"
+    return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def _write_plain_json(path: Path, obj: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -378,3 +379,22 @@ def test_cli_list_show_promote_rollback(
         "promote",
         "rollback",
     ]
+
+
+def test_register_survives_a_corrupt_pointer_and_fills_code_version(
+    reg: Registry, tmp_path: Path
+) -> None:
+    model = make_model(tmp_path)
+    reg.register(model, meta())
+    reg.pointer.write_text("{corrupt")
+    metadata = meta()
+    metadata.pop("code_version")
+    assert reg.register(model, metadata) == 2
+    sha = reg.metadata(2)["code_version"]
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", sha), sha
+    with pytest.raises(RegistryError, match="unreadable champion pointer"):
+        reg.promote(2, "needs a readable pointer", "alice")
+
+
+def test_code_version_outside_git_is_the_package_version(tmp_path: Path) -> None:
+    assert registry_mod.code_version(tmp_path) == "trainyard 0.1.0"
