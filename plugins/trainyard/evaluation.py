@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -395,6 +396,7 @@ class GateDecision:
         smoke: ``{"keys": [...], "class_ids": [...]}``: the candidate's predictions for the
             first holdout rows, for the deploy smoke test.
         fail_run_on_reject: The pipeline wants a rejection to fail the run.
+        timings: Seconds spent evaluating (``candidate_seconds``, ``champion_seconds``).
     """
 
     promote: bool
@@ -409,6 +411,7 @@ class GateDecision:
     champion_version: int | None = None
     smoke: dict[str, list[Any]] | None = None
     fail_run_on_reject: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``gate.json``); non-finite numbers become null."""
@@ -426,6 +429,7 @@ class GateDecision:
                 "champion_version": self.champion_version,
                 "smoke": self.smoke,
                 "fail_run_on_reject": self.fail_run_on_reject,
+                "timings": self.timings,
             }
         )
 
@@ -693,6 +697,8 @@ def run_gate(
     candidate: dict[str, float] = {}
     candidate_error = None
     smoke = None
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
     try:
         values = _select_slices(gate.slices, slice_values)
         outputs = _run_model(candidate_dir, examples.features)
@@ -704,13 +710,16 @@ def run_gate(
     except Exception as e:  # any failure means the gate cannot decide: reject with the reason
         log.exception("evaluating candidate %s failed", candidate_dir)
         candidate_error = f"candidate evaluation failed: {type(e).__name__}: {e}"
+    timings["candidate_seconds"] = round(time.monotonic() - t0, 3)
     champion: dict[str, float] | None = None
     if champion_dir is not None and champion_error is None:
+        t0 = time.monotonic()
         try:
             champion = evaluate_model(champion_dir, examples, metrics, gate.slices, slice_values)
         except Exception as e:  # an unreadable champion cannot be compared with: reject
             log.exception("evaluating champion %s failed", champion_dir)
             champion_error = f"champion evaluation failed: {type(e).__name__}: {e}"
+        timings["champion_seconds"] = round(time.monotonic() - t0, 3)
     decision = decide(
         gate,
         candidate,
@@ -719,7 +728,7 @@ def run_gate(
         candidate_error=candidate_error,
         champion_error=champion_error,
     )
-    return dataclasses.replace(decision, smoke=smoke)
+    return dataclasses.replace(decision, smoke=smoke, timings=timings)
 
 
 def _slice_values(

@@ -299,6 +299,9 @@ def test_run_gate_with_real_models(
     assert decision.verdict == verdict, decision.reason
     assert reason in decision.reason
     assert decision.first_run is (champion is None)
+    assert set(decision.timings) == {"candidate_seconds"} | (
+        {"champion_seconds"} if champion else set()
+    )
     if candidate in ("good", "worse"):
         probs = softmax(X @ (W_TRUE if candidate == "good" else W_WORSE))
         assert decision.smoke == {
