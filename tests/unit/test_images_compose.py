@@ -131,6 +131,10 @@ def test_trainer_entrypoint_and_sources() -> None:
     assert [json.loads(e) for e in entry] == [["python", "-m", "trainyard.trainer"]]
     env = " ".join(i.args for i in ins if i.op == "ENV")
     assert "TF_USE_LEGACY_KERAS=1" in env
+    # trainer_args() points --contract at the contracts baked into this image
+    copies = [i.args.split() for i in ins if i.op == "COPY"]
+    assert ["data_contracts/", f"{k8s.TRAINER_CONTRACTS_DIR}/"] in copies
+    assert "PYTHONPATH=/opt/trainyard/plugins" in env
     reqs = (ROOT / "images" / "trainer" / "requirements.txt").read_text()
     assert re.search(r"^tf-keras==2\.21\.\d+$", reqs, re.M)
     for line in reqs.splitlines():

@@ -707,3 +707,59 @@ def test_cli_render_rejects_bad_profile(
 if __name__ == "__main__":
     for written in update_snapshots():
         print(written)
+
+
+# ----------------------------------------------------------------------------- trainer seam
+
+
+@pytest.mark.parametrize(
+    ("strategy", "workers", "ps"),
+    [("multi_worker_mirrored", 3, 0), ("parameter_server", 2, 1)],
+    ids=["mirrored", "parameter server"],
+)
+def test_job_env_derives_tf_config(
+    profile: k8s.ClusterProfile, strategy: str, workers: int, ps: int
+) -> None:
+    """Every pod's env (as rendered + JOB_COMPLETION_INDEX) yields the right TF_CONFIG."""
+    from trainyard.trainer.tf_config import derive_tf_config
+
+    tr = k8s.training_objects(
+        profile,
+        "digits",
+        "r",
+        strategy=strategy,
+        workers=workers,
+        parameter_servers=ps,
+        tier="high",
+        gpus_per_worker=1,
+        args=[],
+        dataset="digits",
+    )
+    seen = 0
+    for job in tr.jobs:
+        env = _env(job.spec.template.spec.containers[0])
+        role = env["TRAINYARD_TF_TASK_TYPE"]
+        for i in range(job.spec.completions):
+            cfg = derive_tf_config({**env, "JOB_COMPLETION_INDEX": str(i)})
+            assert cfg["task"] == {"type": role, "index": i}
+            me = cfg["cluster"][role][i]
+            # <job>-<index>.<subdomain>:<port>: the DNS name Kubernetes gives this pod
+            assert me == f"{job.metadata.name}-{i}.{job.spec.template.spec.subdomain}:2222"
+            seen += 1
+    assert seen == workers + ps + (1 if strategy == "parameter_server" else 0)
+
+
+def test_trainer_args_parse_with_the_worker_cli() -> None:
+    from trainyard.trainer.worker import parse_args
+
+    p = pipeline(strategy="parameter_server", epochs=7, steps_per_execution=4)
+    a = parse_args(k8s.trainer_args(p, "0123abcd", "ty-digits-x-a1"))
+    assert str(a.snapshot_dir) == "/volumes/digits/snapshots/0123abcd"
+    assert str(a.contract) == f"{k8s.TRAINER_CONTRACTS_DIR}/digits.yaml"
+    assert (a.model, a.strategy, a.epochs, a.steps_per_execution) == (
+        "small_cnn",
+        "parameter_server",
+        7,
+        4,
+    )
+    assert str(a.output_dir).startswith("/volumes/_checkpoints/digits/ty-digits-x-a1/")

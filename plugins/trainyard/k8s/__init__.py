@@ -69,7 +69,11 @@ from trainyard.k8s.checks import (
 )
 from trainyard.k8s.objects import (
     BASE_CONTAINER,
+    COMPONENT_LABEL,
     JOB_NAME_PREFIX,
+    MODEL_LABEL,
+    ROLE_LABEL,
+    RUN_LABEL,
     STEP_WRITES_DATASET,
     TF_PORT,
     VOLUME_ROOT,
@@ -103,16 +107,21 @@ from trainyard.k8s.placement import (
     preference_weight,
 )
 from trainyard.k8s.profile import ClusterProfile, load_cluster_profile, parse_cluster_profile
-from trainyard.k8s.render import cli_main, render_objects, trainer_args
+from trainyard.k8s.render import TRAINER_CONTRACTS_DIR, cli_main, render_objects, trainer_args
 
 __all__ = [
     "BASE_CONTAINER",
+    "COMPONENT_LABEL",
     "JOB_NAME_PREFIX",
     "K8S_VERSION",
     "KUEUE_PRIORITY_LABEL",
     "KUEUE_QUEUE_LABEL",
+    "MODEL_LABEL",
+    "ROLE_LABEL",
+    "RUN_LABEL",
     "STEP_WRITES_DATASET",
     "TF_PORT",
+    "TRAINER_CONTRACTS_DIR",
     "VOLUME_ROOT",
     "ClusterProfile",
     "Placement",

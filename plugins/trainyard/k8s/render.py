@@ -24,11 +24,13 @@ if TYPE_CHECKING:
     from trainyard.config import PipelineConfig
     from trainyard.k8s.profile import ClusterProfile
 
+TRAINER_CONTRACTS_DIR = "/opt/trainyard/data_contracts"
+"""Where images/trainer/Dockerfile puts the data contracts."""
 RENDER_STEPS = ("storage", "stage", "validate", "train", "evaluate", "deploy", "all")
 
 
 def trainer_args(pipeline: PipelineConfig, snapshot: str, run_name: str) -> list[str]:
-    """Arguments of ``python -m trainyard.trainer`` for a training Job.
+    """Arguments of ``python -m trainyard.trainer`` (``trainer/worker.py``) for a training Job.
 
     Args:
         pipeline: The pipeline config.
@@ -36,20 +38,23 @@ def trainer_args(pipeline: PipelineConfig, snapshot: str, run_name: str) -> list
         run_name: Attempt base name (checkpoint and output folder).
 
     Returns:
-        Paths under ``/volumes`` plus the training parameters.
+        Paths under ``/volumes`` (and the contract baked into the trainer image) plus the
+        training parameters.
     """
     t = pipeline.training
     ckpt = f"{VOLUME_ROOT}/_checkpoints/{pipeline.name}/{run_name}"
     return [
-        "--pipeline", pipeline.name,
         "--snapshot-dir", f"{VOLUME_ROOT}/{pipeline.dataset}/snapshots/{snapshot}",
-        "--output-dir", f"{ckpt}/output",
-        "--checkpoint-dir", f"{ckpt}/backup",
+        "--contract", f"{TRAINER_CONTRACTS_DIR}/{pipeline.dataset}.yaml",
+        "--model", t.model,
         "--strategy", t.strategy,
         "--epochs", str(t.epochs),
         "--batch-size", str(t.batch_size),
         "--learning-rate", str(t.learning_rate),
+        "--steps-per-execution", str(t.steps_per_execution),
         "--seed", str(t.seed),
+        "--checkpoint-dir", f"{ckpt}/backup",
+        "--output-dir", f"{ckpt}/output",
     ]  # fmt: skip
 
 
