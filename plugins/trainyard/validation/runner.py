@@ -237,7 +237,8 @@ class KeyUniqueness:
 
 def _merge_map_result(acc: dict[str, Any], result: dict[str, Any], offset: int) -> None:
     for key in ("element_count", "unexpected_count", "missing_count"):
-        acc[key] = acc.get(key, 0) + int(result.get(key) or 0)
+        if key in result:
+            acc[key] = acc.get(key, 0) + int(result[key] or 0)
     samples = acc.setdefault("partial_unexpected_list", [])
     indexes = acc.setdefault("partial_unexpected_index_list", [])
     room = SAMPLES - len(samples)
@@ -250,13 +251,17 @@ def _merge_map_result(acc: dict[str, Any], result: dict[str, Any], offset: int) 
 
 def _finish_map_result(acc: dict[str, Any]) -> dict[str, Any]:
     element = acc.get("element_count", 0)
-    missing = acc.get("missing_count", 0)
-    unexpected = acc.get("unexpected_count", 0)
-    nonmissing = element - missing
-    acc["missing_percent"] = 100.0 * missing / element if element else None
-    acc["unexpected_percent"] = 100.0 * unexpected / nonmissing if nonmissing else None
-    acc["unexpected_percent_total"] = 100.0 * unexpected / element if element else None
-    acc["unexpected_percent_nonmissing"] = acc["unexpected_percent"]
+    unexpected = acc.setdefault("unexpected_count", 0)
+    if "missing_count" in acc:
+        missing = acc["missing_count"]
+        nonmissing = element - missing
+        acc["missing_percent"] = 100.0 * missing / element if element else None
+        acc["unexpected_percent"] = 100.0 * unexpected / nonmissing if nonmissing else None
+        acc["unexpected_percent_total"] = 100.0 * unexpected / element if element else None
+        acc["unexpected_percent_nonmissing"] = acc["unexpected_percent"]
+    else:
+        acc["unexpected_percent"] = 100.0 * unexpected / element if element else None
+    acc.setdefault("partial_unexpected_list", [])
     counts = Counter(acc.get("partial_unexpected_list", []))
     acc["partial_unexpected_counts"] = [
         {"value": v, "count": c}
