@@ -166,6 +166,28 @@ def wait_available(
         time.sleep(0.1)
 
 
+def wait_unloaded(client: ServingClient, model: str, version: int, timeout_s: float) -> None:
+    """Poll the server until it no longer reports ``version`` of ``model``.
+
+    Raises:
+        DeployError: If it still does after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            state = client.status(model, version)[0]["state"]
+        except ServingHTTPError as e:
+            if e.status == 404:
+                return
+            state = e.message
+        except (OSError, ConnectionError) as e:
+            state = f"{type(e).__name__}: {e}"
+            client.close()
+        if time.monotonic() > deadline:
+            raise DeployError(f"server still reports version {version} of {model} ({state})")
+        time.sleep(0.1)
+
+
 def _smoke(
     client: ServingClient,
     model: str,
@@ -293,6 +315,10 @@ def _rollback(
         return f"left {serving_root / model / str(version)} alone (not published by this deploy)"
     if previous != version:
         unpublish_version(serving_root, model, version)
+        try:
+            wait_unloaded(client, model, version, timeout_s)
+        except DeployError as e:
+            return f"removed version {version}, but {e}"
     if previous is None:
         return f"removed version {version}; no previous version to restore"
     if not (serving_root / model / str(previous)).is_dir():
