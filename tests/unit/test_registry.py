@@ -398,3 +398,31 @@ def test_register_survives_a_corrupt_pointer_and_fills_code_version(
 
 def test_code_version_outside_git_is_the_package_version(tmp_path: Path) -> None:
     assert registry_mod.code_version(tmp_path) == "trainyard 0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("name", "age_s", "kept"),
+    [
+        ("reg-otherhost-1-abc123", 60, True),
+        ("reg-otherhost-1-abc123", 3 * 24 * 3600, False),
+        ("reg-{host}-{live}-abc123", 3 * 24 * 3600, True),
+        ("reg-{host}-999999999-abc123", 0, False),
+        ("not-ours", 3 * 24 * 3600, True),
+    ],
+    ids=[
+        "other pod fresh",
+        "other pod old",
+        "live local writer",
+        "dead local writer",
+        "foreign name",
+    ],
+)
+def test_stale_private_copies_are_cleaned(
+    reg: Registry, tmp_path: Path, name: str, age_s: float, kept: bool
+) -> None:
+    leftover = reg.root / ".tmp" / name.format(host=registry_mod._host(), live=os.getpid())
+    (leftover / "model").mkdir(parents=True)
+    then = time.time() - age_s
+    os.utime(leftover, (then, then))
+    reg.register(make_model(tmp_path), meta())
+    assert leftover.exists() is kept
