@@ -426,3 +426,18 @@ def _save_image_model(path: Path, weights: np.ndarray) -> None:
 
     module = Flat()
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+
+
+def test_importing_evaluation_and_registry_loads_no_heavy_module() -> None:
+    import subprocess
+    import sys
+
+    plugins = str(Path(__file__).resolve().parents[2] / "plugins")
+    code = (
+        f"import sys; sys.path.insert(0, {plugins!r}); "
+        "import trainyard.evaluation, trainyard.registry; "
+        "print(sorted(m for m in ('tensorflow', 'pandas', 'great_expectations', 'sklearn') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
