@@ -576,7 +576,7 @@ def run_contract(
                 rule.severity,
                 ok,
                 reason,
-                observed=round(float(value), 6) if np.isfinite(value) else str(value),
+                observed=float(value) if np.isfinite(value) else str(value),
             )
         )
 
