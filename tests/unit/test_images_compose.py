@@ -335,3 +335,25 @@ def test_depends_on_targets_exist(compose: dict[str, Any]) -> None:
             if cond["condition"] == "service_healthy":
                 assert "healthcheck" in services[dep], f"{name} waits for {dep} health"
     assert set(compose["volumes"]) == {"postgres-db-volume"}
+
+
+def test_compose_airflow_settings_exist_in_installed_airflow(compose: dict[str, Any]) -> None:
+    """Every AIRFLOW__SECTION__KEY is a real option of the Airflow we pin (typos are silent)."""
+    import importlib
+
+    airflow_conf = pytest.importorskip("airflow.configuration")
+    described = airflow_conf.conf.configuration_description
+    env = compose["x-airflow-common"]["environment"]
+    keys = [k for k in env if k.startswith("AIRFLOW__")]
+    assert keys
+    for key in keys:
+        _, section, option = key.split("__", 2)
+        assert option.lower() in described[section.lower()]["options"], key
+    module, _, cls = env["AIRFLOW__CORE__AUTH_MANAGER"].rpartition(".")
+    assert hasattr(importlib.import_module(module), cls)
+
+
+def test_compose_healthcheck_job_types_exist() -> None:
+    cli_config = pytest.importorskip("airflow.cli.cli_config")
+    choices = cli_config.ARG_JOB_TYPE_FILTER.kwargs["choices"]
+    assert {"DagProcessorJob", "TriggererJob"} <= set(choices)
