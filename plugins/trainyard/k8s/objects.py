@@ -724,8 +724,9 @@ def job_operator_kwargs(
 
     Caveats of provider 10.25: it lists the Job's pods right after creating it, up to
     ``discover_pods_retry_number`` times with no wait between tries (apache/airflow#70585),
-    so pods that are slow to appear fail the task; and it fetches logs only after the Job
-    ended. The trainyard launcher therefore treats a failed task as a failed attempt.
+    so pods that are slow to appear (or a Job Kueue still holds suspended) fail the task;
+    and it fetches logs only after the Job ended. The trainyard launcher therefore treats
+    a failed task as a failed attempt.
 
     Args:
         job: A Job from :func:`training_job`.
