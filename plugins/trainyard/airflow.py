@@ -25,7 +25,6 @@ from typing import Any
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from trainyard import steps
 from trainyard.config import PipelineConfig, parse_pipeline, pipeline_files
 from trainyard.errors import (
     ConfigError,
@@ -63,12 +62,20 @@ def model_asset(cfg: PipelineConfig, settings: Settings) -> Asset:
 
 @cache
 def _tiers(profile_path: Path) -> tuple[str, ...]:
-    from trainyard.k8s import load_cluster_profile
+    """Priority tier names of the cluster profile, for the trigger form's enum.
+
+    Only the tier names are read here (DAG parsing stays cheap); the profile as a whole is
+    validated by ``trainyard.k8s.load_cluster_profile`` in tests and wherever pods render.
+    """
+    from trainyard.fsutil import load_yaml
 
     try:
-        return tuple(load_cluster_profile(profile_path).tiers)
-    except (ConfigError, FileNotFoundError):
-        return ("high", "low")
+        tiers = load_yaml(profile_path.read_text(encoding="utf-8")).get("tiers") or {}
+    except (OSError, AttributeError) as e:
+        raise ConfigError(f"{profile_path}: cannot read the cluster profile's tiers: {e}") from e
+    if not tiers:
+        raise ConfigError(f"{profile_path}: the cluster profile declares no tiers")
+    return tuple(tiers)
 
 
 def trigger_params(cfg: PipelineConfig, tiers: tuple[str, ...]) -> dict[str, Param]:
@@ -208,6 +215,13 @@ def _interval(context: dict[str, Any]) -> tuple[str, str]:
     return start.date().isoformat(), end.date().isoformat()
 
 
+def _steps() -> Any:
+    """The steps module, imported when a task runs (not when the DAG file is parsed)."""
+    from trainyard import steps
+
+    return steps
+
+
 def _fail_closed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call a step; deterministic domain failures fail the task without retries."""
     try:
@@ -221,7 +235,7 @@ def _fail_closed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _overrides(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params.get(k) for k in steps.TRAINING_OVERRIDES if k in params}
+    return {k: params.get(k) for k in _steps().TRAINING_OVERRIDES if k in params}
 
 
 def _failure_callback() -> Callable[[Any], None] | None:
@@ -311,18 +325,11 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
     @task(task_id="stage", retries=2, execution_timeout=dt.timedelta(hours=2))
     def stage_task(**context: Any) -> dict[str, Any]:
         snapshot_id = context["params"].get("snapshot_id") or _triggering_snapshot(context)
-        if snapshot_id:
-            return {
-                "snapshot_id": snapshot_id,
-                "dataset": cfg.dataset,
-                "reused": True,
-                "given": True,
-            }
-        return _fail_closed(steps.stage, name, *_interval(context))
+        return _fail_closed(_steps().stage, name, *_interval(context), snapshot_id)
 
     @task(task_id="validate", outlets=[snap_asset], execution_timeout=dt.timedelta(hours=2))
     def validate_task(staged: dict[str, Any], **context: Any) -> dict[str, Any]:
-        result = _fail_closed(steps.validate, name, staged["snapshot_id"])
+        result = _fail_closed(_steps().validate, name, staged["snapshot_id"])
         if not staged.get("given"):  # a given snapshot is not news: no event, no trigger loop
             context["outlet_events"][snap_asset].extra = {
                 "snapshot_id": staged["snapshot_id"],
@@ -349,11 +356,11 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
         if not train_now:
             raise AirflowSkipException(why)
         if params.get("dry_run"):
-            effective = steps.training_params(cfg, _overrides(params))
+            effective = _steps().training_params(cfg, _overrides(params))
             log.info("dry run: would train %s", effective.model_dump_json())
             raise AirflowSkipException("dry run: stopping before training")
         return _fail_closed(
-            steps.train,
+            _steps().train,
             name,
             staged["snapshot_id"],
             context["run_id"],
@@ -365,7 +372,7 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
     def evaluate_task(trained: dict[str, Any], **context: Any) -> dict[str, Any]:
         params = context["params"]
         return _fail_closed(
-            steps.evaluate,
+            _steps().evaluate,
             name,
             trained["version"],
             bool(params.get("force_promote")),
@@ -379,7 +386,7 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
 
     @task(task_id="deploy", outlets=[mdl_asset], execution_timeout=dt.timedelta(minutes=30))
     def deploy_task(decision: dict[str, Any], **context: Any) -> dict[str, Any]:
-        result = _fail_closed(steps.deploy, name, decision["version"], _actor(context))
+        result = _fail_closed(_steps().deploy, name, decision["version"], _actor(context))
         context["outlet_events"][mdl_asset].extra = {"version": result["version"], "pipeline": name}
         return result
 
@@ -390,7 +397,7 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
             step: ti.xcom_pull(task_ids=step)
             for step in ("stage", "validate", "train", "evaluate", "deploy")
         }
-        return steps.summary(name, context["run_id"], {k: v for k, v in results.items() if v})
+        return _steps().summary(name, context["run_id"], {k: v for k, v in results.items() if v})
 
     staged = stage_task()
     validated = validate_task(staged)

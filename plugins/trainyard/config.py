@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainyard.errors import ConfigError
+from trainyard.fsutil import load_yaml
 from trainyard.settings import get_settings
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -182,7 +183,7 @@ def parse_pipeline(path: Path) -> PipelineConfig:
             field), or if its ``name`` differs from the file's stem.
     """
     try:
-        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw: Any = load_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: pipeline config not found") from e
     except yaml.YAMLError as e:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.config import PipelineConfig, TrainingConfig, load_pipeline
-from trainyard.errors import GateRejected, RegistryError, SnapshotError
+from trainyard.errors import RegistryError, SnapshotError
 from trainyard.fsutil import atomic_write_json, read_json
 from trainyard.settings import get_settings
 
@@ -65,7 +65,10 @@ def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> Tr
 
 
 def stage(
-    pipeline: str, interval_start: str | None = None, interval_end: str | None = None
+    pipeline: str,
+    interval_start: str | None = None,
+    interval_end: str | None = None,
+    snapshot_id: str | None = None,
 ) -> dict[str, Any]:
     """Stage the pipeline's raw source for one data interval into a dataset snapshot.
 
@@ -73,13 +76,25 @@ def stage(
         pipeline: Pipeline name.
         interval_start: Data interval start (ISO date or datetime), ``None`` for ad-hoc runs.
         interval_end: Data interval end.
+        snapshot_id: Use this existing snapshot instead of staging (trigger form, or the
+            snapshot named by the Asset event that triggered the run).
 
     Returns:
-        ``snapshot_id``, ``dataset``, ``reused``, ``rows``, ``bytes``, ``shards``, ``seconds``.
+        ``snapshot_id``, ``dataset``, ``reused``, ``rows``, ``bytes``, ``shards``, ``seconds``,
+        and ``given`` (True when ``snapshot_id`` was passed in).
     """
     from trainyard.staging import stage as stage_source
 
     cfg = load_pipeline(pipeline)
+    if snapshot_id:
+        path = _snapshot_path(cfg, snapshot_id)
+        return {
+            "snapshot_id": snapshot_id,
+            "dataset": cfg.dataset,
+            "path": str(path),
+            "reused": True,
+            "given": True,
+        }
     result = stage_source(cfg, interval_start, interval_end)
     out = {
         "snapshot_id": result.snapshot_id,
@@ -91,6 +106,7 @@ def stage(
         "shards": result.shards,
         "seconds": round(result.seconds, 3),
         "interval": [interval_start, interval_end],
+        "given": False,
     }
     log.info(
         "staged %s snapshot %s (%s rows, reused=%s)",
@@ -424,6 +440,7 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("--pipeline", required=True)
     p.add_argument("--interval-start")
     p.add_argument("--interval-end")
+    p.add_argument("--snapshot-id", help="use this existing snapshot instead of staging")
     p = sub.add_parser("validate")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--snapshot", required=True)
@@ -441,7 +458,7 @@ def cli_main(argv: list[str]) -> int:
     p = sub.add_parser("evaluate")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--version", type=int, required=True)
-    p.add_argument("--force-promote", action="store_true")
+    p.add_argument("--force-promote", choices=["true", "false"], default="false")
     p.add_argument("--force-reason")
     p.add_argument("--actor")
     p = sub.add_parser("deploy")
@@ -455,7 +472,9 @@ def cli_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "stage":
-        _emit(stage(args.pipeline, args.interval_start, args.interval_end))
+        _emit(
+            stage(args.pipeline, args.interval_start, args.interval_end, args.snapshot_id or None)
+        )
     elif args.command == "validate":
         _emit(validate(args.pipeline, args.snapshot))
     elif args.command == "train":
@@ -466,12 +485,8 @@ def cli_main(argv: list[str]) -> int:
         params = training_params(cfg, json.loads(args.overrides)).model_dump()
         _emit(register(args.pipeline, args.snapshot, args.run_id, args.output_dir, params))
     elif args.command == "evaluate":
-        decision = evaluate(
-            args.pipeline, args.version, args.force_promote, args.force_reason, args.actor
-        )
-        _emit(decision)
-        if not decision["promote"]:
-            raise GateRejected(decision["reason"])
+        force = args.force_promote == "true"
+        _emit(evaluate(args.pipeline, args.version, force, args.force_reason or None, args.actor))
     elif args.command == "deploy":
         _emit(deploy(args.pipeline, args.version))
     elif args.command == "run":

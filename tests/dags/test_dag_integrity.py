@@ -86,15 +86,17 @@ def test_one_dag_per_pipeline_config(probe: dict) -> None:
     assert sorted(probe["dags"]) == [f"trainyard_{c}" for c in configs]
 
 
-def test_connection_lookup_is_caught() -> None:
+@pytest.mark.parametrize(
+    "lookup",
+    [
+        "from airflow.sdk import BaseHook; BaseHook.get_connection('x')",
+        "from airflow.sdk import Variable; Variable.get('x')",
+    ],
+    ids=["connection", "variable"],
+)
+def test_parse_time_lookups_are_caught(lookup: str) -> None:
     """The probe's secrets backend really fails a lookup (so the tests above can fail)."""
-    code = (
-        "from airflow.sdk import BaseHook\n"
-        "try:\n"
-        "    BaseHook.get_connection('x')\n"
-        "except Exception as e:\n"
-        "    print(type(e).__name__, e)\n"
-    )
+    code = f"try:\n    {lookup}\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=ROOT
     )
