@@ -16,11 +16,11 @@ run: airflow-init
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is required"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -r requirements.txt -c constraints.txt
+	$(VENV)/bin/pip install --quiet -r requirements-dev.txt -c constraints.txt
 	touch $(STAMP)
 
 airflow-init: $(STAMP)
