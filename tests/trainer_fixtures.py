@@ -105,13 +105,11 @@ def make_files_snapshot(
     return snap
 
 
-def blobs(n: int, seed: int = 0, nan_rows: int = 0) -> dict[str, np.ndarray]:
+def blobs(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     label = rng.integers(0, 3, n)
     centers = np.array([[0, 0, 0], [4, 4, 0], [0, 4, 4]], dtype=np.float64) * 10 + 100
     x = centers[label] + rng.normal(0, 5, (n, 3))
-    if nan_rows:
-        x[:nan_rows, 0] = np.nan
     return {
         "id": np.array([f"r{i:07d}" for i in range(n)]),
         "x1": x[:, 0],
@@ -121,9 +119,9 @@ def blobs(n: int, seed: int = 0, nan_rows: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def make_table_snapshot(snap: Path, n: int = 900, parts: int = 3, nan_rows: int = 0) -> Path:
+def make_table_snapshot(snap: Path, n: int = 900, parts: int = 3) -> Path:
     """A table snapshot: part-*.parquet of 3 separable Gaussian blobs."""
-    cols = blobs(n, nan_rows=nan_rows)
+    cols = blobs(n)
     snap.mkdir(parents=True)
     per = -(-n // parts)
     names = []

@@ -6,7 +6,8 @@ Add a model with :func:`register`::
     def my_model(spec: ModelSpec) -> tf_keras.Model: ...
 
 Every model takes inputs named after ``feature_spec(contract)`` and outputs class
-probabilities of shape (None, num_classes).
+logits of shape (None, num_classes) (the loss applies the softmax; so does the exported
+serving signature).
 """
 
 from __future__ import annotations
@@ -96,9 +97,7 @@ def small_cnn(spec: ModelSpec) -> Any:
         else keras.layers.Flatten()(x)
     )
     x = keras.layers.Dense(64, activation="relu", kernel_initializer=init(spec.seed + 2))(x)
-    out = keras.layers.Dense(
-        spec.num_classes, activation="softmax", kernel_initializer=init(spec.seed + 3)
-    )(x)
+    out = keras.layers.Dense(spec.num_classes, kernel_initializer=init(spec.seed + 3))(x)
     return keras.Model(inp, out, name="small_cnn")
 
 
@@ -122,7 +121,5 @@ def mlp(spec: ModelSpec) -> Any:
     init = keras.initializers.GlorotUniform
     x = keras.layers.Dense(64, activation="relu", kernel_initializer=init(spec.seed))(x)
     x = keras.layers.Dense(32, activation="relu", kernel_initializer=init(spec.seed + 1))(x)
-    out = keras.layers.Dense(
-        spec.num_classes, activation="softmax", kernel_initializer=init(spec.seed + 2)
-    )(x)
+    out = keras.layers.Dense(spec.num_classes, kernel_initializer=init(spec.seed + 2))(x)
     return keras.Model(inputs, out, name="mlp")

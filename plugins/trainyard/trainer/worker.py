@@ -238,7 +238,7 @@ def _run(
         model = build_model(args.model, spec)
         model.compile(
             optimizer=keras.optimizers.Adam(args.learning_rate),
-            loss=keras.losses.SparseCategoricalCrossentropy(),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             steps_per_execution=min(args.steps_per_execution, steps_per_epoch),
         )
@@ -314,7 +314,9 @@ def _export(model: Any, inputs: dict[str, tuple[str, tuple[int | None, ...]]], f
 
     @tf.function(input_signature=specs)
     def serve(*tensors: tf.Tensor) -> dict[str, tf.Tensor]:
-        probs = model(dict(zip(names, tensors, strict=True)), training=False)
+        probs = tf.nn.softmax(
+            model(dict(zip(names, tensors, strict=True)), training=False), axis=-1
+        )
         return {"probabilities": probs, "class_id": tf.argmax(probs, axis=-1, output_type=tf.int64)}
 
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,146 @@
+"""Fault injection against real worker processes: crashes, hangs, NaN loss, killed launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer_fixtures import make_files_snapshot, make_table_snapshot, write_table_contract
+
+from trainyard.config import TrainingConfig, parse_pipeline
+from trainyard.errors import TrainingError
+from trainyard.training import run_training
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = parse_pipeline(ROOT / "dags" / "pipelines" / "digits.yaml")
+FAST = dict(model="small_cnn", workers=2, batch_size=32, learning_rate=0.003, steps_per_execution=1)
+
+
+def _no_children_left() -> None:
+    deadline = time.monotonic() + 10
+    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.mark.slow
+def test_killed_worker_restarts_all_and_resumes_from_checkpoint(
+    volume_root: Path, tmp_path: Path
+) -> None:
+    snap = make_files_snapshot(tmp_path / "snap", n=640, shards=2)
+    params = TrainingConfig(
+        **FAST, epochs=3, max_attempts=3, start_deadline_s=60, attempt_timeout_s=240
+    )
+    lines: list[str] = []
+    result = run_training(
+        PIPELINE, snap, tmp_path / "out", params, run_id="kill", log=lines.append,
+        env={"TRAINYARD_FAULT": "kill_mid_epoch:1:worker:1"},
+    )  # fmt: skip
+    assert result.attempts == 2
+    assert any("worker:1 died (signal 9)" in line for line in lines)
+    # attempt 2 started from the checkpoint of epoch 0, not from scratch
+    assert result.history["attempts"] == [
+        {"attempt": 1, "start_epoch": 0},
+        {"attempt": 2, "start_epoch": 1},
+    ]
+    assert [(e["epoch"], e["attempt"]) for e in result.history["epochs"]] == [
+        (0, 1),
+        (1, 2),
+        (2, 2),
+    ]
+    assert (result.output_dir / "model" / "saved_model.pb").is_file()
+    _no_children_left()
+
+
+@pytest.mark.slow
+def test_worker_that_never_starts_fails_at_deadline_and_retries_end_in_one_error(
+    volume_root: Path, tmp_path: Path
+) -> None:
+    snap = make_files_snapshot(tmp_path / "snap", n=200, shards=2)
+    params = TrainingConfig(
+        **FAST, epochs=1, max_attempts=2, start_deadline_s=25, attempt_timeout_s=120
+    )
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError) as err:
+        run_training(
+            PIPELINE, snap, tmp_path / "out", params, run_id="hang", log=lambda _l: None,
+            env={"TRAINYARD_FAULT": "hang_before_ready:0:worker:1:1,hang_before_ready:0:worker:1:2"},
+        )  # fmt: skip
+    elapsed = time.monotonic() - t0
+    message = str(err.value)
+    assert "training failed after 2 attempt(s)" in message
+    # MWMS construction waits for every peer, so the hung worker holds worker:0 back too
+    assert message.count("worker:1 not ready within the start deadline of 25s") == 2
+    assert elapsed < 2 * (25 + 10)
+    assert not (tmp_path / "out" / "model").exists()
+    _no_children_left()
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_without_retry(
+    volume_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    contracts = tmp_path / "contracts"
+    contracts.mkdir()
+    write_table_contract(contracts)
+    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
+    pipeline = PIPELINE.model_copy(update={"dataset": "blobs"})
+    snap = make_table_snapshot(tmp_path / "snap", n=400, parts=1)
+    # a learning rate this large overflows the logits in the first steps: a genuinely NaN loss
+    params = TrainingConfig(
+        model="mlp", workers=1, epochs=3, batch_size=32, learning_rate=1e35, max_attempts=3
+    )
+    lines: list[str] = []
+    with pytest.raises(TrainingError, match=r"loss became NaN .* no model was exported"):
+        run_training(pipeline, snap, tmp_path / "out", params, run_id="nan", log=lines.append)
+    assert not any(line.startswith("attempt 2") for line in lines)
+    assert not (tmp_path / "out" / "model").exists()
+    _no_children_left()
+
+
+DRIVER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {plugins!r})
+from trainyard.config import TrainingConfig, parse_pipeline
+from trainyard.training import run_training
+p = parse_pipeline(Path({pipeline!r}))
+params = TrainingConfig(model="small_cnn", workers=2, epochs=50, batch_size=32, steps_per_execution=1)
+run_training(p, Path({snap!r}), Path({out!r}), params, run_id="term", log=lambda l: print(l, flush=True))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_killed_launcher_leaves_no_worker(sig: int, volume_root: Path, tmp_path: Path) -> None:
+    snap = make_files_snapshot(tmp_path / "snap", n=200, shards=2)
+    code = DRIVER.format(
+        plugins=str(ROOT / "plugins"), pipeline=str(ROOT / "dags" / "pipelines" / "digits.yaml"),
+        snap=str(snap), out=str(tmp_path / "out"),
+    )  # fmt: skip
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    ready: set[str] = set()
+    deadline = time.monotonic() + 120
+    assert launcher.stdout is not None
+    while len(ready) < 2 and time.monotonic() < deadline:
+        line = launcher.stdout.readline()
+        if "TRAINYARD_WORKER_READY" in line:
+            ready.add(line.split("]")[0])
+    assert len(ready) == 2, "workers never became ready"
+    workers = psutil.Process(launcher.pid).children(recursive=True)
+    assert len(workers) >= 2
+    os.kill(launcher.pid, sig)
+    launcher.wait(timeout=30)
+    gone, alive = psutil.wait_procs(workers, timeout=15)
+    assert alive == [], f"worker processes survived the launcher: {[p.pid for p in alive]}"
