@@ -7,6 +7,7 @@ import pytest
 
 from trainyard.serving.schema import (
     InvalidRequest,
+    _fast_decode,
     decode_predict_request,
     encode_predict_response,
     parse_feature_spec,
@@ -146,3 +147,54 @@ def test_parse_feature_spec_rejects(raw, message):
 def test_parse_feature_spec_round_trip():
     spec = parse_feature_spec({"image": ["float32", [None, 8, 8, 1]]}, "x")
     assert spec == {"image": ("float32", (None, 8, 8, 1))}
+
+
+FAST_IMAGES = np.random.default_rng(1).normal(size=(3, 8, 8, 1)).astype(np.float32)
+FAST = [
+    ("rows compact", json.dumps({"instances": FAST_IMAGES.tolist()}, separators=(",", ":")), False),
+    ("rows spaced", json.dumps({"instances": FAST_IMAGES.tolist()}), False),
+    ("columnar indented", json.dumps({"inputs": {"image": FAST_IMAGES.tolist()}}, indent=2), True),
+    ("columnar bare", json.dumps({"inputs": FAST_IMAGES.tolist()}), True),
+    ("exponents and ints", json.dumps({"instances": (FAST_IMAGES * 1e-7).tolist()})
+     .replace("0.0", "0"), False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "columnar"), [c[1:] for c in FAST], ids=[c[0] for c in FAST])
+def test_fast_path_equals_json_path(body, columnar):
+    raw = body.encode()
+    fast = _fast_decode(raw, IMAGE)
+    assert fast is not None, "fast path not taken"
+    doc = json.loads(raw)
+    values = doc.get("instances", doc.get("inputs"))
+    values = values["image"] if isinstance(values, dict) else values
+    np.testing.assert_array_equal(fast[0]["image"], np.asarray(values, np.float32))
+    assert fast[0]["image"].dtype == np.float32
+    assert fast[1:] == (3, columnar)
+
+
+SCALAR = {"x": ("float32", (None,))}
+FALLBACK = [
+    ("space inside a number list", SCALAR, b'{"inputs": [1 2]}', "malformed JSON"),
+    ("empty slot", SCALAR, b'{"inputs": [1,,2]}', "malformed JSON"),
+    ("trailing comma", SCALAR, b'{"inputs": [1,2,]}', "malformed JSON"),
+    ("newline between numbers", SCALAR, b'{"inputs": [1\n2]}', "malformed JSON"),
+    ("double dot", SCALAR, b'{"inputs": [1.2.3]}', "malformed JSON"),
+    ("NaN", SCALAR, b'{"inputs": [NaN]}', "non-finite number NaN"),
+    ("short row", IMAGE, json.dumps({"instances": [IMG.tolist(), IMG[:7].tolist()]}).encode(),
+     "instances[1].image: expected shape (8, 8, 1) per row, got (7, 8, 1)"),
+    ("wrong feature name", IMAGE, json.dumps({"inputs": {"img": [IMG.tolist()]}}).encode(),
+     "inputs: missing feature 'image'"),
+    ("extra key after", SCALAR, b'{"inputs": [1], "x": 2}', "unknown request field 'x'"),
+    ("empty list", SCALAR, b'{"inputs": []}', "inputs.x: expected a non-empty list"),
+    ("too many rows", SCALAR, b'{"inputs": [1,2,3,4,5,6,7,8,9,10,11]}', "at most 10"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "body", "message"), [c[1:] for c in FALLBACK], ids=[c[0] for c in FALLBACK]
+)
+def test_fast_path_declines_doubtful_input_and_json_path_reports_it(spec, body, message):
+    with pytest.raises(InvalidRequest) as exc:
+        decode_predict_request(body, spec, max_rows=10)
+    assert message in str(exc.value)

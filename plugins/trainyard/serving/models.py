@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -465,6 +466,11 @@ class ModelRepository:
             log.error("model %s version %d failed to load: %s", model, version, e)
             return
         self._loaded[model][version] = lv
+        # TensorFlow and the model are millions of long-lived objects; a full collection
+        # walking them stalls every request for hundreds of ms. Move them out of its way.
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
         rec.state = "AVAILABLE"
         log.info(
             "model %s version %d AVAILABLE (loaded and warmed up in %.2fs)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -202,6 +203,90 @@ def _diagnose_rows(
             )
 
 
+_NUMBER_CHARS = b"0123456789eE+-."
+_ARRAY_CHARS = _NUMBER_CHARS + b",[] \t\r\n"
+_TO_LINES = bytes.maketrans(b",[]\t\r\n", b"\n     ")
+_FAST_HEAD = re.compile(rb'\s*\{\s*"(instances|inputs)"\s*:\s*(?:\{\s*"([^"\\]+)"\s*:\s*)?$')
+_FAST_TAIL = re.compile(rb"\s*(\})?\s*\}\s*$")
+
+
+def _parse_numbers(array: bytes) -> np.ndarray | None:
+    """Parse the numbers of a JSON array of numbers (any nesting) with Arrow's CSV reader.
+
+    One number per line: commas become newlines; brackets and whitespace, spaces. Arrow parses floats in
+    C++ several times faster than ``json`` builds Python floats. Returns None if any value
+    is not a number.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(array.translate(_TO_LINES)),
+            read_options=pacsv.ReadOptions(
+                column_names=["x"], use_threads=False, block_size=max(1 << 20, 2 * len(array))
+            ),
+            parse_options=pacsv.ParseOptions(delimiter="\x01", ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(column_types={"x": pa.float64()}),
+        )
+    except (pa.ArrowInvalid, ValueError):
+        return None
+    column = table.column(0)
+    if column.null_count:
+        return None
+    return column.to_numpy()
+
+
+def _skeleton(row_shape: tuple[int, ...]) -> bytes:
+    if not row_shape:
+        return b""
+    inner = _skeleton(row_shape[1:])
+    return b"[" + b",".join([inner] * row_shape[0]) + b"]"
+
+
+def _fast_decode(body: bytes, spec: FeatureSpec) -> tuple[dict[str, np.ndarray], int, bool] | None:
+    """Decode a single-feature float request without building Python lists.
+
+    Applies to ``{"instances": ARRAY}``, ``{"inputs": ARRAY}`` and ``{"inputs": {"f":
+    ARRAY}}`` where ARRAY is a regular nested list of plain numbers; numbers are parsed by
+    numpy in C. The bracket structure is checked against the feature's fixed row shape by
+    comparing the text with the numbers removed to the structure that shape must have.
+    Anything else (or anything doubtful) returns None and takes the ``json`` path, which
+    also produces the precise error messages.
+    """
+    if len(spec) != 1:
+        return None
+    ((name, (dtype, shape)),) = spec.items()
+    row_shape = shape[1:]
+    if dtype not in ("float16", "float32", "float64") or any(d is None for d in row_shape):
+        return None
+    start, end = body.find(b"["), body.rfind(b"]")
+    if start < 0 or end < start:
+        return None
+    head = _FAST_HEAD.match(body, 0, start)
+    tail = _FAST_TAIL.match(body, end + 1)
+    if head is None or tail is None or (head[2] is None) != (tail[1] is None):
+        return None
+    columnar = head[1] == b"inputs"
+    if head[2] is not None and (not columnar or head[2].decode() != name):
+        return None
+    array = body[start : end + 1]
+    if array.translate(None, _ARRAY_CHARS):
+        return None
+    skeleton = array.translate(None, _NUMBER_CHARS + b" \t\r\n")
+    row_skel = _skeleton(row_shape)  # type: ignore[arg-type]
+    rows, rem = divmod(len(skeleton) - 1, len(row_skel) + 1)
+    if rem or rows < 1 or skeleton != b"[" + b",".join([row_skel] * rows) + b"]":
+        return None
+    flat = _parse_numbers(array)
+    if flat is None:
+        return None
+    per_row = int(np.prod(row_shape, dtype=np.int64))
+    if flat.size != rows * per_row or not np.all(np.isfinite(flat)):
+        return None
+    return {name: flat.astype(dtype).reshape((rows, *row_shape))}, rows, columnar
+
+
 def decode_predict_request(
     body: bytes, spec: FeatureSpec, max_rows: int = 65536
 ) -> tuple[dict[str, np.ndarray], int, bool]:
@@ -220,6 +305,11 @@ def decode_predict_request(
         InvalidRequest: If the body is not JSON, uses neither or both formats, or a
             feature is missing, unknown, of the wrong type or shape (names row and field).
     """
+    fast = _fast_decode(body, spec)
+    if fast is not None:
+        if fast[1] > max_rows:
+            raise InvalidRequest(f"request has {fast[1]} rows, at most {max_rows} are allowed")
+        return fast
     try:
         doc = json.loads(body, parse_constant=_reject_constant)
     except InvalidRequest:

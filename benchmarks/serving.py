@@ -1,0 +1,198 @@
+"""Serving benchmark: HTTP on loopback vs calling the same SavedModel in-process.
+
+Measures, in one run, against a real ``trainyard serve`` process:
+
+* rows/s of batched ``:predict`` requests (row format, ``--batch`` rows each, ``--clients``
+  keep-alive connections; request bodies are encoded once, responses are decoded), against
+  rows/s of the same batches through ``signatures["serving_default"]`` in this process;
+* p50/p99 latency of single-row requests under ``--clients`` concurrent clients;
+* the latency added over in-process at batch 1 (one client, p50 minus p50).
+
+The model is the digits pipeline's ``small_cnn`` shape (conv 32 → pool → conv 64 → dense 64
+→ 10) with random weights, on 8x8x1 images. Last line:
+``BENCH serving ratio=<http/in-process> ours=<rows/s> baseline=<rows/s> p50_ms=<n> p99_ms=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "plugins"))
+
+import numpy as np  # noqa: E402
+
+from trainyard.serving.client import ServingClient  # noqa: E402
+from trainyard.serving.deploy import (  # noqa: E402
+    ensure_local_server,
+    publish_version,
+    stop_local_server,
+    wait_available,
+)
+
+SPEC = {"image": ("float32", (None, 8, 8, 1))}
+
+
+def build_model(path: Path) -> None:
+    import tensorflow as tf
+
+    g = tf.random.Generator.from_seed(0)
+
+    class SmallCNN(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.k1 = tf.Variable(g.normal([3, 3, 1, 32]) * 0.3)
+            self.k2 = tf.Variable(g.normal([3, 3, 32, 64]) * 0.06)
+            self.w1 = tf.Variable(g.normal([4 * 4 * 64, 64]) * 0.03)
+            self.w2 = tf.Variable(g.normal([64, 10]) * 0.1)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8, 8, 1], tf.float32, name="image")])
+        def serve(self, image: tf.Tensor) -> dict[str, tf.Tensor]:
+            x = tf.nn.relu(tf.nn.conv2d(image, self.k1, 1, "SAME"))
+            x = tf.nn.max_pool2d(x, 2, 2, "VALID")
+            x = tf.nn.relu(tf.nn.conv2d(x, self.k2, 1, "SAME"))
+            x = tf.nn.relu(tf.reshape(x, [-1, 4 * 4 * 64]) @ self.w1)
+            probs = tf.nn.softmax(x @ self.w2)
+            return {"probabilities": probs, "class_id": tf.argmax(probs, axis=1)}
+
+    m = SmallCNN()
+    tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})
+
+
+def in_process(model_dir: Path, batch: np.ndarray, seconds: float) -> tuple[float, float]:
+    """rows/s at ``len(batch)`` and p50 latency (s) at batch 1, calling the signature."""
+    import tensorflow as tf
+
+    fn = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
+    for _ in range(5):
+        {k: v.numpy() for k, v in fn(image=tf.constant(batch)).items()}
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        {k: v.numpy() for k, v in fn(image=tf.constant(batch)).items()}
+        n += 1
+    rows_s = n * len(batch) / (time.perf_counter() - t0)
+    one = batch[:1]
+    lat = []
+    t_end = time.perf_counter() + seconds / 2
+    while time.perf_counter() < t_end:
+        t = time.perf_counter()
+        {k: v.numpy() for k, v in fn(image=tf.constant(one)).items()}
+        lat.append(time.perf_counter() - t)
+    return rows_s, statistics.median(lat)
+
+
+def http_load(
+    port: int, body: bytes, rows: int, clients: int, seconds: float
+) -> tuple[float, list[float]]:
+    """rows/s and per-request latencies of ``clients`` threads posting ``body`` repeatedly."""
+    lat: list[list[float]] = [[] for _ in range(clients)]
+    errors: list[str] = []
+    start = threading.Barrier(clients + 1)
+
+    def run(i: int) -> None:
+        c = ServingClient("127.0.0.1", port)
+        c.request("POST", "/v1/models/bench:predict", body)
+        start.wait()
+        t_end = time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            t = time.perf_counter()
+            status, data = c.request("POST", "/v1/models/bench:predict", body)
+            doc = json.loads(data)
+            lat[i].append(time.perf_counter() - t)
+            if status != 200 or len(doc["predictions"]) != rows:
+                errors.append(f"HTTP {status}: {data[:200]!r}")
+                break
+        c.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise SystemExit(f"request failed: {errors[0]}")
+    flat = [x for per in lat for x in per]
+    return len(flat) * rows / elapsed, flat
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="short phases (about a minute in all)")
+    p.add_argument("--batch", type=int, default=256, help="rows per batched request")
+    p.add_argument("--clients", type=int, default=4, help="concurrent connections")
+    p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    p.add_argument("--port", type=int, default=18501)
+    args = p.parse_args()
+    seconds = 3.0 if args.quick else args.seconds
+
+    rng = np.random.default_rng(0)
+    batch = rng.random((args.batch, 8, 8, 1), dtype=np.float32)
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        tmp_path = Path(tmp)
+        build_model(tmp_path / "model")
+        root = tmp_path / "serving"
+        publish_version(tmp_path / "model", root, "bench", 1, SPEC)
+        pid = ensure_local_server(root, "127.0.0.1", args.port)
+        try:
+            with ServingClient("127.0.0.1", args.port) as c:
+                wait_available(c, "bench", 1, 120)
+                served = c.predict("bench", inputs=batch[:16].tolist())["class_id"]
+            base_rows_s, base_p50_b1 = in_process(tmp_path / "model", batch, seconds)
+            import gc
+
+            import tensorflow as tf
+
+            gc.collect()
+            gc.freeze()  # as the server does: keep full collections off TensorFlow's objects
+
+            fn = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
+            want = fn(image=tf.constant(batch[:16]))["class_id"].numpy().tolist()
+            assert served == want, "served predictions differ from in-process ones"
+
+            body = json.dumps({"instances": batch.tolist()}).encode()
+            http_rows_s, _ = http_load(args.port, body, args.batch, 2, seconds)
+
+            one = json.dumps({"instances": batch[:1].tolist()}).encode()
+            _, conc = http_load(args.port, one, 1, args.clients, seconds)
+            p50 = statistics.median(conc)
+            p99 = float(np.percentile(conc, 99))
+            _, seq = http_load(args.port, one, 1, 1, seconds / 2)
+            added = statistics.median(seq) - base_p50_b1
+        finally:
+            stop_local_server(root)
+    ratio = http_rows_s / base_rows_s
+    print(f"server pid {pid}, batch {args.batch}, {args.clients} clients, {seconds:.0f}s phases")
+    print(
+        f"in-process: {base_rows_s:,.0f} rows/s at batch {args.batch}; batch-1 p50 "
+        f"{base_p50_b1 * 1e3:.3f} ms"
+    )
+    print(f"http:       {http_rows_s:,.0f} rows/s at batch {args.batch} (2 connections)")
+    print(
+        f"single-row under {args.clients} clients: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
+        f" ({len(conc) / seconds:,.0f} req/s)"
+    )
+    print(
+        f"batch-1 sequential: http p50 {statistics.median(seq) * 1e3:.3f} ms, "
+        f"added over in-process {added * 1e3:.3f} ms"
+    )
+    print(
+        f"BENCH serving ratio={ratio:.3f} ours={http_rows_s:.0f} baseline={base_rows_s:.0f} "
+        f"p50_ms={p50 * 1e3:.3f} p99_ms={p99 * 1e3:.3f} added_b1_ms={added * 1e3:.3f} "
+        f"batch={args.batch} clients={args.clients}"
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
