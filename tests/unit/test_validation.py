@@ -190,15 +190,16 @@ def test_key_uniqueness_matches_pandas(
 ) -> None:
     import pandas as pd
 
-    keys = pd.Series([f"k{i}" for i in range(n)], dtype=object)
+    keys = [f"k{i}" for i in range(n)]
     for src, dst in dups:
         keys[dst] = keys[src]
     keys[10] = None
+    column = pa.array(keys)
     acc = KeyUniqueness(n, batch_rows, tmp_path)
     for start in range(0, n, batch_rows):
-        acc.add(keys.iloc[start : start + batch_rows])
+        acc.add(column.slice(start, batch_rows))
     hashes, rows = acc.duplicates()
-    present = keys.dropna()
+    present = pd.Series(keys).dropna()
     assert rows == int(present.duplicated(keep=False).sum())
     assert len(hashes) == present[present.duplicated()].nunique()
     assert (acc.element_count, acc.missing_count) == (n, 1)

@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,17 +157,97 @@ def schema_outcomes(
 
 def iter_batches(
     opened: Sequence[Any], columns: list[str], batch_rows: int
-) -> Iterator[pd.DataFrame]:
-    """Yield the snapshot's rows as pandas frames of at most ``batch_rows`` rows."""
+) -> Iterator[tuple[pa.RecordBatch, pd.DataFrame]]:
+    """Yield the snapshot's rows in batches of at most ``batch_rows``: Arrow and pandas."""
     for pf in opened:
         for batch in pf.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
-            yield batch.to_pandas()
+            yield batch, batch.to_pandas()
 
 
-def _hash_values(series: pd.Series) -> np.ndarray:
-    import pandas as pd
+_MASK64 = (1 << 64) - 1
 
-    return pd.util.hash_array(series.to_numpy(), categorize=False)
+
+def _mix64(h: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads every input bit over the 64 output bits."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        h = h ^ (h >> np.uint64(30))
+        h = h * np.uint64(0xBF58476D1CE4E5B9)
+        h = h ^ (h >> np.uint64(27))
+        h = h * np.uint64(0x94D049BB133111EB)
+        return h ^ (h >> np.uint64(31))
+
+
+@lru_cache(maxsize=8)
+def _byte_weights(size: int) -> np.ndarray:
+    import numpy as np
+
+    rng = np.random.default_rng(0x7261696E79617264)
+    return rng.integers(0, 1 << 63, size=size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+
+
+def _hash_strings(arr: pa.Array) -> np.ndarray:
+    """64-bit hashes of the non-null strings of an Arrow array, vectorised over its buffers.
+
+    Each string is ``sum(byte_i * w_i) mod 2^64`` with fixed random odd weights per
+    position, mixed with its length and finalised with splitmix64.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pc.drop_null(arr)
+    if pa.types.is_large_string(arr.type):
+        off_type = np.int64
+    else:
+        arr = arr.cast(pa.string())
+        off_type = np.int32
+    n = len(arr)
+    if n == 0:
+        return np.empty(0, np.uint64)
+    _, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, dtype=off_type)[arr.offset : arr.offset + n + 1].astype(
+        np.int64
+    )
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    )
+    data = data[offsets[0] : offsets[-1]]
+    starts = offsets[:-1] - offsets[0]
+    lengths = np.diff(offsets)
+    longest = int(lengths.max())
+    size = 1 << max(6, (longest - 1).bit_length())
+    pos = np.arange(len(data), dtype=np.int64) - np.repeat(starts, lengths)
+    with np.errstate(over="ignore"):
+        contrib = data.astype(np.uint64) * _byte_weights(size)[pos]
+        sums = np.add.reduceat(np.append(contrib, np.uint64(0)), np.minimum(starts, len(data)))
+        sums[lengths == 0] = 0
+        sums = sums + lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return _mix64(sums)
+
+
+def _hash_values(arr: pa.Array) -> np.ndarray:
+    """64-bit hashes of the non-null values of an Arrow array (strings, integers, ...)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        return _hash_strings(arr)
+    values = pc.drop_null(arr)
+    if not pa.types.is_integer(values.type):
+        values = values.cast(pa.int64())
+    ints = values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return _mix64(ints.view(np.uint64))
+
+
+def _valid_positions(arr: pa.Array) -> np.ndarray:
+    import numpy as np
+
+    if arr.null_count == 0:
+        return np.arange(len(arr))
+    return np.flatnonzero(~np.asarray(arr.is_null()))
 
 
 class KeyUniqueness:
@@ -188,14 +269,13 @@ class KeyUniqueness:
         self.element_count = 0
         self.missing_count = 0
 
-    def add(self, series: pd.Series) -> None:
+    def add(self, values: pa.Array) -> None:
         """Add a batch of key values (nulls are counted, not hashed)."""
         import numpy as np
 
-        self.element_count += len(series)
-        present = series.dropna()
-        self.missing_count += len(series) - len(present)
-        hashes = _hash_values(present)
+        self.element_count += len(values)
+        self.missing_count += values.null_count
+        hashes = _hash_values(values)
         if not self.bits:
             self.memory.append(hashes)
             return
@@ -344,16 +424,15 @@ def _read_profiles(
     columns = sorted({contract.drift[i].column for i in profiles})
     if not columns:
         return profiles, problems
-    for df in iter_batches(opened, columns, batch_rows):
+    for _, df in iter_batches(opened, columns, batch_rows):
         for i, prof in profiles.items():
             prof.update(df[contract.drift[i].column])
     binned = {i: p for i, p in profiles.items() if needs_edges(contract.drift[i], p.categorical)}
     for i, prof in binned.items():
         prof.edges = histogram_edges(prof.stats, drift_bins(contract.drift[i]))
     if binned:
-        for df in iter_batches(
-            opened, sorted({contract.drift[i].column for i in binned}), batch_rows
-        ):
+        binned_columns = sorted({contract.drift[i].column for i in binned})
+        for _, df in iter_batches(opened, binned_columns, batch_rows):
             for i, prof in binned.items():
                 prof.update_histogram(df[contract.drift[i].column])
     return profiles, problems
@@ -435,7 +514,7 @@ def run_contract(
             (Path(tmp) / col).mkdir()
             uniq[col] = KeyUniqueness(total_rows, batch_rows, Path(tmp) / col)
         try:
-            for df in iter_batches(opened, contract.column_names, batch_rows):
+            for batch, df in iter_batches(opened, contract.column_names, batch_rows):
                 if validator is not None and len(df):
                     result = validator.validate(df)
                     for r in result.results:
@@ -443,7 +522,7 @@ def run_contract(
                             merged[_rule_key(r.expectation_config.meta)], r.result, rows
                         )
                 for col, acc in uniq.items():
-                    acc.add(df[col])
+                    acc.add(batch.column(col))
                 for col, wanted in contain.items():
                     seen[col] |= wanted.intersection(df[col].dropna().unique().tolist())
                 if fresh is not None and fresh.column is not None and len(df):
@@ -620,19 +699,17 @@ def _duplicate_samples(
     if not todo:
         return out
     offset = 0
-    for df in iter_batches(opened, sorted(todo), batch_rows):
+    for batch, _ in iter_batches(opened, sorted(todo), batch_rows):
         for col, dups in todo.items():
             values, indexes = out[col]
             if len(values) >= SAMPLES:
                 continue
-            present = df[col].dropna()
-            hit = np.isin(_hash_values(present), dups)
-            for idx, value in zip(
-                present.index[hit][: SAMPLES - len(values)], present[hit], strict=False
-            ):
-                values.append(value)
-                indexes.append(int(idx) + offset)
-        offset += len(df)
+            arr = batch.column(col)
+            hit = np.flatnonzero(np.isin(_hash_values(arr), dups))[: SAMPLES - len(values)]
+            positions = _valid_positions(arr)[hit]
+            values.extend(arr.take(positions).to_pylist())
+            indexes.extend(int(p) + offset for p in positions)
+        offset += batch.num_rows
         if all(len(v) >= SAMPLES for v, _ in out.values()):
             break
     return out
