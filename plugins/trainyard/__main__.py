@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from trainyard.cli import main
+if __name__ == "__main__":
+    from trainyard.cli import main
 
-sys.exit(main())
+    sys.exit(main())
