@@ -126,6 +126,38 @@ def test_encode_shapes_match_tf_serving():
     }
 
 
+ENCODE = [
+    ("float32 3-d", {"y": np.random.default_rng(2).normal(size=(3, 2, 4)).astype(np.float32)}),
+    ("float64", {"y": np.array([0.1, 1e-300, -2.5])}),
+    ("int64 and float32", {"c": np.array([1, 2]), "p": np.array([[0.5, 0.5], [1, 0]], np.float32)}),
+    ("bool", {"y": np.array([True, False])}),
+    ("empty rows", {"y": np.zeros((2, 0), np.float32)}),
+    ("non-finite falls back", {"y": np.array([np.nan, np.inf, 1.0], np.float32)}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("columnar", [True, False], ids=["columnar", "rows"])
+@pytest.mark.parametrize("outputs", [c[1] for c in ENCODE], ids=[c[0] for c in ENCODE])
+def test_encode_round_trips_values(outputs, columnar):
+    doc = json.loads(encode_predict_response(outputs, columnar))
+    names = sorted(outputs)
+    if columnar:
+        got = doc["outputs"] if len(names) > 1 else {names[0]: doc["outputs"]}
+    elif len(names) == 1:
+        got = {names[0]: doc["predictions"]}
+    else:
+        got = {n: [row[n] for row in doc["predictions"]] for n in names}
+    for n in names:
+        want = outputs[n]
+        have = np.asarray(
+            [[float(v) for v in r] if isinstance(r, list) else float(r) for r in got[n]]
+            if want.dtype.kind == "f" and want.ndim == 1
+            else got[n],
+            dtype=want.dtype,
+        ).reshape(want.shape)
+        np.testing.assert_array_equal(have, want)
+
+
 SPECS_BAD = [
     ("not a mapping", [1], "non-empty mapping"),
     ("entry not pair", {"x": "float32"}, "expected [dtype, shape]"),

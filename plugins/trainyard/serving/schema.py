@@ -213,9 +213,9 @@ _FAST_TAIL = re.compile(rb"\s*(\})?\s*\}\s*$")
 def _parse_numbers(array: bytes) -> np.ndarray | None:
     """Parse the numbers of a JSON array of numbers (any nesting) with Arrow's CSV reader.
 
-    One number per line: commas become newlines; brackets and whitespace, spaces. Arrow parses floats in
-    C++ several times faster than ``json`` builds Python floats. Returns None if any value
-    is not a number.
+    One number per line: commas become newlines; brackets and whitespace, spaces. Arrow
+    parses floats in C++ several times faster than ``json`` builds Python floats. Returns
+    None if any value is not a number.
     """
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -432,6 +432,29 @@ def _jsonable(arr: np.ndarray) -> Any:
     return arr.tolist()
 
 
+def _row_texts(arr: np.ndarray) -> Any:
+    """JSON text of each row of ``arr`` as an Arrow string array, built in C++.
+
+    Floats print as their shortest round-trip decimal at their own precision (float32
+    ``0.04786462``, not ``0.04786462336778641``). Returns None for what Arrow cannot print
+    as JSON (non-finite floats, strings, objects, 0-d arrays); the caller falls back.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if arr.ndim == 0 or arr.dtype.kind not in "fiub":
+        return None
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        return None
+    texts = pc.cast(pa.array(np.ascontiguousarray(arr).reshape(-1)), pa.string())
+    for size in reversed(arr.shape[1:]):
+        count = len(texts) // size if size else arr.shape[0]
+        offsets = pa.array(np.arange(count + 1, dtype=np.int32) * size)
+        joined = pc.binary_join(pa.ListArray.from_arrays(offsets, texts), ",")
+        texts = pc.binary_join_element_wise("[", joined, "]", "")
+    return texts
+
+
 def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -> bytes:
     """Encode model outputs in TF Serving's response shape.
 
@@ -443,8 +466,40 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -
         The JSON body. With one output the value is bare; with several, the columnar form
         is an object and the row form is one object per row, as TF Serving does.
     """
+    import pyarrow.compute as pc
+
     names = sorted(outputs)
-    cols = {n: _jsonable(np.asarray(outputs[n])) for n in names}
+    arrays = {n: np.asarray(outputs[n]) for n in names}
+    rows = {n: _row_texts(a) for n, a in arrays.items()}
+    if any(r is None for r in rows.values()):
+        return _encode_with_json(arrays, names, columnar)
+
+    def listed(texts: Any) -> str:
+        return "[" + pc.binary_join(_pa_list(texts), ",")[0].as_py() + "]"
+
+    if columnar:
+        if len(names) == 1:
+            return ('{"outputs":' + listed(rows[names[0]]) + "}").encode()
+        body = ",".join(f"{json.dumps(n)}:{listed(rows[n])}" for n in names)
+        return ('{"outputs":{' + body + "}}").encode()
+    if len(names) == 1:
+        return ('{"predictions":' + listed(rows[names[0]]) + "}").encode()
+    parts: list[Any] = []
+    for i, n in enumerate(names):
+        parts += [("{" if i == 0 else ",") + json.dumps(n) + ":", rows[n]]
+    per_row = pc.binary_join_element_wise(*parts, "}", "")
+    return ('{"predictions":' + listed(per_row) + "}").encode()
+
+
+def _pa_list(texts: Any) -> Any:
+    """One Arrow list holding all of ``texts`` (to join them in C++)."""
+    import pyarrow as pa
+
+    return pa.ListArray.from_arrays(pa.array([0, len(texts)], pa.int32()), texts)
+
+
+def _encode_with_json(arrays: Mapping[str, np.ndarray], names: list[str], columnar: bool) -> bytes:
+    cols = {n: _jsonable(arrays[n]) for n in names}
     if columnar:
         payload: Any = {"outputs": cols[names[0]] if len(names) == 1 else cols}
     elif len(names) == 1:
