@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from trainyard.serving import schema
 from trainyard.serving.schema import (
     InvalidRequest,
     _fast_decode,
@@ -138,7 +139,9 @@ ENCODE = [
 
 @pytest.mark.parametrize("columnar", [True, False], ids=["columnar", "rows"])
 @pytest.mark.parametrize("outputs", [c[1] for c in ENCODE], ids=[c[0] for c in ENCODE])
-def test_encode_round_trips_values(outputs, columnar):
+@pytest.mark.parametrize("min_values", [0, 10**9], ids=["arrow", "json"])
+def test_encode_round_trips_values(outputs, columnar, min_values, monkeypatch):
+    monkeypatch.setattr(schema, "ARROW_ENCODE_MIN_VALUES", min_values)
     doc = json.loads(encode_predict_response(outputs, columnar))
     names = sorted(outputs)
     if columnar:
@@ -226,7 +229,10 @@ FALLBACK = [
 @pytest.mark.parametrize(
     ("spec", "body", "message"), [c[1:] for c in FALLBACK], ids=[c[0] for c in FALLBACK]
 )
-def test_fast_path_declines_doubtful_input_and_json_path_reports_it(spec, body, message):
+def test_fast_path_declines_doubtful_input_and_json_path_reports_it(
+    spec, body, message, monkeypatch
+):
+    monkeypatch.setattr(schema, "FAST_DECODE_MIN_BYTES", 0)
     with pytest.raises(InvalidRequest) as exc:
         decode_predict_request(body, spec, max_rows=10)
     assert message in str(exc.value)

@@ -203,6 +203,10 @@ def _diagnose_rows(
             )
 
 
+# Below these sizes the per-call overhead of Arrow exceeds what it saves over json.
+FAST_DECODE_MIN_BYTES = 8192
+ARROW_ENCODE_MIN_VALUES = 512
+
 _NUMBER_CHARS = b"0123456789eE+-."
 _ARRAY_CHARS = _NUMBER_CHARS + b",[] \t\r\n"
 _TO_LINES = bytes.maketrans(b",[]\t\r\n", b"\n     ")
@@ -305,7 +309,7 @@ def decode_predict_request(
         InvalidRequest: If the body is not JSON, uses neither or both formats, or a
             feature is missing, unknown, of the wrong type or shape (names row and field).
     """
-    fast = _fast_decode(body, spec)
+    fast = _fast_decode(body, spec) if len(body) >= FAST_DECODE_MIN_BYTES else None
     if fast is not None:
         if fast[1] > max_rows:
             raise InvalidRequest(f"request has {fast[1]} rows, at most {max_rows} are allowed")
@@ -470,6 +474,8 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -
 
     names = sorted(outputs)
     arrays = {n: np.asarray(outputs[n]) for n in names}
+    if sum(a.size for a in arrays.values()) < ARROW_ENCODE_MIN_VALUES:
+        return _encode_with_json(arrays, names, columnar)
     rows = {n: _row_texts(a) for n, a in arrays.items()}
     if any(r is None for r in rows.values()):
         return _encode_with_json(arrays, names, columnar)
