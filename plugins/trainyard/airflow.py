@@ -397,7 +397,9 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
             step: ti.xcom_pull(task_ids=step)
             for step in ("stage", "validate", "train", "evaluate", "deploy")
         }
-        return _steps().summary(name, context["run_id"], {k: v for k, v in results.items() if v})
+        record = _steps().summary(name, context["run_id"], {k: v for k, v in results.items() if v})
+        log.info("run summary:\n%s", _steps().format_summary(record))
+        return record
 
     staged = stage_task()
     validated = validate_task(staged)

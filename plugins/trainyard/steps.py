@@ -305,6 +305,7 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         "previous": previous,
         "url": result.url,
         "sample_prediction": result.sample_prediction,
+        "sample_key": smoke.keys[0] if len(smoke.keys) else None,
         "smoke_rows": result.smoke_rows,
     }
 
@@ -330,7 +331,6 @@ def summary(pipeline: str, run_id: str, results: dict[str, Any]) -> dict[str, An
     runs = get_settings().models_root / cfg.name / "runs"
     atomic_write_json(runs / f"{_safe(run_id)}.json", record)
     atomic_write_json(runs.parent / "last_run.json", record)
-    log.info("run summary:\n%s", format_summary(record))
     return record
 
 
@@ -356,10 +356,21 @@ def format_summary(record: dict[str, Any]) -> str:
     ]
     if dep:
         lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
-        lines.append(f"prediction    {json.dumps(dep.get('sample_prediction'))}")
+        lines.append(f"prediction    {_fmt_prediction(dep)}")
     else:
         lines.append("served        unchanged (nothing deployed)")
     return "\n".join(lines)
+
+
+def _fmt_prediction(deployed: dict[str, Any]) -> str:
+    pred = deployed.get("sample_prediction") or {}
+    probs = pred.get("probabilities")
+    text = f"class {pred.get('class_id')}"
+    if isinstance(probs, list) and probs:
+        text += f" (p={max(probs):.3f})"
+    if deployed.get("sample_key"):
+        text += f" for holdout sample {deployed['sample_key']!r}"
+    return f"{text}, over HTTP; {deployed.get('smoke_rows')} smoke rows matched offline evaluation"
 
 
 def _fmt_metrics(metrics: dict[str, Any]) -> str:
