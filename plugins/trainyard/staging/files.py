@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import posixpath
 import re
 import struct
@@ -33,14 +34,12 @@ _FLUSH_BYTES = 4 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _ZERO_BLOCKS = b"\0" * (2 * _BLOCK)
-_HEADER_TEMPLATE = bytearray(_BLOCK)
-_HEADER_TEMPLATE[100:108] = b"0000644\0"
-_HEADER_TEMPLATE[108:116] = b"0000000\0"
-_HEADER_TEMPLATE[116:124] = b"0000000\0"
-_HEADER_TEMPLATE[136:148] = b"00000000000\0"
-_HEADER_TEMPLATE[148:156] = b"        "
-_HEADER_TEMPLATE[156:157] = b"0"
-_HEADER_TEMPLATE[257:265] = b"ustar\x0000"
+# ustar header pieces around name (0:100), size (124:136) and checksum (148:156)
+_MODE_IDS = b"0000644\0" + b"0000000\0" + b"0000000\0"
+_MTIME = b"00000000000\0"
+_TAIL = (b"0" + b"\0" * 100 + b"ustar\x0000").ljust(_BLOCK - 156, b"\0")
+_CONST_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_TAIL) + 8 * 0x20
+_PADS = [b"\0" * n for n in range(_BLOCK)]
 
 
 def tar_header(name: str, size: int) -> bytes:
@@ -58,16 +57,15 @@ def tar_header(name: str, size: int) -> bytes:
         info = tarfile.TarInfo(name)
         info.size, info.mode, info.mtime = size, 0o644, 0
         return info.tobuf(format=tarfile.PAX_FORMAT)
-    header = bytearray(_HEADER_TEMPLATE)
-    header[0 : len(raw)] = raw
     size_field = b"%011o\0" % size
-    header[124:136] = size_field
-    header[148:156] = b"%06o\0 " % sum(header)
-    return bytes(header)
+    chksum = _CONST_SUM + sum(raw) + sum(size_field)
+    return b"".join(
+        (raw.ljust(100, b"\0"), _MODE_IDS, size_field, _MTIME, b"%06o\0 " % chksum, _TAIL)
+    )
 
 
 def _pad(size: int) -> bytes:
-    return b"\0" * (-size % _BLOCK)
+    return _PADS[-size % _BLOCK]
 
 
 def image_size(data: bytes, where: str) -> tuple[int, int]:
@@ -99,7 +97,8 @@ class _TarShards:
         self.shards: list[ShardInfo] = []
         self.fh: Any = None
         self.hasher: Any = None
-        self.buf = bytearray()
+        self.parts: list[bytes] = []
+        self.pending = 0
         self.size = 0
         self.samples = 0
         self.name = ""
@@ -111,27 +110,31 @@ class _TarShards:
         self.size = self.samples = 0
 
     def _flush(self) -> None:
-        if self.buf:
-            self.fh.write(self.buf)
-            self.hasher.update(self.buf)
-            self.buf = bytearray()
+        if self.parts:
+            chunk = b"".join(self.parts)
+            self.fh.write(chunk)
+            self.hasher.update(chunk)
+            self.parts = []
+            self.pending = 0
 
     def add(self, key: str, ext: str, data: bytes, label: int) -> str:
         if self.fh is None:
             self._open()
-        cls = str(label).encode()
-        buf = self.buf
-        buf += tar_header(f"{key}.{ext}", len(data))
-        buf += data
-        buf += _pad(len(data))
-        buf += tar_header(f"{key}.cls", len(cls))
-        buf += cls
-        buf += _pad(len(cls))
-        self.samples += 1
-        self.size += (
-            len(data) + len(cls) + 2 * _BLOCK + (-len(data) % _BLOCK) + (-len(cls) % _BLOCK)
+        cls = b"%d" % label
+        n = len(data)
+        self.parts += (
+            tar_header(f"{key}.{ext}", n),
+            data,
+            _PADS[-n % _BLOCK],
+            tar_header(f"{key}.cls", len(cls)),
+            cls,
+            _PADS[-len(cls) % _BLOCK],
         )
-        if len(buf) >= _FLUSH_BYTES:
+        self.samples += 1
+        added = 2 * _BLOCK + n + (-n % _BLOCK) + len(cls) + (-len(cls) % _BLOCK)
+        self.size += added
+        self.pending += added
+        if self.pending >= _FLUSH_BYTES:
             self._flush()
         name = self.name
         if self.size >= self.target_bytes:
@@ -139,7 +142,7 @@ class _TarShards:
         return name
 
     def _close(self) -> None:
-        self.buf += _ZERO_BLOCKS
+        self.parts.append(_ZERO_BLOCKS)
         self._flush()
         self.fh.close()
         path = self.out_dir / self.name
@@ -190,8 +193,13 @@ def _read_labels_file(src: Source, f: SourceFile) -> dict[str, int]:
     return labels
 
 
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)?$")
+
+
 def _key(rel: str) -> tuple[str, str]:
     stem, ext = posixpath.splitext(rel)
+    if _SAFE_KEY.match(stem):
+        return stem, ext[1:].lower()
     parts = stem.split("/")
     head = parts[0] if len(parts) > 1 else ""
     tail = "_".join(parts[1:]) if len(parts) > 1 else parts[0]
@@ -296,10 +304,17 @@ def stage_files(
     try:
         for f, key, ext, label in plan:
             if local:
-                with open(f.path, "rb") as fh:
-                    data = fh.read()
+                fd = os.open(f.path, os.O_RDONLY)
+                try:
+                    data = os.read(fd, f.size + 1)
+                finally:
+                    os.close(fd)
             else:
                 data = src.fs.cat_file(f.path)
+            if len(data) != f.size:
+                raise StagingError(
+                    f"{f.path}: source changed while being staged (size {f.size} -> {len(data)}+)"
+                )
             width, height = image_size(data, f.path)
             shard_of.append(tars.add(key, ext, data, label))
             keys.append(key)

@@ -218,9 +218,41 @@ def _check_rel(rel: str, where: str) -> None:
         raise StagingError(f"{where}: file name {rel!r} tries to leave the source folder")
 
 
+def _walk_local(root: str, extensions: tuple[str, ...] | None) -> list[SourceFile]:
+    """List a local folder with ``os.scandir`` (one stat per file, no per-file realpath)."""
+    real_root = os.path.realpath(root)
+    out: list[SourceFile] = []
+    stack = [(root, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith("."):
+                    continue
+                rel = f"{prefix}{name}"
+                if entry.is_symlink():
+                    real = os.path.realpath(entry.path)
+                    if os.path.commonpath([real, real_root]) != real_root:
+                        raise StagingError(
+                            f"{entry.path}: symbolic link points outside the source folder ({real})"
+                        )
+                if entry.is_dir():
+                    stack.append((entry.path, f"{rel}/"))
+                    continue
+                if extensions is not None and not name.lower().endswith(extensions):
+                    continue
+                st = entry.stat()
+                out.append(SourceFile(entry.path, rel, st.st_size, str(st.st_mtime_ns)))
+    out.sort(key=lambda f: f.rel)
+    return out
+
+
 def _list_files(
     fs: Any, root: str, fmt: str, extensions: tuple[str, ...] | None
 ) -> tuple[SourceFile, ...]:
+    if _is_local(fs) and os.path.isdir(root):
+        return tuple(_walk_local(root, extensions))
     if fs.isdir(root):
         found = fs.find(root, detail=True, withdirs=False)
         real_root = os.path.realpath(root) if _is_local(fs) else None

@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
+
 from trainyard.errors import StagingError
 from trainyard.staging.sources import ContractInfo, Source, SourceFile, contract_schema
-from trainyard.volumes import ShardInfo, hash_file
+from trainyard.volumes import ShardInfo
 
-CSV_BLOCK_BYTES = 8 << 20
+CSV_BLOCK_BYTES = 2 << 20
 _QUEUE_DEPTH = 3
 _DONE = object()
 
@@ -29,6 +31,46 @@ def _pa() -> Any:
     import pyarrow as pa
 
     return pa
+
+
+class _HashingSink:
+    """A binary file that hashes what is written to it (no second read of the shard)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self._hash = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        self._pos = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self._fh.write(view)
+        self._hash.update(view)
+        self._pos += view.nbytes
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if not self.closed:
+            self._fh.close()
+            self.closed = True
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
 
 
 class _ShardWriter:
@@ -67,7 +109,7 @@ class _ShardWriter:
 
         if self.writer is None:
             self.path = self.out_dir / f"part-{len(self.shards):05d}.parquet"
-            self.sink = _pa().OSFile(str(self.path), "wb")
+            self.sink = _HashingSink(self.path)
             self.writer = pq.ParquetWriter(
                 self.sink,
                 self.schema,
@@ -85,12 +127,12 @@ class _ShardWriter:
         self.writer.close()
         self.sink.close()
         assert self.path is not None
+        size = self.path.stat().st_size
+        if size != self.sink.tell():
+            raise OSError(f"{self.path}: wrote {self.sink.tell()} bytes but the file has {size}")
         self.shards.append(
             ShardInfo(
-                path=self.path.name,
-                bytes=self.path.stat().st_size,
-                rows=self.shard_rows,
-                hash=hash_file(self.path),
+                path=self.path.name, bytes=size, rows=self.shard_rows, hash=self.sink.hexdigest()
             )
         )
         self.writer = self.sink = self.path = None
