@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from serving_support import (
@@ -126,9 +124,13 @@ def test_next_good_deploy_replaces_champion_and_redeploy_is_idempotent(env):
     assert _served_classes(env) == want.tolist()
 
 
-def test_stop_local_server(env, tmp_path: Path):
+def test_stop_local_server_shuts_down_gracefully(env):
     assert stop_local_server(env["root"])
     assert not (env["root"] / PID_FILE).exists()
     with pytest.raises(OSError):
         ServingClient("127.0.0.1", env["port"], timeout=2).request("GET", "/v1/models/digits")
     assert not stop_local_server(env["root"])
+    log = (env["root"] / LOG_FILE).read_text()
+    assert "model digits version 1 AVAILABLE" in log
+    assert "shutting down (finishing in-flight requests)" in log
+    assert log.rstrip().endswith("stopped"), log[-500:]
