@@ -481,3 +481,9 @@ def test_summary_line_on_stderr(
     result = stage(make_pipeline("tx", str(src)))
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"staged tx: snapshot {result.snapshot_id} (new), 20 rows, 1 shards")
+
+
+def test_partitioned_source_needs_an_interval(volume_root: Path, contracts: Path, tmp_path: Path):
+    with pytest.raises(StagingError, match="partitioned by"):
+        stage(tx_pipeline(tmp_path), quiet=True)
+    assert not (tmp_path / "lake").exists()

@@ -131,6 +131,11 @@ def stage(
                 return result
     contract = read_contract(dataset)
     ds = interval_start[:10] if interval_start else None
+    if "{ds}" in pipeline.source.url and not ds:
+        raise StagingError(
+            f"{pipeline.source.url}: the source is partitioned by {{ds}}, so staging needs a "
+            "data interval (interval_start)"
+        )
     url = pipeline.source_url(ds)
     _ensure_source(pipeline, url, ds)
     src = open_source(url, pipeline.source.format, contract.extension)

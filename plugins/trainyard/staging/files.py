@@ -264,6 +264,16 @@ def _root_files(src: Source) -> list[SourceFile]:
     return []
 
 
+def _read_file(src: Source, f: SourceFile, local: bool) -> bytes:
+    if not local:
+        return src.fs.cat_file(f.path)
+    fd = os.open(f.path, os.O_RDONLY)
+    try:
+        return os.read(fd, f.size + 1)
+    finally:
+        os.close(fd)
+
+
 def stage_files(
     src: Source,
     out_dir: Path,
@@ -303,14 +313,10 @@ def stage_files(
     local = src.is_local
     try:
         for f, key, ext, label in plan:
-            if local:
-                fd = os.open(f.path, os.O_RDONLY)
-                try:
-                    data = os.read(fd, f.size + 1)
-                finally:
-                    os.close(fd)
-            else:
-                data = src.fs.cat_file(f.path)
+            try:
+                data = _read_file(src, f, local)
+            except OSError as e:
+                raise StagingError(f"{f.path}: cannot read source file: {e}") from e
             if len(data) != f.size:
                 raise StagingError(
                     f"{f.path}: source changed while being staged (size {f.size} -> {len(data)}+)"

@@ -250,7 +250,7 @@ def _read_csv(
             done = pos
             yield _cast_batch(batch, schema, f.path)
         advance(f.size - done)
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+    except (pa.ArrowException, UnicodeDecodeError) as e:
         raise StagingError(_diagnose_csv(src, f, header, str(e))) from e
     finally:
         stream.close()
@@ -282,7 +282,7 @@ def _read_jsonl(
             done = pos
             yield _cast_batch(batch, schema, f.path)
         advance(f.size - done)
-    except pa.ArrowInvalid as e:
+    except pa.ArrowException as e:
         raise StagingError(f"{f.path}: not valid JSON Lines for the contract: {e}") from e
     finally:
         stream.close()
@@ -298,7 +298,7 @@ def _read_parquet(
     try:
         try:
             pf = pq.ParquetFile(stream)
-        except (pa.ArrowInvalid, OSError) as e:
+        except (pa.ArrowException, OSError) as e:
             raise StagingError(f"{f.path}: not a readable Parquet file: {e}") from e
         names = set(pf.schema_arrow.names)
         missing = [n for n in schema.names if n not in names]
@@ -308,7 +308,7 @@ def _read_parquet(
         for i in range(pf.metadata.num_row_groups):
             try:
                 table = pf.read_row_group(i, columns=schema.names)
-            except (pa.ArrowInvalid, OSError) as e:
+            except (pa.ArrowException, OSError) as e:
                 raise StagingError(f"{f.path}: row group {i} is corrupt: {e}") from e
             for batch in table.to_batches():
                 yield _cast_batch(batch, schema, f"{f.path} (row group {i})")
