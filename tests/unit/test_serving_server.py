@@ -264,3 +264,38 @@ def test_concurrent_requests_are_batched_and_answered_correctly(served):
     calls = batcher.calls - calls_before
     assert calls + batcher.merged_requests >= 120
     assert batcher.merged_requests > 0, "no request was merged under 8 concurrent clients"
+
+
+TRAINER_MODELS = [
+    ("small_cnn", IMAGE_SPEC, {"image": IMAGES}),
+    ("mlp", {"a": ("float32", (None,)), "b": ("float32", (None,))},
+     {"a": np.arange(5, dtype=np.float32), "b": np.ones(5, np.float32)}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model_name", "spec", "rows"), TRAINER_MODELS, ids=[c[0] for c in TRAINER_MODELS]
+)
+def test_serves_savedmodels_exported_by_the_trainer(tmp_path, model_name, spec, rows):
+    """The seam with trainyard.trainer: its export loads here and answers like in-process."""
+    import tensorflow as tf
+
+    from trainyard.trainer.models import ModelSpec, build_model
+    from trainyard.trainer.worker import _export
+
+    model = build_model(model_name, ModelSpec(inputs=spec, num_classes=10, seed=3))
+    _export(model, spec, tmp_path / "model")
+    base = tmp_path / "serving"
+    publish_version(tmp_path / "model", base, "m", 4, spec)
+    srv = ThreadedServer(base, poll_interval=3600)
+    try:
+        srv.sync()
+        with ServingClient("127.0.0.1", srv.port) as client:
+            assert client.status("m")[0]["state"] == "AVAILABLE"
+            got = client.predict("m", inputs={k: v.tolist() for k, v in rows.items()})
+        fn = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
+        want = fn(**{k: tf.constant(v) for k, v in rows.items()})
+        assert got["class_id"] == want["class_id"].numpy().tolist()
+        np.testing.assert_allclose(got["probabilities"], want["probabilities"].numpy(), rtol=1e-6)
+    finally:
+        srv.stop()
