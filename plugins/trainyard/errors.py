@@ -31,6 +31,10 @@ class TrainingError(TrainyardError):
     """Distributed training failed after all attempts (or deterministically, e.g. NaN loss)."""
 
 
+class EvaluationError(TrainyardError):
+    """A model could not be evaluated (bad inputs, outputs or labels)."""
+
+
 class GateRejected(TrainyardError):
     """The evaluation gate rejected the candidate model."""
 

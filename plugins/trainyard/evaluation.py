@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from trainyard.config import GateConfig, Threshold
-from trainyard.errors import ConfigError, GateRejected, TrainyardError
+from trainyard.errors import ConfigError, EvaluationError, GateRejected, TrainyardError
 
 if TYPE_CHECKING:
     from trainyard.config import PipelineConfig
@@ -40,10 +40,6 @@ KNOWN_METRICS = ("accuracy", "loss", "auc", "rmse", "mae")
 _EPS = 1e-7  # probability clip of the cross-entropy, as Keras does
 _TOL = 1e-9  # float slack when comparing a metric with a bound
 _MAX_SLICES = 256
-
-
-class EvaluationError(TrainyardError):
-    """A model could not be evaluated (bad inputs, outputs or labels)."""
 
 
 class ExamplesLike(Protocol):
