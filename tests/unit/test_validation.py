@@ -211,3 +211,66 @@ def test_key_uniqueness_matches_pandas(
 def test_table_type_check_accepts_large_string(tmp_path: Path) -> None:
     schema = SCHEMA.set(0, pa.field("txn_id", pa.large_string()))
     assert _run(tmp_path, transactions(), schema=schema).success
+
+
+FRESH_CONTRACT = """
+dataset: events
+version: 2.0.0
+owner: data@example.com
+source: {{format: parquet}}
+columns:
+  - {{name: id, type: string, nullable: false, unique: true}}
+  - {{name: ts, type: timestamp, nullable: false}}
+  - {{name: x, type: float64}}
+  - {{name: y, type: int64, allowed_values: [0, 1]}}
+roles: {{key: id, label: y, features: [x], num_classes: 2}}
+rules:
+  freshness: {{max_age_hours: 24, {column}severity: {severity}}}
+split: {{holdout_fraction: 0.5, by: id}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "age_hours", "column", "severity", "created_age_hours", "outcome"),
+    [
+        ("fresh-column", 2, True, "error", None, "ok"),
+        ("stale-column-blocks", 72, True, "error", None, "blocks"),
+        ("stale-column-warns", 72, True, "warn", None, "warns"),
+        ("fresh-snapshot", None, False, "error", 1, "ok"),
+        ("stale-snapshot", None, False, "error", 50, "blocks"),
+    ],
+)
+def test_freshness(
+    tmp_path: Path,
+    case: str,
+    age_hours: float | None,
+    column: bool,
+    severity: str,
+    created_age_hours: float | None,
+    outcome: str,
+) -> None:
+    import datetime as dt
+
+    from trainyard.contracts import parse_contract_text
+
+    text = FRESH_CONTRACT.format(column="column: ts, " if column else "", severity=severity)
+    contract = parse_contract_text(text, tmp_path / "events.yaml")
+    now = dt.datetime.now(dt.UTC)
+    newest = now - dt.timedelta(hours=age_hours or 1)
+    cols = {
+        "id": ["a", "b", "c"],
+        "ts": [newest - dt.timedelta(hours=5), newest, newest - dt.timedelta(hours=1)],
+        "x": [1.0, 2.0, 3.0],
+        "y": [0, 1, 1],
+    }
+    snap = tmp_path / "snap"
+    files = write_snapshot(snap, cols, shards=1, schema=None)
+    created = (now - dt.timedelta(hours=created_age_hours or 0)).isoformat()
+    kwargs = {"created_at": created}
+    if outcome == "blocks":
+        with pytest.raises(ValidationFailed, match=r"h old, the contract allows 24"):
+            validate_snapshot(contract, snap, files, **kwargs)
+        return
+    result = validate_snapshot(contract, snap, files, **kwargs)
+    assert result.success
+    assert [w["rule"] for w in result.warnings] == (["freshness"] if outcome == "warns" else [])

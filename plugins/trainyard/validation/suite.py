@@ -70,8 +70,8 @@ def _column_expectations(col: Column) -> list[Any]:
             )
         )
     if col.min_length is not None or col.max_length is not None:
-        rule = "min_length" if col.min_length is not None else "max_length"
-        sev = col.severity_of(rule)
+        declared = [r for r in ("min_length", "max_length") if getattr(col, r) is not None]
+        sev = "error" if any(col.severity_of(r) == "error" for r in declared) else "warn"
         out.append(
             gxe.ExpectColumnValueLengthsToBeBetween(
                 column=name,
