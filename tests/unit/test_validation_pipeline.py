@@ -51,6 +51,9 @@ def test_transactions_validate_then_reject_drift(volume_root: Path, tmp_path: Pa
     assert result.success and result.rows == 3000
     assert volumes.latest_validated("transactions") == first.snapshot_id
     assert (first.path / "validation" / "data_docs" / "index.html").is_file()
+    record = json.loads((volume_root / "transactions" / "validated.json").read_text())
+    assert record["history"][-1]["summary"]["rows"] == 3000
+    assert list((volume_root / "transactions" / ".tmp").iterdir()) == []
 
     _write_csv(raw, transactions(3000, seed=2, amount_shift=40.0))
     second = stage(pipeline, quiet=True)

@@ -139,7 +139,7 @@ def _to_array(
         if kind != "b":
             raise InvalidRequest(f"{where}: expected booleans (true/false), got numbers")
         return arr
-    if kind == "b":
+    if kind == "b" or any(type(v) is bool for v in _flat_items(values)):
         raise InvalidRequest(f"{where}: expected {dtype} numbers, got booleans")
     if (
         kind == "f"
@@ -208,7 +208,6 @@ FAST_DECODE_MIN_BYTES = 8192
 ARROW_ENCODE_MIN_VALUES = 512
 
 _NUMBER_CHARS = b"0123456789eE+-."
-_ARRAY_CHARS = _NUMBER_CHARS + b",[] \t\r\n"
 _TO_LINES = bytes.maketrans(b",[]\t\r\n", b"\n     ")
 _FAST_HEAD = re.compile(rb'\s*\{\s*"(instances|inputs)"\s*:\s*(?:\{\s*"([^"\\]+)"\s*:\s*)?$')
 _FAST_TAIL = re.compile(rb"\s*(\})?\s*\}\s*$")
@@ -230,7 +229,9 @@ def _parse_numbers(array: bytes) -> np.ndarray | None:
             read_options=pacsv.ReadOptions(
                 column_names=["x"], use_threads=False, block_size=max(1 << 20, 2 * len(array))
             ),
-            parse_options=pacsv.ParseOptions(delimiter="\x01", ignore_empty_lines=False),
+            parse_options=pacsv.ParseOptions(
+                delimiter="\x01", quote_char=False, ignore_empty_lines=False
+            ),
             convert_options=pacsv.ConvertOptions(column_types={"x": pa.float64()}),
         )
     except (pa.ArrowInvalid, ValueError):
@@ -275,8 +276,8 @@ def _fast_decode(body: bytes, spec: FeatureSpec) -> tuple[dict[str, np.ndarray],
     if head[2] is not None and (not columnar or head[2].decode() != name):
         return None
     array = body[start : end + 1]
-    if array.translate(None, _ARRAY_CHARS):
-        return None
+    # With the number characters and whitespace removed, only the brackets and commas of
+    # the expected structure may remain (this also rules out letters, quotes and nulls).
     skeleton = array.translate(None, _NUMBER_CHARS + b" \t\r\n")
     row_skel = _skeleton(row_shape)  # type: ignore[arg-type]
     rows, rem = divmod(len(skeleton) - 1, len(row_skel) + 1)

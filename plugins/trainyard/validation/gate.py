@@ -179,17 +179,20 @@ def validate(pipeline: PipelineConfig, snapshot_id: str) -> ValidationResult:
             manifest.contract_version,
             contract.version,
         )
-    work_dir = volumes.dataset_dir(pipeline.dataset) / ".tmp"
-    work_dir.mkdir(parents=True, exist_ok=True)
-    result = validate_snapshot(
-        contract,
-        sdir,
-        volumes.table_files(sdir),
-        snapshot_id=snapshot_id,
-        previous_id=previous if previous_files is not None else None,
-        previous_files=previous_files,
-        created_at=manifest.created_at,
-        work_dir=work_dir,
-    )
-    volumes.mark_validated(pipeline.dataset, snapshot_id, result.summary)
+    with volumes.staging_area(pipeline.dataset, "validate") as work_dir:
+        result = validate_snapshot(
+            contract,
+            sdir,
+            volumes.table_files(sdir),
+            snapshot_id=snapshot_id,
+            previous_id=previous if previous_files is not None else None,
+            previous_files=previous_files,
+            created_at=manifest.created_at,
+            work_dir=work_dir,
+        )
+    small = {k: result.summary[k] for k in ("contract_version", "rows", "seconds", "validated_at")}
+    small["warnings"] = [f"{w['rule']} {w['column'] or ''}".strip() for w in result.warnings]
+    small["previous_snapshot_id"] = result.summary["previous_snapshot_id"]
+    small["report"] = str(result.report_dir / "summary.json")
+    volumes.mark_validated(pipeline.dataset, snapshot_id, small)
     return result

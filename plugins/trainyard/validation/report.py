@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from trainyard.fsutil import atomic_write_bytes, atomic_write_json, fsync_dir, f
 if TYPE_CHECKING:
     from trainyard.validation.runner import RuleOutcome
 
+STALE_TMP_S = 3600
 SAMPLE_COLUMNS = 3
 SAMPLE_WIDTH = 48
 
@@ -83,6 +85,9 @@ def write_report(
         The report folder.
     """
     final = snapshot_dir / "validation"
+    for residue in snapshot_dir.glob(".validation-*"):
+        if time.time() - residue.lstat().st_mtime > STALE_TMP_S:
+            shutil.rmtree(residue, ignore_errors=True)
     tmp = snapshot_dir / f".validation-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
