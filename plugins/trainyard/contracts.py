@@ -202,15 +202,20 @@ def _schema_validator() -> Any:
     return cls(schema)
 
 
-def _line_index(text: str) -> dict[tuple[Any, ...], int]:
-    """Map each key path of a YAML document to its 1-based line number."""
+def _line_index(text: str) -> tuple[dict[tuple[Any, ...], int], list[tuple[Any, ...]]]:
+    """Map each key path of a YAML document to its 1-based line; list duplicated keys."""
     lines: dict[tuple[Any, ...], int] = {}
+    duplicates: list[tuple[Any, ...]] = []
 
     def walk(node: yaml.Node, path: tuple[Any, ...]) -> None:
         lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
             for key, value in node.value:
                 sub = (*path, key.value)
+                if key.value in seen:
+                    duplicates.append(sub)
+                seen.add(key.value)
                 lines[sub] = key.start_mark.line + 1
                 walk(value, sub)
         elif isinstance(node, yaml.SequenceNode):
@@ -220,7 +225,7 @@ def _line_index(text: str) -> dict[tuple[Any, ...], int]:
     root = yaml.compose(text, Loader=yaml.SafeLoader)
     if root is not None:
         walk(root, ())
-    return lines
+    return lines, duplicates
 
 
 class _Where:
@@ -422,7 +427,7 @@ def parse_contract_text(text: str, path: Path, *, check_name: bool = True) -> Co
     """
     try:
         raw = yaml.safe_load(text)
-        lines = _line_index(text)
+        lines, duplicates = _line_index(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = f":{mark.line + 1}" if mark else ""
@@ -432,6 +437,9 @@ def parse_contract_text(text: str, path: Path, *, check_name: bool = True) -> Co
     where = _Where(path, lines)
     if not isinstance(raw, dict):
         raise ContractError(where([], "expected a mapping at the top level"))
+    if duplicates:
+        found = [where(keys, "duplicate key") for keys in duplicates]
+        raise ContractError(f"{path}: invalid data contract\n  " + "\n  ".join(found))
     errors = _schema_errors(raw, where)
     if not errors:
         errors = _semantic_errors(raw, where, path.stem if check_name else None)

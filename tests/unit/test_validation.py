@@ -274,3 +274,12 @@ def test_freshness(
     result = validate_snapshot(contract, snap, files, **kwargs)
     assert result.success
     assert [w["rule"] for w in result.warnings] == (["freshness"] if outcome == "warns" else [])
+
+
+def test_empty_snapshot_blocks_on_row_count(tmp_path: Path) -> None:
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    with pytest.raises(ValidationFailed, match=r"0 rows, the contract allows \[1000"):
+        validate_snapshot(CONTRACT, snap, [])
+    summary = json.loads((snap / "validation" / "rejected.json").read_text())
+    assert [f["rule"] for f in summary["failures"]] == ["row_count", "all_values_present"]
