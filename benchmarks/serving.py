@@ -6,7 +6,8 @@ Measures, in one run, against a real ``trainyard serve`` process:
   keep-alive connections; request bodies are encoded once, responses are decoded), against
   rows/s of the same batches through ``signatures["serving_default"]`` in this process;
 * p50/p99 latency of single-row requests under ``--clients`` concurrent clients;
-* the latency added over in-process at batch 1 (one client, p50 minus p50).
+* the latency added over in-process at batch 1 (one client, p50 minus p50);
+* CPU time per row of each side (the machine may be shared: wall-clock figures are noisy).
 
 The model is the digits pipeline's ``small_cnn`` shape (conv 32 → pool → conv 64 → dense 64
 → 10) with random weights, on 8x8x1 images. Last line:
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 
 from trainyard.serving.client import ServingClient  # noqa: E402
 from trainyard.serving.deploy import (  # noqa: E402
@@ -68,26 +70,33 @@ def build_model(path: Path) -> None:
     tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})
 
 
-def in_process(model_dir: Path, batch: np.ndarray, seconds: float) -> tuple[float, float]:
-    """rows/s at ``len(batch)`` and p50 latency (s) at batch 1, calling the signature."""
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def in_process_rows_s(fn: object, batch: np.ndarray, seconds: float) -> float:
+    """rows/s calling the signature on ``batch`` repeatedly (outputs fetched to numpy)."""
     import tensorflow as tf
 
-    fn = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
-    for _ in range(5):
-        {k: v.numpy() for k, v in fn(image=tf.constant(batch)).items()}
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        {k: v.numpy() for k, v in fn(image=tf.constant(batch)).items()}
+        {k: v.numpy() for k, v in fn(image=tf.constant(batch)).items()}  # type: ignore[operator]
         n += 1
-    rows_s = n * len(batch) / (time.perf_counter() - t0)
-    one = batch[:1]
+    return n * len(batch) / (time.perf_counter() - t0)
+
+
+def in_process_p50(fn: object, row: np.ndarray, seconds: float) -> float:
+    """Median latency (s) of one-row calls."""
+    import tensorflow as tf
+
     lat = []
-    t_end = time.perf_counter() + seconds / 2
+    t_end = time.perf_counter() + seconds
     while time.perf_counter() < t_end:
         t = time.perf_counter()
-        {k: v.numpy() for k, v in fn(image=tf.constant(one)).items()}
+        {k: v.numpy() for k, v in fn(image=tf.constant(row)).items()}  # type: ignore[operator]
         lat.append(time.perf_counter() - t)
-    return rows_s, statistics.median(lat)
+    return statistics.median(lat)
 
 
 def http_load(
@@ -133,9 +142,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256, help="rows per batched request")
     p.add_argument("--clients", type=int, default=4, help="concurrent connections")
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    p.add_argument("--batch-clients", type=int, default=2, help="connections posting batches")
+    p.add_argument("--rounds", type=int, default=5, help="alternating throughput rounds")
     p.add_argument("--port", type=int, default=18501)
     args = p.parse_args()
-    seconds = 3.0 if args.quick else args.seconds
+    seconds = 2.0 if args.quick else args.seconds
+    if args.quick:
+        args.rounds = 3
 
     rng = np.random.default_rng(0)
     batch = rng.random((args.batch, 8, 8, 1), dtype=np.float32)
@@ -149,20 +162,37 @@ def main() -> None:
             with ServingClient("127.0.0.1", args.port) as c:
                 wait_available(c, "bench", 1, 120)
                 served = c.predict("bench", inputs=batch[:16].tolist())["class_id"]
-            base_rows_s, base_p50_b1 = in_process(tmp_path / "model", batch, seconds)
             import gc
 
             import tensorflow as tf
 
+            fn = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
             gc.collect()
             gc.freeze()  # as the server does: keep full collections off TensorFlow's objects
-
-            fn = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
             want = fn(image=tf.constant(batch[:16]))["class_id"].numpy().tolist()
             assert served == want, "served predictions differ from in-process ones"
+            in_process_rows_s(fn, batch, 0.5)
 
+            # Alternate the two measurements so load from other processes hits both alike.
             body = json.dumps({"instances": batch.tolist()}).encode()
-            http_rows_s, _ = http_load(args.port, body, args.batch, 2, seconds)
+            base_runs, http_runs = [], []
+            server, me = psutil.Process(pid), psutil.Process()
+            cpu = {"in-process": 0.0, "server": 0.0, "client": 0.0}
+            for _ in range(args.rounds):
+                m0 = _cpu(me)
+                base_runs.append(in_process_rows_s(fn, batch, seconds))
+                cpu["in-process"] += (_cpu(me) - m0) / (base_runs[-1] * seconds)
+                s0, m0 = _cpu(server), _cpu(me)
+                http_runs.append(
+                    http_load(args.port, body, args.batch, args.batch_clients, seconds)[0]
+                )
+                cpu["server"] += (_cpu(server) - s0) / (http_runs[-1] * seconds)
+                cpu["client"] += (_cpu(me) - m0) / (http_runs[-1] * seconds)
+            cpu_us = {k: v / args.rounds * 1e6 for k, v in cpu.items()}
+            base_rows_s = statistics.median(base_runs)
+            http_rows_s = statistics.median(http_runs)
+            ratio = http_rows_s / base_rows_s
+            base_p50_b1 = in_process_p50(fn, batch[:1], seconds)
 
             one = json.dumps({"instances": batch[:1].tolist()}).encode()
             _, conc = http_load(args.port, one, 1, args.clients, seconds)
@@ -172,13 +202,27 @@ def main() -> None:
             added = statistics.median(seq) - base_p50_b1
         finally:
             stop_local_server(root)
-    ratio = http_rows_s / base_rows_s
-    print(f"server pid {pid}, batch {args.batch}, {args.clients} clients, {seconds:.0f}s phases")
+    print(
+        f"server pid {pid}, batch {args.batch}, {args.clients} clients, {seconds:.0f}s phases,"
+        f" {args.rounds} rounds (medians)"
+    )
     print(
         f"in-process: {base_rows_s:,.0f} rows/s at batch {args.batch}; batch-1 p50 "
         f"{base_p50_b1 * 1e3:.3f} ms"
     )
-    print(f"http:       {http_rows_s:,.0f} rows/s at batch {args.batch} (2 connections)")
+    print(
+        f"http:       {http_rows_s:,.0f} rows/s at batch {args.batch} "
+        f"({args.batch_clients} connections)"
+    )
+    rounds = ", ".join(
+        f"{b:,.0f}/{h:,.0f} ({h / b:.2f})" for b, h in zip(base_runs, http_runs, strict=True)
+    )
+    print(f"rounds (in-process/http rows/s): {rounds}")
+    print(
+        "CPU per row (less sensitive to other load): in-process "
+        f"{cpu_us['in-process']:.1f} us; http server {cpu_us['server']:.1f} us "
+        f"+ client {cpu_us['client']:.1f} us"
+    )
     print(
         f"single-row under {args.clients} clients: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
         f" ({len(conc) / seconds:,.0f} req/s)"
@@ -190,7 +234,7 @@ def main() -> None:
     print(
         f"BENCH serving ratio={ratio:.3f} ours={http_rows_s:.0f} baseline={base_rows_s:.0f} "
         f"p50_ms={p50 * 1e3:.3f} p99_ms={p99 * 1e3:.3f} added_b1_ms={added * 1e3:.3f} "
-        f"batch={args.batch} clients={args.clients}"
+        f"batch={args.batch} clients={args.clients} rounds={args.rounds}"
     )  # fmt: skip
 
 

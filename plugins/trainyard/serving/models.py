@@ -171,7 +171,12 @@ def _spec_from_tensor_specs(specs: dict[str, Any]) -> FeatureSpec:
 
 
 def load_version(
-    model: str, version: int, path: Path, executor: Executor, max_batch_rows: int = 1024
+    model: str,
+    version: int,
+    path: Path,
+    executor: Executor,
+    max_batch_rows: int = 1024,
+    max_concurrency: int = 2,
 ) -> LoadedVersion:
     """Load, check and warm up one SavedModel version (blocking).
 
@@ -186,6 +191,7 @@ def load_version(
         path: The SavedModel directory.
         executor: Thread pool the model runs on.
         max_batch_rows: Largest merged batch.
+        max_concurrency: Model calls of this version that may run at once.
 
     Returns:
         The loaded version.
@@ -228,7 +234,9 @@ def load_version(
         fn=fn,
         saved_model=loaded,
     )
-    version_obj.batcher = Batcher(version_obj.run, executor, max_batch_rows=max_batch_rows)
+    version_obj.batcher = Batcher(
+        version_obj.run, executor, max_batch_rows=max_batch_rows, max_concurrency=max_concurrency
+    )
     warm = {
         name: np.zeros([1 if d is None else d for d in shape], dtype=dtype)
         for name, (dtype, shape) in feature_spec.items()
@@ -335,6 +343,7 @@ class ModelRepository:
         self.base_path = Path(base_path)
         self.poll_interval = poll_interval
         self.max_batch_rows = max_batch_rows
+        self.predict_threads = predict_threads
         self.executor = ThreadPoolExecutor(predict_threads, thread_name_prefix="predict")
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
         self._records: dict[str, dict[int, VersionRecord]] = {}
@@ -460,6 +469,7 @@ class ModelRepository:
                 path,
                 self.executor,
                 self.max_batch_rows,
+                self.predict_threads,
             )
         except Exception as e:
             rec.state, rec.error_code, rec.error_message = "END", "UNKNOWN", str(e)

@@ -197,9 +197,13 @@ class ServingServer:
         poll_interval: float = 1.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_batch_rows: int = 1024,
+        model_threads: int = 2,
     ) -> None:
         self.repository = ModelRepository(
-            base_path, poll_interval=poll_interval, max_batch_rows=max_batch_rows
+            base_path,
+            poll_interval=poll_interval,
+            max_batch_rows=max_batch_rows,
+            predict_threads=model_threads,
         )
         self.host = host
         self.port = port
@@ -269,6 +273,9 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between scans")
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
     parser.add_argument("--max-batch-rows", type=int, default=1024, help="largest merged batch")
+    parser.add_argument(
+        "--model-threads", type=int, default=2, help="model calls that may run at once"
+    )
     args = parser.parse_args(argv)
     base = args.base_path or get_settings().serving_root
     base.mkdir(parents=True, exist_ok=True)
@@ -279,6 +286,7 @@ def cli_main(argv: list[str]) -> int:
         poll_interval=args.poll_interval,
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_batch_rows=args.max_batch_rows,
+        model_threads=args.model_threads,
     )
     asyncio.run(serve_until_signalled(server))
     return 0
