@@ -35,10 +35,12 @@ def write_tfrecords(snap: Path, out: Path) -> list[str]:
         with tf.io.TFRecordWriter(str(path)) as w:
             for r in (index.shard == s).nonzero()[0]:
                 data = blob[index.offset[r] : index.offset[r] + index.size[r]]
-                ex = tf.train.Example(features=tf.train.Features(feature={
+                label = tf.train.Int64List(value=[int(index.labels[r])])
+                feature = {
                     "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
-                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(index.labels[r])])),
-                }))  # fmt: skip
+                    "label": tf.train.Feature(int64_list=label),
+                }
+                ex = tf.train.Example(features=tf.train.Features(feature=feature))
                 w.write(ex.SerializeToString())
         paths.append(str(path))
     return paths

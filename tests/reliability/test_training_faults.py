@@ -73,7 +73,7 @@ def test_worker_that_never_starts_fails_at_deadline_and_retries_end_in_one_error
     with pytest.raises(TrainingError) as err:
         run_training(
             PIPELINE, snap, tmp_path / "out", params, run_id="hang", log=lambda _l: None,
-            env={"TRAINYARD_FAULT": "hang_before_ready:0:worker:1:1,hang_before_ready:0:worker:1:2"},
+            env={"TRAINYARD_FAULT": "hang_before_ready:0:worker:1:1,hang_before_ready:0:worker:1:2"},  # noqa: E501
         )  # fmt: skip
     elapsed = time.monotonic() - t0
     message = str(err.value)
@@ -114,8 +114,9 @@ sys.path.insert(0, {plugins!r})
 from trainyard.config import TrainingConfig, parse_pipeline
 from trainyard.training import run_training
 p = parse_pipeline(Path({pipeline!r}))
-params = TrainingConfig(model="small_cnn", workers=2, epochs=50, batch_size=32, steps_per_execution=1)
-run_training(p, Path({snap!r}), Path({out!r}), params, run_id="term", log=lambda l: print(l, flush=True))
+params = TrainingConfig(model="small_cnn", workers=2, epochs=50, batch_size=32)
+log = lambda line: print(line, flush=True)
+run_training(p, Path({snap!r}), Path({out!r}), params, run_id="term", log=log)
 """
 
 
@@ -142,5 +143,5 @@ def test_killed_launcher_leaves_no_worker(sig: int, volume_root: Path, tmp_path:
     assert len(workers) >= 2
     os.kill(launcher.pid, sig)
     launcher.wait(timeout=30)
-    gone, alive = psutil.wait_procs(workers, timeout=15)
+    _gone, alive = psutil.wait_procs(workers, timeout=15)
     assert alive == [], f"worker processes survived the launcher: {[p.pid for p in alive]}"

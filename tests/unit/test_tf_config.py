@@ -9,8 +9,11 @@ import pytest
 from trainyard.errors import ConfigError
 from trainyard.trainer.tf_config import cluster_roles, make_tf_config, resolve_tf_config, role_of
 
-JOBS = {"chief": {"job": "tr-chief", "replicas": 1}, "worker": {"job": "tr-worker", "replicas": 2},
-        "ps": {"job": "tr-ps", "replicas": 1}}  # fmt: skip
+JOBS = {
+    "chief": {"job": "tr-chief", "replicas": 1},
+    "worker": {"job": "tr-worker", "replicas": 2},
+    "ps": {"job": "tr-ps", "replicas": 1},
+}
 CLUSTER = {
     "chief": ["tr-chief-0.tr-svc:2222"],
     "worker": ["tr-worker-0.tr-svc:2222", "tr-worker-1.tr-svc:2222"],
@@ -19,8 +22,12 @@ CLUSTER = {
 
 
 def _env(task_type: str, index: int, jobs: dict = JOBS, **extra: str) -> dict[str, str]:
-    env = {"JOB_COMPLETION_INDEX": str(index), "TRAINYARD_TF_TASK_TYPE": task_type,
-           "TRAINYARD_TF_JOBS": json.dumps(jobs), "TRAINYARD_TF_SERVICE": "tr-svc"}  # fmt: skip
+    env = {
+        "JOB_COMPLETION_INDEX": str(index),
+        "TRAINYARD_TF_TASK_TYPE": task_type,
+        "TRAINYARD_TF_JOBS": json.dumps(jobs),
+        "TRAINYARD_TF_SERVICE": "tr-svc",
+    }
     env.update(extra)
     return env
 
@@ -61,25 +68,64 @@ def test_explicit_tf_config_wins_over_derivation() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({}, "missing JOB_COMPLETION_INDEX, TRAINYARD_TF_TASK_TYPE, TRAINYARD_TF_JOBS, TRAINYARD_TF_SERVICE"),
+        (
+            {},
+            "missing JOB_COMPLETION_INDEX, TRAINYARD_TF_TASK_TYPE, "
+            "TRAINYARD_TF_JOBS, TRAINYARD_TF_SERVICE",
+        ),
         (_env("worker", 2), "task.index 2 out of range for worker"),
         (_env("evaluator", 0), "task.type 'evaluator' is not in the cluster"),
-        (_env("worker", 0, {"worker": {"job": "w", "replicas": 0}}), "replicas must be a positive integer"),
+        (
+            _env("worker", 0, {"worker": {"job": "w", "replicas": 0}}),
+            "replicas must be a positive integer",
+        ),
         (_env("worker", 0, {"gpu": {"job": "w", "replicas": 1}}), "unknown task type 'gpu'"),
         (_env("ps", 0, {"ps": {"job": "p", "replicas": 1}}), "cluster has no 'worker' task"),
         ({**_env("worker", 0), "TRAINYARD_TF_JOBS": "{"}, "TRAINYARD_TF_JOBS is not valid JSON"),
-        ({**_env("worker", 0), "JOB_COMPLETION_INDEX": "x"}, "JOB_COMPLETION_INDEX must be an integer"),
-        ({**_env("worker", 0), "TRAINYARD_TF_PORT": "http"}, "TRAINYARD_TF_PORT must be an integer"),
+        (
+            {**_env("worker", 0), "JOB_COMPLETION_INDEX": "x"},
+            "JOB_COMPLETION_INDEX must be an integer",
+        ),
+        (
+            {**_env("worker", 0), "TRAINYARD_TF_PORT": "http"},
+            "TRAINYARD_TF_PORT must be an integer",
+        ),
         ({"TF_CONFIG": "not json"}, "TF_CONFIG is not valid JSON"),
-        ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}})},
-         "duplicate addresses"),
-        ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"], "chief": ["b:1", "c:1"]},
-                                   "task": {"type": "worker", "index": 0}})}, "at most one chief"),
+        (
+            {
+                "TF_CONFIG": json.dumps(
+                    {"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}
+                )
+            },
+            "duplicate addresses",
+        ),
+        (
+            {
+                "TF_CONFIG": json.dumps(
+                    {
+                        "cluster": {"worker": ["a:1"], "chief": ["b:1", "c:1"]},
+                        "task": {"type": "worker", "index": 0},
+                    }
+                )
+            },
+            "at most one chief",
+        ),
     ],
-    ids=["nothing-set", "index-out-of-range", "unknown-task-type", "zero-replicas", "bad-type-in-jobs",
-         "no-workers", "jobs-not-json", "index-not-int", "port-not-int", "tf-config-not-json",
-         "duplicate-address", "two-chiefs"],
-)  # fmt: skip
+    ids=[
+        "nothing-set",
+        "index-out-of-range",
+        "unknown-task-type",
+        "zero-replicas",
+        "bad-type-in-jobs",
+        "no-workers",
+        "jobs-not-json",
+        "index-not-int",
+        "port-not-int",
+        "tf-config-not-json",
+        "duplicate-address",
+        "two-chiefs",
+    ],
+)
 def test_bad_environment_is_one_clear_error(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve_tf_config(env)

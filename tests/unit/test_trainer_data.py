@@ -80,7 +80,16 @@ def test_broken_snapshot_is_one_clear_error(tmp_path: Path, breakage, message: s
 
 
 def test_data_module_imports_no_tensorflow() -> None:
-    code = "import sys; import trainyard.trainer.data, trainyard.training; print('tensorflow' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "plugins")}, check=True)  # fmt: skip
+    code = (
+        "import sys; import trainyard.trainer.data, trainyard.training; "
+        "print('tensorflow' in sys.modules)"
+    )
+    plugins = str(Path(__file__).resolve().parents[2] / "plugins")
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": plugins},
+        check=True,
+    )
     assert out.stdout.strip() == "False"

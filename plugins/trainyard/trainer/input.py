@@ -63,6 +63,8 @@ class SnapshotInput:
         split: ``train``, ``holdout`` or ``all``.
         in_graph: Build only graph-serialisable datasets (parameter-server workers).
         cache: None, ``"memory"``, or a directory for ``Dataset.cache`` files (local disk).
+        resize: Resize decoded images to the contract's height x width (sources whose
+            images vary in size); otherwise a mismatching image is an error.
     """
 
     def __init__(
@@ -72,7 +74,9 @@ class SnapshotInput:
         split: str = "train",
         in_graph: bool = False,
         cache: str | None = None,
+        resize: bool = False,
     ) -> None:
+        self.resize = resize
         self.snapshot_dir = Path(snapshot_dir)
         self.contract = contract
         self.split = split
@@ -152,6 +156,9 @@ class SnapshotInput:
         assert index is not None and self.contract.image is not None
         img = self.contract.image
         image_name = img.column
+        resize = self.resize
+        ext = getattr(getattr(self.contract, "source", None), "extension", None) or ""
+        jpeg = ext.lower() in ("jpg", "jpeg")
         groups = [np.flatnonzero(index.shard == s) for s in range(len(index.shards))]
         shard_ids = [s for s, rows in enumerate(groups) if len(rows)]
         element_stride = 1
@@ -190,7 +197,15 @@ class SnapshotInput:
             ds = ds.shard(element_stride, pipeline_id)
 
         def decode(data: tf.Tensor, label: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-            image = tf.io.decode_image(data, channels=img.channels, expand_animations=False)
+            if resize and jpeg:
+                image = _decode_jpeg_at_least(data, img.height, img.width, img.channels)
+            else:
+                image = tf.io.decode_image(data, channels=img.channels, expand_animations=False)
+            if resize:
+                image = tf.image.resize(image, (img.height, img.width)) / 255.0
+                return {
+                    image_name: tf.ensure_shape(image, (img.height, img.width, img.channels))
+                }, label
             image = tf.ensure_shape(image, (img.height, img.width, img.channels))
             return {image_name: tf.cast(image, tf.float32) / 255.0}, label
 
@@ -244,3 +259,21 @@ class SnapshotInput:
             tf.TensorSpec((None,), tf.int64),
         )
         return tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
+
+
+def _decode_jpeg_at_least(data: tf.Tensor, height: int, width: int, channels: int) -> tf.Tensor:
+    """Decode a JPEG with libjpeg's DCT scaling (1/2, 1/4, 1/8) while it stays >= the target.
+
+    Decoding at a reduced scale skips most of the inverse DCT work, the bulk of a JPEG
+    decode; the image is resized to the target size afterwards anyway.
+    """
+    shape = tf.image.extract_jpeg_shape(data)
+    fit = tf.minimum(shape[0] // height, shape[1] // width)
+    branch = tf.cast(fit >= 2, tf.int32) + tf.cast(fit >= 4, tf.int32) + tf.cast(fit >= 8, tf.int32)
+
+    def at(ratio: int):  # type: ignore[no-untyped-def]
+        return lambda: tf.io.decode_jpeg(
+            data, channels=channels, ratio=ratio, dct_method="INTEGER_FAST"
+        )
+
+    return tf.switch_case(branch, [at(1), at(2), at(4), at(8)])

@@ -185,12 +185,8 @@ def _run(
 
     keras.utils.set_random_seed(args.seed)
     if args.strategy == "multi_worker_mirrored":
-        gpus = tf.config.list_physical_devices("GPU")
-        impl = tf.distribute.experimental.CommunicationImplementation
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=tf.distribute.experimental.CommunicationOptions(
-                implementation=impl.NCCL if gpus else impl.AUTO
-            )
+            communication_options=communication_options()
         )
     else:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -303,6 +299,18 @@ def _run(
     atomic_write_json(args.output_dir / "history.json", state)
     _say(role, f"exported {args.output_dir / 'model'}")
     return 0
+
+
+def communication_options() -> Any:
+    """All-reduce options: NCCL on GPUs; ``TRAINYARD_ALLREDUCE_PACK_BYTES`` packs gradients."""
+    import tensorflow as tf
+
+    impl = tf.distribute.experimental.CommunicationImplementation
+    gpus = tf.config.list_physical_devices("GPU")
+    pack = int(os.environ.get("TRAINYARD_ALLREDUCE_PACK_BYTES", "0"))
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=pack, implementation=impl.NCCL if gpus else impl.AUTO
+    )
 
 
 def _export(model: Any, inputs: dict[str, tuple[str, tuple[int | None, ...]]], final: Path) -> None:

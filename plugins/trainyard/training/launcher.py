@@ -71,6 +71,8 @@ class LaunchSpec:
         env: Extra environment for every task.
         success_roles: Task types whose exit 0 completes the attempt (the others are
             servers that are stopped afterwards).
+        command: The program before ``worker_args`` (default: this interpreter running
+            ``-m trainyard.trainer``).
     """
 
     worker_args: list[str]
@@ -80,6 +82,7 @@ class LaunchSpec:
     max_attempts: int
     env: dict[str, str] = field(default_factory=dict)
     success_roles: tuple[str, ...] = ("worker",)
+    command: list[str] | None = None
 
 
 class _NonRetryable(TrainingError):
@@ -167,7 +170,8 @@ class _Attempt:
             "TRAINYARD_TF_TASK_TYPE",
         ):
             base.pop(key, None)
-        cmd = [sys.executable, "-m", "trainyard.trainer", *self.spec.worker_args]
+        program = self.spec.command or [sys.executable, "-m", "trainyard.trainer"]
+        cmd = [*program, *self.spec.worker_args]
         for ttype, index in self.spec.roles:
             env = dict(base, TF_CONFIG=json.dumps(make_tf_config(cluster, ttype, index)))
             self.tasks.append(_Task(f"{ttype}:{index}", cmd, env, self.log))
