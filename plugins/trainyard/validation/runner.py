@@ -158,10 +158,30 @@ def schema_outcomes(
 def iter_batches(
     opened: Sequence[Any], columns: list[str], batch_rows: int
 ) -> Iterator[tuple[pa.RecordBatch, pd.DataFrame]]:
-    """Yield the snapshot's rows in batches of at most ``batch_rows``: Arrow and pandas."""
-    for pf in opened:
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
-            yield batch, batch.to_pandas()
+    """Yield the snapshot's rows in batches of at most ``batch_rows``: Arrow and pandas.
+
+    The next batch is read and converted in a helper thread (pyarrow releases the GIL)
+    while the caller works on the current one; at most two batches are in memory.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def batches() -> Iterator[Any]:
+        for pf in opened:
+            yield from pf.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True)
+
+    def convert(source: Iterator[Any]) -> tuple[pa.RecordBatch, pd.DataFrame] | None:
+        batch = next(source, None)
+        return None if batch is None else (batch, batch.to_pandas())
+
+    source = batches()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainyard-read") as pool:
+        pending = pool.submit(convert, source)
+        while True:
+            item = pending.result()
+            if item is None:
+                return
+            pending = pool.submit(convert, source)
+            yield item
 
 
 _MASK64 = (1 << 64) - 1
