@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
+import mmap
 import os
+import pickle
 import posixpath
 import re
+import signal
 import struct
+import sys
 import tarfile
+from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import blake3
 
 from trainyard.errors import StagingError
 from trainyard.staging.sources import Source, SourceFile
@@ -30,16 +35,21 @@ from trainyard.volumes import ShardInfo, hash_file
 
 LABELS_FILE = "labels.csv"
 _BLOCK = 512
-_FLUSH_BYTES = 4 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-_ZERO_BLOCKS = b"\0" * (2 * _BLOCK)
-# ustar header pieces around name (0:100), size (124:136) and checksum (148:156)
+# ustar header: name (0:100), mode+uid+gid (100:124), size (124:136), mtime (136:148),
+# checksum (148:156), then typeflag "0", empty link name, magic "ustar\0" version "00"
+_HEADER = struct.Struct("100s24s12s12s8s356s")
 _MODE_IDS = b"0000644\0" + b"0000000\0" + b"0000000\0"
 _MTIME = b"00000000000\0"
 _TAIL = (b"0" + b"\0" * 100 + b"ustar\x0000").ljust(_BLOCK - 156, b"\0")
 _CONST_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_TAIL) + 8 * 0x20
-_PADS = [b"\0" * n for n in range(_BLOCK)]
+_CLS = b".cls"
+_CLS_SUM = sum(_CLS)
+_PIECE_MAX = 8 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# below this much data a second process costs more (fork, result pipe) than it saves
+_PARALLEL_MIN_BYTES = 2 << 20
 
 
 def tar_header(name: str, size: int) -> bytes:
@@ -59,13 +69,7 @@ def tar_header(name: str, size: int) -> bytes:
         return info.tobuf(format=tarfile.PAX_FORMAT)
     size_field = b"%011o\0" % size
     chksum = _CONST_SUM + sum(raw) + sum(size_field)
-    return b"".join(
-        (raw.ljust(100, b"\0"), _MODE_IDS, size_field, _MTIME, b"%06o\0 " % chksum, _TAIL)
-    )
-
-
-def _pad(size: int) -> bytes:
-    return _PADS[-size % _BLOCK]
+    return _HEADER.pack(raw, _MODE_IDS, size_field, _MTIME, b"%06o\0 " % chksum, _TAIL)
 
 
 def image_size(data: bytes, where: str) -> tuple[int, int]:
@@ -86,80 +90,6 @@ def image_size(data: bytes, where: str) -> tuple[int, int]:
             return int(img.size[0]), int(img.size[1])
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
         raise StagingError(f"{where}: not a readable image ({e})") from e
-
-
-class _TarShards:
-    """Writes tar shards with rollover by size, hashing bytes as they are written."""
-
-    def __init__(self, out_dir: Path, target_bytes: int) -> None:
-        self.out_dir = out_dir
-        self.target_bytes = target_bytes
-        self.shards: list[ShardInfo] = []
-        self.fh: Any = None
-        self.hasher: Any = None
-        self.parts: list[bytes] = []
-        self.pending = 0
-        self.size = 0
-        self.samples = 0
-        self.name = ""
-
-    def _open(self) -> None:
-        self.name = f"shard-{len(self.shards):05d}.tar"
-        self.fh = open(self.out_dir / self.name, "wb")  # noqa: SIM115 - closed in _close
-        self.hasher = blake3.blake3()
-        self.size = self.samples = 0
-
-    def _flush(self) -> None:
-        if self.parts:
-            chunk = b"".join(self.parts)
-            self.fh.write(chunk)
-            self.hasher.update(chunk)
-            self.parts = []
-            self.pending = 0
-
-    def add(self, key: str, ext: str, data: bytes, label: int) -> str:
-        if self.fh is None:
-            self._open()
-        cls = b"%d" % label
-        n = len(data)
-        self.parts += (
-            tar_header(f"{key}.{ext}", n),
-            data,
-            _PADS[-n % _BLOCK],
-            tar_header(f"{key}.cls", len(cls)),
-            cls,
-            _PADS[-len(cls) % _BLOCK],
-        )
-        self.samples += 1
-        added = 2 * _BLOCK + n + (-n % _BLOCK) + len(cls) + (-len(cls) % _BLOCK)
-        self.size += added
-        self.pending += added
-        if self.pending >= _FLUSH_BYTES:
-            self._flush()
-        name = self.name
-        if self.size >= self.target_bytes:
-            self._close()
-        return name
-
-    def _close(self) -> None:
-        self.parts.append(_ZERO_BLOCKS)
-        self._flush()
-        self.fh.close()
-        path = self.out_dir / self.name
-        self.shards.append(
-            ShardInfo(self.name, path.stat().st_size, self.samples, self.hasher.hexdigest())
-        )
-        self.fh = None
-
-    def finish(self) -> list[ShardInfo]:
-        if self.fh is not None:
-            self._close()
-        return self.shards
-
-    def abort(self) -> None:
-        if self.fh is not None:
-            self.fh.close()
-            self.fh = None
 
 
 def _read_labels_file(src: Source, f: SourceFile) -> dict[str, int]:
@@ -194,9 +124,13 @@ def _read_labels_file(src: Source, f: SourceFile) -> dict[str, int]:
 
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)?$")
+_SAFE_NAME = re.compile(r"([A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)?)\.([A-Za-z0-9]+)")
 
 
 def _key(rel: str) -> tuple[str, str]:
+    safe = _SAFE_NAME.fullmatch(rel)
+    if safe:
+        return safe[1], safe[2].lower()
     stem, ext = posixpath.splitext(rel)
     if _SAFE_KEY.match(stem):
         return stem, ext[1:].lower()
@@ -243,16 +177,17 @@ def plan_samples(src: Source) -> tuple[list[tuple[SourceFile, str, str, int]], l
         else:
             classes = names
             index = {n: i for i, n in enumerate(names)}
-        label_of = {f.rel: index[f.rel.split("/", 1)[0]] for f in samples}
+        label_of = {f.rel: index[f.rel.partition("/")[0]] for f in samples}
     plan = []
-    seen: dict[str, str] = {}
     for f in samples:
         key, ext = _key(f.rel)
-        if key in seen:
-            raise StagingError(f"{f.path}: maps to the same sample key {key!r} as {seen[key]!r}")
-        seen[key] = f.path
         plan.append((f, key, ext, label_of[f.rel]))
     plan.sort(key=lambda p: p[1])
+    for before, after in itertools.pairwise(plan):
+        if before[1] == after[1]:
+            raise StagingError(
+                f"{after[0].path}: maps to the same sample key {after[1]!r} as {before[0].path!r}"
+            )
     return plan, classes
 
 
@@ -264,14 +199,281 @@ def _root_files(src: Source) -> list[SourceFile]:
     return []
 
 
-def _read_file(src: Source, f: SourceFile, local: bool) -> bytes:
-    if not local:
-        return src.fs.cat_file(f.path)
-    fd = os.open(f.path, os.O_RDONLY)
+@dataclass
+class _Layout:
+    """Where every byte of every shard goes, decided from the listed sizes up front.
+
+    Shards roll over once they reach the target size, in key order, exactly as a
+    sequential writer would, so shard contents (and the snapshot id) do not depend on how
+    many processes write them. ``pieces`` are contiguous runs of samples inside one shard:
+    ``(shard, first, stop, start_offset, end_offset)``; the last piece of a shard also
+    covers its two zero end-of-archive blocks.
+    """
+
+    names: list[str]
+    sizes: list[int]
+    rows: list[int]
+    shard_of: list[int]
+    pieces: list[tuple[int, int, int, int, int]]
+
+
+def _layout(plan: list[tuple[SourceFile, str, str, int]], target: int, piece: int) -> _Layout:
+    sizes: list[int] = []
+    rows: list[int] = []
+    shard_of: list[int] = []
+    pieces: list[tuple[int, int, int, int, int]] = []
+    shard = size = first = piece_start = 0
+    for i, (f, key, ext, _label) in enumerate(plan):
+        n = f.size
+        data_hdr = (
+            _BLOCK
+            if len(key) + len(ext) < 100 and ext.isascii()
+            else len(tar_header(f"{key}.{ext}", n))
+        )
+        cls_hdr = _BLOCK if len(key) <= 96 else len(tar_header(f"{key}.cls", 1))
+        size += data_hdr + n + (-n % _BLOCK) + cls_hdr + _BLOCK
+        shard_of.append(shard)
+        last = i == len(plan) - 1
+        if size >= target or last:
+            end = size + 2 * _BLOCK
+            pieces.append((shard, first, i + 1, piece_start, end))
+            sizes.append(end)
+            rows.append(i + 1 - sum(rows))
+            shard += 1
+            size = piece_start = 0
+            first = i + 1
+        elif size - piece_start >= piece:
+            pieces.append((shard, first, i + 1, piece_start, size))
+            piece_start, first = size, i + 1
+    return _Layout([f"shard-{k:05d}.tar" for k in range(shard)], sizes, rows, shard_of, pieces)
+
+
+def _put_header(buf: bytearray, at: int, raw: bytes, raw_sum: int, size: int) -> int:
+    if len(raw) > 100 or size >= 8**11:
+        header = tar_header(raw.decode("utf-8"), size)
+        buf[at : at + len(header)] = header
+        return len(header)
+    size_field = b"%011o\0" % size
+    chksum = _CONST_SUM + raw_sum + sum(size_field)
+    _HEADER.pack_into(buf, at, raw, _MODE_IDS, size_field, _MTIME, b"%06o\0 " % chksum, _TAIL)
+    return _BLOCK
+
+
+class _PieceWriter:
+    """Fills pieces of shards: reads the sample files straight into the piece's buffer."""
+
+    def __init__(
+        self,
+        src: Source,
+        plan: list[tuple[SourceFile, str, str, int]],
+        fds: list[int],
+        paths: list[Path],
+        widths: array,
+        heights: array,
+    ) -> None:
+        self.src = src
+        self.local = src.is_local
+        self.plan = plan
+        self.fds = fds
+        self.paths = paths
+        self.widths = widths
+        self.heights = heights
+        self.dirs: dict[str, int] = {}  # source folder -> fd, files are opened relative to it
+
+    def close(self) -> None:
+        """Close the source folders opened by this process."""
+        for fd in self.dirs.values():
+            os.close(fd)
+        self.dirs.clear()
+
+    def write(self, piece: tuple[int, int, int, int, int]) -> int:
+        """Build one piece in memory and write it at its offset; returns source bytes."""
+        shard, first, stop, start, end = piece
+        buf = bytearray(end - start)
+        view = memoryview(buf)
+        at = 0
+        consumed = 0
+        widths, heights, local, dirs = self.widths, self.heights, self.local, self.dirs
+        for i in range(first, stop):
+            f, key, ext, label = self.plan[i]
+            n = f.size
+            kraw = key.encode()
+            ksum = sum(kraw)
+            ename = b".%s" % ext.encode()
+            at += _put_header(buf, at, kraw + ename, ksum + sum(ename), n)
+            try:
+                if local:
+                    folder, _, name = f.path.rpartition("/")
+                    dir_fd = dirs.get(folder)
+                    if dir_fd is None:
+                        dir_fd = dirs[folder] = os.open(folder or "/", _DIR_FLAGS)
+                    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+                    try:
+                        got = os.readv(fd, [view[at : at + n + 1]])
+                        while 0 < got < n:
+                            more = os.readv(fd, [view[at + got : at + n + 1]])
+                            if not more:
+                                break
+                            got += more
+                    finally:
+                        os.close(fd)
+                else:
+                    data = self.src.fs.cat_file(f.path)
+                    got = len(data)
+                    if got == n:
+                        buf[at : at + n] = data
+            except OSError as e:
+                raise StagingError(f"{f.path}: cannot read source file: {e}") from e
+            if got != n:
+                raise StagingError(
+                    f"{f.path}: source changed while being staged "
+                    f"(size {n} -> {got}{'+' if got > n else ''})"
+                )
+            if n >= 24 and buf.startswith(_PNG_MAGIC, at) and buf.startswith(b"IHDR", at + 12):
+                widths[i], heights[i] = struct.unpack_from(">II", buf, at + 16)
+            else:
+                widths[i], heights[i] = image_size(bytes(view[at : at + n]), f.path)
+            at += n + (-n % _BLOCK)
+            cls = b"%d" % label
+            at += _put_header(buf, at, kraw + _CLS, ksum + _CLS_SUM, len(cls))
+            buf[at : at + len(cls)] = cls
+            at += _BLOCK
+            consumed += n
+        view.release()
+        fd, done = self.fds[shard], 0
+        try:
+            while done < len(buf):
+                done += os.pwrite(fd, memoryview(buf)[done:], start + done)
+        except OSError as e:
+            raise StagingError(f"{self.paths[shard]}: cannot write shard: {e}") from e
+        return consumed
+
+
+def _default_workers() -> int:
+    if sys.platform != "linux":
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def _run_pieces(
+    writer: _PieceWriter,
+    pieces: list[tuple[int, int, int, int, int]],
+    workers: int,
+    advance: Callable[[int], None],
+) -> None:
+    """Write every piece, ``workers`` processes taking every ``workers``-th piece.
+
+    Each process stops at its first failure; the error reported is the one of the
+    earliest failing piece, so a bad source gives the same message whatever the worker
+    count. Children are forked (they share the plan and the open shard files) and send
+    back only the image sizes they found.
+    """
+    if workers <= 1 or len(pieces) < 2:
+        for piece in pieces:
+            advance(writer.write(piece))
+        return
+    workers = min(workers, len(pieces))
+    # one "earliest failed piece" slot per process, shared across the forks
+    failed = mmap.mmap(-1, 8 * workers)
+    slots = memoryview(failed).cast("q")
+    for k in range(workers):
+        slots[k] = len(pieces)
+    children: list[tuple[int, int]] = []
     try:
-        return os.read(fd, f.size + 1)
+        for k in range(1, workers):
+            rfd, wfd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child: never returns
+                os.close(rfd)
+                _child(writer, pieces, k, workers, slots, wfd)
+            os.close(wfd)
+            children.append((pid, rfd))
+        errors: list[tuple[int, BaseException]] = []
+        for j in range(0, len(pieces), workers):
+            if j > min(slots):
+                break
+            try:
+                advance(writer.write(pieces[j]))
+            except StagingError as e:
+                slots[0] = j
+                errors.append((j, e))
+                break
+        for k, (pid, rfd) in enumerate(children, start=1):
+            payload = _read_all(rfd)
+            os.close(rfd)
+            _, status = os.waitpid(pid, 0)
+            children[k - 1] = (0, -1)
+            if not payload:
+                errors.append((slots[k], StagingError(f"staging worker {pid} died ({status})")))
+                continue
+            result = pickle.loads(payload)
+            if result[0] == "error":
+                errors.append((result[1], result[2]))
+                continue
+            for first, stop, w, h, consumed in result[1]:
+                writer.widths[first:stop] = array("q", w)
+                writer.heights[first:stop] = array("q", h)
+                advance(consumed)
+        if errors:
+            raise min(errors, key=lambda e: e[0])[1]
     finally:
-        os.close(fd)
+        for pid, rfd in children:
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                os.close(rfd)
+        slots.release()
+        failed.close()
+
+
+def _child(
+    writer: _PieceWriter,
+    pieces: list[tuple[int, int, int, int, int]],
+    k: int,
+    workers: int,
+    slots: memoryview,
+    wfd: int,
+) -> None:
+    code = 0
+    try:
+        done = []
+        result: tuple = ("ok", done)
+        for j in range(k, len(pieces), workers):
+            if j > min(slots):
+                break
+            try:
+                consumed = writer.write(pieces[j])
+            except StagingError as e:
+                slots[k] = j
+                result = ("error", j, e)
+                break
+            _shard, first, stop, _start, _end = pieces[j]
+            done.append(
+                (
+                    first,
+                    stop,
+                    writer.widths[first:stop].tobytes(),
+                    writer.heights[first:stop].tobytes(),
+                    consumed,
+                )
+            )
+        try:
+            payload = pickle.dumps(result)
+        except Exception as e:  # an unpicklable exception: keep its message
+            payload = pickle.dumps(("error", result[1], StagingError(repr(e))))
+        with os.fdopen(wfd, "wb") as out:
+            out.write(payload)
+    except BaseException:  # reported to the parent as a dead worker
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def stage_files(
@@ -280,22 +482,32 @@ def stage_files(
     *,
     shard_target_mb: int,
     advance: Callable[[int], None],
+    workers: int | None = None,
 ) -> tuple[list[ShardInfo], Any, dict[str, Any]]:
-    """Stream a folder of small files into tar shards and write ``index.parquet``.
+    """Pack a folder of small files into tar shards and write ``index.parquet``.
+
+    The shard layout (which sample goes where, at which offset) is computed from the
+    listed file sizes, then pieces of shards are filled in parallel: each file is read
+    with one ``open``/``readv``/``close`` straight into the piece's buffer, headers are
+    packed next to it, and the piece is written with one ``pwrite``. Shards are hashed
+    once complete (BLAKE3, memory-mapped, multithreaded).
 
     Args:
         src: An ``image_folder`` source.
         out_dir: The private snapshot directory being filled.
         shard_target_mb: Roll over to a new tar shard past this size.
         advance: Progress callback, bytes of source consumed.
+        workers: Processes writing pieces (default: usable CPUs, 1 off Linux or for
+            small or remote sources). The output is byte-identical for any value.
 
     Returns:
         The shards (tar shards, then the index with role ``index``), the index's Arrow
         schema, and extra manifest facts (``classes`` when labels were numbered).
 
     Raises:
-        StagingError: For an empty or unreadable image, a bad labels file, or a failed
-            write (e.g. disk full); names the file.
+        StagingError: For an empty or unreadable image, a file whose size changed since
+            it was listed, a bad labels file, or a failed write (e.g. disk full); names
+            the file.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -303,39 +515,38 @@ def stage_files(
     plan, classes = plan_samples(src)
     if not plan:
         raise StagingError(f"{src.url}: source is empty (no sample files)")
-    tars = _TarShards(out_dir, shard_target_mb << 20)
-    keys: list[str] = []
-    labels: list[int] = []
-    shard_of: list[str] = []
-    sizes: list[int] = []
-    widths: list[int] = []
-    heights: list[int] = []
-    local = src.is_local
+    total = sum(f.size for f, _k, _e, _l in plan)
+    if workers is None:
+        small = total < _PARALLEL_MIN_BYTES or not src.is_local
+        workers = 1 if small else _default_workers()
+    piece = max(64 << 10, min(_PIECE_MAX, total // (4 * workers) + 1))
+    layout = _layout(plan, shard_target_mb << 20, piece)
+    paths = [out_dir / name for name in layout.names]
+    widths = array("q", bytes(8 * len(plan)))
+    heights = array("q", bytes(8 * len(plan)))
+    fds: list[int] = []
     try:
-        for f, key, ext, label in plan:
+        for path in paths:
             try:
-                data = _read_file(src, f, local)
-            except OSError as e:
-                raise StagingError(f"{f.path}: cannot read source file: {e}") from e
-            if len(data) != f.size:
-                raise StagingError(
-                    f"{f.path}: source changed while being staged (size {f.size} -> {len(data)}+)"
+                fds.append(
+                    os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 )
-            width, height = image_size(data, f.path)
-            shard_of.append(tars.add(key, ext, data, label))
-            keys.append(key)
-            labels.append(label)
-            sizes.append(len(data))
-            widths.append(width)
-            heights.append(height)
-            advance(len(data))
-        shards = tars.finish()
-    except OSError as e:
-        tars.abort()
-        target = out_dir / tars.name if tars.name else out_dir
-        raise StagingError(f"{target}: cannot write shard: {e}") from e
+            except OSError as e:
+                raise StagingError(f"{path}: cannot write shard: {e}") from e
+        writer = _PieceWriter(src, plan, fds, paths, widths, heights)
+        try:
+            _run_pieces(writer, layout.pieces, workers, advance)
+        finally:
+            writer.close()
     finally:
-        tars.abort()
+        for fd in fds:
+            os.close(fd)
+    shards = [
+        ShardInfo(name, size, rows, hash_file(path))
+        for name, size, rows, path in zip(
+            layout.names, layout.sizes, layout.rows, paths, strict=True
+        )
+    ]
     schema = pa.schema(
         [
             ("key", pa.string()),
@@ -346,7 +557,17 @@ def stage_files(
             ("height", pa.int64()),
         ]
     )
-    table = pa.table([keys, labels, shard_of, sizes, widths, heights], schema=schema)
+    table = pa.table(
+        [
+            [p[1] for p in plan],
+            [p[3] for p in plan],
+            pa.DictionaryArray.from_arrays(layout.shard_of, layout.names).cast(pa.string()),
+            [p[0].size for p in plan],
+            pa.Array.from_buffers(pa.int64(), len(plan), [None, pa.py_buffer(widths)]),
+            pa.Array.from_buffers(pa.int64(), len(plan), [None, pa.py_buffer(heights)]),
+        ],
+        schema=schema,
+    )
     index_path = out_dir / "index.parquet"
     try:
         pq.write_table(table, index_path, compression="zstd", row_group_size=1 << 20)
@@ -354,7 +575,7 @@ def stage_files(
         raise StagingError(f"{index_path}: cannot write the index: {e}") from e
     shards.append(
         ShardInfo(
-            "index.parquet", index_path.stat().st_size, len(keys), hash_file(index_path), "index"
+            "index.parquet", index_path.stat().st_size, len(plan), hash_file(index_path), "index"
         )
     )
     extra: dict[str, Any] = {"classes": classes} if classes else {}
