@@ -59,7 +59,6 @@ def parse_feature_spec(raw: Any, where: str) -> FeatureSpec:
         The spec with tuple shapes, batch dimension ``None``.
 
     Raises:
-        InvalidRequest: Never; see ``ValueError``.
         ValueError: If the value is not a valid spec (names ``where`` and the feature).
     """
     if not isinstance(raw, Mapping) or not raw:
