@@ -43,7 +43,13 @@ def _run(tmp_path: Path, cols: dict[str, list], **kwargs: Any) -> Any:
 # (case, mutation, failing (rule, column), a sample value, text in the reason)
 BLOCKING = [
     ("null-in-non-null", setter("amount", 5, None), ("nullable", "amount"), None, "null value"),
-    ("above-max", setter("hour", 1500, 24), ("range", "hour"), 24, "outside [0, 23]"),
+    (
+        "above-max",
+        setter("hour", 1500, 24),
+        ("range", "hour"),
+        24,
+        "outside [0, 23] (rows 1500; values 24)",
+    ),
     ("strict-min", setter("amount", 7, 0.0), ("range", "amount"), 0.0, "outside (0, 1000000]"),
     ("below-min", setter("customer_age", 9, 17), ("min", "customer_age"), 17, "outside [18, inf]"),
     (

@@ -138,12 +138,21 @@ def validate_snapshot(
     )
     log.info("validation of %s/%s:\n%s", contract.dataset, sid, table)
     if failed:
-        reasons = "\n".join(f"  {f['rule']} {f['column'] or ''}: {f['reason']}" for f in failed)
+        reasons = "\n".join(_failure_line(f) for f in failed)
         raise ValidationFailed(
             f"snapshot {sid} of {contract.dataset} broke {len(failed)} blocking rule(s) of "
             f"contract {contract.version} (report: {report_dir}):\n{reasons}"
         )
     return result
+
+
+def _failure_line(failure: dict[str, Any]) -> str:
+    line = f"  {failure['rule']} {failure['column'] or ''}: {failure['reason']}"
+    if failure["rows"]:
+        shown = ", ".join(str(r) for r in failure["rows"][:5])
+        line += f" (rows {shown}{', ...' if len(failure['rows']) > 5 else ''}"
+        line += f"; values {', '.join(repr(v) for v in failure['samples'][:5])})"
+    return line
 
 
 def validate(pipeline: PipelineConfig, snapshot_id: str) -> ValidationResult:

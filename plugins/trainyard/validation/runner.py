@@ -56,6 +56,7 @@ class RuleOutcome:
     element_count: int | None = None
     samples: list[Any] = field(default_factory=list)
     observed: Any = None
+    rows: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (sample values as strings if they are not JSON scalars)."""
@@ -589,6 +590,7 @@ def run_contract(
                 res.get("unexpected_count", 0),
                 res.get("element_count", rows),
                 res.get("partial_unexpected_list", []),
+                rows=res.get("partial_unexpected_index_list", []),
             )
         elif meta["rule"] == "row_count":
             lo, hi = kwargs.get("min_value"), kwargs.get("max_value")
@@ -625,6 +627,7 @@ def run_contract(
                 dup_rows,
                 acc.element_count,
                 res["partial_unexpected_list"],
+                rows=res["partial_unexpected_index_list"],
             )
         else:
             col = meta["column"]
