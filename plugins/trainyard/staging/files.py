@@ -23,9 +23,9 @@ import signal
 import struct
 import sys
 import tarfile
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,9 @@ _CLS = b".cls"
 _CLS_SUM = sum(_CLS)
 _PIECE_MAX = 8 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_MAX_DIR_FDS = 256
 # below this much data a second process costs more (fork, result pipe) than it saves
-_PARALLEL_MIN_BYTES = 2 << 20
+_PARALLEL_MIN_BYTES = 64 << 20
 
 
 def tar_header(name: str, size: int) -> bytes:
@@ -124,13 +125,11 @@ def _read_labels_file(src: Source, f: SourceFile) -> dict[str, int]:
 
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)?$")
-_SAFE_NAME = re.compile(r"([A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)?)\.([A-Za-z0-9]+)")
+# a name that is its own key: (key, class folder or None, extension)
+_SAFE_NAME = re.compile(r"((?:([A-Za-z0-9_-]+)/)?[A-Za-z0-9_-]+)\.([A-Za-z0-9]+)")
 
 
 def _key(rel: str) -> tuple[str, str]:
-    safe = _SAFE_NAME.fullmatch(rel)
-    if safe:
-        return safe[1], safe[2].lower()
     stem, ext = posixpath.splitext(rel)
     if _SAFE_KEY.match(stem):
         return stem, ext[1:].lower()
@@ -155,6 +154,8 @@ def plan_samples(src: Source) -> tuple[list[tuple[SourceFile, str, str, int]], l
     labels_file = next((f for f in _root_files(src) if f.rel == LABELS_FILE), None)
     samples = [f for f in src.files if f.rel != LABELS_FILE]
     classes: list[str] | None = None
+    index: dict[str, int] = {}
+    label_of: dict[str, int] | None = None
     if labels_file is not None:
         labels = _read_labels_file(src, labels_file)
         by_rel = {f.rel: f for f in samples}
@@ -177,12 +178,18 @@ def plan_samples(src: Source) -> tuple[list[tuple[SourceFile, str, str, int]], l
         else:
             classes = names
             index = {n: i for i, n in enumerate(names)}
-        label_of = {f.rel: index[f.rel.partition("/")[0]] for f in samples}
     plan = []
     for f in samples:
-        key, ext = _key(f.rel)
-        plan.append((f, key, ext, label_of[f.rel]))
-    plan.sort(key=lambda p: p[1])
+        rel = f.rel
+        safe = _SAFE_NAME.fullmatch(rel)
+        if safe:
+            key, folder, ext = safe.groups()
+            ext = ext.lower()
+        else:
+            key, ext = _key(rel)
+            folder = rel.partition("/")[0]
+        plan.append((f, key, ext, index[folder] if label_of is None else label_of[rel]))
+    plan.sort(key=itemgetter(1))
     for before, after in itertools.pairwise(plan):
         if before[1] == after[1]:
             raise StagingError(
@@ -205,58 +212,101 @@ class _Layout:
 
     Shards roll over once they reach the target size, in key order, exactly as a
     sequential writer would, so shard contents (and the snapshot id) do not depend on how
-    many processes write them. ``pieces`` are contiguous runs of samples inside one shard:
-    ``(shard, first, stop, start_offset, end_offset)``; the last piece of a shard also
-    covers its two zero end-of-archive blocks.
+    many processes write them. Per sample: ``start`` (offset of its first header in its
+    shard), ``data_hdr``/``cls_hdr`` (header lengths, 512 unless a PAX long name).
+    ``pieces`` are contiguous runs of samples inside one shard: ``(shard, first, stop,
+    start_offset, end_offset)``; the last piece of a shard also covers its two zero
+    end-of-archive blocks.
     """
 
     names: list[str]
     sizes: list[int]
     rows: list[int]
-    shard_of: list[int]
+    shard_of: Any
+    start: Any
+    data_hdr: Any
+    cls_hdr: Any
     pieces: list[tuple[int, int, int, int, int]]
 
 
-def _layout(plan: list[tuple[SourceFile, str, str, int]], target: int, piece: int) -> _Layout:
-    sizes: list[int] = []
+def _layout(
+    plan: list[tuple[SourceFile, str, str, int]], sizes: Any, target: int, piece: int
+) -> _Layout:
+    import numpy as np
+
+    n = len(plan)
+    key_len = np.fromiter((len(p[1]) for p in plan), np.int64, n)
+    ext_len = {e: len(e.encode()) for e in {p[2] for p in plan}}
+    name_len = key_len + 1 + np.fromiter((ext_len[p[2]] for p in plan), np.int64, n)
+    data_hdr = np.full(n, _BLOCK, np.int64)
+    for i in np.flatnonzero((name_len > 100) | (sizes >= 8**11)).tolist():
+        data_hdr[i] = len(tar_header(f"{plan[i][1]}.{plan[i][2]}", int(sizes[i])))
+    cls_hdr = np.full(n, _BLOCK, np.int64)
+    for i in np.flatnonzero(key_len + 4 > 100).tolist():
+        cls_hdr[i] = len(tar_header(f"{plan[i][1]}.cls", 1))
+    record = data_hdr + sizes + (-sizes % _BLOCK) + cls_hdr + _BLOCK
+    ends = np.cumsum(record)
+    start = ends - record
+    shard_of = np.empty(n, np.int64)
+    shard_sizes: list[int] = []
     rows: list[int] = []
-    shard_of: list[int] = []
     pieces: list[tuple[int, int, int, int, int]] = []
-    shard = size = first = piece_start = 0
-    for i, (f, key, ext, _label) in enumerate(plan):
-        n = f.size
-        data_hdr = (
-            _BLOCK
-            if len(key) + len(ext) < 100 and ext.isascii()
-            else len(tar_header(f"{key}.{ext}", n))
-        )
-        cls_hdr = _BLOCK if len(key) <= 96 else len(tar_header(f"{key}.cls", 1))
-        size += data_hdr + n + (-n % _BLOCK) + cls_hdr + _BLOCK
-        shard_of.append(shard)
-        last = i == len(plan) - 1
-        if size >= target or last:
-            end = size + 2 * _BLOCK
-            pieces.append((shard, first, i + 1, piece_start, end))
-            sizes.append(end)
-            rows.append(i + 1 - sum(rows))
-            shard += 1
-            size = piece_start = 0
-            first = i + 1
-        elif size - piece_start >= piece:
-            pieces.append((shard, first, i + 1, piece_start, size))
-            piece_start, first = size, i + 1
-    return _Layout([f"shard-{k:05d}.tar" for k in range(shard)], sizes, rows, shard_of, pieces)
+    first = 0
+    while first < n:
+        base = int(start[first])
+        # a shard closes at the first sample that brings it to the target size
+        last = min(int(np.searchsorted(ends, base + target, side="left")), n - 1)
+        stop = last + 1
+        shard = len(shard_sizes)
+        shard_of[first:stop] = shard
+        start[first:stop] -= base
+        end = int(ends[last]) - base + 2 * _BLOCK
+        shard_sizes.append(end)
+        rows.append(stop - first)
+        at = first
+        while at < stop:
+            cut = min(int(np.searchsorted(start[at:stop], start[at] + piece)) + at, stop)
+            cut = max(cut, at + 1)
+            piece_end = end if cut == stop else int(start[cut])
+            pieces.append((shard, at, cut, int(start[at]), piece_end))
+            at = cut
+        first = stop
+    names = [f"shard-{k:05d}.tar" for k in range(len(shard_sizes))]
+    return _Layout(names, shard_sizes, rows, shard_of, start, data_hdr, cls_hdr, pieces)
 
 
-def _put_header(buf: bytearray, at: int, raw: bytes, raw_sum: int, size: int) -> int:
-    if len(raw) > 100 or size >= 8**11:
-        header = tar_header(raw.decode("utf-8"), size)
-        buf[at : at + len(header)] = header
-        return len(header)
-    size_field = b"%011o\0" % size
-    chksum = _CONST_SUM + raw_sum + sum(size_field)
-    _HEADER.pack_into(buf, at, raw, _MODE_IDS, size_field, _MTIME, b"%06o\0 " % chksum, _TAIL)
-    return _BLOCK
+def _octal(values: Any, digits: int) -> Any:
+    """``values`` as zero-padded octal ASCII digits, one row per value."""
+    import numpy as np
+
+    shifts = 3 * np.arange(digits - 1, -1, -1, dtype=np.int64)
+    return ((values[:, None] >> shifts) & 7).astype(np.uint8) + ord("0")
+
+
+def _headers(keys: list[str], suffix: bytes, sizes: Any) -> Any:
+    """POSIX ustar headers of ``<key><suffix>`` members, one 512-byte row each.
+
+    Byte for byte what :func:`tar_header` packs (names of at most 100 bytes), for many
+    members at once.
+    """
+    import numpy as np
+
+    n = len(keys)
+    out = np.empty((n, _BLOCK), np.uint8)
+    out[:] = np.frombuffer(_HEADER.pack(b"", _MODE_IDS, b"", _MTIME, b"", _TAIL), np.uint8)
+    names = np.array(keys, dtype="S100").view(np.uint8).reshape(n, 100)
+    key_len = np.fromiter(map(len, keys), np.int64, n)
+    rows = np.arange(n)
+    for j, byte in enumerate(suffix):
+        names[rows, key_len + j] = byte
+    out[:, :100] = names
+    out[:, 124:135] = _octal(sizes, 11)
+    out[:, 135] = 0
+    out[:, 148:156] = ord(" ")
+    chksum = out.sum(axis=1, dtype=np.int64)
+    out[:, 148:154] = _octal(chksum, 6)
+    out[:, 154] = 0
+    return out
 
 
 class _PieceWriter:
@@ -266,87 +316,211 @@ class _PieceWriter:
         self,
         src: Source,
         plan: list[tuple[SourceFile, str, str, int]],
+        sizes: Any,
+        layout: _Layout,
         fds: list[int],
         paths: list[Path],
-        widths: array,
-        heights: array,
     ) -> None:
+        import numpy as np
+
         self.src = src
         self.local = src.is_local
         self.plan = plan
+        self.sizes = sizes
+        self.layout = layout
         self.fds = fds
         self.paths = paths
-        self.widths = widths
-        self.heights = heights
-        self.dirs: dict[str, int] = {}  # source folder -> fd, files are opened relative to it
+        self.widths = np.zeros(len(plan), np.int64)
+        self.heights = np.zeros(len(plan), np.int64)
+        # files are opened relative to their folder (openat), folders opened once
+        folders: dict[str, int] = {}
+        self.base: list[str] = []
+        self.folder_of: list[int] = []
+        for f, _key, _ext, _label in plan:
+            folder, _, name = f.path.rpartition("/")
+            self.base.append(name)
+            self.folder_of.append(folders.setdefault(folder or "/", len(folders)))
+        self.folders = list(folders)
+        exts = {e: k for k, e in enumerate(sorted({p[2] for p in plan}))}
+        self.exts = list(exts)
+        self.ext_of = np.fromiter((exts[p[2]] for p in plan), np.int64, len(plan))
+        self.dir_fds: dict[int, int] = {}
 
     def close(self) -> None:
         """Close the source folders opened by this process."""
-        for fd in self.dirs.values():
+        for fd in self.dir_fds.values():
             os.close(fd)
-        self.dirs.clear()
+        self.dir_fds.clear()
+
+    def _dir_fd(self, k: int) -> int:
+        fd = self.dir_fds.get(k)
+        if fd is None:
+            fd = self.dir_fds[k] = os.open(self.folders[k], _DIR_FLAGS)
+        return fd
+
+    def _members(self, first: int, stop: int, sizes: Any) -> tuple[Any, Any, dict[int, bytes]]:
+        """Data member headers (n x 512) and ``.cls`` members (n x 1024) of a piece.
+
+        Rows of samples whose names need PAX headers are in the third value instead, as
+        ``{row: data header}`` for data members and ``{-1 - row: cls member}``.
+        """
+        import numpy as np
+
+        lay, plan = self.layout, self.plan
+        n = stop - first
+        keys = [p[1] for p in plan[first:stop]]
+        labels = [b"%d" % p[3] for p in plan[first:stop]]
+        data = np.empty((n, _BLOCK), np.uint8)
+        ext_of = self.ext_of[first:stop]
+        for e in np.unique(ext_of).tolist():
+            rows = (ext_of == e).nonzero()[0]
+            suffix = b".%s" % self.exts[e].encode()
+            data[rows] = _headers([keys[r] for r in rows.tolist()], suffix, sizes[rows])
+        cls = np.zeros((n, 2 * _BLOCK), np.uint8)
+        cls_len = np.fromiter(map(len, labels), np.int64, n)
+        cls[:, :_BLOCK] = _headers(keys, _CLS, cls_len)
+        width = int(cls_len.max())
+        cls[:, _BLOCK : _BLOCK + width] = (
+            np.array(labels, dtype=f"S{width}").view(np.uint8).reshape(n, width)
+        )
+        odd: dict[int, bytes] = {}
+        for r in (lay.data_hdr[first:stop] != _BLOCK).nonzero()[0].tolist():
+            p = plan[first + r]
+            odd[r] = tar_header(f"{p[1]}.{p[2]}", int(sizes[r]))
+        for r in (lay.cls_hdr[first:stop] != _BLOCK).nonzero()[0].tolist():
+            body = labels[r].ljust(_BLOCK, b"\0")
+            odd[-1 - r] = tar_header(f"{keys[r]}.cls", len(labels[r])) + body
+        return data, cls, odd
 
     def write(self, piece: tuple[int, int, int, int, int]) -> int:
-        """Build one piece in memory and write it at its offset; returns source bytes."""
+        """Build one piece in memory and write it at its offset; returns source bytes.
+
+        Every member starts on a 512-byte block, so the headers of the whole piece are
+        placed with two block-row assignments; the loop over files only opens, reads
+        (straight into the member's slot) and closes.
+
+        Raises:
+            StagingError: For the first sample of the piece (in key order) that cannot be
+                read, changed size since it was listed, or is not a readable image; or
+                when the shard cannot be written.
+        """
+        import numpy as np
+
         shard, first, stop, start, end = piece
+        lay = self.layout
         buf = bytearray(end - start)
+        arr = np.frombuffer(buf, np.uint8)
+        blocks = arr.reshape(-1, _BLOCK)
+        sizes = self.sizes[first:stop]
+        rec = lay.start[first:stop] - start
+        data_at = rec + lay.data_hdr[first:stop]
+        cls_at = data_at + sizes + (-sizes % _BLOCK)
+        data, cls, odd = self._members(first, stop, sizes)
+        blocks[rec // _BLOCK] = data
+        cls_block = cls_at // _BLOCK
+        blocks[cls_block] = cls[:, :_BLOCK]
+        blocks[cls_block + 1] = cls[:, _BLOCK:]
+        for r, member in odd.items():
+            at = int(rec[r]) if r >= 0 else int(cls_at[-1 - r])
+            buf[at : at + len(member)] = member
+        failed = self._fill(buf, first, stop, data_at.tolist(), sizes.tolist())
+        count = stop - first if failed is None else failed[0]
+        self._image_sizes(arr, first, data_at[:count], sizes[:count])
+        if failed is not None:
+            raise failed[1]
+        fd, written = self.fds[shard], 0
         view = memoryview(buf)
-        at = 0
-        consumed = 0
-        widths, heights, local, dirs = self.widths, self.heights, self.local, self.dirs
-        for i in range(first, stop):
-            f, key, ext, label = self.plan[i]
-            n = f.size
-            kraw = key.encode()
-            ksum = sum(kraw)
-            ename = b".%s" % ext.encode()
-            at += _put_header(buf, at, kraw + ename, ksum + sum(ename), n)
-            try:
-                if local:
-                    folder, _, name = f.path.rpartition("/")
-                    dir_fd = dirs.get(folder)
-                    if dir_fd is None:
-                        dir_fd = dirs[folder] = os.open(folder or "/", _DIR_FLAGS)
-                    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-                    try:
-                        got = os.readv(fd, [view[at : at + n + 1]])
-                        while 0 < got < n:
-                            more = os.readv(fd, [view[at + got : at + n + 1]])
-                            if not more:
-                                break
-                            got += more
-                    finally:
-                        os.close(fd)
-                else:
-                    data = self.src.fs.cat_file(f.path)
-                    got = len(data)
-                    if got == n:
-                        buf[at : at + n] = data
-            except OSError as e:
-                raise StagingError(f"{f.path}: cannot read source file: {e}") from e
-            if got != n:
-                raise StagingError(
-                    f"{f.path}: source changed while being staged "
-                    f"(size {n} -> {got}{'+' if got > n else ''})"
-                )
-            if n >= 24 and buf.startswith(_PNG_MAGIC, at) and buf.startswith(b"IHDR", at + 12):
-                widths[i], heights[i] = struct.unpack_from(">II", buf, at + 16)
-            else:
-                widths[i], heights[i] = image_size(bytes(view[at : at + n]), f.path)
-            at += n + (-n % _BLOCK)
-            cls = b"%d" % label
-            at += _put_header(buf, at, kraw + _CLS, ksum + _CLS_SUM, len(cls))
-            buf[at : at + len(cls)] = cls
-            at += _BLOCK
-            consumed += n
-        view.release()
-        fd, done = self.fds[shard], 0
         try:
-            while done < len(buf):
-                done += os.pwrite(fd, memoryview(buf)[done:], start + done)
+            while written < len(buf):
+                written += os.pwrite(fd, view[written:], start + written)
         except OSError as e:
             raise StagingError(f"{self.paths[shard]}: cannot write shard: {e}") from e
-        return consumed
+        finally:
+            view.release()
+        return int(sizes.sum())
+
+    def _fill(
+        self, buf: bytearray, first: int, stop: int, data_at: list[int], sizes: list[int]
+    ) -> tuple[int, StagingError] | None:
+        """Read every sample file of a piece into its slot, one ``readv`` each.
+
+        Returns:
+            None, or the first failure as ``(row in piece, error)``.
+        """
+        plan = self.plan
+        view = memoryview(buf)
+        r = fd = -1
+        got = n = 0
+        try:
+            if not self.local:
+                for r in range(stop - first):
+                    n, at = sizes[r], data_at[r]
+                    data = self.src.fs.cat_file(plan[first + r][0].path)
+                    got = len(data)
+                    if got != n:
+                        break
+                    buf[at : at + n] = data
+            else:
+                folders = self.folder_of[first:stop]
+                if len(self.dir_fds) > _MAX_DIR_FDS:
+                    self.close()
+                dir_fds = {k: self._dir_fd(k) for k in set(folders)}
+                open_, readv, close = os.open, os.readv, os.close
+                flags = os.O_RDONLY | os.O_CLOEXEC
+                # one byte more than listed is asked for: a file that grew is caught here
+                slots = [view[at : at + n + 1] for at, n in zip(data_at, sizes, strict=True)]
+                for r, (name, k, slot, n) in enumerate(  # noqa: B007 - r names a failure
+                    zip(self.base[first:stop], folders, slots, sizes, strict=True)
+                ):
+                    fd = open_(name, flags, dir_fd=dir_fds[k])
+                    got = readv(fd, [slot])
+                    while 0 < got < n:
+                        more = readv(fd, [slot[got:]])
+                        if not more:
+                            break
+                        got += more
+                    close(fd)
+                    fd = -1
+                    if got != n:
+                        break
+                slots.clear()
+        except OSError as e:
+            if fd >= 0:
+                os.close(fd)
+            path = plan[first + r][0].path
+            return r, StagingError(f"{path}: cannot read source file: {e}")
+        finally:
+            view.release()
+        if got != n:
+            path = plan[first + r][0].path
+            grew = "+" if got > n else ""
+            return r, StagingError(
+                f"{path}: source changed while being staged (size {n} -> {got}{grew})"
+            )
+        return None
+
+    def _image_sizes(self, arr: Any, first: int, data_at: Any, sizes: Any) -> None:
+        """Width and height from the PNG header bytes already in the buffer, else Pillow."""
+        import numpy as np
+
+        count = len(sizes)
+        if not count:
+            return
+        index = np.minimum(data_at[:, None] + np.arange(24), len(arr) - 1)
+        head = arr[index]
+        png = (
+            (sizes >= 24)
+            & (head[:, :8] == np.frombuffer(_PNG_MAGIC, np.uint8)).all(axis=1)
+            & (head[:, 12:16] == np.frombuffer(b"IHDR", np.uint8)).all(axis=1)
+        )
+        dims = np.ascontiguousarray(head[:, 16:24]).view(">u4").astype(np.int64)
+        self.widths[first : first + count] = dims[:, 0]
+        self.heights[first : first + count] = dims[:, 1]
+        for r in (~png).nonzero()[0].tolist():
+            at, n = int(data_at[r]), int(sizes[r])
+            where = self.plan[first + r][0].path
+            size = image_size(bytes(arr[at : at + n]), where)
+            self.widths[first + r], self.heights[first + r] = size
 
 
 def _default_workers() -> int:
@@ -411,8 +585,8 @@ def _run_pieces(
                 errors.append((result[1], result[2]))
                 continue
             for first, stop, w, h, consumed in result[1]:
-                writer.widths[first:stop] = array("q", w)
-                writer.heights[first:stop] = array("q", h)
+                writer.widths[first:stop] = memoryview(w).cast("q")
+                writer.heights[first:stop] = memoryview(h).cast("q")
                 advance(consumed)
         if errors:
             raise min(errors, key=lambda e: e[0])[1]
@@ -509,21 +683,21 @@ def stage_files(
             it was listed, a bad labels file, or a failed write (e.g. disk full); names
             the file.
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     plan, classes = plan_samples(src)
     if not plan:
         raise StagingError(f"{src.url}: source is empty (no sample files)")
-    total = sum(f.size for f, _k, _e, _l in plan)
+    sizes = np.fromiter((p[0].size for p in plan), np.int64, len(plan))
+    total = int(sizes.sum())
     if workers is None:
         small = total < _PARALLEL_MIN_BYTES or not src.is_local
         workers = 1 if small else _default_workers()
     piece = max(64 << 10, min(_PIECE_MAX, total // (4 * workers) + 1))
-    layout = _layout(plan, shard_target_mb << 20, piece)
+    layout = _layout(plan, sizes, shard_target_mb << 20, piece)
     paths = [out_dir / name for name in layout.names]
-    widths = array("q", bytes(8 * len(plan)))
-    heights = array("q", bytes(8 * len(plan)))
     fds: list[int] = []
     try:
         for path in paths:
@@ -533,7 +707,7 @@ def stage_files(
                 )
             except OSError as e:
                 raise StagingError(f"{path}: cannot write shard: {e}") from e
-        writer = _PieceWriter(src, plan, fds, paths, widths, heights)
+        writer = _PieceWriter(src, plan, sizes, layout, fds, paths)
         try:
             _run_pieces(writer, layout.pieces, workers, advance)
         finally:
@@ -562,9 +736,9 @@ def stage_files(
             [p[1] for p in plan],
             [p[3] for p in plan],
             pa.DictionaryArray.from_arrays(layout.shard_of, layout.names).cast(pa.string()),
-            [p[0].size for p in plan],
-            pa.Array.from_buffers(pa.int64(), len(plan), [None, pa.py_buffer(widths)]),
-            pa.Array.from_buffers(pa.int64(), len(plan), [None, pa.py_buffer(heights)]),
+            sizes,
+            writer.widths,
+            writer.heights,
         ],
         schema=schema,
     )
