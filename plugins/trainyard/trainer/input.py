@@ -140,14 +140,22 @@ class SnapshotInput:
         if repeat:
             ds = ds.repeat()
         if shuffle:
-            ds = ds.shuffle(
-                min(max(self.spec.num_examples // max(num_pipelines, 1), 1), 10_000), seed=seed
-            )
+            per_pipeline = max(self.spec.num_examples // max(num_pipelines, 1), 1)
+            ds = ds.shuffle(min(per_pipeline, 10_000, self._shuffle_cap()), seed=seed)
         ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=AUTOTUNE)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         options.deterministic = not shuffle
         return ds.with_options(options).prefetch(AUTOTUNE)
+
+    def _shuffle_cap(self) -> int:
+        """Shuffle buffer size that keeps the decoded examples under ~256 MB."""
+        if self.kind == "files" and self.contract.image is not None:
+            img = self.contract.image
+            example_bytes = img.height * img.width * img.channels * 4
+        else:
+            example_bytes = 8 * (len(self.contract.roles.features) + 1)
+        return max(64, (256 << 20) // example_bytes)
 
     def _files_dataset(
         self, num_pipelines: int, pipeline_id: int, shuffle: bool, seed: int
