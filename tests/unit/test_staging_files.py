@@ -16,9 +16,10 @@ from PIL import Image
 from trainyard import volumes
 from trainyard.config import PipelineConfig, load_pipeline
 from trainyard.errors import StagingError
-from trainyard.staging import stage
+from trainyard.staging import files, stage
 from trainyard.staging.bootstrap import sklearn_digits
 from trainyard.staging.files import tar_header
+from trainyard.staging.sources import open_source
 
 CONTRACT = """\
 dataset: pics
@@ -239,3 +240,117 @@ def test_tar_header_is_read_back_by_tarfile(name: str, size: int):
         (member,) = tar.getmembers()
         assert (member.name, member.size, member.mode, member.mtime) == (name, size, 0o644, 0)
         assert tar.extractfile(member).read() == data
+
+
+@pytest.mark.parametrize(
+    ("keys", "suffix", "sizes"),
+    [
+        (["0/img_0000", "9/x"], b".png", [0, 1]),
+        (["cat/a-b_c", "k" * 96], b".cls", [1, 3]),
+        (["n/" + "y" * 93, "z"], b".jpeg", [8**11 - 1, 123456789]),
+    ],
+    ids=["png-small-sizes", "cls-longest-name", "max-size-and-names"],
+)
+def test_bulk_headers_equal_tar_header(keys: list[str], suffix: bytes, sizes: list[int]):
+    rows = files._headers(keys, suffix, np.array(sizes, np.int64))
+    for key, size, row in zip(keys, sizes, rows, strict=True):
+        assert row.tobytes() == tar_header(key + suffix.decode(), size)
+
+
+def varied_tree(raw: Path) -> list[Path]:
+    """80 PNGs of varied sizes in 3 class folders, one with a name that needs PAX headers."""
+    rng = np.random.default_rng(1)
+    paths = []
+    for i in range(80):
+        side = int(rng.integers(60, 200))
+        stem = f"im_{i:03d}" if i != 5 else "long_" + "n" * 110
+        path = raw / str(i % 3) / f"{stem}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (side, side), dtype=np.uint8), "L").save(path)
+        paths.append(path)
+    return paths
+
+
+def expected_shards(src, shard_target: int) -> list[bytes]:
+    """The shards a plain sequential tar writer produces for the same samples."""
+    plan, _ = files.plan_samples(src)
+    shards, current = [], b""
+    for f, key, ext, label in plan:
+        data = Path(f.path).read_bytes()
+        cls = b"%d" % label
+        current += tar_header(f"{key}.{ext}", len(data)) + data + b"\0" * (-len(data) % 512)
+        current += tar_header(f"{key}.cls", len(cls)) + cls.ljust(512, b"\0")
+        if len(current) >= shard_target:
+            shards.append(current + b"\0" * 1024)
+            current = b""
+    if current:
+        shards.append(current + b"\0" * 1024)
+    return shards
+
+
+def test_shards_identical_for_any_worker_count(tmp_path: Path):
+    raw = tmp_path / "raw"
+    varied_tree(raw)
+    src = open_source(str(raw), "image_folder", "png")
+    expected = expected_shards(src, 1 << 20)
+    assert len(expected) >= 2
+    results = {}
+    for workers in (1, 2, 3):
+        out = tmp_path / f"out{workers}"
+        out.mkdir()
+        shards, _schema, _extra = files.stage_files(
+            src, out, shard_target_mb=1, advance=lambda n: None, workers=workers
+        )
+        data = [s for s in shards if s.role == "data"]
+        assert [(out / s.path).read_bytes() for s in data] == expected
+        assert [s.bytes for s in data] == [len(b) for b in expected]
+        assert all(s.hash == volumes.hash_file(out / s.path) for s in data)
+        results[workers] = ([s.hash for s in shards], pq.read_table(out / "index.parquet"))
+    assert results[1][0] == results[2][0] == results[3][0]
+    assert results[1][1].equals(results[2][1]) and results[1][1].equals(results[3][1])
+    index = results[2][1].to_pylist()
+    long = next(r for r in index if r["key"].startswith("2/long_"))
+    with tarfile.open(tmp_path / "out2" / long["shard"]) as tar:
+        member = tar.getmember(long["key"] + ".png")
+        assert Image.open(tar.extractfile(member)).size == (long["width"], long["height"])
+        assert tar.extractfile(long["key"] + ".cls").read() == b"2"
+
+
+CHANGES = [
+    ("grew", lambda p: p.write_bytes(p.read_bytes() + b"x"), "source changed while being staged"),
+    ("shrank", lambda p: p.write_bytes(p.read_bytes()[:-1]), "source changed while being staged"),
+    ("vanished", lambda p: p.unlink(), "cannot read source file"),
+    ("emptied", lambda p: p.write_bytes(b""), "source changed while being staged (size"),
+]
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-processes"])
+@pytest.mark.parametrize(("case", "change", "fragment"), CHANGES, ids=[c[0] for c in CHANGES])
+def test_file_changed_after_listing(tmp_path: Path, workers: int, case: str, change, fragment: str):
+    raw = tmp_path / "raw"
+    paths = varied_tree(raw)
+    src = open_source(str(raw), "image_folder", "png")
+    # two changed files: the one earlier in key order is named, whoever reads it
+    change(paths[60])
+    change(paths[9])
+    (paths[70]).write_bytes(b"not a png")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(StagingError) as err:
+        files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None, workers=workers)
+    assert str(paths[9]) in str(err.value) and fragment in str(err.value)
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-processes"])
+def test_corrupt_image_found_in_any_worker(tmp_path: Path, workers: int):
+    raw = tmp_path / "raw"
+    paths = varied_tree(raw)
+    paths[70].write_bytes(b"GIF89a but not really")
+    paths[40].write_bytes(b"")
+    src = open_source(str(raw), "image_folder", "png")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(StagingError) as err:
+        files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None, workers=workers)
+    # 1/im_040.png sorts before 1/im_070.png
+    assert f"{paths[40]}: image file is empty" in str(err.value)

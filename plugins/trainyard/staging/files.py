@@ -361,8 +361,9 @@ class _PieceWriter:
     def _members(self, first: int, stop: int, sizes: Any) -> tuple[Any, Any, dict[int, bytes]]:
         """Data member headers (n x 512) and ``.cls`` members (n x 1024) of a piece.
 
-        Rows of samples whose names need PAX headers are in the third value instead, as
-        ``{row: data header}`` for data members and ``{-1 - row: cls member}``.
+        Samples whose names need PAX headers get theirs in the third value instead (to be
+        placed after the block rows), as ``{row: data header}`` and ``{-1 - row: cls
+        member}``.
         """
         import numpy as np
 
@@ -372,13 +373,15 @@ class _PieceWriter:
         labels = [b"%d" % p[3] for p in plan[first:stop]]
         data = np.empty((n, _BLOCK), np.uint8)
         ext_of = self.ext_of[first:stop]
+        plain = lay.data_hdr[first:stop] == _BLOCK
         for e in np.unique(ext_of).tolist():
-            rows = (ext_of == e).nonzero()[0]
+            rows = ((ext_of == e) & plain).nonzero()[0]
             suffix = b".%s" % self.exts[e].encode()
             data[rows] = _headers([keys[r] for r in rows.tolist()], suffix, sizes[rows])
         cls = np.zeros((n, 2 * _BLOCK), np.uint8)
         cls_len = np.fromiter(map(len, labels), np.int64, n)
-        cls[:, :_BLOCK] = _headers(keys, _CLS, cls_len)
+        rows = (lay.cls_hdr[first:stop] == _BLOCK).nonzero()[0]
+        cls[rows, :_BLOCK] = _headers([keys[r] for r in rows.tolist()], _CLS, cls_len[rows])
         width = int(cls_len.max())
         cls[:, _BLOCK : _BLOCK + width] = (
             np.array(labels, dtype=f"S{width}").view(np.uint8).reshape(n, width)
