@@ -327,7 +327,9 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
         snapshot_id = context["params"].get("snapshot_id") or _triggering_snapshot(context)
         return _fail_closed(_steps().stage, name, *_interval(context), snapshot_id)
 
-    @task(task_id="validate", outlets=[snap_asset], execution_timeout=dt.timedelta(hours=2))
+    @task(
+        task_id="validate", retries=1, outlets=[snap_asset], execution_timeout=dt.timedelta(hours=2)
+    )
     def validate_task(staged: dict[str, Any], **context: Any) -> dict[str, Any]:
         result = _fail_closed(_steps().validate, name, staged["snapshot_id"])
         if not staged.get("given"):  # a given snapshot is not news: no event, no trigger loop
