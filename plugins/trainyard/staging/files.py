@@ -345,6 +345,7 @@ class _PieceWriter:
         self.exts = list(exts)
         self.ext_of = np.fromiter((exts[p[2]] for p in plan), np.int64, len(plan))
         self.dir_fds: dict[int, int] = {}
+        self.buffer = bytearray()
 
     def close(self) -> None:
         """Close the source folders opened by this process."""
@@ -411,8 +412,15 @@ class _PieceWriter:
 
         shard, first, stop, start, end = piece
         lay = self.layout
-        buf = bytearray(end - start)
-        arr = np.frombuffer(buf, np.uint8)
+        # one buffer per process, reused: fresh memory would page-fault on every write
+        if len(self.buffer) < end - start:
+            self.buffer = bytearray(end - start)
+            buf = memoryview(self.buffer)[: end - start]
+            arr = np.frombuffer(buf, np.uint8)
+        else:
+            buf = memoryview(self.buffer)[: end - start]
+            arr = np.frombuffer(buf, np.uint8)
+            arr[:] = 0
         blocks = arr.reshape(-1, _BLOCK)
         sizes = self.sizes[first:stop]
         rec = lay.start[first:stop] - start
@@ -432,18 +440,15 @@ class _PieceWriter:
         if failed is not None:
             raise failed[1]
         fd, written = self.fds[shard], 0
-        view = memoryview(buf)
         try:
             while written < len(buf):
-                written += os.pwrite(fd, view[written:], start + written)
+                written += os.pwrite(fd, buf[written:], start + written)
         except OSError as e:
             raise StagingError(f"{self.paths[shard]}: cannot write shard: {e}") from e
-        finally:
-            view.release()
         return int(sizes.sum())
 
     def _fill(
-        self, buf: bytearray, first: int, stop: int, data_at: list[int], sizes: list[int]
+        self, buf: memoryview, first: int, stop: int, data_at: list[int], sizes: list[int]
     ) -> tuple[int, StagingError] | None:
         """Read every sample file of a piece into its slot, one ``readv`` each.
 
@@ -715,15 +720,18 @@ def stage_files(
             _run_pieces(writer, layout.pieces, workers, advance)
         finally:
             writer.close()
+        shards = []
+        for name, size, rows, path, fd in zip(
+            layout.names, layout.sizes, layout.rows, paths, fds, strict=True
+        ):
+            shards.append(ShardInfo(name, size, rows, hash_file(path)))
+            if hasattr(os, "posix_fadvise"):
+                # start writeback now (dirty pages stay cached), so the fsync before
+                # publishing has little left to wait for
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         for fd in fds:
             os.close(fd)
-    shards = [
-        ShardInfo(name, size, rows, hash_file(path))
-        for name, size, rows, path in zip(
-            layout.names, layout.sizes, layout.rows, paths, strict=True
-        )
-    ]
     schema = pa.schema(
         [
             ("key", pa.string()),
