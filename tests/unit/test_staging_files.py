@@ -354,3 +354,28 @@ def test_corrupt_image_found_in_any_worker(tmp_path: Path, workers: int):
         files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None, workers=workers)
     # 1/im_040.png sorts before 1/im_070.png
     assert f"{paths[40]}: image file is empty" in str(err.value)
+
+
+def test_remote_source_and_non_png_images(tmp_path: Path):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = f"/pics-{tmp_path.name}"
+    for rel, fmt, size in [("0/b.png", "PNG", (3, 9)), ("1/a.jpg", "JPEG", (7, 5))]:
+        blob = io.BytesIO()
+        Image.new("RGB", size, (10, 20, 30)).save(blob, fmt)
+        fs.pipe(f"{root}/{rel}", blob.getvalue())
+    src = open_source(f"memory://{root}", "image_folder", None)
+    assert not src.is_local
+    out = tmp_path / "out"
+    out.mkdir()
+    try:
+        shards, _schema, _extra = files.stage_files(
+            src, out, shard_target_mb=1, advance=lambda n: None
+        )
+    finally:
+        fs.rm(root, recursive=True)
+    index = pq.read_table(out / "index.parquet").to_pylist()
+    assert [(r["key"], r["width"], r["height"]) for r in index] == [("0/b", 3, 9), ("1/a", 7, 5)]
+    with tarfile.open(out / shards[0].path) as tar:
+        assert tar.getnames() == ["0/b.png", "0/b.cls", "1/a.jpg", "1/a.cls"]
