@@ -3,8 +3,10 @@
 Files snapshots (tar shards): the tar headers are scanned once in Python
 (:func:`trainyard.trainer.data.file_index`); the dataset itself is pure TensorFlow ops —
 each shard is read with one ``tf.io.read_file`` and its images are sliced out with
-``tf.strings.substr`` at their offsets, decoded and batched in parallel. Pure graph ops
-mean the same pipeline runs on remote parameter-server workers.
+``tf.strings.substr`` at their offsets. The small encoded examples are shuffled and
+batched, then each batch is decoded in one call (one tf.data function call per batch, not
+per example); with a local cache, examples are decoded one by one and cached decoded. Pure
+graph ops mean the same pipeline runs on remote parameter-server workers.
 
 Table snapshots (Parquet): Arrow record batches are read with pyarrow and handed to
 tf.data a whole batch at a time (``from_generator``) under all-reduce; under
@@ -126,6 +128,11 @@ class SnapshotInput:
         Returns:
             Batches of ``(features dict, int64 labels)``.
         """
+        if self.kind == "files" and not self.cache:
+            ds = self._files_dataset(
+                num_pipelines, pipeline_id, shuffle, seed, batch_size, repeat, drop_remainder
+            )
+            return ds.with_options(self._options(shuffle)).prefetch(AUTOTUNE)
         if self.kind == "files":
             ds = self._files_dataset(num_pipelines, pipeline_id, shuffle, seed)
         elif self.in_graph:
@@ -143,10 +150,14 @@ class SnapshotInput:
             per_pipeline = max(self.spec.num_examples // max(num_pipelines, 1), 1)
             ds = ds.shuffle(min(per_pipeline, 10_000, self._shuffle_cap()), seed=seed)
         ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=AUTOTUNE)
+        return ds.with_options(self._options(shuffle)).prefetch(AUTOTUNE)
+
+    @staticmethod
+    def _options(shuffle: bool) -> tf.data.Options:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         options.deterministic = not shuffle
-        return ds.with_options(options).prefetch(AUTOTUNE)
+        return options
 
     def _shuffle_cap(self) -> int:
         """Shuffle buffer size that keeps the decoded examples under ~256 MB."""
@@ -158,7 +169,14 @@ class SnapshotInput:
         return max(64, (256 << 20) // example_bytes)
 
     def _files_dataset(
-        self, num_pipelines: int, pipeline_id: int, shuffle: bool, seed: int
+        self,
+        num_pipelines: int,
+        pipeline_id: int,
+        shuffle: bool,
+        seed: int,
+        batch_size: int | None = None,
+        repeat: bool = False,
+        drop_remainder: bool = True,
     ) -> tf.data.Dataset:
         index = self._index
         assert index is not None and self.contract.image is not None
@@ -204,20 +222,39 @@ class SnapshotInput:
         if element_stride > 1:
             ds = ds.shard(element_stride, pipeline_id)
 
-        def decode(data: tf.Tensor, label: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        def decode_one(data: tf.Tensor) -> tf.Tensor:
             if resize and jpeg:
                 image = _decode_jpeg_at_least(data, img.height, img.width, img.channels)
             else:
                 image = tf.io.decode_image(data, channels=img.channels, expand_animations=False)
             if resize:
                 image = tf.image.resize(image, (img.height, img.width)) / 255.0
-                return {
-                    image_name: tf.ensure_shape(image, (img.height, img.width, img.channels))
-                }, label
-            image = tf.ensure_shape(image, (img.height, img.width, img.channels))
-            return {image_name: tf.cast(image, tf.float32) / 255.0}, label
+            else:
+                image = tf.cast(image, tf.float32) / 255.0
+            return tf.ensure_shape(image, (img.height, img.width, img.channels))
 
-        return ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=not shuffle)
+        if batch_size is None:  # decode each example (before a cache of decoded examples)
+            return ds.map(
+                lambda data, label: ({image_name: decode_one(data)}, label),
+                num_parallel_calls=AUTOTUNE,
+                deterministic=not shuffle,
+            )
+        # Shuffle and batch the small encoded examples, then decode a whole batch per
+        # call: one tf.data function call per batch instead of one per example.
+        if repeat:
+            ds = ds.repeat()
+        if shuffle:
+            ds = ds.shuffle(min(self.spec.num_examples, 10_000), seed=seed)
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        out = tf.TensorSpec((img.height, img.width, img.channels), tf.float32)
+
+        def decode_batch(
+            data: tf.Tensor, label: tf.Tensor
+        ) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+            images = tf.map_fn(decode_one, data, fn_output_signature=out, parallel_iterations=16)
+            return {image_name: images}, label
+
+        return ds.map(decode_batch, num_parallel_calls=AUTOTUNE, deterministic=not shuffle)
 
     def _tensor_dataset(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
         assert self._table is not None
