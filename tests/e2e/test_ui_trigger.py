@@ -57,7 +57,10 @@ def _api(base: str, token: str, path: str) -> dict:
 @pytest.fixture
 def standalone(tmp_path: Path) -> tuple[Project, str]:
     api_port = free_port()
-    project = make_project(tmp_path, {"training": {"epochs": 2}}, api_port=api_port)
+    # manual runs only: unpausing from the form must not add a scheduled run
+    project = make_project(
+        tmp_path, {"training": {"epochs": 2}, "schedule": None}, api_port=api_port
+    )
     project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
     log = (tmp_path / "standalone.log").open("w")
     proc = subprocess.Popen(
@@ -71,6 +74,8 @@ def standalone(tmp_path: Path) -> tuple[Project, str]:
     base = f"http://127.0.0.1:{api_port}"
     try:
         _wait_http(f"{base}/api/v2/monitor/health", 240)
+        pool = project.airflow("pools", "set", "trainyard_training", "1", "training", timeout=120)
+        assert pool.returncode == 0, pool.stderr[-2000:]
         yield project, base
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

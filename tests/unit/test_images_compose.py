@@ -313,7 +313,8 @@ def test_init_migrates(compose: dict[str, Any]) -> None:
     assert init["environment"]["_AIRFLOW_DB_MIGRATE"] == "true"
     assert init["user"] == "0:0"
     script = init["command"][-1]
-    assert "/volumes/_serving/digits" in script and "exec /entrypoint airflow version" in script
+    assert "/volumes/_serving/digits" in script
+    assert "exec /entrypoint airflow pools set trainyard_training" in script
 
 
 def test_tf_serving(compose: dict[str, Any]) -> None:
