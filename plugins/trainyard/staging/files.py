@@ -413,19 +413,21 @@ class _PieceWriter:
         shard, first, stop, start, end = piece
         lay = self.layout
         # one buffer per process, reused: fresh memory would page-fault on every write
-        if len(self.buffer) < end - start:
+        reused = len(self.buffer) >= end - start
+        if not reused:
             self.buffer = bytearray(end - start)
-            buf = memoryview(self.buffer)[: end - start]
-            arr = np.frombuffer(buf, np.uint8)
-        else:
-            buf = memoryview(self.buffer)[: end - start]
-            arr = np.frombuffer(buf, np.uint8)
-            arr[:] = 0
+        buf = memoryview(self.buffer)[: end - start]
+        arr = np.frombuffer(buf, np.uint8)
         blocks = arr.reshape(-1, _BLOCK)
         sizes = self.sizes[first:stop]
         rec = lay.start[first:stop] - start
         data_at = rec + lay.data_hdr[first:stop]
         cls_at = data_at + sizes + (-sizes % _BLOCK)
+        if reused:
+            # every byte is overwritten below except the padding after each body and
+            # the end-of-archive blocks: zero just those blocks
+            blocks[(cls_at[sizes > 0] // _BLOCK) - 1] = 0
+            blocks[(cls_at[-1] + 2 * _BLOCK) // _BLOCK :] = 0
         data, cls, odd = self._members(first, stop, sizes)
         blocks[rec // _BLOCK] = data
         cls_block = cls_at // _BLOCK
