@@ -246,9 +246,7 @@ def _run(
         keras.callbacks.BackupAndRestore(backup_dir=str(args.checkpoint_dir / "backup")),
         recorder,
     ]
-    if (
-        args.strategy == "multi_worker_mirrored"
-    ):  # tf_keras's TerminateOnNaN breaks on PS RemoteValues
+    if args.strategy == "multi_worker_mirrored":  # it breaks on PS RemoteValues
         callbacks.insert(1, keras.callbacks.TerminateOnNaN())
     if fault is not None:
         callbacks.append(fault_cls(fault, role))
@@ -257,13 +255,16 @@ def _run(
         f"training {args.model} on {inp.spec.num_examples} examples, {steps_per_epoch} steps/epoch",
     )
     t0 = time.monotonic()
-    model.fit(
-        keras.utils.experimental.DatasetCreator(dataset_fn),
-        epochs=args.epochs,
-        steps_per_epoch=steps_per_epoch,
-        callbacks=callbacks,
-        verbose=2,
-    )
+    if args.epochs:
+        model.fit(
+            keras.utils.experimental.DatasetCreator(dataset_fn),
+            epochs=args.epochs,
+            steps_per_epoch=steps_per_epoch,
+            callbacks=callbacks,
+            verbose=2,
+        )
+    else:
+        _say(role, "0 epochs: exporting the untrained model (a baseline candidate)")
     seconds = time.monotonic() - t0
     if recorder.nan or model.stop_training:
         _say(role, "loss became NaN or inf; stopping without exporting a model")
