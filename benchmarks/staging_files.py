@@ -40,7 +40,8 @@ import resource, sys, time
 sys.path.insert(0, {plugins!r})
 from trainyard.config import PipelineConfig
 from trainyard.staging import stage
-import fsspec, numpy, pyarrow as pa, pyarrow.parquet, trainyard.staging.files, trainyard.staging.tables
+import fsspec, numpy, pyarrow as pa, pyarrow.parquet
+import trainyard.staging.files, trainyard.staging.tables
 pa.array([0])  # one-time process start-up (imports; pyarrow loads pandas here), not staging work
 from trainyard.staging.sources import open_source
 cfg = PipelineConfig.model_validate_json(sys.argv[1])
