@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 from pathlib import Path
 
@@ -38,13 +37,35 @@ split:
 
 
 def _manifest(snap: Path, kind: str, shards: list[tuple[str, str]]) -> None:
-    entries = [
-        {"path": p, "role": role, "bytes": (snap / p).stat().st_size, "rows": 0, "hash": ""}
+    """A real, complete manifest (the staging format), with real BLAKE3 shard hashes."""
+    from trainyard import volumes
+    from trainyard.fsutil import atomic_write_json
+
+    infos = [
+        volumes.ShardInfo(
+            path=p,
+            bytes=(snap / p).stat().st_size,
+            rows=0,
+            hash=volumes.hash_file(snap / p),
+            role=role,
+        )
         for p, role in shards
     ]
-    (snap / "manifest.json").write_text(
-        json.dumps({"kind": kind, "shards": entries, "snapshot_id": snap.name})
+    manifest = volumes.Manifest(
+        snapshot_id=snap.name,
+        dataset="fixture",
+        kind=kind,  # type: ignore[arg-type]
+        shards=infos,
+        hash_algo="blake3",
+        schema=[],
+        contract_version="1",
+        source={"url": "fixture"},
+        interval=None,
+        created_at="2026-11-01T00:00:00+00:00",
+        rows=0,
+        bytes=sum(i.bytes for i in infos),
     )
+    atomic_write_json(snap / "manifest.json", manifest.to_dict())
 
 
 def digits_arrays(n: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -20,8 +20,9 @@ from trainer_fixtures import (
 )
 
 from trainyard.contracts import holdout_mask
+from trainyard.contracts import parse_contract as read_contract
 from trainyard.errors import SnapshotError
-from trainyard.trainer.data import load_examples, read_contract
+from trainyard.trainer.data import load_examples
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ test use :func:`load_examples`).
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,19 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainyard.contracts import Contract, holdout_mask, parse_contract
+from trainyard.contracts import holdout_mask
 from trainyard.errors import ContractError, SnapshotError
 
 Split = Literal["train", "holdout", "all"]
-
-
-def read_contract(path: Path) -> Contract:
-    """Read the contract file the worker was given (``trainyard.contracts.parse_contract``).
-
-    Raises:
-        ContractError: Missing or invalid file (names file, line and field).
-    """
-    return parse_contract(Path(path))
 
 
 def select(keys: Sequence[str], fraction: float, split: Split) -> np.ndarray:
@@ -46,23 +36,14 @@ def select(keys: Sequence[str], fraction: float, split: Split) -> np.ndarray:
 
 
 def read_manifest(snapshot_dir: Path) -> dict[str, Any]:
-    """The snapshot's ``manifest.json`` as a dict (``kind``, ``shards``).
+    """The snapshot's ``manifest.json`` as a dict (``kind``, ``shards``), checked.
 
     Raises:
-        SnapshotError: Missing or unreadable manifest, or an unknown ``kind``.
+        SnapshotError: Missing, unreadable or malformed manifest.
     """
-    path = Path(snapshot_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise SnapshotError(f"{path}: manifest not found (not a complete snapshot)") from e
-    except (OSError, json.JSONDecodeError) as e:
-        raise SnapshotError(f"{path}: unreadable manifest: {e}") from e
-    if not isinstance(manifest, dict) or manifest.get("kind") not in ("files", "table"):
-        raise SnapshotError(f"{path}: field kind must be 'files' or 'table'")
-    if not isinstance(manifest.get("shards"), list):
-        raise SnapshotError(f"{path}: field shards must be a list")
-    return manifest
+    from trainyard.volumes import read_manifest as read_checked
+
+    return read_checked(Path(snapshot_dir)).to_dict()
 
 
 def data_shards(snapshot_dir: Path, manifest: dict[str, Any]) -> list[Path]:

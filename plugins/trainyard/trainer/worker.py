@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         role = role_of(cfg)
         if args.strategy == "multi_worker_mirrored" and role.task_type == "ps":
             raise TrainyardError("multi_worker_mirrored has no parameter servers; got task type ps")
-        from trainyard.trainer.data import read_contract
+        from trainyard.contracts import parse_contract
 
-        contract = read_contract(args.contract)
+        contract = parse_contract(Path(args.contract))
     except TrainyardError as e:
         print(f"trainyard.trainer: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
