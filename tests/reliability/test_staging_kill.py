@@ -19,7 +19,11 @@ from trainyard.staging import stage
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 CONTRACT = """\
 dataset: big
-version: 1
+version: 1.0.0
+owner: tests@example.com
+source: {format: csv}
+roles: {key: name, label: id, features: [value]}
+split: {holdout_fraction: 0.2, by: name}
 columns:
   - {name: id, type: int64}
   - {name: name, type: string}

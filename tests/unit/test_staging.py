@@ -27,7 +27,10 @@ PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 CONTRACT = """\
 dataset: {dataset}
 version: 2.1.0
+owner: tests@example.com
 source: {{format: csv}}
+roles: {{key: txn_id, label: is_fraud, features: [amount]}}
+split: {{holdout_fraction: 0.2, by: txn_id}}
 columns:
   - {{name: txn_id, type: string, nullable: false}}
   - {{name: amount, type: float64}}
@@ -189,7 +192,11 @@ def test_file_url_source(volume_root: Path, contracts: Path, tmp_path: Path):
 
 TYPED_CONTRACT = """\
 dataset: typed
-version: 1
+version: 1.0.0
+owner: tests@example.com
+source: {format: csv}
+roles: {key: id, label: n, features: [x]}
+split: {holdout_fraction: 0.2, by: id}
 columns:
   - {name: id, type: string}
   - {name: n, type: int32}

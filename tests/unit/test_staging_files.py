@@ -23,8 +23,12 @@ from trainyard.staging.sources import open_source
 
 CONTRACT = """\
 dataset: pics
-version: 3
+version: 3.0.0
+owner: tests@example.com
 source: {format: image_folder, extension: png}
+image: {column: image, height: 8, width: 8, channels: 1}
+roles: {key: key, label: label, features: [image]}
+split: {holdout_fraction: 0.2, by: key}
 columns:
   - {name: key, type: string}
   - {name: label, type: int64}

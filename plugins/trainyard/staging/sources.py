@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainyard.errors import StagingError
 from trainyard.settings import get_settings
 
@@ -54,39 +52,27 @@ class ContractInfo:
 
 
 def read_contract(dataset: str) -> ContractInfo:
-    """Read the few contract fields staging needs from ``<contracts_dir>/<dataset>.yaml``.
-
-    This is the single seam to ``trainyard.contracts``: it can be swapped for
-    ``load_contract`` without touching the rest of staging.
+    """The part of ``<contracts_dir>/<dataset>.yaml`` staging needs, checked in full.
 
     Args:
         dataset: The dataset name.
 
     Returns:
-        The contract's version, columns and source extension.
+        The contract's path, version, columns and source extension.
 
     Raises:
-        StagingError: If the contract is missing or lacks these fields.
+        ContractError: If the contract is missing or invalid (names file, line and field).
     """
-    path = get_settings().contracts_dir / f"{dataset}.yaml"
-    try:
-        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise StagingError(f"{path}: no data contract for dataset {dataset!r}") from e
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise StagingError(f"{path}: contract is not valid YAML: {e}") from e
-    if not isinstance(raw, dict) or "version" not in raw:
-        raise StagingError(f"{path}: contract has no 'version'")
-    cols = raw.get("columns") or []
-    try:
-        columns = tuple(
-            ContractColumn(str(c["name"]), str(c["type"]), bool(c.get("nullable", True)))
-            for c in cols
-        )
-    except (KeyError, TypeError) as e:
-        raise StagingError(f"{path}: every column needs a 'name' and a 'type' ({e})") from e
-    ext = (raw.get("source") or {}).get("extension")
-    return ContractInfo(path, str(raw["version"]), columns, str(ext).lstrip(".") if ext else None)
+    from trainyard.contracts import load_contract
+
+    contract = load_contract(dataset)
+    ext = contract.source.extension
+    return ContractInfo(
+        path=contract.path or get_settings().contracts_dir / f"{dataset}.yaml",
+        version=contract.version,
+        columns=tuple(ContractColumn(c.name, c.type, c.nullable) for c in contract.columns),
+        extension=ext.lstrip(".") if ext else None,
+    )
 
 
 def arrow_type(type_name: str) -> Any:
