@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -68,17 +70,77 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+HOST = "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
+FOREIGN_TMP_MAX_AGE_S = 24 * 3600
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host with this pid exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextmanager
 def private_tmp_dir(parent: Path, prefix: str = "w-") -> Iterator[Path]:
-    """A fresh directory under ``parent`` that is removed on exit unless it was published."""
+    """A fresh ``<prefix><host>-<pid>-<uuid>`` directory under ``parent``.
+
+    It is removed on exit unless it was published (renamed away). The name lets
+    :func:`remove_stale_tmp_dirs` tell a dead writer's leftovers from live work.
+    """
     parent.mkdir(parents=True, exist_ok=True)
-    path = parent / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    path = parent / f"{prefix}{HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     path.mkdir()
     try:
         yield path
     finally:
         if path.exists():
             shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_tmp_dirs(
+    parent: Path, prefix: str = "", foreign_max_age_s: float = FOREIGN_TMP_MAX_AGE_S
+) -> list[str]:
+    """Remove entries of ``parent`` left by writers that died (e.g. killed -9).
+
+    An entry of this host is stale when its pid is gone; one of another host (another pod
+    on the shared volume) or with an unknown name only when older than
+    ``foreign_max_age_s``, since its pid cannot be checked from here.
+
+    Args:
+        parent: A folder of :func:`private_tmp_dir` entries.
+        prefix: Only entries whose names start with it are considered.
+        foreign_max_age_s: Age after which an uncheckable entry counts as stale.
+
+    Returns:
+        The names removed.
+    """
+    if not parent.is_dir():
+        return []
+    removed = []
+    for entry in parent.iterdir():
+        if not entry.name.startswith(prefix):
+            continue
+        parts = entry.name[len(prefix) :].rsplit("-", 2)
+        try:
+            if len(parts) == 3 and parts[0].split("-")[-1] == HOST and parts[1].isdigit():
+                pid = int(parts[1])
+                stale = pid != os.getpid() and not pid_alive(pid)
+            else:
+                stale = time.time() - entry.lstat().st_mtime > foreign_max_age_s
+        except FileNotFoundError:
+            continue
+        if stale:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
 
 
 def publish_dir(tmp: Path, final: Path) -> bool:

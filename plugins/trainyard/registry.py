@@ -27,10 +27,8 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -46,6 +44,7 @@ from trainyard.fsutil import (
     private_tmp_dir,
     publish_dir,
     read_json,
+    remove_stale_tmp_dirs,
 )
 
 #: Files a caller may attach to a published version (written atomically, never the model).
@@ -60,20 +59,6 @@ log = logging.getLogger("trainyard.registry")
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def _host() -> str:
-    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Registry:
@@ -119,28 +104,8 @@ class Registry:
             os.close(fd)
 
     def _clean_stale_tmp(self) -> None:
-        """Remove in-progress copies left by writers that died.
-
-        A copy is named ``reg-<host>-<pid>-<uuid>``: one from this host is stale when its
-        pid is gone; one from another host (another pod on the shared volume) only after
-        ``_FOREIGN_TMP_AGE_S``, since its pid cannot be checked from here.
-        """
-        if not self._tmp_root.is_dir():
-            return
-        host = _host()
-        for entry in self._tmp_root.iterdir():
-            parts = entry.name[len(_TMP_PREFIX) :].rsplit("-", 2)
-            if not entry.name.startswith(_TMP_PREFIX) or len(parts) != 3 or not parts[1].isdigit():
-                continue
-            if parts[0] == host:
-                stale = not _pid_alive(int(parts[1]))
-            else:
-                try:
-                    stale = time.time() - entry.stat().st_mtime > _FOREIGN_TMP_AGE_S
-                except FileNotFoundError:
-                    continue
-            if stale:
-                shutil.rmtree(entry, ignore_errors=True)
+        """Remove in-progress copies (``reg-<host>-<pid>-<uuid>``) left by writers that died."""
+        remove_stale_tmp_dirs(self._tmp_root, _TMP_PREFIX, _FOREIGN_TMP_AGE_S)
 
     # ----------------------------------------------------------------- versions
 
@@ -257,7 +222,7 @@ class Registry:
         except (TypeError, ValueError) as e:
             raise RegistryError(f"version metadata for {src} is not plain JSON: {e}") from e
 
-        with private_tmp_dir(self._tmp_root, prefix=f"{_TMP_PREFIX}{_host()}-") as tmp:
+        with private_tmp_dir(self._tmp_root, prefix=_TMP_PREFIX) as tmp:
             shutil.copytree(src, tmp / "model")
             for path in extras:
                 shutil.copy2(path, tmp / path.name)

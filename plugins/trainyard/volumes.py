@@ -21,9 +21,7 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -34,11 +32,13 @@ import blake3
 
 from trainyard.errors import SnapshotError, TrainyardError
 from trainyard.fsutil import (
+    HOST,
     atomic_write_json,
     fsync_dir,
     private_tmp_dir,
     publish_dir,
     read_json,
+    remove_stale_tmp_dirs,
 )
 from trainyard.settings import get_settings
 
@@ -46,8 +46,6 @@ HASH_ALGO = "blake3"
 MANIFEST = "manifest.json"
 DATASET_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 SNAPSHOT_RE = re.compile(r"^[0-9a-f]{16}$")
-_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
-_FOREIGN_TMP_MAX_AGE_S = 24 * 3600
 _HASH_CHUNK = 8 << 20
 
 
@@ -432,18 +430,8 @@ def staging_area(dataset: str, purpose: str, volume_root: Path | None = None) ->
     Its name records host and pid (``<purpose>-<host>-<pid>-<uuid>``) so a later run can
     tell the residue of a dead process from the work of a live one.
     """
-    with private_tmp_dir(tmp_root(dataset, volume_root), prefix=f"{purpose}-{_HOST}-") as tmp:
+    with private_tmp_dir(tmp_root(dataset, volume_root), prefix=f"{purpose}-") as tmp:
         yield tmp
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale_tmp(dataset: str, volume_root: Path | None = None) -> list[str]:
@@ -455,28 +443,7 @@ def clean_stale_tmp(dataset: str, volume_root: Path | None = None) -> list[str]:
     Returns:
         The names removed.
     """
-    folder = tmp_root(dataset, volume_root)
-    if not folder.is_dir():
-        return []
-    removed = []
-    for entry in folder.iterdir():
-        parts = entry.name.rsplit("-", 3)
-        stale = False
-        if len(parts) == 4 and parts[2].isdigit():
-            host, pid = parts[1], int(parts[2])
-            if host == _HOST:
-                stale = pid != os.getpid() and not _pid_alive(pid)
-            else:
-                stale = time.time() - entry.lstat().st_mtime > _FOREIGN_TMP_MAX_AGE_S
-        else:
-            stale = time.time() - entry.lstat().st_mtime > _FOREIGN_TMP_MAX_AGE_S
-        if stale:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-            removed.append(entry.name)
-    return removed
+    return remove_stale_tmp_dirs(tmp_root(dataset, volume_root))
 
 
 def verify_snapshot(snapshot: Path) -> list[str]:
@@ -658,7 +625,7 @@ def gc_snapshots(
     trash_root.mkdir(parents=True, exist_ok=True)
     for sid in doomed:
         src = snapshot_dir(dataset, sid, volume_root)
-        trash = trash_root / f"gc-{_HOST}-{os.getpid()}-{sid}"
+        trash = trash_root / f"gc-{HOST}-{os.getpid()}-{sid}"
         os.rename(src, trash)
         fsync_dir(src.parent)
         shutil.rmtree(trash, ignore_errors=True)

@@ -18,6 +18,7 @@ import pytest
 from trainyard import registry as registry_mod
 from trainyard.cli import main as cli
 from trainyard.errors import RegistryError
+from trainyard.fsutil import HOST
 from trainyard.registry import Registry, snapshots_in_use
 
 SPAWN = mp.get_context("spawn")
@@ -420,7 +421,7 @@ def test_code_version_outside_git_is_the_package_version(tmp_path: Path) -> None
 def test_stale_private_copies_are_cleaned(
     reg: Registry, tmp_path: Path, name: str, age_s: float, kept: bool
 ) -> None:
-    leftover = reg.root / ".tmp" / name.format(host=registry_mod._host(), live=os.getpid())
+    leftover = reg.root / ".tmp" / name.format(host=HOST, live=os.getpid())
     (leftover / "model").mkdir(parents=True)
     then = time.time() - age_s
     os.utime(leftover, (then, then))

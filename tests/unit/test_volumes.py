@@ -15,7 +15,7 @@ import pytest
 
 from trainyard import volumes
 from trainyard.errors import SnapshotError
-from trainyard.fsutil import publish_dir
+from trainyard.fsutil import HOST, publish_dir
 
 
 def make_snapshot(root: Path, dataset: str, rows: int, created_at: str) -> str:
@@ -224,7 +224,7 @@ def test_stale_tmp_of_dead_pids_is_cleaned(volume_root: Path):
     dead.wait()
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        host = volumes._HOST
+        host = HOST
         names = {
             "dead": f"stage-{host}-{dead.pid}-aaaaaaaaaaaa",
             "alive": f"stage-{host}-{alive.pid}-bbbbbbbbbbbb",
