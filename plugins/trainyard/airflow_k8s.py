@@ -7,11 +7,17 @@ Part of the Airflow adapter (only :mod:`trainyard.airflow` imports it, and only 
 * ``stage``, ``validate``, ``register``, ``evaluate``, ``deploy``: KubernetesPodOperator
   running ``python -m trainyard <step> ...`` from the steps image; results return as XCom
   through ``/airflow/xcom/return.json`` (``TRAINYARD_XCOM_PATH``).
+* ``ensure_volumes`` creates the dataset's PVC and the models PVC when missing.
 * ``train``: a setup task creates the headless Service, one KubernetesJobOperator per role
   runs the Indexed Job(s) of workers, and a teardown task always deletes Jobs, Service and
-  pods. The Jobs are rendered when the DAG is parsed, from the pipeline config: on the
-  cluster, the trigger form's epochs apply (they are container arguments) while the
-  number of workers, the strategy and the tier are those of the pipeline config.
+  pods.
+* ``ensure_serving`` creates or rolls TF Serving's Deployment + Service (rolling back a
+  stalled rollout); the ``deploy`` pod then publishes the version on the models volume and
+  smoke-tests it through that Service.
+
+The training Jobs are rendered when the DAG is parsed, from the pipeline config: on the
+cluster, the trigger form's epochs apply (they are container arguments) while the number
+of workers, the strategy and the tier are those of the pipeline config.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
             image=profile.images.steps,
             cmds=["python", "-m", "trainyard", step_name],
             arguments=args,
-            env_vars={"TRAINYARD_XCOM_PATH": XCOM_PATH},
+            env_vars=kwargs.pop("env_vars", {"TRAINYARD_XCOM_PATH": XCOM_PATH}),
             full_pod_spec=pod,
             do_xcom_push=True,
             xcom_sidecar_container_security_context=k8s.xcom_sidecar_security_context(),
@@ -79,6 +85,30 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
         "--snapshot-id", "{{ params.snapshot_id or '' }}",
     ]  # fmt: skip
     stage = step("stage", stage_args, retries=2)
+
+    @task(task_id="ensure_volumes", retries=2)
+    def ensure_volumes() -> list[str]:
+        """The dataset's PVC and the models PVC, created when missing."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        from trainyard.k8s.apply import ensure_exists
+
+        core, ns, st = KubernetesHook().core_v1_client, profile.namespace, cfg.staging
+        claims = [
+            k8s.dataset_pvc(profile, cfg.dataset, st.pvc_size, st.storage_class, st.access_mode),
+            k8s.models_pvc(profile),
+        ]
+        created = []
+        for pvc in claims:
+            name = pvc.metadata.name
+            _, new = ensure_exists(
+                lambda pvc=pvc: core.create_namespaced_persistent_volume_claim(ns, pvc),
+                lambda name=name: core.read_namespaced_persistent_volume_claim(name, ns),
+            )
+            log.info("PVC %s: %s", name, "created" if new else "exists")
+            created += [name] if new else []
+        return created
+
     validate = step("validate", ["--pipeline", name, "--snapshot", _xcom("stage", "snapshot_id")])
 
     attempt = k8s.training_objects(
@@ -170,11 +200,62 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
     def gate_task(decision: dict[str, Any]) -> bool:
         return gate(decision, cfg.gate.fail_run_on_reject)
 
-    deploy = step("deploy", ["--pipeline", name, "--version", _xcom("register", "version")])
+    serving = cfg.serving
+    deployment = k8s.serving_deployment(profile, serving.model_name, 0, serving.replicas)
+    service = k8s.serving_service(profile, serving.model_name)
 
-    service = create_service()
+    @task(task_id="ensure_serving", retries=1)
+    def ensure_serving() -> str:
+        """TF Serving's Deployment + Service: created when missing, else rolled to this spec.
+
+        TF Serving loads new version folders by itself, so a model deploy changes no pod;
+        this task only (re)applies the serving spec, waits for the rollout within its
+        progress deadline and, when it stalls, puts the previous spec back.
+        """
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        from trainyard.k8s.apply import ensure_exists, wait_rollout
+
+        hook, ns = KubernetesHook(), profile.namespace
+        apps, core = hook.apps_v1_client, hook.core_v1_client
+        dname, sname = deployment.metadata.name, service.metadata.name
+        ensure_exists(
+            lambda: core.create_namespaced_service(ns, service),
+            lambda: core.read_namespaced_service(sname, ns),
+        )
+        current, created = ensure_exists(
+            lambda: apps.create_namespaced_deployment(ns, deployment),
+            lambda: apps.read_namespaced_deployment(dname, ns),
+        )
+        previous = None if created else current.spec.template
+        if previous is not None:
+            apps.patch_namespaced_deployment(
+                dname, ns, {"spec": {"template": deployment.spec.template}}
+            )
+        deadline = (deployment.spec.progress_deadline_seconds or 600) + 60
+        state = wait_rollout(
+            lambda: apps.read_namespaced_deployment(dname, ns), deadline, log=log.info
+        )
+        if state != "complete":
+            if previous is not None:
+                apps.patch_namespaced_deployment(dname, ns, {"spec": {"template": previous}})
+                log.warning("serving rollout %s: restored the previous spec", state)
+            raise RuntimeError(f"serving Deployment {dname} rollout {state}")
+        return f"{sname}.{ns}.svc"
+
+    deploy = step(
+        "deploy",
+        ["--pipeline", name, "--version", _xcom("register", "version")],
+        env_vars={
+            "TRAINYARD_XCOM_PATH": XCOM_PATH,
+            "TRAINYARD_SERVING_HOST": "{{ ti.xcom_pull(task_ids='ensure_serving') }}",
+        },
+    )
+
+    volumes = ensure_volumes()
+    training_service = create_service()
     teardown = delete_objects()
-    stage >> validate >> service >> jobs >> register >> evaluate
-    teardown.as_teardown(setups=service)
+    volumes >> stage >> validate >> training_service >> jobs >> register >> evaluate
+    teardown.as_teardown(setups=training_service)
     jobs >> teardown
-    gate_task(evaluate.output) >> deploy
+    gate_task(evaluate.output) >> ensure_serving() >> deploy

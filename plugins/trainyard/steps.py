@@ -280,14 +280,17 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     contract = load_contract(cfg.dataset)
     smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
     previous = registry.champion()
-    if settings.runner == "local":
-        ensure_local_server(settings.serving_root, cfg.serving.host, cfg.serving.port)
+    # On a cluster the deploy pod reaches TF Serving through its Service; locally the
+    # step starts the server itself when nothing answers on the port.
+    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    if host == cfg.serving.host:
+        ensure_local_server(settings.serving_root, host, cfg.serving.port)
     result = deploy_version(
         model_name=cfg.serving.model_name,
         version=version,
         model_dir=registry.version_dir(version) / "model",
         serving_root=settings.serving_root,
-        host=cfg.serving.host,
+        host=host,
         port=cfg.serving.port,
         smoke_inputs=smoke.features,
         expected_class_ids=smoke.expected_class_ids,

@@ -32,6 +32,9 @@ def test_steps_are_pods_and_training_is_a_job(dag) -> None:
     for step in ("stage", "validate", "register", "evaluate", "deploy"):
         assert kinds[step] == "KubernetesPodOperator"
     assert kinds["train_worker"] == "KubernetesJobOperator"
+    assert dag.get_task("ensure_volumes").downstream_task_ids == {"stage"}
+    assert dag.get_task("ensure_serving").downstream_task_ids == {"deploy"}
+    assert "gate" in dag.get_task("ensure_serving").upstream_task_ids
     teardown = dag.get_task("delete_training_objects")
     assert teardown.is_teardown
     assert "train_worker" in teardown.upstream_task_ids

@@ -1,7 +1,11 @@
-"""The Airflow UI for real: standalone Airflow, headless Chromium, the typed trigger form.
+"""Airflow for real: standalone Airflow on SQLite (scheduler, API server, dag-processor).
 
-Logs in, opens the digits DAG, changes a parameter in the trigger form (epochs), triggers,
-and waits for the run to succeed with that parameter applied to the trained model.
+* The UI: headless Chromium logs in, opens the digits DAG, changes a parameter in the
+  typed trigger form (epochs), triggers, and the run succeeds with that parameter applied.
+* A backfill for a new dataset: ``airflow backfill create`` over 3 days stages 3 snapshots,
+  validates each and trains once; a second backfill creates no snapshot.
+* Data-aware scheduling: a pipeline with ``trigger_on_dataset`` runs when the backfill
+  publishes validated snapshots of its dataset (Asset events), on the event's snapshot.
 """
 
 from __future__ import annotations
@@ -54,12 +58,32 @@ def _api(base: str, token: str, path: str) -> dict:
         return json.loads(resp.read())
 
 
-@pytest.fixture
-def standalone(tmp_path: Path) -> tuple[Project, str]:
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Project, str]:
+    tmp_path = tmp_path_factory.mktemp("standalone")
     api_port = free_port()
-    # manual runs only: unpausing from the form must not add a scheduled run
+    raw = tmp_path / "raw" / "transactions" / "{ds}.csv"
+    small = {"epochs": 1, "workers": 2, "attempt_timeout_s": 300}
     project = make_project(
-        tmp_path, {"training": {"epochs": 2}, "schedule": None}, api_port=api_port
+        tmp_path,
+        # manual runs only: unpausing from the form must not add a scheduled run
+        {"training": {"epochs": 2}, "schedule": None},
+        api_port=api_port,
+        extra_pipelines={
+            "transactions": {
+                "from": "transactions",
+                "source": {"url": str(raw)},
+                "training": small,
+            },
+            "transactions_shadow": {
+                "from": "transactions",
+                "source": {"url": str(raw)},
+                "schedule": None,
+                "trigger_on_dataset": True,
+                "training": small,
+                "serving": {"model_name": "transactions_shadow"},
+            },
+        },
     )
     project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
     log = (tmp_path / "standalone.log").open("w")
@@ -89,18 +113,52 @@ def standalone(tmp_path: Path) -> tuple[Project, str]:
         log.close()
 
 
+def _token(base: str, password: str) -> str:
+    req = urllib.request.Request(
+        f"{base}/auth/token",
+        data=json.dumps({"username": "admin", "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())["access_token"]
+
+
+def _password(project: Project) -> str:
+    passwords = Path(project.env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+    for _ in range(60):
+        if passwords.exists():
+            break
+        time.sleep(1)
+    return json.loads(passwords.read_text())["admin"]
+
+
+def _runs(base: str, token: str, dag_id: str) -> list[dict]:
+    return _api(base, token, f"/api/v2/dags/{dag_id}/dagRuns?order_by=logical_date")["dag_runs"]
+
+
+def _wait_runs_done(
+    base: str, token: str, dag_id: str, count: int, deadline_s: float
+) -> list[dict]:
+    end = time.monotonic() + deadline_s
+    runs: list[dict] = []
+    while time.monotonic() < end:
+        runs = _runs(base, token, dag_id)
+        done = [r for r in runs if r["state"] in ("success", "failed")]
+        if len(runs) >= count and len(done) == len(runs):
+            return runs
+        time.sleep(5)
+    raise TimeoutError(
+        f"{dag_id}: runs not done after {deadline_s} s: {[r['state'] for r in runs]}"
+    )
+
+
 def test_trigger_form_runs_the_pipeline_with_the_chosen_epochs(
     standalone: tuple[Project, str],
 ) -> None:
     from playwright.sync_api import sync_playwright
 
     project, base = standalone
-    passwords = Path(project.env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
-    for _ in range(60):
-        if passwords.exists():
-            break
-        time.sleep(1)
-    password = json.loads(passwords.read_text())["admin"]
+    password = _password(project)
     shots = project.home / "screenshots"
     shots.mkdir()
 
@@ -127,13 +185,7 @@ def test_trigger_form_runs_the_pipeline_with_the_chosen_epochs(
         page.screenshot(path=str(shots / "trigger_form.png"))
         dialog.get_by_role("button", name="Trigger").click()
 
-        req = urllib.request.Request(
-            f"{base}/auth/token",
-            data=json.dumps({"username": "admin", "password": password}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            token = json.loads(resp.read())["access_token"]
+        token = _token(base, password)
 
         state, run = "none", {}
         deadline = time.monotonic() + 600
@@ -158,3 +210,82 @@ def test_trigger_form_runs_the_pipeline_with_the_chosen_epochs(
         ).read_text()
     )
     assert meta["training"]["epochs"] == 1
+
+
+def _create_backfill(base: str, token: str, reprocess: str) -> dict:
+    """Create a backfill the way the UI's backfill form does (POST /api/v2/backfills).
+
+    SQLite lets one writer in at a time: a request that meets the scheduler's write lock
+    fails with a 5xx and is sent again.
+    """
+    body = {
+        "dag_id": "trainyard_transactions",
+        "from_date": "2026-11-02T01:30:00Z",
+        "to_date": "2026-11-04T01:30:00Z",
+        "reprocess_behavior": reprocess,
+        "max_active_runs": 1,
+    }
+    for attempt in range(5):
+        req = urllib.request.Request(
+            f"{base}/api/v2/backfills",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            if e.code < 500 or attempt == 4:
+                raise AssertionError(f"backfill create: {e.code} {e.read()[:2000]!r}") from e
+            time.sleep(3)
+    raise AssertionError("unreachable")
+
+
+def test_backfill_new_dataset_stages_each_interval_and_trains_once(
+    standalone: tuple[Project, str],
+) -> None:
+    project, base = standalone
+    token = _token(base, _password(project))
+    for dag_id in ("trainyard_transactions", "trainyard_transactions_shadow"):
+        out = project.airflow("dags", "unpause", dag_id, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+    _create_backfill(base, token, "none")
+    runs = _wait_runs_done(base, token, "trainyard_transactions", 3, 900)
+    assert [r["run_type"] for r in runs] == ["backfill"] * 3
+    assert [r["state"] for r in runs] == ["success"] * 3, runs
+
+    root = project.volume_root / "transactions"
+    snapshots = sorted(p.name for p in (root / "snapshots").iterdir())
+    intervals = {p.stem: json.loads(p.read_text()) for p in (root / "intervals").glob("*.json")}
+    assert len(snapshots) == 3 and len(intervals) == 3
+    assert sorted(i["snapshot_id"] for i in intervals.values()) == snapshots
+
+    versions = root.parent / "_models" / "transactions" / "versions"
+    metas = [json.loads((v / "metadata.json").read_text()) for v in versions.iterdir()]
+    assert len(metas) == 1, "a backfill trains once, in its last run"
+    last_interval = intervals[max(intervals)]
+    assert metas[0]["snapshot_id"] == last_interval["snapshot_id"]
+
+    # Data-aware scheduling: the shadow pipeline ran on validated snapshots of its dataset.
+    shadow = _wait_runs_done(base, token, "trainyard_transactions_shadow", 1, 900)
+    assert {r["run_type"] for r in shadow} == {"asset_triggered"}
+    assert all(r["state"] == "success" for r in shadow), shadow
+    shadow_meta = [
+        json.loads((v / "metadata.json").read_text())
+        for v in (root.parent / "_models" / "transactions_shadow" / "versions").iterdir()
+    ]
+    assert shadow_meta and {m["snapshot_id"] for m in shadow_meta} <= set(snapshots)
+
+    # A second backfill over the same days re-runs them and overwrites nothing.
+    stamps = {p.name: p.stat().st_mtime_ns for p in (root / "intervals").iterdir()}
+    first_ends = {r["dag_run_id"]: r["end_date"] for r in runs}
+    _create_backfill(base, token, "completed")
+    end = time.monotonic() + 900
+    while time.monotonic() < end:
+        runs = _wait_runs_done(base, token, "trainyard_transactions", 3, 900)
+        if all(r["end_date"] != first_ends.get(r["dag_run_id"]) for r in runs):
+            break
+        time.sleep(5)
+    assert all(r["state"] == "success" for r in runs), runs
+    assert sorted(p.name for p in (root / "snapshots").iterdir()) == snapshots
+    assert {p.name: p.stat().st_mtime_ns for p in (root / "intervals").iterdir()} == stamps

@@ -1,0 +1,88 @@
+"""Applying rendered objects to a cluster: create-if-missing and rollout watching.
+
+The decisions are pure functions of typed ``kubernetes.client`` objects (unit-tested
+offline); the Airflow adapter calls them with a real API client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+RolloutState = Literal["complete", "progressing", "stalled"]
+
+
+def ensure_exists(create: Callable[[], Any], read: Callable[[], Any]) -> tuple[Any, bool]:
+    """Create an object unless it exists (a 409 from a concurrent creator counts as exists).
+
+    Args:
+        create: Creates the object (a call of the typed API, e.g. creating a PVC).
+        read: Reads it back (raises ``ApiException`` 404 when it does not exist).
+
+    Returns:
+        (the object as the API returns it, True if this call created it).
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return read(), False
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    try:
+        return create(), True
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        return read(), False
+
+
+def rollout_state(deployment: Any) -> RolloutState:
+    """Where a Deployment's rollout stands, the way ``kubectl rollout status`` decides.
+
+    Args:
+        deployment: A ``V1Deployment`` read from the API (spec and status).
+
+    Returns:
+        ``complete`` when the observed generation is current and every replica is updated
+        and available; ``stalled`` when the Progressing condition reports
+        ``ProgressDeadlineExceeded``; else ``progressing``.
+    """
+    meta, spec, status = deployment.metadata, deployment.spec, deployment.status
+    if status is None:
+        return "progressing"
+    for cond in status.conditions or []:
+        if cond.type == "Progressing" and cond.reason == "ProgressDeadlineExceeded":
+            return "stalled"
+    want = spec.replicas if spec.replicas is not None else 1
+    if (
+        (status.observed_generation or 0) >= (meta.generation or 0)
+        and (status.updated_replicas or 0) >= want
+        and (status.available_replicas or 0) >= want
+        and (status.replicas or 0) <= want
+    ):
+        return "complete"
+    return "progressing"
+
+
+def wait_rollout(
+    read: Callable[[], Any],
+    timeout_s: float,
+    poll_s: float = 5.0,
+    log: Callable[[str], None] = print,
+) -> RolloutState:
+    """Poll a Deployment until its rollout completes, stalls, or ``timeout_s`` passes.
+
+    Returns:
+        The last state seen (``progressing`` means the timeout passed).
+    """
+    end = time.monotonic() + timeout_s
+    state: RolloutState = "progressing"
+    while time.monotonic() < end:
+        state = rollout_state(read())
+        if state != "progressing":
+            break
+        time.sleep(poll_s)
+    log(f"rollout: {state}")
+    return state
