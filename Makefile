@@ -36,6 +36,8 @@ stop:
 
 test: $(STAMP)
 	bash scripts/system_deps.sh
+	$(ENV) ruff check . && ruff format --check .
+	$(ENV) python -m trainyard contracts check
 	$(ENV) pytest
 
 lint: $(STAMP)
