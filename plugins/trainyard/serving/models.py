@@ -37,6 +37,40 @@ SPEC_FILE = Path("assets.extra") / "trainyard.json"
 SIGNATURE = "serving_default"
 
 
+_threads_configured = False
+
+
+def configure_tf_threads(intra_op: int, inter_op: int) -> bool:
+    """Size TensorFlow's thread pools for this process (once, before it runs any op).
+
+    A server runs several model calls at once, one per predict thread; letting each call
+    also fan out over every core makes the calls contend and spin for each other. With
+    ``intra_op=1`` every call runs on its own thread and concurrent requests use the cores
+    (TF Serving's ``--tensorflow_intra_op_parallelism``). 0 keeps TensorFlow's default.
+
+    Args:
+        intra_op: Threads one op may use (0: TensorFlow's default, one per core).
+        inter_op: Ops of one call that may run at once (0: TensorFlow's default).
+
+    Returns:
+        True if applied; False if TensorFlow had already started in this process (for
+        instance a server inside a test process), in which case its sizes stay.
+    """
+    global _threads_configured
+    import tensorflow as tf
+
+    if _threads_configured:
+        return True
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    except RuntimeError as e:
+        log.info("TensorFlow thread pools already initialised, keeping them: %s", e)
+        return False
+    _threads_configured = True
+    return True
+
+
 class ModelNotFound(LookupError):
     """No servable version of the requested model (HTTP 404)."""
 
@@ -331,7 +365,12 @@ def scan_base_path(base_path: Path) -> dict[str, dict[int, Path]]:
 
 
 class ModelRepository:
-    """Every model under a base path, kept in sync with its version directories."""
+    """Every model under a base path, kept in sync with its version directories.
+
+    ``predict_threads`` model calls run at once; ``intra_op_threads`` and
+    ``inter_op_threads`` (0: TensorFlow's defaults) size TensorFlow's pools before the first
+    model loads, see :func:`configure_tf_threads`.
+    """
 
     def __init__(
         self,
@@ -339,8 +378,13 @@ class ModelRepository:
         poll_interval: float = 1.0,
         max_batch_rows: int = 1024,
         predict_threads: int = 2,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
     ) -> None:
         self.base_path = Path(base_path)
+        self.intra_op_threads = intra_op_threads
+        self.inter_op_threads = inter_op_threads
+        self._tf_configured = False
         self.poll_interval = poll_interval
         self.max_batch_rows = max_batch_rows
         self.predict_threads = predict_threads
@@ -460,8 +504,14 @@ class ModelRepository:
         records[version] = rec
         log.info("model %s version %d loading from %s", model, version, path)
         t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        if not self._tf_configured and (self.intra_op_threads or self.inter_op_threads):
+            await loop.run_in_executor(
+                self._loader, configure_tf_threads, self.intra_op_threads, self.inter_op_threads
+            )
+            self._tf_configured = True
         try:
-            lv = await asyncio.get_running_loop().run_in_executor(
+            lv = await loop.run_in_executor(
                 self._loader,
                 load_version,
                 model,

@@ -207,38 +207,39 @@ FAST_DECODE_MIN_BYTES = 8192
 ARROW_ENCODE_MIN_VALUES = 512
 
 _NUMBER_CHARS = b"0123456789eE+-."
-_TO_LINES = bytes.maketrans(b",[]\t\r\n", b"\n     ")
 _FAST_HEAD = re.compile(rb'\s*\{\s*"(instances|inputs)"\s*:\s*(?:\{\s*"([^"\\]+)"\s*:\s*)?$')
 _FAST_TAIL = re.compile(rb"\s*(\})?\s*\}\s*$")
+_COMMA = ord(",")
+_AROUND_NUMBER = " \t\r\n[],"
 
 
 def _parse_numbers(array: bytes) -> np.ndarray | None:
-    """Parse the numbers of a JSON array of numbers (any nesting) with Arrow's CSV reader.
+    """Parse the numbers of a JSON array of numbers (any nesting) in Arrow's C++ kernels.
 
-    One number per line: commas become newlines; brackets and whitespace, spaces. Arrow
-    parses floats in C++ several times faster than ``json`` builds Python floats. Returns
-    None if any value is not a number.
+    The caller has checked that ``array`` holds only brackets, commas, whitespace and
+    number characters in the expected bracket structure. Each comma ends one number, so
+    the comma positions are the offsets of a zero-copy Arrow string array whose values are
+    one number each with brackets and whitespace around it; those are trimmed and the
+    strings cast to float64 (``fast_float``). A value with anything else inside (two
+    numbers, an empty slot, a number outside the innermost lists) fails the cast and
+    returns None.
     """
     import pyarrow as pa
-    import pyarrow.csv as pacsv
+    import pyarrow.compute as pc
 
+    if len(array) >= 2**31:
+        return None
+    ends = np.flatnonzero(np.frombuffer(array, np.uint8) == _COMMA)
+    offsets = np.empty(ends.size + 2, np.int32)
+    offsets[0] = 0
+    offsets[1:-1] = ends + 1
+    offsets[-1] = len(array)
+    texts = pa.StringArray.from_buffers(ends.size + 1, pa.py_buffer(offsets), pa.py_buffer(array))
     try:
-        table = pacsv.read_csv(
-            pa.py_buffer(array.translate(_TO_LINES)),
-            read_options=pacsv.ReadOptions(
-                column_names=["x"], use_threads=False, block_size=max(1 << 20, 2 * len(array))
-            ),
-            parse_options=pacsv.ParseOptions(
-                delimiter="\x01", quote_char=False, ignore_empty_lines=False
-            ),
-            convert_options=pacsv.ConvertOptions(column_types={"x": pa.float64()}),
-        )
+        numbers = pc.cast(pc.ascii_trim(texts, _AROUND_NUMBER), pa.float64())
     except (pa.ArrowInvalid, ValueError):
         return None
-    column = table.column(0)
-    if column.null_count:
-        return None
-    return column.to_numpy()
+    return numbers.to_numpy(zero_copy_only=False)
 
 
 def _skeleton(row_shape: tuple[int, ...]) -> bytes:
