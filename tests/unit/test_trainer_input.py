@@ -20,7 +20,8 @@ from trainer_fixtures import (
     write_table_contract,
 )
 
-from trainyard.trainer.data import load_examples, read_contract
+from trainyard.contracts import parse_contract as read_contract
+from trainyard.trainer.data import load_examples
 
 tf = pytest.importorskip("tensorflow")
 from trainyard.trainer.input import SnapshotInput, _decode_jpeg_at_least  # noqa: E402
@@ -108,3 +109,68 @@ def test_jpeg_decoded_at_the_smallest_scale_still_covering_the_target(
     image = _decode_jpeg_at_least(tf.constant(buf.getvalue()), 224, 224, 3)
     assert tuple(image.shape[:2]) == expected
     assert abs(float(tf.reduce_mean(tf.cast(image, tf.float32))) - 120) < 3
+
+
+def _jpg_contract(tmp_path: Path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "jpg" / "digits.yaml"
+    path.parent.mkdir()
+    path.write_text(DIGITS_CONTRACT.read_text().replace("extension: png", "extension: jpg"))
+    return read_contract(path)
+
+
+def _images(ds) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return np.concatenate([np.asarray(x["image"]) for x, _ in ds])
+
+
+@pytest.mark.parametrize("ext", ["png", "jpg"], ids=["png-crop-after-decode", "jpeg-crop-decode"])
+def test_augment_is_random_and_evaluation_is_deterministic(tmp_path: Path, ext: str) -> None:
+    snap = make_files_snapshot(tmp_path / "s", n=96, shards=2, ext=ext)
+    contract = _jpg_contract(tmp_path) if ext == "jpg" else read_contract(DIGITS_CONTRACT)
+    inp = SnapshotInput(snap, contract, "all", resize=True)
+
+    def passes(augment: bool) -> list[np.ndarray]:
+        kw = {"shuffle": False, "repeat": False, "augment": augment}
+        return [_images(inp.dataset(16, **kw)) for _ in range(2)]
+
+    evals = passes(augment=False)
+    np.testing.assert_array_equal(evals[0], evals[1])
+    train = passes(augment=True)
+    assert train[0].shape == evals[0].shape == (96, 8, 8, 1)
+    assert train[0].min() >= 0.0 and train[0].max() <= 1.0
+    assert not np.array_equal(train[0], train[1])  # a new crop and flip every pass
+    assert not np.array_equal(train[0], evals[0])
+
+
+@pytest.mark.parametrize(
+    ("resize", "cache"),
+    [(False, None), (True, "memory")],
+    ids=["without-resize", "with-cache"],
+)
+def test_augment_refuses_pipelines_it_cannot_serve(
+    tmp_path: Path, resize: bool, cache: str | None
+) -> None:
+    from trainyard.errors import TrainingError
+
+    snap = make_files_snapshot(tmp_path / "s", n=40, shards=1)
+    inp = SnapshotInput(snap, read_contract(DIGITS_CONTRACT), "all", cache=cache, resize=resize)
+    with pytest.raises(TrainingError, match="augment needs"):
+        inp.dataset(8, augment=True)
+
+
+def test_jpeg_crop_window_decoded_at_a_dct_scale() -> None:
+    from PIL import Image
+
+    from trainyard.trainer.input import _decode_jpeg_random_crop
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((1800, 2400, 3), 90, np.uint8)).save(buf, format="JPEG")
+    data = tf.constant(buf.getvalue())
+    shapes = set()
+    for _ in range(20):
+        image = _decode_jpeg_random_crop(data, 224, 224, 3, seed=7)
+        h, w = image.shape[:2]
+        shapes.add((h, w))
+        # Windows of 448+ pixels a side are decoded at 1/2..1/8: never 2x the target left.
+        assert min(h // 224, w // 224) < 2 and h >= 1 and w >= 1
+        assert abs(float(tf.reduce_mean(tf.cast(image, tf.float32))) - 90) < 3
+    assert len(shapes) > 1  # random windows

@@ -8,6 +8,13 @@ batched, then each batch is decoded in one call (one tf.data function call per b
 per example); with a local cache, examples are decoded one by one and cached decoded. Pure
 graph ops mean the same pipeline runs on remote parameter-server workers.
 
+Resized JPEGs are decoded with libjpeg's DCT scaling where the image (or crop window) is at
+least twice the target size. Training pipelines may ask for ``augment``: the ImageNet
+ResNet-50 reference augmentation (TF official models, MLPerf): a random crop window (area
+8-100 %, aspect ratio 3/4-4/3, ``sample_distorted_bounding_box``) of which only the window
+is decoded (``decode_and_crop_jpeg``), resized to the target and randomly flipped.
+Evaluation pipelines (no ``augment``) resize the whole image, deterministically.
+
 Table snapshots (Parquet): Arrow record batches are read with pyarrow and handed to
 tf.data a whole batch at a time (``from_generator``) under all-reduce; under
 parameter-server training the split is materialised as tensors (workers cannot run the
@@ -27,6 +34,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import tensorflow as tf
 
+from trainyard.errors import TrainingError
 from trainyard.trainer.data import (
     FileIndex,
     file_index,
@@ -113,6 +121,7 @@ class SnapshotInput:
         repeat: bool = True,
         seed: int = 0,
         drop_remainder: bool = True,
+        augment: bool = False,
     ) -> tf.data.Dataset:
         """The batched dataset of one input pipeline.
 
@@ -124,13 +133,30 @@ class SnapshotInput:
             repeat: Repeat forever (training with ``steps_per_epoch``).
             seed: Shuffle seed.
             drop_remainder: Drop the last partial batch (static shapes for distribution).
+            augment: Training augmentation of images (needs ``resize``, no ``cache``): a
+                random crop window, decoded alone for JPEGs, resized, randomly flipped.
 
         Returns:
             Batches of ``(features dict, int64 labels)``.
+
+        Raises:
+            TrainingError: ``augment`` without ``resize``, with a cache, or on a table.
         """
+        if augment and (self.kind != "files" or not self.resize or self.cache):
+            raise TrainingError(
+                f"{self.snapshot_dir}: augment needs a files snapshot read with resize=True "
+                "and no cache (a cache would freeze one random crop per image)"
+            )
         if self.kind == "files" and not self.cache:
             ds = self._files_dataset(
-                num_pipelines, pipeline_id, shuffle, seed, batch_size, repeat, drop_remainder
+                num_pipelines,
+                pipeline_id,
+                shuffle,
+                seed,
+                batch_size,
+                repeat,
+                drop_remainder,
+                augment,
             )
             return ds.with_options(self._options(shuffle)).prefetch(AUTOTUNE)
         if self.kind == "files":
@@ -157,6 +183,9 @@ class SnapshotInput:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         options.deterministic = not shuffle
+        # Parallelism comes from parallel map calls; one op spreading over the intra-op
+        # pool only adds hand-offs (as TF's ImageNet ResNet input pipeline sets it).
+        options.threading.max_intra_op_parallelism = 1
         return options
 
     def _shuffle_cap(self) -> int:
@@ -177,6 +206,7 @@ class SnapshotInput:
         batch_size: int | None = None,
         repeat: bool = False,
         drop_remainder: bool = True,
+        augment: bool = False,
     ) -> tf.data.Dataset:
         index = self._index
         assert index is not None and self.contract.image is not None
@@ -223,10 +253,16 @@ class SnapshotInput:
             ds = ds.shard(element_stride, pipeline_id)
 
         def decode_one(data: tf.Tensor) -> tf.Tensor:
-            if resize and jpeg:
+            if augment and jpeg:
+                image = _decode_jpeg_random_crop(data, img.height, img.width, img.channels, seed)
+            elif resize and jpeg:
                 image = _decode_jpeg_at_least(data, img.height, img.width, img.channels)
             else:
                 image = tf.io.decode_image(data, channels=img.channels, expand_animations=False)
+                if augment:
+                    image = _random_crop(image, tf.shape(image), seed)
+            if augment:
+                image = tf.image.random_flip_left_right(image, seed=seed)
             if resize:
                 image = tf.image.resize(image, (img.height, img.width)) / 255.0
             else:
@@ -319,6 +355,55 @@ def _decode_jpeg_at_least(data: tf.Tensor, height: int, width: int, channels: in
     def at(ratio: int):  # type: ignore[no-untyped-def]
         return lambda: tf.io.decode_jpeg(
             data, channels=channels, ratio=ratio, dct_method="INTEGER_FAST"
+        )
+
+    return tf.switch_case(branch, [at(1), at(2), at(4), at(8)])
+
+
+def _crop_window(shape: tf.Tensor, seed: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """A random crop window ``(y, x)``, ``(h, w)`` as the ImageNet ResNet-50 reference draws it.
+
+    Area 8-100 % of the image, aspect ratio 3/4-4/3, at most 10 attempts, else the whole
+    image (``tf.image.sample_distorted_bounding_box`` with no object boxes).
+    """
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=tf.zeros((1, 0, 4), tf.float32),
+        seed=seed,
+        min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    return begin[:2], size[:2]
+
+
+def _random_crop(image: tf.Tensor, shape: tf.Tensor, seed: int) -> tf.Tensor:
+    """A random crop window (:func:`_crop_window`) of a decoded image."""
+    begin, size = _crop_window(shape, seed)
+    return tf.slice(image, tf.concat([begin, [0]], 0), tf.concat([size, [-1]], 0))
+
+
+def _decode_jpeg_random_crop(
+    data: tf.Tensor, height: int, width: int, channels: int, seed: int
+) -> tf.Tensor:
+    """Decode only a random crop window of a JPEG (:func:`_crop_window`).
+
+    ``decode_and_crop_jpeg`` skips the inverse DCT and colour conversion outside the
+    window; where the window is at least twice the target size it is decoded at a DCT
+    scale (1/2, 1/4, 1/8; the window is then given in scaled pixels) as in
+    :func:`_decode_jpeg_at_least`. The result is at least the target size unless the
+    window itself is smaller.
+    """
+    (y, x), (h, w) = (tf.unstack(t) for t in _crop_window(tf.image.extract_jpeg_shape(data), seed))
+    fit = tf.minimum(h // height, w // width)
+    branch = tf.cast(fit >= 2, tf.int32) + tf.cast(fit >= 4, tf.int32) + tf.cast(fit >= 8, tf.int32)
+
+    def at(ratio: int):  # type: ignore[no-untyped-def]
+        window = tf.stack([y // ratio, x // ratio, h // ratio, w // ratio])
+        return lambda: tf.io.decode_and_crop_jpeg(
+            data, window, channels=channels, ratio=ratio, dct_method="INTEGER_FAST"
         )
 
     return tf.switch_case(branch, [at(1), at(2), at(4), at(8)])
