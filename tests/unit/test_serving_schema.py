@@ -209,12 +209,16 @@ def test_fast_path_equals_json_path(body, columnar):
 
 
 SCALAR = {"x": ("float32", (None,))}
+PAIR = {"x": ("float32", (None, 1))}
 FALLBACK = [
     ("space inside a number list", SCALAR, b'{"inputs": [1 2]}', "malformed JSON"),
     ("empty slot", SCALAR, b'{"inputs": [1,,2]}', "malformed JSON"),
     ("trailing comma", SCALAR, b'{"inputs": [1,2,]}', "malformed JSON"),
     ("newline between numbers", SCALAR, b'{"inputs": [1\n2]}', "malformed JSON"),
     ("double dot", SCALAR, b'{"inputs": [1.2.3]}', "malformed JSON"),
+    ("number before a list", PAIR, b'{"inputs": [[1],5[2]]}', "malformed JSON"),
+    ("number after a list", PAIR, b'{"inputs": [[1]5,[2]]}', "malformed JSON"),
+    ("bracket inside a number", PAIR, b'{"inputs": [[1],[2[]]]}', "malformed JSON"),
     ("NaN", SCALAR, b'{"inputs": [NaN]}', "non-finite number NaN"),
     ("short row", IMAGE, json.dumps({"instances": [IMG.tolist(), IMG[:7].tolist()]}).encode(),
      "instances[1].image: expected shape (8, 8, 1) per row, got (7, 8, 1)"),
