@@ -292,7 +292,7 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument(
         "--inter-op-threads",
         type=int,
-        default=1,
+        default=0,
         help="TensorFlow ops of one model call that may run at once (0: TensorFlow's default)",
     )
     args = parser.parse_args(argv)
