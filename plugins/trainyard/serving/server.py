@@ -10,6 +10,9 @@ Endpoints, with TF Serving's JSON shapes and its error shape ``{"error": "..."}`
 Models come from a base path watched by :class:`~trainyard.serving.models.ModelRepository`.
 aiohttp sets ``TCP_NODELAY`` on every accepted connection (``BaseProtocol.connection_made``),
 so small responses are not held back by Nagle's algorithm; a test asserts the latency.
+``trainyard serve`` runs on uvloop when it is installed and, by default, gives each
+TensorFlow op one thread (``--intra-op-threads 1``) so that concurrent model calls, not
+one call's ops, share the cores.
 """
 
 from __future__ import annotations
