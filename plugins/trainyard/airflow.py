@@ -168,6 +168,28 @@ def pipeline_schedule(cfg: PipelineConfig, settings: Settings) -> Any:
     return AssetOrTimeSchedule(timetable=cron, assets=[asset]) if cron else [asset]
 
 
+def publish_snapshot_event(asset: Asset, dataset: str, pipeline: str) -> Any:
+    """A task that announces a new validated snapshot as an event of the dataset's Asset.
+
+    Airflow emits an event for every outlet of a task that succeeds, so the announcement is
+    a task of its own that skips (no event) when the snapshot was reused: unchanged data is
+    no news, and a pipeline triggered by its own dataset must not trigger itself again.
+    """
+
+    @task(task_id="publish_snapshot", outlets=[asset])
+    def publish_snapshot(staged: dict[str, Any], validated: dict[str, Any], **context: Any) -> str:
+        if staged.get("reused"):
+            raise AirflowSkipException(f"snapshot {staged['snapshot_id']} was reused: no event")
+        context["outlet_events"][asset].extra = {
+            "snapshot_id": staged["snapshot_id"],
+            "dataset": dataset,
+            "pipeline": pipeline,
+        }
+        return staged["snapshot_id"]
+
+    return publish_snapshot
+
+
 def _triggering_snapshot(context: dict[str, Any]) -> str | None:
     """The snapshot id of the newest Asset event that triggered this run, if any."""
     events = context.get("triggering_asset_events") or {}
@@ -327,18 +349,9 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
         snapshot_id = context["params"].get("snapshot_id") or _triggering_snapshot(context)
         return _fail_closed(_steps().stage, name, *_interval(context), snapshot_id)
 
-    @task(
-        task_id="validate", retries=1, outlets=[snap_asset], execution_timeout=dt.timedelta(hours=2)
-    )
-    def validate_task(staged: dict[str, Any], **context: Any) -> dict[str, Any]:
-        result = _fail_closed(_steps().validate, name, staged["snapshot_id"])
-        if not staged.get("given"):  # a given snapshot is not news: no event, no trigger loop
-            context["outlet_events"][snap_asset].extra = {
-                "snapshot_id": staged["snapshot_id"],
-                "dataset": cfg.dataset,
-                "pipeline": name,
-            }
-        return result
+    @task(task_id="validate", retries=1, execution_timeout=dt.timedelta(hours=2))
+    def validate_task(staged: dict[str, Any]) -> dict[str, Any]:
+        return _fail_closed(_steps().validate, name, staged["snapshot_id"])
 
     @task(
         task_id="train",
@@ -405,6 +418,7 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
 
     staged = stage_task()
     validated = validate_task(staged)
+    publish_snapshot_event(snap_asset, cfg.dataset, name)(staged, validated)
     trained = train_task(staged, validated)
     decision = evaluate_task(trained)
     deployed = deploy_task(decision)

@@ -52,7 +52,7 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
     from trainyard import k8s
-    from trainyard.airflow import gate
+    from trainyard.airflow import gate, publish_snapshot_event, snapshot_asset
     from trainyard.k8s.render import trainer_args
 
     profile = k8s.load_cluster_profile(settings.cluster_profile)
@@ -259,3 +259,5 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
     teardown.as_teardown(setups=training_service)
     jobs >> teardown
     gate_task(evaluate.output) >> ensure_serving() >> deploy
+    announce = publish_snapshot_event(snapshot_asset(cfg, settings), cfg.dataset, name)
+    announce(stage.output, validate.output)

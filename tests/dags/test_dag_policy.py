@@ -40,20 +40,31 @@ def test_dag_level_policy(dags: dict) -> None:
         )
         assert dag.catchup is False
         assert dag.dagrun_timeout is not None
-        assert dag.task_ids == [
-            "stage",
-            "validate",
-            "train",
-            "evaluate",
-            "deploy",
-            "gate",
-            "summary",
-        ]
+        assert sorted(dag.task_ids) == sorted(
+            [
+                "stage",
+                "validate",
+                "publish_snapshot",
+                "train",
+                "evaluate",
+                "gate",
+                "deploy",
+                "summary",
+            ]
+        )
 
 
 @pytest.mark.parametrize(
     ("task_id", "retries"),
-    [("stage", 2), ("validate", 1), ("train", 1), ("evaluate", 0), ("gate", 0), ("deploy", 0)],
+    [
+        ("stage", 2),
+        ("validate", 1),
+        ("publish_snapshot", 0),
+        ("train", 1),
+        ("evaluate", 0),
+        ("gate", 0),
+        ("deploy", 0),
+    ],
 )
 def test_retries_only_for_transient_steps(dags: dict, task_id: str, retries: int) -> None:
     for dag in dags.values():
@@ -64,7 +75,7 @@ def test_tasks_have_owner_timeouts_and_training_pool(dags: dict) -> None:
     for dag in dags.values():
         for task in dag.tasks:
             assert task.owner and task.owner != "airflow"
-            if task.task_id not in ("gate", "summary"):
+            if task.task_id not in ("gate", "summary", "publish_snapshot"):
                 assert task.execution_timeout is not None, task.task_id
         assert dag.get_task("train").pool == "trainyard_training"
 

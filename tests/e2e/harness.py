@@ -69,15 +69,27 @@ class Project:
         )
 
 
+def _merge(base: dict, updates: dict) -> dict:
+    out = dict(base)
+    for key, value in updates.items():
+        out[key] = _merge(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
 def make_project(
-    tmp: Path, pipeline_overrides: dict | None = None, api_port: int | None = None
+    tmp: Path,
+    pipeline_overrides: dict | None = None,
+    api_port: int | None = None,
+    extra_pipelines: dict[str, dict] | None = None,
 ) -> Project:
-    """Write a pipelines folder (the real digits pipeline with test overrides) and an env.
+    """Write a pipelines folder (the real pipelines with test overrides) and an env.
 
     Args:
         tmp: A fresh temporary folder.
         pipeline_overrides: Nested updates to ``dags/pipelines/digits.yaml``.
         api_port: Port of the Airflow API server (standalone tests).
+        extra_pipelines: More pipelines by name: ``{"name": {"from": "transactions",
+            ...updates}}`` copies a real pipeline config and applies the updates.
 
     Returns:
         The project handle; call ``init_airflow`` before running DAGs.
@@ -85,14 +97,12 @@ def make_project(
     port = free_port()
     pipelines = tmp / "pipelines"
     pipelines.mkdir()
-    cfg = yaml.safe_load((ROOT / "dags" / "pipelines" / "digits.yaml").read_text())
-    cfg["serving"]["port"] = port
-    for key, value in (pipeline_overrides or {}).items():
-        if isinstance(value, dict):
-            cfg.setdefault(key, {}).update(value)
-        else:
-            cfg[key] = value
-    (pipelines / "digits.yaml").write_text(yaml.safe_dump(cfg))
+    wanted = {"digits": {"from": "digits", **(pipeline_overrides or {})}, **(extra_pipelines or {})}
+    for name, spec in wanted.items():
+        updates = {k: v for k, v in spec.items() if k != "from"}
+        base = yaml.safe_load((ROOT / "dags" / "pipelines" / f"{spec['from']}.yaml").read_text())
+        cfg = _merge(base, {"name": name, "serving": {"port": port}, **updates})
+        (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ)
     env.update(
         TRAINYARD_PROJECT_DIR=str(ROOT),

@@ -280,6 +280,7 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
     # Data-aware scheduling: the shadow pipeline ran on validated snapshots of its dataset.
     shadow = _wait_runs_done(base, token, "trainyard_transactions_shadow", 1, 900)
     assert {r["run_type"] for r in shadow} == {"asset_triggered"}
+    assert len(shadow) <= 4, "at most one run per new snapshot (no trigger loop)"
     assert all(r["state"] == "success" for r in shadow), shadow
     shadow_meta = [
         json.loads((v / "metadata.json").read_text())
@@ -301,5 +302,6 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
             break
         time.sleep(5)
     assert all(r["state"] == "success" for r in backfill), backfill
-    assert sorted(p.name for p in (root / "snapshots").iterdir()) == snapshots
+    records = {p.name: json.loads(p.read_text()) for p in (root / "intervals").iterdir()}
+    assert sorted(p.name for p in (root / "snapshots").iterdir()) == snapshots, records
     assert {p.name: p.stat().st_mtime_ns for p in (root / "intervals").iterdir()} == stamps
