@@ -2,7 +2,7 @@
 
 No TensorFlow import: the launcher and the Kubernetes renderer use these functions too.
 
-Environment contract of a training pod (see ``docs/interfaces.md``, "Training"):
+Environment contract of a training pod (rendered by ``trainyard.k8s.training_job``):
 ``JOB_COMPLETION_INDEX`` (set by Kubernetes), ``TRAINYARD_TF_TASK_TYPE`` (``worker`` |
 ``chief`` | ``ps``), ``TRAINYARD_TF_JOBS`` (JSON ``{"worker": {"job": name, "replicas": n},
 ...}``), ``TRAINYARD_TF_SERVICE`` (the headless Service) and ``TRAINYARD_TF_PORT``.
