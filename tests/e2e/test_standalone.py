@@ -249,7 +249,7 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
     for dag_id in ("trainyard_transactions", "trainyard_transactions_shadow"):
         out = project.airflow("dags", "unpause", dag_id, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
-    _create_backfill(base, token, "none")
+    first = _create_backfill(base, token, "none")
     # Unpausing also schedules the latest interval (catchup is off): that run is not part
     # of the backfill and is told apart by its run type.
     runs = _wait_runs_done(base, token, "trainyard_transactions", 3, 900)
@@ -293,6 +293,10 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
     # A second backfill over the same days re-runs them and overwrites nothing.
     stamps = {p.name: p.stat().st_mtime_ns for p in (root / "intervals").iterdir()}
     first_ends = {r["dag_run_id"]: r["end_date"] for r in backfill}
+    end = time.monotonic() + 300  # the scheduler closes a backfill shortly after its runs
+    while _api(base, token, f"/api/v2/backfills/{first['id']}").get("completed_at") is None:
+        assert time.monotonic() < end, "the first backfill never completed"
+        time.sleep(3)
     _create_backfill(base, token, "completed")
     end = time.monotonic() + 900
     while time.monotonic() < end:
