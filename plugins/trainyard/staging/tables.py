@@ -217,6 +217,23 @@ def _diagnose_csv(src: Source, f: SourceFile, header: list[str], message: str) -
     return f"{f.path}:{column} {message}"
 
 
+def _batches(
+    reader: Any, stream: Any, f: SourceFile, schema: Any, advance: Callable[[int], None]
+) -> Iterator[Any]:
+    """Cast record batches from a streaming reader, reporting bytes read as progress."""
+    done = 0
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            break
+        pos = stream.tell()
+        advance(pos - done)
+        done = pos
+        yield _cast_batch(batch, schema, f.path)
+    advance(f.size - done)
+
+
 def _read_csv(
     src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None]
 ) -> Iterator[Any]:
@@ -239,17 +256,7 @@ def _read_csv(
                 column_types=schema, include_columns=schema.names, check_utf8=True
             ),
         )
-        done = 0
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                break
-            pos = stream.tell()
-            advance(pos - done)
-            done = pos
-            yield _cast_batch(batch, schema, f.path)
-        advance(f.size - done)
+        yield from _batches(reader, stream, f, schema, advance)
     except (pa.ArrowException, UnicodeDecodeError) as e:
         raise StagingError(_diagnose_csv(src, f, header, str(e))) from e
     finally:
@@ -271,17 +278,7 @@ def _read_jsonl(
                 explicit_schema=schema, unexpected_field_behavior="ignore"
             ),
         )
-        done = 0
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                break
-            pos = stream.tell()
-            advance(pos - done)
-            done = pos
-            yield _cast_batch(batch, schema, f.path)
-        advance(f.size - done)
+        yield from _batches(reader, stream, f, schema, advance)
     except pa.ArrowException as e:
         raise StagingError(f"{f.path}: not valid JSON Lines for the contract: {e}") from e
     finally:
