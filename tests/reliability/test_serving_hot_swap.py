@@ -26,7 +26,10 @@ PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 
 # The load generator: 3 threads, each with its own keep-alive connection, post single- and
 # multi-row requests in both formats until the stop file appears. Every answer's class id
-# tells which version served it (each version predicts one constant class).
+# tells which version served it (each version predicts one constant class). Timelines are
+# per connection: requests on one connection are sequential, so its timeline shows the
+# order in which the server switched; across threads a request begun before a swap may
+# legitimately finish after another thread's first answer from the new version.
 LOAD = r"""
 import json, sys, threading, time
 from pathlib import Path
@@ -35,7 +38,8 @@ from trainyard.serving.client import ServingClient
 
 port, stop, out = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 lock = threading.Lock()
-seen, failures, total, timeline = {}, [], [0], []
+seen, failures, total = {}, [], [0]
+timelines = {i: [] for i in range(3)}
 
 def run(i):
     rng = np.random.default_rng(i)
@@ -58,6 +62,7 @@ def run(i):
         with lock:
             total[0] += 1
             seen[got[0]] = seen.get(got[0], 0) + 1
+            timeline = timelines[i]
             if not timeline or timeline[-1] != got[0]:
                 timeline.append(got[0])
 
@@ -68,7 +73,7 @@ Path(str(out) + ".started").write_text("1")
 for t in threads:
     t.join()
 out.write_text(json.dumps({"seen": seen, "failures": failures[:20], "n_failures": len(failures),
-                           "total": total[0], "timeline": timeline}))
+                           "total": total[0], "timelines": list(timelines.values())}))
 """
 
 
@@ -114,7 +119,8 @@ def test_hot_swap_and_rollback_under_load_fail_no_request(server, tmp_path: Path
     result = json.loads(out.read_text())
     assert result["n_failures"] == 0, result["failures"]
     assert set(result["seen"]) == {"1", "2", "3"}, result
-    assert result["timeline"] == [1, 2, 3, 2], result
+    for timeline in result["timelines"]:
+        assert timeline == [1, 2, 3, 2], result
     assert result["total"] > 100, result
     assert states_after_swap == [("2", "AVAILABLE"), ("1", "END")]
     log = (root / ".server.log").read_text()
