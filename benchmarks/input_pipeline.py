@@ -22,7 +22,8 @@ sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests")]
 import tensorflow as tf  # noqa: E402
 from trainer_fixtures import DIGITS_CONTRACT, digits_arrays, make_files_snapshot  # noqa: E402
 
-from trainyard.trainer.data import file_index, read_contract  # noqa: E402
+from trainyard.contracts import parse_contract as read_contract  # noqa: E402
+from trainyard.trainer.data import file_index  # noqa: E402
 from trainyard.trainer.input import SnapshotInput  # noqa: E402
 
 

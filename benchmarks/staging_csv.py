@@ -25,7 +25,11 @@ PLUGINS = ROOT / "plugins"
 
 CONTRACT = """\
 dataset: bench
-version: 1
+version: 1.0.0
+owner: bench@example.com
+source: {format: csv}
+roles: {key: txn_id, label: is_fraud, features: [amount, hour, customer_age]}
+split: {holdout_fraction: 0.2, by: txn_id}
 columns:
   - {name: txn_id, type: string}
   - {name: amount, type: float64}

@@ -28,8 +28,12 @@ PLUGINS = ROOT / "plugins"
 
 CONTRACT = """\
 dataset: benchfiles
-version: 1
+version: 1.0.0
+owner: bench@example.com
 source: {format: image_folder, extension: png}
+image: {column: image, height: 8, width: 8, channels: 1}
+roles: {key: key, label: label, features: [image]}
+split: {holdout_fraction: 0.2, by: key}
 columns:
   - {name: key, type: string}
   - {name: label, type: int64}
