@@ -61,6 +61,17 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
+def _read_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from ``path``; anything else is a ``RegistryError`` naming the file."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as e:
+        raise RegistryError(f"{path}: unreadable {what}: {e}") from e
+    if not isinstance(data, dict):
+        raise RegistryError(f"{path}: {what} is not a JSON object")
+    return data
+
+
 class Registry:
     """The versions of one pipeline's model and which of them is the champion."""
 
@@ -147,14 +158,7 @@ class Registry:
         Raises:
             RegistryError: If the version is missing or its metadata unreadable.
         """
-        path = self.version_dir(version) / "metadata.json"
-        try:
-            data = read_json(path)
-        except (OSError, ValueError) as e:
-            raise RegistryError(f"{path}: unreadable version metadata: {e}") from e
-        if not isinstance(data, dict):
-            raise RegistryError(f"{path}: version metadata is not a JSON object")
-        return data
+        return _read_object(self.version_dir(version) / "metadata.json", "version metadata")
 
     def read_file(self, version: int, name: str) -> dict[str, Any] | None:
         """A JSON file of a version (``metrics.json``, ``gate.json``), or None if absent.
@@ -163,15 +167,7 @@ class Registry:
             RegistryError: If the file exists but is not a JSON object.
         """
         path = self.version_dir(version) / name
-        if not path.is_file():
-            return None
-        try:
-            data = read_json(path)
-        except (OSError, ValueError) as e:
-            raise RegistryError(f"{path}: unreadable: {e}") from e
-        if not isinstance(data, dict):
-            raise RegistryError(f"{path}: expected a JSON object")
-        return data
+        return _read_object(path, name) if path.is_file() else None
 
     def register(
         self,

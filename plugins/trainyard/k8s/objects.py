@@ -212,6 +212,33 @@ def _env(values: dict[str, str]) -> list[Any]:
 # --------------------------------------------------------------------------- storage
 
 
+def _pvc(
+    profile: ClusterProfile,
+    name: str,
+    labels: dict[str, str],
+    access_mode: str,
+    storage_class: str | None,
+    size: str,
+) -> V1PersistentVolumeClaim:
+    from kubernetes.client import (
+        V1ObjectMeta,
+        V1PersistentVolumeClaim,
+        V1PersistentVolumeClaimSpec,
+        V1VolumeResourceRequirements,
+    )
+
+    return V1PersistentVolumeClaim(
+        api_version="v1",
+        kind="PersistentVolumeClaim",
+        metadata=V1ObjectMeta(name=name, namespace=profile.namespace, labels=labels),
+        spec=V1PersistentVolumeClaimSpec(
+            access_modes=[access_mode],
+            storage_class_name=storage_class,
+            resources=V1VolumeResourceRequirements(requests={"storage": size}),
+        ),
+    )
+
+
 def dataset_pvc(
     profile: ClusterProfile,
     dataset: str,
@@ -231,27 +258,14 @@ def dataset_pvc(
     Returns:
         The claim.
     """
-    from kubernetes.client import (
-        V1ObjectMeta,
-        V1PersistentVolumeClaim,
-        V1PersistentVolumeClaimSpec,
-        V1VolumeResourceRequirements,
-    )
-
     st = profile.storage
-    return V1PersistentVolumeClaim(
-        api_version="v1",
-        kind="PersistentVolumeClaim",
-        metadata=V1ObjectMeta(
-            name=dataset_pvc_name(dataset),
-            namespace=profile.namespace,
-            labels=_labels("dataset-volume", **{"trainyard.io/dataset": k8s_name(dataset)}),
-        ),
-        spec=V1PersistentVolumeClaimSpec(
-            access_modes=[access_mode or st.dataset_access_mode],
-            storage_class_name=storage_class or st.storage_class,
-            resources=V1VolumeResourceRequirements(requests={"storage": size or st.dataset_size}),
-        ),
+    return _pvc(
+        profile,
+        dataset_pvc_name(dataset),
+        _labels("dataset-volume", **{"trainyard.io/dataset": k8s_name(dataset)}),
+        access_mode or st.dataset_access_mode,
+        storage_class or st.storage_class,
+        size or st.dataset_size,
     )
 
 
@@ -264,25 +278,14 @@ def models_pvc(profile: ClusterProfile) -> V1PersistentVolumeClaim:
     Returns:
         The claim named ``profile.storage.models_pvc``.
     """
-    from kubernetes.client import (
-        V1ObjectMeta,
-        V1PersistentVolumeClaim,
-        V1PersistentVolumeClaimSpec,
-        V1VolumeResourceRequirements,
-    )
-
     st = profile.storage
-    return V1PersistentVolumeClaim(
-        api_version="v1",
-        kind="PersistentVolumeClaim",
-        metadata=V1ObjectMeta(
-            name=st.models_pvc, namespace=profile.namespace, labels=_labels("models-volume")
-        ),
-        spec=V1PersistentVolumeClaimSpec(
-            access_modes=[st.models_access_mode],
-            storage_class_name=st.storage_class,
-            resources=V1VolumeResourceRequirements(requests={"storage": st.models_size}),
-        ),
+    return _pvc(
+        profile,
+        st.models_pvc,
+        _labels("models-volume"),
+        st.models_access_mode,
+        st.storage_class,
+        st.models_size,
     )
 
 
