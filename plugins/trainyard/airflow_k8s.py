@@ -53,7 +53,7 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
 
     from trainyard import k8s
     from trainyard.airflow import gate, publish_snapshot_event, snapshot_asset
-    from trainyard.k8s.render import trainer_args
+    from trainyard.k8s.render import pipeline_training_objects, trainer_args
 
     profile = k8s.load_cluster_profile(settings.cluster_profile)
     name, t = cfg.name, cfg.training
@@ -111,19 +111,8 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
 
     validate = step("validate", ["--pipeline", name, "--snapshot", _xcom("stage", "snapshot_id")])
 
-    attempt = k8s.training_objects(
-        profile,
-        name,
-        ATTEMPT_RUN_ID,
-        strategy=t.strategy,
-        workers=t.workers,
-        parameter_servers=t.parameter_servers,
-        tier=t.priority,
-        gpus_per_worker=t.gpus_per_worker,
-        args=[],
-        dataset=cfg.dataset,
-        deadline_s=t.attempt_timeout_s,
-    )
+    # Trainer arguments travel as the operators' templated ``arguments``, not in the Jobs.
+    attempt = pipeline_training_objects(profile, cfg, ATTEMPT_RUN_ID, args=[])
     args = trainer_args(cfg, _xcom("stage", "snapshot_id"), attempt.name)
     args[args.index("--epochs") + 1] = "{{ params.epochs }}"
     output_dir = args[args.index("--output-dir") + 1]

@@ -58,6 +58,42 @@ def trainer_args(pipeline: PipelineConfig, snapshot: str, run_name: str) -> list
     ]  # fmt: skip
 
 
+def pipeline_training_objects(
+    profile: ClusterProfile,
+    pipeline: PipelineConfig,
+    run_id: str,
+    args: list[str],
+    kueue: bool | None = None,
+) -> Any:
+    """``training_objects`` with the pipeline's strategy, replicas, tier, GPUs and deadline.
+
+    Args:
+        profile: Cluster profile.
+        pipeline: Pipeline config.
+        run_id: Names the attempt (Service, Jobs).
+        args: Trainer arguments.
+        kueue: Kueue mode; default from the profile.
+
+    Returns:
+        The ``TrainingObjects`` of one attempt.
+    """
+    t = pipeline.training
+    return training_objects(
+        profile,
+        pipeline.name,
+        run_id,
+        strategy=t.strategy,
+        workers=t.workers,
+        parameter_servers=t.parameter_servers,
+        tier=t.priority,
+        gpus_per_worker=t.gpus_per_worker,
+        args=args,
+        dataset=pipeline.dataset,
+        deadline_s=t.attempt_timeout_s,
+        kueue=kueue,
+    )
+
+
 def render_objects(
     profile: ClusterProfile,
     pipeline: PipelineConfig,
@@ -110,21 +146,9 @@ def render_objects(
             objs.append(step_pod(profile, "validate", ["--pipeline", name, "--snapshot", snap], ds))
         elif s == "train":
             snap = need(snapshot, "--snapshot", s)
-            t = pipeline.training
             base = training_base_name(name, run_id)
-            tr = training_objects(
-                profile,
-                name,
-                run_id,
-                strategy=t.strategy,
-                workers=t.workers,
-                parameter_servers=t.parameter_servers,
-                tier=t.priority,
-                gpus_per_worker=t.gpus_per_worker,
-                args=trainer_args(pipeline, snap, base),
-                dataset=ds,
-                deadline_s=t.attempt_timeout_s,
-                kueue=kueue,
+            tr = pipeline_training_objects(
+                profile, pipeline, run_id, trainer_args(pipeline, snap, base), kueue=kueue
             )
             objs += [tr.service, *tr.jobs]
         elif s == "evaluate":
