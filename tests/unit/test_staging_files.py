@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ from PIL import Image
 from trainyard import volumes
 from trainyard.config import PipelineConfig, load_pipeline
 from trainyard.errors import StagingError
-from trainyard.staging import files, stage
+from trainyard.staging import files, forks, sources, stage
 from trainyard.staging.bootstrap import sklearn_digits
 from trainyard.staging.files import tar_header
 from trainyard.staging.sources import open_source
@@ -383,3 +385,51 @@ def test_remote_source_and_non_png_images(tmp_path: Path):
     assert [(r["key"], r["width"], r["height"]) for r in index] == [("0/b", 3, 9), ("1/a", 7, 5)]
     with tarfile.open(out / shards[0].path) as tar:
         assert tar.getnames() == ["0/b.png", "0/b.cls", "1/a.jpg", "1/a.cls"]
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-processes"])
+def test_same_size_rewrite_after_listing_is_refused(tmp_path: Path, workers: int):
+    raw = tmp_path / "raw"
+    paths = varied_tree(raw)
+    src = open_source(str(raw), "image_folder", "png")
+    data = bytearray(paths[30].read_bytes())
+    data[-20] ^= 0xFF
+    paths[30].write_bytes(bytes(data))  # same size, new content, later mtime
+    st = paths[30].stat()
+    os.utime(paths[30], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(StagingError, match=r"source changed while being staged \(mtime") as err:
+        files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None, workers=workers)
+    assert str(paths[30]) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda raw: png(raw / "1" / "late.png"), "file '1/late.png' appeared"),
+        (lambda raw: (raw / "2" / "im_002.png").unlink(), "im_002.png: source file vanished"),
+    ],
+    ids=["appeared", "vanished"],
+)
+def test_folder_change_after_reading_is_refused(tmp_path: Path, change, fragment: str):
+    raw = tmp_path / "raw"
+    varied_tree(raw)
+    src = open_source(str(raw), "image_folder", "png")
+    src.check_unchanged(files_verified=True)  # nothing changed: the folders' times agree
+    time.sleep(0.02)  # past the file system's timestamp granularity
+    change(raw)
+    with pytest.raises(StagingError, match=fragment):
+        src.check_unchanged(files_verified=True)
+
+
+def test_parallel_listing_equals_serial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    raw = tmp_path / "raw"
+    varied_tree(raw)
+    serial = open_source(str(raw), "image_folder", "png")
+    monkeypatch.setattr(sources, "_PARALLEL_STAT_MIN", 1)
+    monkeypatch.setattr(forks, "usable_cpus", lambda: 3)
+    parallel = open_source(str(raw), "image_folder", "png")
+    assert parallel.files == serial.files
+    assert [f.size for f in serial.files] == [Path(f.path).stat().st_size for f in serial.files]
+    assert all(f.stamp == Path(f.path).stat().st_mtime_ns for f in serial.files)

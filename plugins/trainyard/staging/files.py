@@ -20,14 +20,10 @@ from __future__ import annotations
 import csv
 import io
 import itertools
-import mmap
 import os
-import pickle
 import posixpath
 import re
-import signal
 import struct
-import sys
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.errors import StagingError
+from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
 from trainyard.staging.sources import Source, SourceFile
 from trainyard.volumes import ShardInfo, hash_file
 
@@ -54,8 +51,9 @@ _CLS = b".cls"
 _PIECE_MAX = 8 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _MAX_DIR_FDS = 256
-# below this much data a second process costs more (fork, result pipe) than it saves
+# below this much data and this many files a second process costs more than it saves
 _PARALLEL_MIN_BYTES = 64 << 20
+_PARALLEL_MIN_FILES = 8192
 
 
 def tar_header(name: str, size: int) -> bytes:
@@ -130,8 +128,8 @@ def _read_labels_file(src: Source, f: SourceFile) -> dict[str, int]:
 
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)?$")
-# a name that is its own key: (key, class folder or None, extension)
-_SAFE_NAME = re.compile(r"((?:([A-Za-z0-9_-]+)/)?[A-Za-z0-9_-]+)\.([A-Za-z0-9]+)")
+# names (one per line) that are all their own keys: "[<class>/]<stem>.<ext>"
+_ALL_SAFE = re.compile(r"(?:(?:[A-Za-z0-9_-]+/)?[A-Za-z0-9_-]+\.[A-Za-z0-9]+\n)*")
 
 
 def _key(rel: str) -> tuple[str, str]:
@@ -183,23 +181,31 @@ def plan_samples(src: Source) -> tuple[list[tuple[SourceFile, str, str, int]], l
         else:
             classes = names
             index = {n: i for i, n in enumerate(names)}
-    plan = []
-    for f in samples:
-        rel = f.rel
-        safe = _SAFE_NAME.fullmatch(rel)
-        if safe:
-            key, folder, ext = safe.groups()
-            ext = ext.lower()
+    rels = [f.rel for f in samples]
+    if _ALL_SAFE.fullmatch("".join(r + "\n" for r in rels)):
+        # every name is its own key: "<key>.<ext>", the key "[<class>/]<stem>"
+        parts = [r.rpartition(".") for r in rels]
+        keys = [p[0] for p in parts]
+        exts = [p[2].lower() for p in parts]
+        if label_of is None:
+            labels = [index[k.partition("/")[0]] for k in keys]
         else:
-            key, ext = _key(rel)
-            folder = rel.partition("/")[0]
-        plan.append((f, key, ext, index[folder] if label_of is None else label_of[rel]))
+            labels = [label_of[r] for r in rels]
+        plan = list(zip(samples, keys, exts, labels, strict=True))
+    else:
+        plan = []
+        for f in samples:
+            key, ext = _key(f.rel)
+            folder = f.rel.partition("/")[0]
+            plan.append((f, key, ext, index[folder] if label_of is None else label_of[f.rel]))
     plan.sort(key=itemgetter(1))
-    for before, after in itertools.pairwise(plan):
-        if before[1] == after[1]:
-            raise StagingError(
-                f"{after[0].path}: maps to the same sample key {after[1]!r} as {before[0].path!r}"
-            )
+    if len({p[1] for p in plan}) != len(plan):
+        for before, after in itertools.pairwise(plan):
+            if before[1] == after[1]:
+                raise StagingError(
+                    f"{after[0].path}: maps to the same sample key {after[1]!r} "
+                    f"as {before[0].path!r}"
+                )
     return plan, classes
 
 
@@ -335,20 +341,19 @@ class _PieceWriter:
         self.layout = layout
         self.fds = fds
         self.paths = paths
-        self.widths = np.zeros(len(plan), np.int64)
-        self.heights = np.zeros(len(plan), np.int64)
+        # shared memory: forked writers fill in the sizes of the images they read
+        self.widths = shared_array(len(plan), np.int64)
+        self.heights = shared_array(len(plan), np.int64)
         # files are opened relative to their folder (openat), folders opened once
         folders: dict[str, int] = {}
-        self.base: list[str] = []
-        self.folder_of: list[int] = []
-        for f, _key, _ext, _label in plan:
-            folder, _, name = f.path.rpartition("/")
-            self.base.append(name)
-            self.folder_of.append(folders.setdefault(folder or "/", len(folders)))
+        splits = [p[0].path.rpartition("/") for p in plan]
+        self.base = [name for _, _, name in splits]
+        self.folder_of = [folders.setdefault(d or "/", len(folders)) for d, _, _ in splits]
         self.folders = list(folders)
+        self.stamps = [p[0].stamp for p in plan]
         exts = {e: k for k, e in enumerate(sorted({p[2] for p in plan}))}
         self.exts = list(exts)
-        self.ext_of = np.fromiter((exts[p[2]] for p in plan), np.int64, len(plan))
+        self.ext_of = np.array([exts[p[2]] for p in plan], np.int64)
         self.dir_fds: dict[int, int] = {}
         self.buffer = bytearray()
 
@@ -465,7 +470,7 @@ class _PieceWriter:
         plan = self.plan
         view = memoryview(buf)
         r = fd = -1
-        got = n = 0
+        got = n = mtime = stamp = 0
         try:
             if not self.local:
                 for r in range(stop - first):
@@ -480,12 +485,19 @@ class _PieceWriter:
                 if len(self.dir_fds) > _MAX_DIR_FDS:
                     self.close()
                 dir_fds = {k: self._dir_fd(k) for k in set(folders)}
-                open_, readv, close = os.open, os.readv, os.close
+                open_, readv, fstat, close = os.open, os.readv, os.fstat, os.close
                 flags = os.O_RDONLY | os.O_CLOEXEC
                 # one byte more than listed is asked for: a file that grew is caught here
                 slots = [view[at : at + n + 1] for at, n in zip(data_at, sizes, strict=True)]
-                for r, (name, k, slot, n) in enumerate(  # noqa: B007 - r names a failure
-                    zip(self.base[first:stop], folders, slots, sizes, strict=True)
+                for r, (name, k, slot, n, stamp) in enumerate(  # noqa: B007 - r names a failure
+                    zip(
+                        self.base[first:stop],
+                        folders,
+                        slots,
+                        sizes,
+                        self.stamps[first:stop],
+                        strict=True,
+                    )
                 ):
                     fd = open_(name, flags, dir_fd=dir_fds[k])
                     got = readv(fd, [slot])
@@ -494,9 +506,11 @@ class _PieceWriter:
                         if not more:
                             break
                         got += more
+                    # as tar does: the bytes read are the listed version of the file
+                    mtime = fstat(fd).st_mtime_ns
                     close(fd)
                     fd = -1
-                    if got != n:
+                    if got != n or mtime != stamp:
                         break
                 slots.clear()
         except OSError as e:
@@ -511,6 +525,11 @@ class _PieceWriter:
             grew = "+" if got > n else ""
             return r, StagingError(
                 f"{path}: source changed while being staged (size {n} -> {got}{grew})"
+            )
+        if self.local and mtime != stamp:
+            path = plan[first + r][0].path
+            return r, StagingError(
+                f"{path}: source changed while being staged (mtime {stamp} -> {mtime})"
             )
         return None
 
@@ -538,12 +557,6 @@ class _PieceWriter:
             self.widths[first + r], self.heights[first + r] = size
 
 
-def _default_workers() -> int:
-    if sys.platform != "linux":
-        return 1
-    return max(1, min(len(os.sched_getaffinity(0)), 8))
-
-
 def _run_pieces(
     writer: _PieceWriter,
     pieces: list[tuple[int, int, int, int, int]],
@@ -554,115 +567,35 @@ def _run_pieces(
 
     Each process stops at its first failure; the error reported is the one of the
     earliest failing piece, so a bad source gives the same message whatever the worker
-    count. Children are forked (they share the plan and the open shard files) and send
-    back only the image sizes they found.
+    count. Image sizes land in the writer's shared arrays; children report the bytes they
+    consumed when done.
     """
-    if workers <= 1 or len(pieces) < 2:
-        for piece in pieces:
-            advance(writer.write(piece))
-        return
-    workers = min(workers, len(pieces))
-    # one "earliest failed piece" slot per process, shared across the forks
-    failed = mmap.mmap(-1, 8 * workers)
-    slots = memoryview(failed).cast("q")
-    for k in range(workers):
-        slots[k] = len(pieces)
-    children: list[tuple[int, int]] = []
-    try:
-        for k in range(1, workers):
-            rfd, wfd = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # child: never returns
-                os.close(rfd)
-                _child(writer, pieces, k, workers, slots, wfd)
-            os.close(wfd)
-            children.append((pid, rfd))
-        errors: list[tuple[int, BaseException]] = []
-        for j in range(0, len(pieces), workers):
-            if j > min(slots):
-                break
-            try:
-                advance(writer.write(pieces[j]))
-            except StagingError as e:
-                slots[0] = j
-                errors.append((j, e))
-                break
-        for k, (pid, rfd) in enumerate(children, start=1):
-            payload = _read_all(rfd)
-            os.close(rfd)
-            _, status = os.waitpid(pid, 0)
-            children[k - 1] = (0, -1)
-            if not payload:
-                errors.append((slots[k], StagingError(f"staging worker {pid} died ({status})")))
-                continue
-            result = pickle.loads(payload)
-            if result[0] == "error":
-                errors.append((result[1], result[2]))
-                continue
-            for first, stop, w, h, consumed in result[1]:
-                writer.widths[first:stop] = memoryview(w).cast("q")
-                writer.heights[first:stop] = memoryview(h).cast("q")
-                advance(consumed)
-        if errors:
-            raise min(errors, key=lambda e: e[0])[1]
-    finally:
-        for pid, rfd in children:
-            if pid:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                os.close(rfd)
-        slots.release()
-        failed.close()
+    workers = max(1, min(workers, len(pieces)))
+    failed = shared_array(workers, "int64")
+    failed[:] = len(pieces)
 
-
-def _child(
-    writer: _PieceWriter,
-    pieces: list[tuple[int, int, int, int, int]],
-    k: int,
-    workers: int,
-    slots: memoryview,
-    wfd: int,
-) -> None:
-    code = 0
-    try:
-        done = []
-        result: tuple = ("ok", done)
+    def part(k: int) -> tuple[int, int, StagingError | None]:
+        consumed = 0
         for j in range(k, len(pieces), workers):
-            if j > min(slots):
+            if j > failed.min():
                 break
             try:
-                consumed = writer.write(pieces[j])
+                n = writer.write(pieces[j])
             except StagingError as e:
-                slots[k] = j
-                result = ("error", j, e)
-                break
-            _shard, first, stop, _start, _end = pieces[j]
-            done.append(
-                (
-                    first,
-                    stop,
-                    writer.widths[first:stop].tobytes(),
-                    writer.heights[first:stop].tobytes(),
-                    consumed,
-                )
-            )
-        try:
-            payload = pickle.dumps(result)
-        except Exception as e:  # an unpicklable exception: keep its message
-            payload = pickle.dumps(("error", result[1], StagingError(repr(e))))
-        with os.fdopen(wfd, "wb") as out:
-            out.write(payload)
-    except BaseException:  # reported to the parent as a dead worker
-        code = 1
-    finally:
-        os._exit(code)
+                failed[k] = j
+                return j, consumed, e
+            if k == 0:
+                advance(n)
+            else:
+                consumed += n
+        return len(pieces), consumed, None
 
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    outcomes = run_forked(workers, part)
+    for _j, consumed, _e in outcomes[1:]:
+        advance(consumed)
+    first_failed = min(outcomes, key=itemgetter(0))
+    if first_failed[2] is not None:
+        raise first_failed[2]
 
 
 def stage_files(
@@ -698,6 +631,17 @@ def stage_files(
             it was listed, a bad labels file, or a failed write (e.g. disk full); names
             the file.
     """
+    with gc_paused():
+        return _stage_files(src, out_dir, shard_target_mb, advance, workers)
+
+
+def _stage_files(
+    src: Source,
+    out_dir: Path,
+    shard_target_mb: int,
+    advance: Callable[[int], None],
+    workers: int | None,
+) -> tuple[list[ShardInfo], Any, dict[str, Any]]:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -705,11 +649,12 @@ def stage_files(
     plan, classes = plan_samples(src)
     if not plan:
         raise StagingError(f"{src.url}: source is empty (no sample files)")
-    sizes = np.fromiter((p[0].size for p in plan), np.int64, len(plan))
+    sizes = np.array([p[0].size for p in plan], np.int64)
     total = int(sizes.sum())
     if workers is None:
-        small = total < _PARALLEL_MIN_BYTES or not src.is_local
-        workers = 1 if small else _default_workers()
+        small = total < _PARALLEL_MIN_BYTES and len(plan) < _PARALLEL_MIN_FILES
+        small = small or not src.is_local
+        workers = 1 if small else usable_cpus()
     piece = max(64 << 10, min(_PIECE_MAX, total // (4 * workers) + 1))
     layout = _layout(plan, sizes, shard_target_mb << 20, piece)
     paths = [out_dir / name for name in layout.names]

@@ -3,7 +3,9 @@
 A source is a file or a folder behind an fsspec URL (a local path or NFS mount,
 ``file://``, or an object store whose fsspec package is installed). Its fingerprint (size
 and modification time of every file) is taken before staging and compared after, so a
-source that changes while it is read is refused instead of being staged half-old.
+source that changes while it is read is refused instead of being staged half-old. Readers
+that compare each file with its listing as they read it (the small-files stager does, as
+``tar`` does) leave only the folders' modification times to check afterwards.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainyard.errors import StagingError
 from trainyard.settings import get_settings
@@ -120,19 +123,26 @@ def contract_schema(contract: ContractInfo) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class SourceFile:
-    """One file of a source: its fsspec path, path relative to the source root, size."""
+class SourceFile(NamedTuple):
+    """One file of a source: its fsspec path, path relative to the source root, size, stamp.
+
+    ``stamp`` is the modification time in nanoseconds on a local file system, else the
+    store's own version or time string.
+    """
 
     path: str
     rel: str
     size: int
-    stamp: str
+    stamp: int | str
 
 
 @dataclass(frozen=True)
 class Source:
-    """A resolved source: file system, root, and the files to stage (sorted)."""
+    """A resolved source: file system, root, and the files to stage (sorted).
+
+    ``folders`` (local sources): every folder listed, with its modification time taken
+    just before it was listed; a file created, removed or renamed in it changes that time.
+    """
 
     url: str
     format: str
@@ -140,6 +150,7 @@ class Source:
     root: str
     files: tuple[SourceFile, ...]
     extensions: tuple[str, ...] | None
+    folders: tuple[tuple[str, int], ...] = ()
 
     @property
     def is_local(self) -> bool:
@@ -160,13 +171,28 @@ class Source:
             "bytes": self.total_bytes,
         }
 
-    def check_unchanged(self) -> None:
-        """Compare every file's size and mtime with the listing taken before staging.
+    def check_unchanged(self, files_verified: bool = False) -> None:
+        """Check that the source still holds the files it was listed with, unchanged.
+
+        Args:
+            files_verified: The reader already compared each file's size and modification
+                time with the listing as it read it (as ``tar`` does); then, on a local
+                file system, only the folders are checked for files that appeared or
+                vanished, and the full re-listing runs only to name what changed.
 
         Raises:
             StagingError: Naming the first file that changed, vanished or appeared.
         """
-        again = _list_files(self.fs, self.root, self.format, self.extensions)
+        if files_verified and self.folders:
+            moved = [f for f, stamp in self.folders if _folder_stamp(f) != stamp]
+            if not moved:
+                return
+            self._compare_listing()
+            raise StagingError(f"{moved[0]}: files changed while the source was being staged")
+        self._compare_listing()
+
+    def _compare_listing(self) -> None:
+        again, _ = _list_files(self.fs, self.root, self.format, self.extensions)
         before = {f.rel: f for f in self.files}
         after = {f.rel: f for f in again}
         for rel, f in before.items():
@@ -184,6 +210,13 @@ class Source:
                 f"{self.fs.unstrip_protocol(self.root)}: file {extra[0]!r} appeared while "
                 "the source was being staged"
             )
+
+
+def _folder_stamp(folder: str) -> int:
+    try:
+        return os.stat(folder).st_mtime_ns
+    except OSError:
+        return -1
 
 
 def _is_local(fs: Any) -> bool:
@@ -204,19 +237,36 @@ def _check_rel(rel: str, where: str) -> None:
         raise StagingError(f"{where}: file name {rel!r} tries to leave the source folder")
 
 
-def _walk_local(root: str, extensions: tuple[str, ...] | None) -> list[SourceFile]:
-    """List a local folder with ``os.scandir`` (one stat per file, no per-file realpath)."""
+# below this many files one process stats them faster than forking a second one
+_PARALLEL_STAT_MIN = 16384
+
+
+def _walk_local(
+    root: str, extensions: tuple[str, ...] | None
+) -> tuple[list[SourceFile], list[tuple[str, int]]]:
+    """List a local folder: names with ``os.scandir``, then one ``stat`` per file.
+
+    The stats run in forked processes for large folders (see :mod:`.forks`).
+
+    Returns:
+        The files sorted by relative path, and every folder listed with its modification
+        time, taken before it was read.
+    """
     real_root = os.path.realpath(root)
-    out: list[SourceFile] = []
+    folders: list[tuple[str, int]] = []
+    names: list[str] = []
+    rels: list[str] = []
+    folder_of: list[int] = []
     stack = [(root, "")]
     while stack:
         folder, prefix = stack.pop()
+        k = len(folders)
+        folders.append((folder, _folder_stamp(folder)))
         with os.scandir(folder) as entries:
             for entry in entries:
                 name = entry.name
-                if name.startswith("."):
+                if name[0] == ".":
                     continue
-                rel = f"{prefix}{name}"
                 if entry.is_symlink():
                     real = os.path.realpath(entry.path)
                     if os.path.commonpath([real, real_root]) != real_root:
@@ -224,21 +274,63 @@ def _walk_local(root: str, extensions: tuple[str, ...] | None) -> list[SourceFil
                             f"{entry.path}: symbolic link points outside the source folder ({real})"
                         )
                 if entry.is_dir():
-                    stack.append((entry.path, f"{rel}/"))
+                    stack.append((entry.path, f"{prefix}{name}/"))
                     continue
                 if extensions is not None and not name.lower().endswith(extensions):
                     continue
-                st = entry.stat()
-                out.append(SourceFile(entry.path, rel, st.st_size, str(st.st_mtime_ns)))
-    out.sort(key=lambda f: f.rel)
-    return out
+                names.append(name)
+                rels.append(prefix + name)
+                folder_of.append(k)
+    heads = [f if f.endswith("/") else f + "/" for f, _ in folders]
+    paths = [heads[k] + name for k, name in zip(folder_of, names, strict=True)]
+    sizes, mtimes = _stat_all([f for f, _ in folders], folder_of, names, paths)
+    out = list(map(SourceFile, paths, rels, sizes, mtimes))
+    out.sort(key=itemgetter(1))
+    return out, folders
+
+
+def _stat_all(
+    folders: list[str], folder_of: list[int], names: list[str], paths: list[str]
+) -> tuple[list[int], list[int]]:
+    """Size and modification time (ns) of every file, relative to its open folder."""
+    from trainyard.staging.forks import run_forked, shared_array, usable_cpus
+
+    n = len(names)
+    workers = usable_cpus() if n >= _PARALLEL_STAT_MIN else 1
+    sizes = shared_array(n, "int64")
+    mtimes = shared_array(n, "int64")
+
+    def part(k: int) -> None:
+        lo, hi = n * k // workers, n * (k + 1) // workers
+        dir_fds: dict[int, int] = {}
+        stat = os.stat
+        i = lo
+        try:
+            for i in range(lo, hi):
+                f = folder_of[i]
+                fd = dir_fds.get(f)
+                if fd is None:
+                    fd = dir_fds[f] = os.open(folders[f], os.O_RDONLY | os.O_DIRECTORY)
+                st = stat(names[i], dir_fd=fd)
+                sizes[i] = st.st_size
+                mtimes[i] = st.st_mtime_ns
+        except OSError as e:
+            raise StagingError(f"{paths[i]}: cannot read source file: {e.strerror}") from None
+        finally:
+            for fd in dir_fds.values():
+                os.close(fd)
+
+    run_forked(workers, part)
+    return sizes.tolist(), mtimes.tolist()
 
 
 def _list_files(
     fs: Any, root: str, fmt: str, extensions: tuple[str, ...] | None
-) -> tuple[SourceFile, ...]:
+) -> tuple[tuple[SourceFile, ...], tuple[tuple[str, int], ...]]:
+    """The files under ``root`` (sorted), and the folders listed (local sources only)."""
     if _is_local(fs) and os.path.isdir(root):
-        return tuple(_walk_local(root, extensions))
+        files, folders = _walk_local(root, extensions)
+        return tuple(files), tuple(folders)
     if fs.isdir(root):
         found = fs.find(root, detail=True, withdirs=False)
         real_root = os.path.realpath(root) if _is_local(fs) else None
@@ -258,9 +350,10 @@ def _list_files(
                         f"{path}: symbolic link points outside the source folder ({real})"
                     )
             out.append(SourceFile(path, rel, int(info.get("size") or 0), _stamp(info)))
-        return tuple(sorted(out, key=lambda f: f.rel))
+        return tuple(sorted(out, key=itemgetter(1))), ()
     info = fs.info(root)
-    return (SourceFile(root, posixpath.basename(root), int(info.get("size") or 0), _stamp(info)),)
+    size = int(info.get("size") or 0)
+    return (SourceFile(root, posixpath.basename(root), size, _stamp(info)),), ()
 
 
 def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
@@ -294,9 +387,12 @@ def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
             raise StagingError(f"{url}: an image_folder source must be a folder")
     else:
         extensions = TABLE_EXTENSIONS[fmt]
-    files = _list_files(fs, root, fmt, extensions)
+    from trainyard.staging.forks import gc_paused
+
+    with gc_paused():
+        files, folders = _list_files(fs, root, fmt, extensions)
     if not files:
         raise StagingError(f"{url}: source is empty (no {'/'.join(extensions or ())} files)")
     if fmt != "image_folder" and all(f.size == 0 for f in files):
         raise StagingError(f"{files[0].path}: source is empty (0 bytes)")
-    return Source(url, fmt, fs, root, files, extensions)
+    return Source(url, fmt, fs, root, files, extensions, folders)
