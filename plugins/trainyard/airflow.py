@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from trainyard.config import PipelineConfig, parse_pipeline, pipeline_files
+from trainyard.config import PipelineConfig, TrainingConfig, parse_pipeline, pipeline_files
 from trainyard.errors import (
     ConfigError,
     DeployError,
@@ -256,8 +256,24 @@ def _fail_closed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise AirflowFailException(f"TrainingError: {e}") from e
 
 
-def _overrides(params: dict[str, Any]) -> dict[str, Any]:
+def _overrides(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: params.get(k) for k in _steps().TRAINING_OVERRIDES if k in params}
+
+
+def run_training_params(cfg: PipelineConfig, params: Mapping[str, Any]) -> TrainingConfig:
+    """A run's effective training config: the trigger form's values over the pipeline's.
+
+    Both runners train with it: the local ``train`` task hands the same overrides to
+    ``steps.train``, the kubernetes runner renders the run's Service and Jobs from it.
+
+    Args:
+        cfg: The pipeline config.
+        params: The run's params (``context["params"]``).
+
+    Returns:
+        The validated training config of this run.
+    """
+    return _steps().training_params(cfg, _overrides(params))
 
 
 def _failure_callback() -> Callable[[Any], None] | None:
@@ -371,7 +387,7 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
         if not train_now:
             raise AirflowSkipException(why)
         if params.get("dry_run"):
-            effective = _steps().training_params(cfg, _overrides(params))
+            effective = run_training_params(cfg, params)
             log.info("dry run: would train %s", effective.model_dump_json())
             raise AirflowSkipException("dry run: stopping before training")
         return _fail_closed(

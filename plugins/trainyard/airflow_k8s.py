@@ -8,37 +8,165 @@ Part of the Airflow adapter (only :mod:`trainyard.airflow` imports it, and only 
   running ``python -m trainyard <step> ...`` from the steps image; results return as XCom
   through ``/airflow/xcom/return.json`` (``TRAINYARD_XCOM_PATH``).
 * ``ensure_volumes`` creates the dataset's PVC and the models PVC when missing.
-* ``train``: a setup task creates the headless Service, one KubernetesJobOperator per role
-  runs the Indexed Job(s) of workers, and a teardown task always deletes Jobs, Service and
-  pods.
+* ``train``: a setup task creates the headless Service, one :class:`TrainingJobOperator`
+  per role (``train_ps``, ``train_chief``, ``train_worker``) runs that role's Indexed Job,
+  and a teardown task always deletes Jobs, Service and pods.
 * ``ensure_serving`` creates or rolls TF Serving's Deployment + Service (rolling back a
   stalled rollout); the ``deploy`` pod then publishes the version on the models volume and
   smoke-tests it through that Service.
 
-The training Jobs are rendered when the DAG is parsed, from the pipeline config: on the
-cluster, the trigger form's epochs apply (they are container arguments) while the number
-of workers, the strategy and the tier are those of the pipeline config.
+The DAG's shape is fixed when it is parsed; the training objects are rendered when the run
+executes, from the trigger form's params over the pipeline config
+(:func:`trainyard.airflow.run_training_params`, as the local runner does). So the form's
+epochs, workers, strategy and priority tier all apply on the cluster; roles the run's
+strategy does not use (``ps`` and ``chief`` under ``multi_worker_mirrored``) skip.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
 from airflow.sdk import task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from trainyard.config import PipelineConfig
-from trainyard.settings import Settings
+from trainyard import k8s
+from trainyard.airflow import run_training_params
+from trainyard.errors import ConfigError
+from trainyard.k8s.render import pipeline_training_objects, trainer_args
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from kubernetes.client import V1Job
+
+    from trainyard.config import PipelineConfig, TrainingConfig
+    from trainyard.settings import Settings
 
 log = logging.getLogger("trainyard.airflow")
 
 XCOM_PATH = "/airflow/xcom/return.json"
 ATTEMPT_RUN_ID = "airflow"  # one training per pipeline at a time (max_active_runs=1)
+TRAINING_ROLES = ("ps", "chief", "worker")
+"""Every role a training run may start, in creation order; the run's strategy picks some."""
+JOB_FIELDS = (
+    "name",
+    "namespace",
+    "full_job_spec",
+    "completion_mode",
+    "completions",
+    "parallelism",
+    "backoff_limit",
+    "active_deadline_seconds",
+    "ttl_seconds_after_finished",
+)
+"""The ``job_operator_kwargs`` that describe the Job itself (set again for every run)."""
 
 
 def _xcom(task_id: str, key: str) -> str:
     return "{{ ti.xcom_pull(task_ids='" + task_id + "')['" + key + "'] }}"
+
+
+def run_training_objects(
+    profile: k8s.ClusterProfile,
+    cfg: PipelineConfig,
+    training: TrainingConfig,
+    snapshot_id: str,
+) -> k8s.TrainingObjects:
+    """The Service and Jobs of one run, rendered with the run's training config.
+
+    Args:
+        profile: Cluster profile.
+        cfg: The pipeline config.
+        training: The run's effective training config (:func:`run_training_params`).
+        snapshot_id: Snapshot the run trains on (trainer arguments).
+
+    Returns:
+        The attempt's objects; names are the same for every run of the pipeline.
+
+    Raises:
+        AirflowFailException: If the config cannot be rendered (e.g. ``parameter_server``
+            with no parameter server): a config error, not worth a retry.
+    """
+    run_cfg = cfg.model_copy(update={"training": training})
+    base = k8s.training_base_name(cfg.name, ATTEMPT_RUN_ID)
+    try:
+        return pipeline_training_objects(
+            profile, run_cfg, ATTEMPT_RUN_ID, trainer_args(run_cfg, snapshot_id, base)
+        )
+    except ConfigError as e:
+        raise AirflowFailException(f"ConfigError: {e}") from e
+
+
+class TrainingJobOperator(KubernetesJobOperator):
+    """One role's Indexed Job of a training run, rendered when the task runs.
+
+    The DAG holds one task per role in :data:`TRAINING_ROLES`, built from placeholder
+    kwargs (:func:`trainyard.k8s.job_operator_kwargs`). :meth:`render_job` replaces the
+    Job with this run's (the form's params over the pipeline config) before the provider
+    builds and creates it; a role the run's strategy does not use skips.
+
+    Args:
+        role: ``ps``, ``chief`` or ``worker``.
+        pipeline: The pipeline config.
+        profile: Cluster profile.
+        snapshot_id: Snapshot to train on (templated: an XCom of ``stage``).
+        **kwargs: ``KubernetesJobOperator`` arguments.
+    """
+
+    template_fields: Sequence[str] = (*KubernetesJobOperator.template_fields, "snapshot_id")
+
+    def __init__(
+        self,
+        *,
+        role: str,
+        pipeline: PipelineConfig,
+        profile: k8s.ClusterProfile,
+        snapshot_id: str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if role not in TRAINING_ROLES:
+            raise ConfigError(f"unknown training role {role!r} (known: {TRAINING_ROLES})")
+        self.role = role
+        self.pipeline = pipeline
+        self.profile = profile
+        self.snapshot_id = snapshot_id
+
+    def render_job(self, params: Mapping[str, Any]) -> V1Job:
+        """Render this role's Job for a run and make it the Job :meth:`execute` creates.
+
+        Args:
+            params: The run's params (``context["params"]``).
+
+        Returns:
+            The role's Job of this run (the operator's ``full_job_spec`` now).
+
+        Raises:
+            AirflowSkipException: If the run's strategy starts no Job of this role.
+        """
+        training = run_training_params(self.pipeline, params)
+        objs = run_training_objects(self.profile, self.pipeline, training, self.snapshot_id)
+        job = next((j for j in objs.jobs if j.metadata.labels[k8s.ROLE_LABEL] == self.role), None)
+        if job is None:
+            raise AirflowSkipException(f"strategy {training.strategy} runs no {self.role} Job")
+        kwargs = k8s.job_operator_kwargs(job)
+        for field in JOB_FIELDS:
+            setattr(self, field, kwargs.get(field))
+        self.arguments = list(job.spec.template.spec.containers[0].args or [])
+        # Under the parameter-server strategy only the chief finishes; ps and workers
+        # serve until the teardown deletes them.
+        self.wait_until_job_complete = (
+            training.strategy == "multi_worker_mirrored" or self.role == "chief"
+        )
+        return job
+
+    def execute(self, context: Context) -> Any:
+        """Render the run's Job for this role, then create (and maybe await) it."""
+        self.render_job(context["params"])
+        return super().execute(context)
 
 
 def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
@@ -48,12 +176,9 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
         cfg: The pipeline config.
         settings: Locations (the cluster profile).
     """
-    from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-    from trainyard import k8s
     from trainyard.airflow import gate, publish_snapshot_event, snapshot_asset
-    from trainyard.k8s.render import pipeline_training_objects, trainer_args
 
     profile = k8s.load_cluster_profile(settings.cluster_profile)
     name, t = cfg.name, cfg.training
@@ -109,73 +234,82 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
             created += [name] if new else []
         return created
 
-    validate = step("validate", ["--pipeline", name, "--snapshot", _xcom("stage", "snapshot_id")])
+    snapshot = _xcom("stage", "snapshot_id")
+    validate = step("validate", ["--pipeline", name, "--snapshot", snapshot])
 
-    # Trainer arguments travel as the operators' templated ``arguments``, not in the Jobs.
-    attempt = pipeline_training_objects(profile, cfg, ATTEMPT_RUN_ID, args=[])
-    args = trainer_args(cfg, _xcom("stage", "snapshot_id"), attempt.name)
-    args[args.index("--epochs") + 1] = "{{ params.epochs }}"
+    base = k8s.training_base_name(name, ATTEMPT_RUN_ID)
+    args = trainer_args(cfg, snapshot, base)
     output_dir = args[args.index("--output-dir") + 1]
 
     @task(task_id="create_training_service")
-    def create_service() -> None:
+    def create_service(staged: dict[str, Any], **context: Any) -> dict[str, Any]:
+        """This run's headless Service; returns the run's training config (for register)."""
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
+        training = run_training_params(cfg, context["params"])
+        attempt = run_training_objects(profile, cfg, training, staged["snapshot_id"])
         log.info("placement plan:\n%s", "\n".join(attempt.plan))
         api = KubernetesHook().core_v1_client
         api.create_namespaced_service(namespace=profile.namespace, body=attempt.service)
+        return training.model_dump()
 
     @task(task_id="delete_training_objects", trigger_rule="all_done")
     def delete_objects() -> None:
+        """Every role's Job, the Service and the pods of the attempt, whichever exist."""
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
         from kubernetes.client import V1DeleteOptions
-        from kubernetes.client.exceptions import ApiException
 
-        hook = KubernetesHook()
-        ns = profile.namespace
-        for job in attempt.jobs:
-            try:
-                hook.batch_v1_client.delete_namespaced_job(
-                    job.metadata.name, ns, body=V1DeleteOptions(propagation_policy="Foreground")
-                )
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-        try:
-            hook.core_v1_client.delete_namespaced_service(attempt.name, ns)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-        hook.core_v1_client.delete_collection_namespaced_pod(
-            ns, label_selector=f"{k8s.RUN_LABEL}={attempt.name}"
-        )
-        log.info("deleted training objects: %s", "; ".join(attempt.teardown))
+        from trainyard.k8s.apply import delete_if_exists
 
-    jobs = []
-    for job in attempt.jobs:
-        role = job.metadata.name.rsplit("-", 1)[-1]
-        kwargs = k8s.job_operator_kwargs(job)
-        # Under the parameter-server strategy only the chief finishes; ps and workers
-        # serve until the teardown deletes them.
-        kwargs["wait_until_job_complete"] = t.strategy == "multi_worker_mirrored" or role == "chief"
-        jobs.append(
-            KubernetesJobOperator(
-                task_id=f"train_{role}",
-                arguments=args,
-                pool="trainyard_training",
-                execution_timeout=dt.timedelta(seconds=t.attempt_timeout_s + 600),
-                **kwargs,
-            )
+        hook, ns = KubernetesHook(), profile.namespace
+        batch, core = hook.batch_v1_client, hook.core_v1_client
+        foreground = V1DeleteOptions(propagation_policy="Foreground")
+        deleted = []
+        for role in TRAINING_ROLES:
+            job = k8s.job_name(base, role)
+            if delete_if_exists(
+                lambda job=job: batch.delete_namespaced_job(job, ns, body=foreground)
+            ):
+                deleted.append(f"job {job}")
+        if delete_if_exists(lambda: core.delete_namespaced_service(base, ns)):
+            deleted.append(f"service {base}")
+        core.delete_collection_namespaced_pod(ns, label_selector=f"{k8s.RUN_LABEL}={base}")
+        log.info(
+            "deleted %s and the pods labelled %s=%s",
+            ", ".join(deleted) or "nothing",
+            k8s.RUN_LABEL,
+            base,
         )
+
+    # Placeholder Jobs of every role (strategy parameter_server), for the operators'
+    # fixed fields; each run renders its own Jobs in TrainingJobOperator.render_job.
+    every_role = t.model_copy(
+        update={"strategy": "parameter_server", "parameter_servers": max(1, t.parameter_servers)}
+    )
+    placeholders = run_training_objects(profile, cfg, every_role, snapshot).jobs
+    jobs = [
+        TrainingJobOperator(
+            task_id=f"train_{job.metadata.labels[k8s.ROLE_LABEL]}",
+            role=job.metadata.labels[k8s.ROLE_LABEL],
+            pipeline=cfg,
+            profile=profile,
+            snapshot_id=snapshot,
+            pool="trainyard_training",
+            execution_timeout=dt.timedelta(seconds=t.attempt_timeout_s + 600),
+            **k8s.job_operator_kwargs(job),
+        )
+        for job in placeholders
+    ]
 
     register_args = [
         "--pipeline", name,
-        "--snapshot", _xcom("stage", "snapshot_id"),
+        "--snapshot", snapshot,
         "--run-id", "{{ run_id }}",
         "--output-dir", output_dir,
-        "--overrides", '{"epochs": {{ params.epochs }}}',
+        "--overrides", "{{ ti.xcom_pull(task_ids='create_training_service') | tojson }}",
     ]  # fmt: skip
-    register = step("register", register_args)
+    # ps and chief skip under multi_worker_mirrored; the worker Job always runs.
+    register = step("register", register_args, trigger_rule="none_failed_min_one_success")
     evaluate_args = [
         "--pipeline", name,
         "--version", _xcom("register", "version"),
@@ -242,7 +376,7 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
     )
 
     volumes = ensure_volumes()
-    training_service = create_service()
+    training_service = create_service(stage.output)
     teardown = delete_objects()
     volumes >> stage >> validate >> training_service >> jobs >> register >> evaluate
     teardown.as_teardown(setups=training_service)

@@ -14,7 +14,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.k8s.apply import ensure_exists, rollout_state
+from trainyard.k8s.apply import delete_if_exists, ensure_exists, rollout_state
 
 
 def _deployment(
@@ -102,3 +102,22 @@ def test_ensure_exists_surfaces_other_errors() -> None:
 
     with pytest.raises(ApiException):
         ensure_exists(lambda: "x", read)
+
+
+def test_delete_if_exists_counts_not_found_as_gone() -> None:
+    store = {"job-ty-digits-worker": "job"}
+
+    def delete() -> None:
+        if store.pop("job-ty-digits-worker", None) is None:
+            raise ApiException(status=404)
+
+    assert delete_if_exists(delete) is True
+    assert delete_if_exists(delete) is False
+
+
+def test_delete_if_exists_surfaces_other_errors() -> None:
+    def delete() -> None:
+        raise ApiException(status=403, reason="Forbidden")
+
+    with pytest.raises(ApiException):
+        delete_if_exists(delete)

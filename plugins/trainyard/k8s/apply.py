@@ -1,4 +1,4 @@
-"""Applying rendered objects to a cluster: create-if-missing and rollout watching.
+"""Applying rendered objects to a cluster: create-if-missing, delete-if-present, rollouts.
 
 The decisions are pure functions of typed ``kubernetes.client`` objects (unit-tested
 offline); the Airflow adapter calls them with a real API client.
@@ -36,6 +36,26 @@ def ensure_exists(create: Callable[[], Any], read: Callable[[], Any]) -> tuple[A
         if e.status != 409:
             raise
         return read(), False
+
+
+def delete_if_exists(delete: Callable[[], Any]) -> bool:
+    """Delete an object, counting "not found" (a 404) as already gone.
+
+    Args:
+        delete: Deletes the object (a call of the typed API, e.g. deleting a Job).
+
+    Returns:
+        True if this call deleted it, False if it did not exist.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        delete()
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    return True
 
 
 def rollout_state(deployment: Any) -> RolloutState:
