@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -276,6 +276,46 @@ def run_training_params(cfg: PipelineConfig, params: Mapping[str, Any]) -> Train
     return _steps().training_params(cfg, _overrides(params))
 
 
+def run_training_or_skip(
+    cfg: PipelineConfig,
+    context: Mapping[str, Any],
+    plan: Callable[[TrainingConfig], Sequence[str]] | None = None,
+) -> TrainingConfig:
+    """This run's training config, or a skip before anything trains.
+
+    The one decision both runners take before training: the pipeline's backfill policy
+    (:func:`should_train`), then the trigger form's dry run, which logs what would train
+    and stops. The local ``train`` task asks first thing; the kubernetes runner's
+    ``create_training_service`` setup too, so a skipped run creates no Service or Job and
+    everything after training (and the teardown) skips with it.
+
+    Args:
+        cfg: The pipeline config.
+        context: The task's context (``params``, ``dag_run``, ``ti``).
+        plan: The runner's training plan of a config, as log lines (a dry run logs them).
+
+    Returns:
+        The run's effective training config (:func:`run_training_params`).
+
+    Raises:
+        AirflowSkipException: If the backfill policy leaves this run out, or on a dry run.
+    """
+    dag_run, params = context["dag_run"], context["params"]
+    queued = 0
+    if dag_run.run_type == "backfill" and cfg.backfill_training == "last":
+        queued = context["ti"].get_dr_count(dag_id=dag_run.dag_id, states=["queued"])
+    train_now, why = should_train(cfg.backfill_training, dag_run.run_type, queued)
+    if not train_now:
+        raise AirflowSkipException(why)
+    training = run_training_params(cfg, params)
+    if params.get("dry_run"):
+        log.info("dry run: would train %s", training.model_dump_json())
+        if plan is not None:
+            log.info("training plan:\n%s", "\n".join(plan(training)))
+        raise AirflowSkipException("dry run: stopping before training")
+    return training
+
+
 def _failure_callback() -> Callable[[Any], None] | None:
     """A failure notifier named by ``TRAINYARD_FAILURE_NOTIFIER`` (``module:attribute``).
 
@@ -378,24 +418,13 @@ def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
     def train_task(
         staged: dict[str, Any], validated: dict[str, Any], **context: Any
     ) -> dict[str, Any]:
-        params = context["params"]
-        dag_run = context["dag_run"]
-        queued = 0
-        if dag_run.run_type == "backfill" and cfg.backfill_training == "last":
-            queued = context["ti"].get_dr_count(dag_id=dag_run.dag_id, states=["queued"])
-        train_now, why = should_train(cfg.backfill_training, dag_run.run_type, queued)
-        if not train_now:
-            raise AirflowSkipException(why)
-        if params.get("dry_run"):
-            effective = run_training_params(cfg, params)
-            log.info("dry run: would train %s", effective.model_dump_json())
-            raise AirflowSkipException("dry run: stopping before training")
+        run_training_or_skip(cfg, context)
         return _fail_closed(
             _steps().train,
             name,
             staged["snapshot_id"],
             context["run_id"],
-            _overrides(params),
+            _overrides(context["params"]),
             log.info,
         )
 

@@ -10,7 +10,9 @@ Part of the Airflow adapter (only :mod:`trainyard.airflow` imports it, and only 
 * ``ensure_volumes`` creates the dataset's PVC and the models PVC when missing.
 * ``train``: a setup task creates the headless Service, one :class:`TrainingJobOperator`
   per role (``train_ps``, ``train_chief``, ``train_worker``) runs that role's Indexed Job,
-  and a teardown task always deletes Jobs, Service and pods.
+  and a teardown task always deletes Jobs, Service and pods. Their names are fixed per
+  pipeline, so a Service or Job a previous run left behind (its teardown did not run) is
+  deleted and created again from this run's spec (:func:`trainyard.k8s.apply.recreate`).
 * ``ensure_serving`` creates or rolls TF Serving's Deployment + Service (rolling back a
   stalled rollout); the ``deploy`` pod then publishes the version on the models volume and
   smoke-tests it through that Service.
@@ -20,6 +22,12 @@ executes, from the trigger form's params over the pipeline config
 (:func:`trainyard.airflow.run_training_params`, as the local runner does). So the form's
 epochs, workers, strategy and priority tier all apply on the cluster; roles the run's
 strategy does not use (``ps`` and ``chief`` under ``multi_worker_mirrored``) skip.
+
+Whether a run trains at all is decided as on the local runner
+(:func:`trainyard.airflow.run_training_or_skip`: the pipeline's ``backfill_training``
+policy, then the form's dry run, which logs the run's training and placement plan): the
+setup task skips, creating nothing, and the role tasks, ``register``, ``evaluate``, the
+gate, ``ensure_serving``, ``deploy`` and the teardown skip with it.
 """
 
 from __future__ import annotations
@@ -34,13 +42,13 @@ from airflow.sdk import task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainyard import k8s
-from trainyard.airflow import run_training_params
+from trainyard.airflow import run_training_or_skip, run_training_params
 from trainyard.errors import ConfigError
 from trainyard.k8s.render import pipeline_training_objects, trainer_args
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from kubernetes.client import V1Job
+    from kubernetes.client import CoreV1Api, V1Job, V1Service
 
     from trainyard.config import PipelineConfig, TrainingConfig
     from trainyard.settings import Settings
@@ -98,6 +106,30 @@ def run_training_objects(
         )
     except ConfigError as e:
         raise AirflowFailException(f"ConfigError: {e}") from e
+
+
+def replace_training_service(core: CoreV1Api, service: V1Service) -> bool:
+    """Create a run's headless Service, replacing one of the same name left behind.
+
+    Args:
+        core: The core API client.
+        service: The run's Service (:func:`run_training_objects`).
+
+    Returns:
+        True if a Service left behind by an earlier run was deleted first.
+    """
+    from trainyard.k8s.apply import recreate
+
+    name, ns = service.metadata.name, service.metadata.namespace
+    _, replaced = recreate(
+        lambda: core.create_namespaced_service(ns, service),
+        lambda: core.delete_namespaced_service(name, ns),
+        lambda: core.read_namespaced_service(name, ns),
+        what=f"Service {name}",
+    )
+    if replaced:
+        log.warning("replaced Service %s left behind by an earlier run", name)
+    return replaced
 
 
 class TrainingJobOperator(KubernetesJobOperator):
@@ -161,6 +193,36 @@ class TrainingJobOperator(KubernetesJobOperator):
         self.wait_until_job_complete = (
             training.strategy == "multi_worker_mirrored" or self.role == "chief"
         )
+        return job
+
+    def create_job(self, job_request_obj: V1Job) -> V1Job:
+        """Create the role's Job, replacing one of the same name left behind.
+
+        Job names are fixed (pod DNS names derive from them), so a Job an earlier run left
+        would fail the create with 409: it is deleted with foreground propagation (its
+        pods first), and this run's Job created once it is gone.
+
+        Args:
+            job_request_obj: The Job :meth:`build_job_request_obj` built.
+
+        Returns:
+            The Job as created.
+        """
+        from kubernetes.client import V1DeleteOptions
+
+        from trainyard.k8s.apply import recreate
+
+        create, batch = super().create_job, self.job_client
+        name, ns = job_request_obj.metadata.name, job_request_obj.metadata.namespace
+        foreground = V1DeleteOptions(propagation_policy="Foreground")
+        job, replaced = recreate(
+            lambda: create(job_request_obj),
+            lambda: batch.delete_namespaced_job(name, ns, body=foreground),
+            lambda: batch.read_namespaced_job(name, ns),
+            what=f"Job {name}",
+        )
+        if replaced:
+            self.log.warning("replaced Job %s left behind by an earlier run", name)
         return job
 
     def execute(self, context: Context) -> Any:
@@ -243,14 +305,19 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
 
     @task(task_id="create_training_service")
     def create_service(staged: dict[str, Any], **context: Any) -> dict[str, Any]:
-        """This run's headless Service; returns the run's training config (for register)."""
+        """This run's headless Service; returns the run's training config (for register).
+
+        Skips, creating nothing, when the run does not train (backfill policy, dry run).
+        """
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-        training = run_training_params(cfg, context["params"])
+        def plan(training: TrainingConfig) -> list[str]:
+            return run_training_objects(profile, cfg, training, staged["snapshot_id"]).plan
+
+        training = run_training_or_skip(cfg, context, plan=plan)
         attempt = run_training_objects(profile, cfg, training, staged["snapshot_id"])
         log.info("placement plan:\n%s", "\n".join(attempt.plan))
-        api = KubernetesHook().core_v1_client
-        api.create_namespaced_service(namespace=profile.namespace, body=attempt.service)
+        replace_training_service(KubernetesHook().core_v1_client, attempt.service)
         return training.model_dump()
 
     @task(task_id="delete_training_objects", trigger_rule="all_done")

@@ -8,8 +8,11 @@ sidecar included.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
+import logging
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -22,16 +25,30 @@ ROOT = Path(__file__).resolve().parents[2]
 DAG_FILE = ROOT / "dags" / "trainyard_pipelines.py"
 
 
-@pytest.fixture(scope="module")
-def dag(tmp_path_factory: pytest.TempPathFactory):
+def _build_dags(runner: str, volume_root: Path) -> dict:
     mp = pytest.MonkeyPatch()
-    mp.setenv("TRAINYARD_RUNNER", "kubernetes")
-    mp.setenv("TRAINYARD_VOLUME_ROOT", str(tmp_path_factory.mktemp("volumes")))
+    mp.setenv("TRAINYARD_RUNNER", runner)
+    mp.setenv("TRAINYARD_VOLUME_ROOT", str(volume_root))
     try:
         namespace = runpy.run_path(str(DAG_FILE))
     finally:
         mp.undo()
-    return namespace["trainyard_digits"]
+    return {k: v for k, v in namespace.items() if k.startswith("trainyard_")}
+
+
+@pytest.fixture(scope="module")
+def k8s_dags(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _build_dags("kubernetes", tmp_path_factory.mktemp("volumes"))
+
+
+@pytest.fixture(scope="module")
+def local_dags(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _build_dags("local", tmp_path_factory.mktemp("volumes"))
+
+
+@pytest.fixture(scope="module")
+def dag(k8s_dags: dict):
+    return k8s_dags["trainyard_digits"]
 
 
 def test_steps_are_pods_and_training_is_a_job_per_role(dag) -> None:
@@ -269,6 +286,297 @@ def test_setup_teardown_and_register_follow_the_same_run_config(
     template = args[args.index("--overrides") + 1]
     rendered = dag.get_template_env().from_string(template).render(ti=XComs())
     assert training_params(cfg, json.loads(rendered)) == training
+
+
+# ------------------------------------------------------------ whether a run trains at all
+
+TRAINING_TASKS = (
+    "train_ps",
+    "train_chief",
+    "train_worker",
+    "register",
+    "evaluate",
+    "gate",
+    "ensure_serving",
+    "deploy",
+    "delete_training_objects",
+)
+
+
+def test_a_skipped_training_setup_skips_training_and_deploy(k8s_dags: dict) -> None:
+    """When the setup skips, every task after it skips by its trigger rule: nothing runs."""
+    for dag in k8s_dags.values():
+        setup = dag.get_task("create_training_service")
+        after = setup.get_flat_relative_ids(upstream=False)
+        assert set(TRAINING_TASKS) <= after
+        teardown = dag.get_task("delete_training_objects")
+        assert [t for t in teardown.upstream_list if t.is_setup] == [setup]
+        state = {setup.task_id: "skipped"}
+        for task in dag.topological_sort():
+            if task.task_id not in after:
+                continue
+            ups = [state.get(u, "success") for u in task.upstream_task_ids]
+            rule = str(task.trigger_rule.value)
+            if rule == "all_success":
+                skips = "skipped" in ups
+            elif rule == "none_failed_min_one_success":
+                skips = "success" not in ups
+            elif rule == "all_done_setup_success":  # a teardown: skips when its setups did
+                skips = all(
+                    state.get(s.task_id) == "skipped" for s in task.upstream_list if s.is_setup
+                )
+            else:
+                raise AssertionError(f"{task.task_id}: unexpected trigger rule {rule}")
+            state[task.task_id] = "skipped" if skips else "success"
+        assert {t: state[t] for t in TRAINING_TASKS} == dict.fromkeys(TRAINING_TASKS, "skipped")
+
+
+class DagRunCounts:
+    """What the training decision asks ``ti``: how many runs of a DAG are queued."""
+
+    def __init__(self, queued: int) -> None:
+        self.queued = queued
+        self.asked: list[tuple[str, list[str] | None]] = []
+
+    def get_dr_count(self, dag_id: str, states: list[str] | None = None, **_: object) -> int:
+        self.asked.append((dag_id, states))
+        return self.queued
+
+
+def _context(dag, conf: dict, run_type: str, queued: int) -> dict:
+    """A task's context in a run of ``dag``: the form's params, the DagRun, ``ti``."""
+    from airflow.sdk.api.datamodels._generated import DagRun, DagRunState, DagRunType
+
+    end = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
+    dag_run = DagRun(
+        dag_id=dag.dag_id,
+        run_id=f"{run_type}__{end.isoformat()}",
+        logical_date=end,
+        data_interval_start=end - dt.timedelta(days=1),
+        data_interval_end=end,
+        run_after=end,
+        start_date=end,
+        end_date=None,
+        run_type=DagRunType(run_type),
+        state=DagRunState.RUNNING,
+        consumed_asset_events=[],
+        partition_key=None,
+    )
+    params = _run_params(dag, conf)
+    return {
+        "params": params,
+        "dag_run": dag_run,
+        "ti": DagRunCounts(queued),
+        "run_id": dag_run.run_id,
+    }
+
+
+STAGED = {"snapshot_id": SNAPSHOT, "reused": False}
+SKIP_CASES = [
+    # (pipeline, trigger-form conf, run type, runs still queued, the skip's reason)
+    ("digits", {"dry_run": True}, "manual", 0, "dry run: stopping before training"),
+    ("transactions", {"dry_run": True, "workers": 4}, "scheduled", 0, "dry run: stopping"),
+    ("transactions", {}, "backfill", 2, "backfill run with 2 later interval(s) still queued"),
+    ("digits", {"dry_run": True}, "backfill", 1, "backfill run with 1 later interval(s)"),
+    ("transactions", {"dry_run": True}, "backfill", 0, "dry run: stopping before training"),
+]
+SKIP_IDS = [
+    "dry run manual",
+    "dry run scheduled",
+    "backfill not last",
+    "backfill not last and dry run",
+    "backfill last but dry run",
+]
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "conf", "run_type", "queued", "reason"), SKIP_CASES, ids=SKIP_IDS
+)
+def test_runs_that_do_not_train_skip_alike_on_both_runners(
+    k8s_dags: dict, local_dags: dict, pipeline, conf, run_type, queued, reason
+) -> None:
+    """The cluster's setup task skips (before any API call) exactly as the local train task."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    dag_id = f"trainyard_{pipeline}"
+    k8s_dag, local_dag = k8s_dags[dag_id], local_dags[dag_id]
+    k8s_context = _context(k8s_dag, conf, run_type, queued)
+    setup = k8s_dag.get_task("create_training_service").python_callable
+    with pytest.raises(AirflowSkipException, match=re.escape(reason)) as on_k8s:
+        setup(STAGED, **k8s_context)
+    local_context = _context(local_dag, conf, run_type, queued)
+    train = local_dag.get_task("train").python_callable
+    with pytest.raises(AirflowSkipException) as on_local:
+        train(STAGED, {"success": True}, **local_context)
+    assert str(on_k8s.value) == str(on_local.value)
+    asked = [(dag_id, ["queued"])] if run_type == "backfill" else []
+    assert k8s_context["ti"].asked == local_context["ti"].asked == asked
+
+
+def test_a_dry_run_on_the_cluster_logs_the_runs_plan(dag, caplog: pytest.LogCaptureFixture) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from trainyard import k8s
+    from trainyard.airflow_k8s import ATTEMPT_RUN_ID
+
+    conf = {"dry_run": True, "strategy": "parameter_server", "workers": 3, "priority": "low"}
+    context = _context(dag, conf, "manual", 0)
+    setup = dag.get_task("create_training_service").python_callable
+    with (
+        caplog.at_level(logging.INFO, logger="trainyard.airflow"),
+        pytest.raises(AirflowSkipException),
+    ):
+        setup(STAGED, **context)
+    base = k8s.training_base_name("digits", ATTEMPT_RUN_ID)
+    logged = caplog.text
+    assert '"strategy":"parameter_server","workers":3' in logged
+    assert f"training attempt {base}: strategy parameter_server" in logged
+    assert "worker: 3 pod(s)" in logged
+    assert "tier 'low'" in logged
+
+
+@pytest.mark.parametrize(
+    ("policy", "run_type", "queued", "trains", "asks"),
+    [
+        ("last", "scheduled", 0, True, False),
+        ("last", "manual", 0, True, False),
+        ("last", "asset_triggered", 0, True, False),
+        ("last", "backfill", 0, True, True),
+        ("last", "backfill", 3, False, True),
+        ("each", "backfill", 3, True, False),
+        ("none", "backfill", 0, False, False),
+        ("none", "scheduled", 0, True, False),
+    ],
+)
+def test_training_decision_follows_the_backfill_policy(
+    dag, policy: str, run_type: str, queued: int, trains: bool, asks: bool
+) -> None:
+    """The decision both runners take: the run's training config, or a skip with the reason."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from trainyard.airflow import run_training_or_skip, run_training_params, should_train
+    from trainyard.config import parse_pipeline
+
+    base = parse_pipeline(ROOT / "dags" / "pipelines" / "digits.yaml")
+    cfg = base.model_copy(update={"backfill_training": policy})
+    context = _context(dag, {"workers": 3}, run_type, queued)
+    if trains:
+        training = run_training_or_skip(cfg, context)
+        assert training == run_training_params(cfg, context["params"])
+        assert training.workers == 3
+    else:
+        with pytest.raises(AirflowSkipException) as skip:
+            run_training_or_skip(cfg, context)
+        assert str(skip.value) == should_train(policy, run_type, queued)[1]
+    assert bool(context["ti"].asked) is asks
+
+
+# ------------------------------------------------- objects an earlier run left behind
+
+
+class Cluster:
+    """The API calls of the training setup and role tasks, on objects held in memory.
+
+    It serves as the core and batch API clients and as the ``KubernetesHook`` the provider
+    creates Jobs through; deletions finish at once.
+    """
+
+    def __init__(self, *objects) -> None:
+        self.objects = {(o.kind, o.metadata.namespace, o.metadata.name): o for o in objects}
+        self.deleted: list[tuple[str, str, str | None]] = []
+
+    @property
+    def batch_v1_client(self) -> Cluster:
+        return self
+
+    def _create(self, kind: str, namespace: str, body):
+        from kubernetes.client.exceptions import ApiException
+
+        key = (kind, namespace, body.metadata.name)
+        if key in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.objects[key] = body
+        return body
+
+    def _read(self, kind: str, namespace: str, name: str):
+        from kubernetes.client.exceptions import ApiException
+
+        if (kind, namespace, name) not in self.objects:
+            raise ApiException(status=404, reason="NotFound")
+        return self.objects[(kind, namespace, name)]
+
+    def _delete(self, kind: str, namespace: str, name: str, body=None) -> None:
+        self._read(kind, namespace, name)
+        del self.objects[(kind, namespace, name)]
+        self.deleted.append((kind, name, body.propagation_policy if body else None))
+
+    def create_namespaced_service(self, namespace: str, body):
+        return self._create("Service", namespace, body)
+
+    def read_namespaced_service(self, name: str, namespace: str):
+        return self._read("Service", namespace, name)
+
+    def delete_namespaced_service(self, name: str, namespace: str) -> None:
+        self._delete("Service", namespace, name)
+
+    def create_job(self, job):
+        return self._create("Job", job.metadata.namespace, job)
+
+    def read_namespaced_job(self, name: str, namespace: str):
+        return self._read("Job", namespace, name)
+
+    def delete_namespaced_job(self, name: str, namespace: str, body=None) -> None:
+        self._delete("Job", namespace, name, body)
+
+
+def test_a_service_left_behind_is_replaced_by_this_runs(dag) -> None:
+    from trainyard import k8s
+    from trainyard.airflow import run_training_params
+    from trainyard.airflow_k8s import replace_training_service, run_training_objects
+    from trainyard.config import parse_pipeline
+
+    cfg = parse_pipeline(ROOT / "dags" / "pipelines" / "digits.yaml")
+    profile = k8s.load_cluster_profile(ROOT / "deploy" / "cluster_profile.yaml")
+    service = run_training_objects(
+        profile, cfg, run_training_params(cfg, _run_params(dag, {})), SNAPSHOT
+    ).service
+    key = ("Service", service.metadata.namespace, service.metadata.name)
+    leftover = copy.deepcopy(service)
+    leftover.metadata.labels = {"left": "behind"}
+
+    cluster = Cluster(leftover)
+    assert replace_training_service(cluster, service) is True
+    assert cluster.objects[key] is service
+    assert cluster.deleted == [("Service", service.metadata.name, None)]
+
+    cluster = Cluster()
+    assert replace_training_service(cluster, service) is False
+    assert cluster.objects == {key: service}
+    assert cluster.deleted == []
+
+
+def test_a_job_left_behind_is_deleted_foreground_then_this_runs_created(
+    dag, kubeconfig: str
+) -> None:
+    earlier = _role_task(dag, "worker", kubeconfig)
+    earlier.render_job(_run_params(dag, {}))
+    leftover = earlier.build_job_request_obj()
+    op = _role_task(dag, "worker", kubeconfig)
+    op.render_job(_run_params(dag, {"workers": 4}))
+    job = op.build_job_request_obj()
+    name, ns = job.metadata.name, job.metadata.namespace
+    assert (name, ns) == (leftover.metadata.name, leftover.metadata.namespace)
+
+    for cluster, deleted in [
+        (Cluster(leftover), [("Job", name, "Foreground")]),
+        (Cluster(), []),
+    ]:
+        # the provider creates Jobs through its hook and deletes them through its client
+        op.__dict__.update(hook=cluster, job_client=cluster)
+        assert op.create_job(job) is job
+        assert cluster.objects == {("Job", ns, name): job}
+        assert cluster.objects[("Job", ns, name)].spec.parallelism == 4
+        assert cluster.deleted == deleted
 
 
 def test_kubernetes_dag_serializes(dag) -> None:

@@ -14,7 +14,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.k8s.apply import delete_if_exists, ensure_exists, rollout_state
+from trainyard.k8s.apply import delete_if_exists, ensure_exists, recreate, rollout_state
 
 
 def _deployment(
@@ -121,3 +121,101 @@ def test_delete_if_exists_surfaces_other_errors() -> None:
 
     with pytest.raises(ApiException):
         delete_if_exists(delete)
+
+
+class OneName:
+    """One object name in a namespace, as the API serves it (create, delete, read).
+
+    A deletion takes ``terminating_reads`` reads to finish, as a foreground deletion waits
+    for the object's pods; until then the object is still there and a create gets 409.
+    """
+
+    def __init__(self, leftover: str | None = None, terminating_reads: int = 0) -> None:
+        self.obj = leftover
+        self.terminating_reads = terminating_reads
+        self.deleting = False
+        self.calls: list[str] = []
+
+    def create(self, spec: str) -> str:
+        self.calls.append("create")
+        if self.obj is not None:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.obj = spec
+        return spec
+
+    def delete(self) -> None:
+        self.calls.append("delete")
+        if self.obj is None:
+            raise ApiException(status=404, reason="NotFound")
+        self.deleting = True
+
+    def read(self) -> str:
+        self.calls.append("read")
+        if self.deleting and self.terminating_reads == 0:
+            self.obj, self.deleting = None, False
+        if self.obj is None:
+            raise ApiException(status=404, reason="NotFound")
+        if self.deleting:
+            self.terminating_reads -= 1
+        return self.obj
+
+
+@pytest.mark.parametrize(
+    ("leftover", "terminating_reads", "replaced", "calls"),
+    [
+        (None, 0, False, ["delete", "create"]),
+        ("service of an earlier run", 0, True, ["delete", "read", "create"]),
+        ("job with 3 pods left", 3, True, ["delete", "read", "read", "read", "read", "create"]),
+    ],
+    ids=["nothing left behind", "leftover gone at once", "leftover terminating"],
+)
+def test_recreate_replaces_a_leftover_with_this_spec(
+    leftover: str | None, terminating_reads: int, replaced: bool, calls: list[str]
+) -> None:
+    name = OneName(leftover, terminating_reads)
+    result = recreate(lambda: name.create("this run"), name.delete, name.read, poll_s=0)
+    assert result == ("this run", replaced)
+    assert name.obj == "this run"
+    assert name.calls == calls
+
+
+def test_recreate_gives_up_on_a_leftover_that_never_goes() -> None:
+    name = OneName("job with a stuck finalizer", terminating_reads=10**9)
+    with pytest.raises(TimeoutError, match="Job job-ty-digits-worker still exists"):
+        recreate(
+            lambda: name.create("this run"),
+            name.delete,
+            name.read,
+            what="Job job-ty-digits-worker",
+            timeout_s=0.05,
+            poll_s=0.01,
+        )
+    assert "create" not in name.calls
+    assert name.obj == "job with a stuck finalizer"
+
+
+def test_recreate_surfaces_other_errors() -> None:
+    def forbidden() -> None:
+        raise ApiException(status=403, reason="Forbidden")
+
+    name = OneName("left behind")
+    with pytest.raises(ApiException) as deleting:
+        recreate(lambda: name.create("this run"), forbidden, name.read, poll_s=0)
+    assert deleting.value.status == 403
+    with pytest.raises(ApiException) as reading:
+        recreate(lambda: name.create("this run"), name.delete, forbidden, poll_s=0)
+    assert reading.value.status == 403
+    assert "create" not in name.calls
+
+
+def test_recreate_does_not_overwrite_a_concurrent_creator() -> None:
+    name = OneName()
+
+    def create_after_someone_else() -> str:
+        name.obj = "theirs"
+        return name.create("this run")
+
+    with pytest.raises(ApiException) as conflict:
+        recreate(create_after_someone_else, name.delete, name.read, poll_s=0)
+    assert conflict.value.status == 409
+    assert name.obj == "theirs"

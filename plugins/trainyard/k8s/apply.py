@@ -1,4 +1,4 @@
-"""Applying rendered objects to a cluster: create-if-missing, delete-if-present, rollouts.
+"""Applying rendered objects to a cluster: create if missing, replace, delete, roll out.
 
 The decisions are pure functions of typed ``kubernetes.client`` objects (unit-tested
 offline); the Airflow adapter calls them with a real API client.
@@ -56,6 +56,55 @@ def delete_if_exists(delete: Callable[[], Any]) -> bool:
             raise
         return False
     return True
+
+
+def recreate(
+    create: Callable[[], Any],
+    delete: Callable[[], Any],
+    read: Callable[[], Any],
+    *,
+    what: str = "object",
+    timeout_s: float = 300.0,
+    poll_s: float = 2.0,
+) -> tuple[Any, bool]:
+    """Create an object from this spec, first deleting one of the same name left behind.
+
+    For objects with a fixed name whose spec changes from run to run (a training run's
+    Service and Jobs; a Job's spec cannot be patched). A deletion is not done when the API
+    answers: a foreground deletion keeps the object until its dependents are gone, and a
+    create meanwhile fails with 409. So the leftover is read until it is gone.
+
+    Args:
+        create: Creates the object (a call of the typed API).
+        delete: Deletes it (raises ``ApiException`` 404 when it does not exist).
+        read: Reads it (raises ``ApiException`` 404 once it is gone).
+        what: The object, for the timeout's message (e.g. ``Job job-ty-digits-...``).
+        timeout_s: How long the leftover may take to disappear.
+        poll_s: Seconds between reads while it does.
+
+    Returns:
+        (the object as ``create`` returns it, True if a leftover was deleted first).
+
+    Raises:
+        TimeoutError: If the leftover still exists ``timeout_s`` after its deletion.
+        ApiException: Any other API error (a 409 from ``create`` means another creator
+            made the object in the meantime).
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    replaced = delete_if_exists(delete)
+    end = time.monotonic() + timeout_s
+    while replaced:
+        try:
+            read()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            break
+        if time.monotonic() >= end:
+            raise TimeoutError(f"{what} still exists {timeout_s:.0f} s after its deletion")
+        time.sleep(poll_s)
+    return create(), replaced
 
 
 def rollout_state(deployment: Any) -> RolloutState:
