@@ -8,6 +8,10 @@ Part of the Airflow adapter (only :mod:`trainyard.airflow` imports it, and only 
   running ``python -m trainyard <step> ...`` from the steps image; results return as XCom
   through ``/airflow/xcom/return.json`` (``TRAINYARD_XCOM_PATH``).
 * ``ensure_volumes`` creates the dataset's PVC and the models PVC when missing.
+* ``volume_snapshot`` (only when a VolumeSnapshotClass is configured: the pipeline's
+  ``staging.volume_snapshot_class``, else the profile's ``storage.volume_snapshot_class``)
+  takes a CSI VolumeSnapshot of the dataset's PVC once ``publish_snapshot`` announced a
+  new snapshot, and waits until it is ready to use; it skips when the snapshot was reused.
 * ``train``: a setup task creates the headless Service, one :class:`TrainingJobOperator`
   per role (``train_ps``, ``train_chief``, ``train_worker``) runs that role's Indexed Job,
   and a teardown task always deletes Jobs, Service and pods. Their names are fixed per
@@ -48,7 +52,7 @@ from trainyard.k8s.render import pipeline_training_objects, trainer_args
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from kubernetes.client import CoreV1Api, V1Job, V1Service
+    from kubernetes.client import CoreV1Api, CustomObjectsApi, V1Job, V1Service
 
     from trainyard.config import PipelineConfig, TrainingConfig
     from trainyard.settings import Settings
@@ -71,6 +75,7 @@ JOB_FIELDS = (
     "ttl_seconds_after_finished",
 )
 """The ``job_operator_kwargs`` that describe the Job itself (set again for every run)."""
+VOLUME_SNAPSHOT_POLL_S = 10.0
 
 
 def _xcom(task_id: str, key: str) -> str:
@@ -130,6 +135,62 @@ def replace_training_service(core: CoreV1Api, service: V1Service) -> bool:
     if replaced:
         log.warning("replaced Service %s left behind by an earlier run", name)
     return replaced
+
+
+def take_volume_snapshot(
+    custom: CustomObjectsApi,
+    body: dict[str, Any],
+    timeout_s: float,
+    poll_s: float = VOLUME_SNAPSHOT_POLL_S,
+) -> dict[str, Any]:
+    """Create a VolumeSnapshot unless it exists, then wait until it is ready to use.
+
+    Its name is fixed by dataset and snapshot id, so a retry or a re-run finds the one
+    already taken (a 409 from a concurrent create counts as taken too) and only waits.
+
+    Args:
+        custom: The custom objects API client.
+        body: The VolumeSnapshot (:func:`trainyard.k8s.volume_snapshot`).
+        timeout_s: How long it may take to become ready to use.
+        poll_s: Seconds between reads while it does.
+
+    Returns:
+        ``name``, ``namespace``, ``pvc``, ``created`` (by this call), ``restore_size`` and
+        ``content`` (the bound VolumeSnapshotContent), for the task's XCom.
+
+    Raises:
+        VolumeSnapshotError: If the VolumeSnapshot reports ``status.error``.
+        TimeoutError: If it is not ready to use within ``timeout_s``.
+    """
+    from trainyard.k8s.apply import ensure_exists, wait_volume_snapshot
+
+    group, version, plural = (
+        k8s.VOLUME_SNAPSHOT_GROUP,
+        k8s.VOLUME_SNAPSHOT_VERSION,
+        k8s.VOLUME_SNAPSHOT_PLURAL,
+    )
+    name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
+    pvc = body["spec"]["source"]["persistentVolumeClaimName"]
+    what = f"VolumeSnapshot {ns}/{name} of PVC {pvc}"
+
+    def read() -> dict[str, Any]:
+        return custom.get_namespaced_custom_object(group, version, ns, plural, name)
+
+    _, created = ensure_exists(
+        lambda: custom.create_namespaced_custom_object(group, version, ns, plural, body), read
+    )
+    log.info("%s: %s", what, "created" if created else "exists")
+    status = wait_volume_snapshot(
+        read, what=what, timeout_s=timeout_s, poll_s=poll_s, log=log.info
+    ).get("status", {})
+    return {
+        "name": name,
+        "namespace": ns,
+        "pvc": pvc,
+        "created": created,
+        "restore_size": status.get("restoreSize"),
+        "content": status.get("boundVolumeSnapshotContentName"),
+    }
 
 
 class TrainingJobOperator(KubernetesJobOperator):
@@ -296,6 +357,27 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
             created += [name] if new else []
         return created
 
+    snapshot_class = cfg.staging.volume_snapshot_class or profile.storage.volume_snapshot_class
+    snapshot_timeout_s = cfg.staging.volume_snapshot_timeout_s
+
+    @task(
+        task_id="volume_snapshot",
+        retries=1,
+        execution_timeout=dt.timedelta(seconds=snapshot_timeout_s + 300),
+    )
+    def volume_snapshot(staged: dict[str, Any]) -> dict[str, Any]:
+        """A CSI VolumeSnapshot of the dataset's PVC, once a new snapshot was published."""
+        if staged.get("reused"):
+            raise AirflowSkipException(
+                f"snapshot {staged['snapshot_id']} was reused: no volume snapshot"
+            )
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+        from kubernetes.client import CustomObjectsApi
+
+        body = k8s.volume_snapshot(profile, cfg.dataset, staged["snapshot_id"], snapshot_class)
+        custom = CustomObjectsApi(KubernetesHook().api_client)
+        return take_volume_snapshot(custom, body, snapshot_timeout_s)
+
     snapshot = _xcom("stage", "snapshot_id")
     validate = step("validate", ["--pipeline", name, "--snapshot", snapshot])
 
@@ -450,4 +532,6 @@ def kubernetes_tasks(cfg: PipelineConfig, settings: Settings) -> None:
     jobs >> teardown
     gate_task(evaluate.output) >> ensure_serving() >> deploy
     announce = publish_snapshot_event(snapshot_asset(cfg, settings), cfg.dataset, name)
-    announce(stage.output, validate.output)
+    published = announce(stage.output, validate.output)
+    if snapshot_class:
+        published >> volume_snapshot(stage.output)

@@ -21,6 +21,7 @@ from trainyard.fsutil import load_yaml
 from trainyard.settings import get_settings
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class _Strict(BaseModel):
@@ -42,7 +43,16 @@ class SourceConfig(_Strict):
 
 
 class StagingConfig(_Strict):
-    """How snapshots are written and kept."""
+    """How snapshots are written and kept, and the dataset volume on Kubernetes.
+
+    ``pvc_size``, ``storage_class``, ``access_mode`` and the volume snapshot options apply
+    on the kubernetes runner only (the local runner's volume is a directory).
+    ``volume_snapshot_class`` names a CSI VolumeSnapshotClass: after each new snapshot is
+    published the dataset's PVC is snapshotted with it and the run waits up to
+    ``volume_snapshot_timeout_s`` for it to be ready. Unset (the default), the cluster
+    profile's ``storage.volume_snapshot_class`` applies; unset there too, nothing is
+    snapshotted.
+    """
 
     shard_target_mb: int = Field(default=128, ge=1)
     row_group_rows: int = Field(default=65536, ge=1)
@@ -50,6 +60,18 @@ class StagingConfig(_Strict):
     pvc_size: str = "10Gi"
     storage_class: str | None = None
     access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"] = "ReadWriteMany"
+    volume_snapshot_class: str | None = None
+    volume_snapshot_timeout_s: float = Field(default=1800, gt=0)
+
+    @field_validator("volume_snapshot_class")
+    @classmethod
+    def _dns_subdomain(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 253 or not DNS_SUBDOMAIN_RE.match(value)):
+            raise ValueError(
+                f"{value!r} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and "
+                "'.', starting and ending alphanumeric, <= 253)"
+            )
+        return value
 
 
 class TrainingConfig(_Strict):

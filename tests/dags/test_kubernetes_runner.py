@@ -636,3 +636,183 @@ def test_a_privileged_pod_is_rejected() -> None:
         ),
     )
     assert any("privileged" in e for e in validate_object(pod))
+
+
+# ------------------------------------------------------- VolumeSnapshot of the dataset PVC
+
+SNAPSHOT_CLASS = "csi-snap"
+
+
+def _dag_with(
+    tmp_path: Path,
+    volume_snapshot_class: str | None = None,
+    profile_class: str | None = None,
+    runner: str = "kubernetes",
+):
+    """digits on a runner, a snapshot class in its staging or in the cluster profile."""
+    import dataclasses
+
+    from trainyard.airflow import build_dag
+    from trainyard.config import parse_pipeline
+    from trainyard.settings import get_settings
+
+    cfg = parse_pipeline(ROOT / "dags" / "pipelines" / "digits.yaml")
+    staging = cfg.staging.model_copy(update={"volume_snapshot_class": volume_snapshot_class})
+    profile = yaml.safe_load((ROOT / "deploy" / "cluster_profile.yaml").read_text())
+    profile["storage"]["volume_snapshot_class"] = profile_class
+    profile_path = tmp_path / "cluster_profile.yaml"
+    profile_path.write_text(yaml.safe_dump(profile))
+    settings = dataclasses.replace(
+        get_settings(),
+        runner=runner,
+        volume_root=tmp_path / "volumes",
+        cluster_profile=profile_path,
+    )
+    return build_dag(cfg.model_copy(update={"staging": staging}), settings)
+
+
+def test_no_volume_snapshot_unless_a_class_is_set(
+    k8s_dags: dict, local_dags: dict, tmp_path: Path
+) -> None:
+    """Off by default; the local runner's dataset volume is a directory: never one there."""
+    for dag in [*k8s_dags.values(), *local_dags.values()]:
+        assert "volume_snapshot" not in dag.task_ids
+    assert "volume_snapshot" not in _dag_with(tmp_path).task_ids
+    local = _dag_with(tmp_path, SNAPSHOT_CLASS, SNAPSHOT_CLASS, runner="local")
+    assert "volume_snapshot" not in local.task_ids
+
+
+@pytest.mark.parametrize(
+    ("pipeline_class", "profile_class"),
+    [(SNAPSHOT_CLASS, None), (None, SNAPSHOT_CLASS), (SNAPSHOT_CLASS, "profile-snap")],
+    ids=["pipeline", "profile default", "pipeline over profile"],
+)
+def test_a_snapshot_class_adds_the_task_after_publish(
+    tmp_path: Path, pipeline_class, profile_class
+) -> None:
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    dag = _dag_with(tmp_path, pipeline_class, profile_class)
+    snap = dag.get_task("volume_snapshot")
+    # after publish_snapshot, which skips for a reused snapshot: this task skips with it
+    assert snap.upstream_task_ids == {"stage", "publish_snapshot"}
+    assert str(snap.trigger_rule.value) == "all_success"
+    assert snap.downstream_task_ids == set()
+    assert snap.execution_timeout == dt.timedelta(seconds=1800 + 300)
+    loaded = DagSerialization.from_dict(DagSerialization.to_dict(dag))
+    assert loaded.get_task("volume_snapshot").upstream_task_ids == snap.upstream_task_ids
+
+
+def test_a_reused_snapshot_takes_no_volume_snapshot(tmp_path: Path) -> None:
+    """The skip comes before any API call (no hook, no cluster here)."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    snap = _dag_with(tmp_path, SNAPSHOT_CLASS).get_task("volume_snapshot")
+    for staged in (
+        {"snapshot_id": SNAPSHOT, "reused": True, "given": False},
+        {"snapshot_id": SNAPSHOT, "reused": True, "given": True},
+    ):
+        with pytest.raises(AirflowSkipException, match="was reused: no volume snapshot"):
+            snap.python_callable(staged)
+
+
+class VolumeSnapshots:
+    """``CustomObjectsApi``'s VolumeSnapshot calls on objects held in memory.
+
+    After creation each read serves the next of ``statuses`` (the snapshot controller's
+    progress), the last one from then on. ``race``: another creator wins the create (409).
+    """
+
+    def __init__(self, *statuses: dict, existing: dict | None = None, race: bool = False):
+        self.statuses = statuses or ({"readyToUse": True},)
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.race = race
+        self.created: list[str] = []
+        self.reads = 0
+        if existing is not None:
+            self._store(existing)
+
+    def _store(self, body: dict) -> None:
+        meta = body["metadata"]
+        self.objects[(meta["namespace"], meta["name"])] = copy.deepcopy(body)
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        from kubernetes.client.exceptions import ApiException
+
+        assert (group, version, plural) == ("snapshot.storage.k8s.io", "v1", "volumesnapshots")
+        assert body["metadata"]["namespace"] == namespace
+        if self.race:
+            self._store(body)
+        if (namespace, body["metadata"]["name"]) in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self._store(body)
+        self.created.append(body["metadata"]["name"])
+        return body
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        from kubernetes.client.exceptions import ApiException
+
+        assert (group, version, plural) == ("snapshot.storage.k8s.io", "v1", "volumesnapshots")
+        if (namespace, name) not in self.objects:
+            raise ApiException(status=404, reason="NotFound")
+        obj = copy.deepcopy(self.objects[(namespace, name)])
+        obj["status"] = self.statuses[min(self.reads, len(self.statuses) - 1)]
+        self.reads += 1
+        return obj
+
+
+def _snapshot_body() -> dict:
+    from trainyard import k8s
+
+    profile = k8s.load_cluster_profile(ROOT / "deploy" / "cluster_profile.yaml")
+    return k8s.volume_snapshot(profile, "digits", SNAPSHOT, SNAPSHOT_CLASS)
+
+
+READY = {"readyToUse": True, "restoreSize": "10Gi", "boundVolumeSnapshotContentName": "sc-1"}
+
+
+@pytest.mark.parametrize(
+    ("statuses", "existing", "race", "created"),
+    [
+        (({}, {"readyToUse": False}, READY), False, False, True),
+        ((READY,), True, False, False),
+        ((READY,), False, True, False),
+    ],
+    ids=["missing: created", "re-run: exists", "concurrent create: 409"],
+)
+def test_take_volume_snapshot_creates_once_and_waits(
+    statuses: tuple[dict, ...], existing: bool, race: bool, created: bool
+) -> None:
+    from trainyard.airflow_k8s import take_volume_snapshot
+
+    body = _snapshot_body()
+    api = VolumeSnapshots(*statuses, existing=body if existing else None, race=race)
+    name = f"trainyard-data-digits-{SNAPSHOT}"
+    result = take_volume_snapshot(api, body, timeout_s=5, poll_s=0)
+    assert result == {
+        "name": name,
+        "namespace": "trainyard",
+        "pvc": "trainyard-data-digits",
+        "created": created,
+        "restore_size": "10Gi",
+        "content": "sc-1",
+    }
+    assert api.created == ([name] if created else [])
+    assert list(api.objects) == [("trainyard", name)]
+
+
+def test_take_volume_snapshot_fails_naming_the_object() -> None:
+    from trainyard.airflow_k8s import take_volume_snapshot
+    from trainyard.k8s.apply import VolumeSnapshotError
+
+    error = {"readyToUse": False, "error": {"message": "CSI driver: snapshot quota exceeded"}}
+    with pytest.raises(VolumeSnapshotError) as e:
+        take_volume_snapshot(VolumeSnapshots({}, error), _snapshot_body(), timeout_s=5, poll_s=0)
+    assert str(e.value) == (
+        f"VolumeSnapshot trainyard/trainyard-data-digits-{SNAPSHOT} of PVC "
+        "trainyard-data-digits failed: CSI driver: snapshot quota exceeded"
+    )
+    with pytest.raises(TimeoutError, match=f"trainyard-data-digits-{SNAPSHOT} .* still not ready"):
+        take_volume_snapshot(
+            VolumeSnapshots({"readyToUse": False}), _snapshot_body(), timeout_s=0.05, poll_s=0.01
+        )

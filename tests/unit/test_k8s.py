@@ -81,6 +81,7 @@ PROFILE_ERRORS = [
     ("pool name not dns", "gpu_pools.1.name", "A100", "gpu_pools.1.name"),
     ("root uid", "security.run_as_user", 0, "security.run_as_user"),
     ("kueue without queue", "tiers.low.kueue_queue", None, "kueue_queue"),
+    ("snapshot class", "storage.volume_snapshot_class", "CSI_Snap", "volume_snapshot_class"),
 ]
 
 
@@ -308,22 +309,6 @@ def test_pvcs(profile: k8s.ClusterProfile) -> None:
     assert models.metadata.name == "trainyard-models"
     assert models.spec.access_modes == ["ReadWriteMany"]
     assert k8s.validate_object(pvc) == [] and k8s.validate_object(models) == []
-
-
-def test_volume_snapshot(profile: k8s.ClusterProfile) -> None:
-    with pytest.raises(ConfigError, match="volume_snapshot_class"):
-        k8s.volume_snapshot(profile, "digits", "digits-abc")
-    on = profile.model_copy(
-        update={"storage": profile.storage.model_copy(update={"volume_snapshot_class": "csi-snap"})}
-    )
-    snap = k8s.volume_snapshot(on, "digits", "digits-ABC")
-    assert snap["spec"] == {
-        "volumeSnapshotClassName": "csi-snap",
-        "source": {"persistentVolumeClaimName": "trainyard-data-digits"},
-    }
-    assert k8s.validate_object(snap) == []
-    del snap["spec"]["source"]
-    assert any("persistentVolumeClaimName" in e for e in k8s.validate_object(snap))
 
 
 TRAINING_CASES = [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from kubernetes.client import (
     V1Deployment,
@@ -14,7 +16,15 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.k8s.apply import delete_if_exists, ensure_exists, recreate, rollout_state
+from trainyard.k8s.apply import (
+    VolumeSnapshotError,
+    delete_if_exists,
+    ensure_exists,
+    recreate,
+    rollout_state,
+    volume_snapshot_state,
+    wait_volume_snapshot,
+)
 
 
 def _deployment(
@@ -219,3 +229,70 @@ def test_recreate_does_not_overwrite_a_concurrent_creator() -> None:
         recreate(create_after_someone_else, name.delete, name.read, poll_s=0)
     assert conflict.value.status == 409
     assert name.obj == "theirs"
+
+
+# ------------------------------------------------------------------ VolumeSnapshot status
+
+SNAPSHOT = "VolumeSnapshot trainyard/trainyard-data-digits-88fa3acafa0854bd"
+PENDING = {"status": {"readyToUse": False}}
+READY = {"status": {"readyToUse": True, "restoreSize": "10Gi"}}
+FAILED = {
+    "status": {
+        "readyToUse": False,
+        "error": {"message": "rpc error: snapshot quota exceeded", "time": "2026-11-22T02:20Z"},
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "state"),
+    [
+        ({}, ("pending", "")),
+        ({"status": {}}, ("pending", "")),
+        (PENDING, ("pending", "")),
+        (READY, ("ready", "")),
+        (FAILED, ("failed", "rpc error: snapshot quota exceeded")),
+        ({"status": {"error": {"time": "2026-11-22T02:20Z"}}}, ("failed", "{'time'")),
+    ],
+    ids=["just created", "empty status", "not ready", "ready", "error", "error no message"],
+)
+def test_volume_snapshot_state(snapshot: dict, state: tuple[str, str]) -> None:
+    got = volume_snapshot_state(snapshot)
+    assert got[0] == state[0]
+    assert got[1].startswith(state[1])
+
+
+def _reads(*statuses: dict) -> tuple[list[dict], Callable[[], dict]]:
+    """A ``read`` returning ``statuses`` in turn (the last one from then on)."""
+    served: list[dict] = []
+
+    def read() -> dict:
+        item = statuses[min(len(served), len(statuses) - 1)]
+        served.append(item)
+        return item
+
+    return served, read
+
+
+def test_wait_volume_snapshot_returns_once_ready() -> None:
+    served, read = _reads({}, PENDING, PENDING, READY)
+    logged: list[str] = []
+    snap = wait_volume_snapshot(read, what=SNAPSHOT, timeout_s=5, poll_s=0, log=logged.append)
+    assert snap is READY
+    assert len(served) == 4
+    assert logged == [f"{SNAPSHOT}: ready to use (restore size 10Gi)"]
+
+
+def test_wait_volume_snapshot_fails_on_an_error_naming_the_object() -> None:
+    served, read = _reads(PENDING, FAILED)
+    with pytest.raises(VolumeSnapshotError) as e:
+        wait_volume_snapshot(read, what=SNAPSHOT, timeout_s=5, poll_s=0)
+    assert str(e.value) == f"{SNAPSHOT} failed: rpc error: snapshot quota exceeded"
+    assert len(served) == 2
+
+
+def test_wait_volume_snapshot_gives_up_at_the_deadline() -> None:
+    served, read = _reads(PENDING)
+    with pytest.raises(TimeoutError, match=f"{SNAPSHOT} is still not ready to use after"):
+        wait_volume_snapshot(read, what=SNAPSHOT, timeout_s=0.05, poll_s=0.01)
+    assert len(served) >= 2

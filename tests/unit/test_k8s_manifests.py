@@ -75,6 +75,7 @@ def test_rbac_least_privilege() -> None:
         "pods/exec",
         "services",
         "persistentvolumeclaims",
+        "volumesnapshots",
         "events",
         "jobs",
         "jobs/status",
@@ -84,6 +85,7 @@ def test_rbac_least_privilege() -> None:
     assert "secrets" not in granted and "escalate" not in set().union(*granted.values())
     assert granted["pods/log"] == {"get", "list"}
     assert granted["events"] <= {"get", "list", "watch"}
+    assert granted["volumesnapshots"] == {"create", "get"}
     for binding in _by_kind("RoleBinding").values():
         assert binding["roleRef"]["name"] in roles
         for subject in binding["subjects"]:

@@ -25,8 +25,10 @@ Security:
 
 Storage:
     * ``dataset_pvc(profile, dataset, size, storage_class, access_mode)``
-      (``trainyard-data-<dataset>``), ``models_pvc(profile)``,
-      ``volume_snapshot(profile, dataset, name) -> dict`` (CSI, needs a snapshot class).
+      (``trainyard-data-<dataset>``), ``models_pvc(profile)``.
+    * ``volume_snapshot(profile, dataset, snapshot_id, snapshot_class=None) -> dict``: a
+      CSI VolumeSnapshot of the dataset PVC (class from the pipeline, else the profile),
+      named ``volume_snapshot_name(dataset, snapshot_id)``.
 
 Steps:
     * ``step_pod(profile, step, args, dataset, read_only_data=None) -> V1Pod``:
@@ -52,8 +54,9 @@ Serving:
 
 Checks and rendering:
     * ``validate_object(obj) -> list[str]`` (Kubernetes 1.33 schema + Pod Security
-      restricted), ``pss_violations(pod_spec)``, ``render_yaml(objs) -> str``,
-      ``to_dict(obj)``.
+      restricted; VolumeSnapshot against ``VOLUME_SNAPSHOT_SCHEMA``),
+      ``schema_errors(data, schema)``, ``pss_violations(pod_spec)``,
+      ``render_yaml(objs) -> str``, ``to_dict(obj)``.
     * ``cli_main(argv)``: ``python -m trainyard render <pipeline> [--step ...]``.
 """
 
@@ -61,22 +64,29 @@ from __future__ import annotations
 
 from trainyard.k8s.checks import (
     K8S_VERSION,
+    VOLUME_SNAPSHOT_SCHEMA,
     load_manifests,
     pss_violations,
     render_yaml,
+    schema_errors,
     to_dict,
     validate_object,
 )
 from trainyard.k8s.objects import (
     BASE_CONTAINER,
     COMPONENT_LABEL,
+    DATASET_LABEL,
     JOB_NAME_PREFIX,
     MODEL_LABEL,
     ROLE_LABEL,
     RUN_LABEL,
+    SNAPSHOT_LABEL,
     STEP_WRITES_DATASET,
     TF_PORT,
     VOLUME_ROOT,
+    VOLUME_SNAPSHOT_GROUP,
+    VOLUME_SNAPSHOT_PLURAL,
+    VOLUME_SNAPSHOT_VERSION,
     TrainingObjects,
     dataset_pvc,
     dataset_pvc_name,
@@ -96,6 +106,7 @@ from trainyard.k8s.objects import (
     training_objects,
     training_service,
     volume_snapshot,
+    volume_snapshot_name,
     xcom_sidecar_security_context,
 )
 from trainyard.k8s.placement import (
@@ -112,6 +123,7 @@ from trainyard.k8s.render import TRAINER_CONTRACTS_DIR, cli_main, render_objects
 __all__ = [
     "BASE_CONTAINER",
     "COMPONENT_LABEL",
+    "DATASET_LABEL",
     "JOB_NAME_PREFIX",
     "K8S_VERSION",
     "KUEUE_PRIORITY_LABEL",
@@ -119,10 +131,15 @@ __all__ = [
     "MODEL_LABEL",
     "ROLE_LABEL",
     "RUN_LABEL",
+    "SNAPSHOT_LABEL",
     "STEP_WRITES_DATASET",
     "TF_PORT",
     "TRAINER_CONTRACTS_DIR",
     "VOLUME_ROOT",
+    "VOLUME_SNAPSHOT_GROUP",
+    "VOLUME_SNAPSHOT_PLURAL",
+    "VOLUME_SNAPSHOT_SCHEMA",
+    "VOLUME_SNAPSHOT_VERSION",
     "ClusterProfile",
     "Placement",
     "TrainingObjects",
@@ -144,6 +161,7 @@ __all__ = [
     "render_yaml",
     "restricted_pod_security_context",
     "restricted_security_context",
+    "schema_errors",
     "serving_deployment",
     "serving_name",
     "serving_service",
@@ -157,5 +175,6 @@ __all__ = [
     "training_service",
     "validate_object",
     "volume_snapshot",
+    "volume_snapshot_name",
     "xcom_sidecar_security_context",
 ]

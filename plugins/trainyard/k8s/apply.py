@@ -1,4 +1,4 @@
-"""Applying rendered objects to a cluster: create if missing, replace, delete, roll out.
+"""Applying rendered objects to a cluster: create if missing, replace, delete, roll out, wait.
 
 The decisions are pure functions of typed ``kubernetes.client`` objects (unit-tested
 offline); the Airflow adapter calls them with a real API client.
@@ -7,10 +7,17 @@ offline); the Airflow adapter calls them with a real API client.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from trainyard.errors import TrainyardError
+
 RolloutState = Literal["complete", "progressing", "stalled"]
+SnapshotState = Literal["ready", "failed", "pending"]
+
+
+class VolumeSnapshotError(TrainyardError):
+    """A VolumeSnapshot reports an error (``status.error``) instead of becoming ready."""
 
 
 def ensure_exists(create: Callable[[], Any], read: Callable[[], Any]) -> tuple[Any, bool]:
@@ -155,3 +162,63 @@ def wait_rollout(
         time.sleep(poll_s)
     log(f"rollout: {state}")
     return state
+
+
+def volume_snapshot_state(snapshot: Mapping[str, Any]) -> tuple[SnapshotState, str]:
+    """Where a VolumeSnapshot stands, from its ``status``.
+
+    Args:
+        snapshot: The VolumeSnapshot as the API returns it (a dict: it is a CRD).
+
+    Returns:
+        (state, message): ``ready`` when ``status.readyToUse`` is true, else ``failed``
+        with the message of ``status.error`` when it is set, else ``pending``; the message
+        is empty unless failed.
+    """
+    status = snapshot.get("status") or {}
+    if status.get("readyToUse") is True:
+        return "ready", ""
+    error = status.get("error")
+    if error:
+        return "failed", str(error.get("message") or error)
+    return "pending", ""
+
+
+def wait_volume_snapshot(
+    read: Callable[[], Mapping[str, Any]],
+    *,
+    what: str,
+    timeout_s: float,
+    poll_s: float = 5.0,
+    log: Callable[[str], None] = print,
+) -> Mapping[str, Any]:
+    """Poll a VolumeSnapshot until it is ready to use.
+
+    Args:
+        read: Reads the VolumeSnapshot (e.g. ``CustomObjectsApi.get_namespaced_custom_object``).
+        what: The object, for messages (e.g. ``VolumeSnapshot trainyard/trainyard-data-...``).
+        timeout_s: Deadline from the first read.
+        poll_s: Seconds between reads.
+        log: Where the outcome is reported.
+
+    Returns:
+        The VolumeSnapshot as last read (``status.readyToUse`` true).
+
+    Raises:
+        VolumeSnapshotError: If it reports ``status.error`` (the message is included).
+        TimeoutError: If it is not ready ``timeout_s`` after the first read.
+    """
+    end = time.monotonic() + timeout_s
+    while True:
+        snapshot = read()
+        state, message = volume_snapshot_state(snapshot)
+        if state == "ready":
+            size = (snapshot.get("status") or {}).get("restoreSize")
+            log(f"{what}: ready to use" + (f" (restore size {size})" if size else ""))
+            return snapshot
+        if state == "failed":
+            raise VolumeSnapshotError(f"{what} failed: {message}")
+        left = end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{what} is still not ready to use after {timeout_s:.0f} s")
+        time.sleep(min(poll_s, left))

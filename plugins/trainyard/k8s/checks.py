@@ -57,6 +57,61 @@ POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
 }
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+VOLUME_SNAPSHOT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "snapshot.storage.k8s.io/v1 VolumeSnapshot",
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "snapshot.storage.k8s.io/v1"},
+        "kind": {"const": "VolumeSnapshot"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN.pattern},
+                "namespace": {"type": "string"},
+                "labels": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "string",
+                        "maxLength": 63,
+                        "pattern": LABEL_VALUE.pattern,
+                    },
+                },
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["source"],
+            "additionalProperties": False,
+            "properties": {
+                "volumeSnapshotClassName": {"type": "string", "minLength": 1},
+                "source": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "persistentVolumeClaimName": {"type": "string", "minLength": 1},
+                        "volumeSnapshotContentName": {"type": "string", "minLength": 1},
+                    },
+                    "oneOf": [
+                        {"required": ["persistentVolumeClaimName"]},
+                        {"required": ["volumeSnapshotContentName"]},
+                    ],
+                },
+            },
+        },
+        "status": {"type": "object"},
+    },
+}
+"""``snapshot.storage.k8s.io/v1`` VolumeSnapshot, after the external-snapshotter CRD
+(``client/config/crd/snapshot.storage.k8s.io_volumesnapshots.yaml``): ``spec.source`` is
+required and names exactly one of a PVC or a VolumeSnapshotContent; the class name, when
+given, is not empty. Unknown fields are errors (the API server would drop them), as in
+the strict check of core kinds."""
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
@@ -180,9 +235,36 @@ def _kind_name(data: dict[str, Any]) -> str:
     return f"{data.get('kind', '?')}/{_get(data, ('metadata', 'name')) or '?'}"
 
 
+def schema_errors(data: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """Errors of an object's dict form against a JSON schema, one line each.
+
+    Args:
+        data: The object (API dict form).
+        schema: A JSON schema (draft 2020-12), e.g. :data:`VOLUME_SNAPSHOT_SCHEMA`.
+
+    Returns:
+        ``Kind/name: field.path: message`` per error, in path order; empty when valid.
+    """
+    import jsonschema
+
+    where = _kind_name(data)
+    out = []
+    validator = jsonschema.Draft202012Validator(schema)
+    for e in sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.path]):
+        path = ".".join(str(p) for p in e.path) or "<root>"
+        message = e.message
+        if e.validator == "oneOf":
+            choices = [" + ".join(s.get("required", [])) for s in e.validator_value]
+            message = f"set exactly one of {', '.join(choices)}"
+        out.append(f"{where}: {path}: {message}")
+    return out
+
+
 def _structural(data: dict[str, Any]) -> list[str] | None:
     """Checks for the CRDs we render (Kueue, VolumeSnapshot); None if the kind is unknown."""
     api, kind = data.get("apiVersion", ""), data.get("kind", "")
+    if api == "snapshot.storage.k8s.io/v1" and kind == "VolumeSnapshot":
+        return schema_errors(data, VOLUME_SNAPSHOT_SCHEMA)
     spec = data.get("spec") or {}
     where = _kind_name(data)
     errors: list[str] = []
@@ -231,10 +313,6 @@ def _structural(data: dict[str, Any]) -> list[str] | None:
         else:
             return None
         return errors
-    if api == "snapshot.storage.k8s.io/v1" and kind == "VolumeSnapshot":
-        if not _get(data, ("spec", "source", "persistentVolumeClaimName")):
-            errors.append(f"{where}: spec.source.persistentVolumeClaimName is required")
-        return errors
     return None
 
 
@@ -242,8 +320,8 @@ def validate_object(obj: Any, version: str = K8S_VERSION) -> list[str]:
     """Validate one object: the Kubernetes JSON schema (strict) and Pod Security "restricted".
 
     Core kinds are checked with ``kubernetes-validate`` against ``version``; the CRDs we
-    render (Kueue objects, VolumeSnapshot) get structural checks; pods and workloads also
-    get :func:`pss_violations`.
+    render get structural checks (Kueue objects; VolumeSnapshot against
+    :data:`VOLUME_SNAPSHOT_SCHEMA`); pods and workloads also get :func:`pss_violations`.
 
     Args:
         obj: A typed object or its dict form.

@@ -44,6 +44,8 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 RUN_LABEL = "trainyard.io/run"
 ROLE_LABEL = "trainyard.io/role"
 MODEL_LABEL = "trainyard.io/model"
+DATASET_LABEL = "trainyard.io/dataset"
+SNAPSHOT_LABEL = "trainyard.io/snapshot"
 VERSION_ANNOTATION = "trainyard.io/model-version"
 MODELS_SUBPATHS = ("_models", "_serving", "_checkpoints")
 """Folders of the models PVC, mounted at ``/volumes/<folder>`` (the volume layout)."""
@@ -59,6 +61,10 @@ STEP_WRITES_DATASET: dict[str, bool] = {
     "deploy": False,
 }
 Role = Literal["worker", "chief", "ps"]
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+VOLUME_SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
+VOLUME_SNAPSHOT_VERSION = "v1"
+VOLUME_SNAPSHOT_PLURAL = "volumesnapshots"
 
 
 def k8s_name(text: str, max_len: int = 63) -> str:
@@ -88,6 +94,11 @@ def dataset_pvc_name(dataset: str) -> str:
 
 def _labels(component: str, **extra: str) -> dict[str, str]:
     return {APP_LABEL: "trainyard", COMPONENT_LABEL: component, **extra}
+
+
+def _label_value(text: str) -> str:
+    """``text`` as a label value: ``[A-Za-z0-9_.-]``, alphanumeric at both ends, <= 63."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
 
 
 def restricted_pod_security_context(profile: ClusterProfile | None = None) -> V1PodSecurityContext:
@@ -262,7 +273,7 @@ def dataset_pvc(
     return _pvc(
         profile,
         dataset_pvc_name(dataset),
-        _labels("dataset-volume", **{"trainyard.io/dataset": k8s_name(dataset)}),
+        _labels("dataset-volume", **{DATASET_LABEL: k8s_name(dataset)}),
         access_mode or st.dataset_access_mode,
         storage_class or st.storage_class,
         size or st.dataset_size,
@@ -289,30 +300,64 @@ def models_pvc(profile: ClusterProfile) -> V1PersistentVolumeClaim:
     )
 
 
-def volume_snapshot(profile: ClusterProfile, dataset: str, name: str) -> dict[str, Any]:
-    """A CSI ``VolumeSnapshot`` of a dataset PVC (off unless the profile names a class).
+def volume_snapshot_name(dataset: str, snapshot_id: str) -> str:
+    """The VolumeSnapshot taken of a dataset's PVC once a snapshot was published.
 
     Args:
-        profile: Cluster profile; ``storage.volume_snapshot_class`` must be set.
-        dataset: Dataset whose PVC is snapshotted.
-        name: Snapshot object name (e.g. derived from the snapshot id).
+        dataset: Dataset name.
+        snapshot_id: The published snapshot's id.
 
     Returns:
-        The object as a dict (a CRD: there is no typed model).
+        ``trainyard-data-<dataset>-<snapshot id>``, a DNS-1123 label. When that is longer
+        than 63 characters or not a label as written: its head, cut to fit, then
+        ``-<hash8>`` of dataset and id, so distinct pairs keep distinct names.
+    """
+    name = f"{dataset_pvc_name(dataset)}-{snapshot_id}"
+    if len(name) <= 63 and DNS_LABEL.match(name):
+        return name
+    digest = hashlib.blake2b(f"{dataset}/{snapshot_id}".encode(), digest_size=4).hexdigest()
+    return f"{k8s_name(name, 63 - len(digest) - 1)}-{digest}"
+
+
+def volume_snapshot(
+    profile: ClusterProfile,
+    dataset: str,
+    snapshot_id: str,
+    snapshot_class: str | None = None,
+) -> dict[str, Any]:
+    """A CSI ``VolumeSnapshot`` of a dataset's PVC, taken after a snapshot was published.
+
+    Args:
+        profile: Cluster profile (namespace; ``storage.volume_snapshot_class`` default).
+        dataset: Dataset whose PVC (``trainyard-data-<dataset>``) is snapshotted.
+        snapshot_id: The published snapshot the VolumeSnapshot is named and labelled after.
+        snapshot_class: VolumeSnapshotClass (pipeline ``staging.volume_snapshot_class``);
+            default from the profile.
+
+    Returns:
+        The object as a dict (a CRD: there is no typed model), named by
+        :func:`volume_snapshot_name` and labelled with dataset and snapshot id.
 
     Raises:
-        ConfigError: If the profile has no volume snapshot class.
+        ConfigError: If neither the pipeline nor the profile names a snapshot class.
     """
-    cls = profile.storage.volume_snapshot_class
+    cls = snapshot_class or profile.storage.volume_snapshot_class
     if not cls:
-        raise ConfigError("cluster profile storage.volume_snapshot_class is not set")
+        raise ConfigError(
+            "no VolumeSnapshotClass: set the pipeline's staging.volume_snapshot_class "
+            "or the cluster profile's storage.volume_snapshot_class"
+        )
+    labels = _labels(
+        "dataset-snapshot",
+        **{DATASET_LABEL: k8s_name(dataset), SNAPSHOT_LABEL: _label_value(snapshot_id)},
+    )
     return {
-        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "apiVersion": f"{VOLUME_SNAPSHOT_GROUP}/{VOLUME_SNAPSHOT_VERSION}",
         "kind": "VolumeSnapshot",
         "metadata": {
-            "name": k8s_name(name),
+            "name": volume_snapshot_name(dataset, snapshot_id),
             "namespace": profile.namespace,
-            "labels": _labels("dataset-snapshot", **{"trainyard.io/dataset": k8s_name(dataset)}),
+            "labels": labels,
         },
         "spec": {
             "volumeSnapshotClassName": cls,

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainyard.errors import ConfigError
+from trainyard.k8s.checks import DNS1123_SUBDOMAIN
 
 DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
@@ -127,7 +128,12 @@ class Images(_Strict):
 
 
 class Storage(_Strict):
-    """Persistent volumes: one PVC per dataset, one shared models PVC."""
+    """Persistent volumes: one PVC per dataset, one shared models PVC.
+
+    ``volume_snapshot_class`` is the default CSI VolumeSnapshotClass for snapshots of the
+    dataset PVCs (a pipeline's ``staging.volume_snapshot_class`` overrides it); when neither
+    is set, no VolumeSnapshot is taken.
+    """
 
     storage_class: str | None = None
     dataset_size: str = "10Gi"
@@ -141,6 +147,13 @@ class Storage(_Strict):
     @classmethod
     def _dns(cls, value: str) -> str:
         return _dns_label(value)
+
+    @field_validator("volume_snapshot_class")
+    @classmethod
+    def _dns_subdomain(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 253 or not DNS1123_SUBDOMAIN.match(value)):
+            raise ValueError(f"{value!r} is not a DNS-1123 subdomain")
+        return value
 
     @field_validator("dataset_size", "models_size")
     @classmethod
