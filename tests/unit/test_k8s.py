@@ -285,6 +285,14 @@ def test_step_pod_override_and_unknown(profile: k8s.ClusterProfile) -> None:
         k8s.step_pod(profile, "fit", [], "digits")
 
 
+def test_long_dataset_names_get_distinct_pvcs() -> None:
+    head = "d" * 48
+    names = {k8s.dataset_pvc_name(head + tail) for tail in ("_one", "_two", "")}
+    assert len(names) == 3
+    assert all(len(n) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n) for n in names)
+    assert k8s.dataset_pvc_name(head) == f"trainyard-data-{head}"  # fits: unchanged
+
+
 def test_pvcs(profile: k8s.ClusterProfile) -> None:
     pvc = k8s.dataset_pvc(profile, "hand_digits", "5Gi", "fast", "ReadWriteOnce")
     assert pvc == k.V1PersistentVolumeClaim(

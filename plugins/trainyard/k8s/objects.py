@@ -88,8 +88,17 @@ def k8s_name(text: str, max_len: int = 63) -> str:
 
 
 def dataset_pvc_name(dataset: str) -> str:
-    """The PVC holding a dataset's volume: ``trainyard-data-<dataset>``."""
-    return k8s_name(f"trainyard-data-{dataset}")
+    """The PVC holding a dataset's volume: ``trainyard-data-<dataset>``.
+
+    ``_`` becomes ``-`` (dataset names have no ``-``, so no two names meet). When that is
+    longer than 63 characters: its head, cut to fit, then ``-<hash8>`` of the dataset
+    name, so two long names with the same head never share a volume.
+    """
+    name = k8s_name(f"trainyard-data-{dataset}", 255)
+    if len(name) <= 63:
+        return name
+    digest = hashlib.blake2b(dataset.encode(), digest_size=4).hexdigest()
+    return f"{k8s_name(name, 63 - len(digest) - 1)}-{digest}"
 
 
 def _labels(component: str, **extra: str) -> dict[str, str]:
