@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
 import numpy as np  # noqa: E402
+import orjson  # noqa: E402
 import psutil  # noqa: E402
 
 from trainyard.serving.client import ServingClient  # noqa: E402
@@ -121,7 +122,7 @@ def http_load(
         while time.perf_counter() < t_end:
             t = time.perf_counter()
             status, data = c.request("POST", "/v1/models/bench:predict", body)
-            doc = json.loads(data)
+            doc = orjson.loads(data)
             lat[i].append(time.perf_counter() - t)
             if status != 200 or len(doc["predictions"]) != rows:
                 errors.append(f"HTTP {status}: {data[:200]!r}")

@@ -139,9 +139,10 @@ ENCODE = [
 
 @pytest.mark.parametrize("columnar", [True, False], ids=["columnar", "rows"])
 @pytest.mark.parametrize("outputs", [c[1] for c in ENCODE], ids=[c[0] for c in ENCODE])
-@pytest.mark.parametrize("min_values", [0, 10**9], ids=["arrow", "json"])
-def test_encode_round_trips_values(outputs, columnar, min_values, monkeypatch):
-    monkeypatch.setattr(schema, "ARROW_ENCODE_MIN_VALUES", min_values)
+@pytest.mark.parametrize("use_orjson", [True, False], ids=["orjson", "json"])
+def test_encode_round_trips_values(outputs, columnar, use_orjson, monkeypatch):
+    if not use_orjson:
+        monkeypatch.setattr(schema, "_orjson_can_encode", lambda arr: False)
     doc = json.loads(encode_predict_response(outputs, columnar))
     names = sorted(outputs)
     if columnar:
@@ -245,3 +246,122 @@ def test_fast_path_declines_doubtful_input_and_json_path_reports_it(
     with pytest.raises(InvalidRequest) as exc:
         decode_predict_request(body, spec, max_rows=10)
     assert message in str(exc.value)
+
+
+# Bodies the fast path must decode exactly as the json path does (values, dtype, sign of 0).
+COMPACT = (",", ":")
+F64 = {"x": ("float64", (None, 3))}
+F16 = {"x": ("float16", (None, 2))}
+EXACT = [
+    ("negative and exponents", IMAGE, json.dumps({"instances": (FAST_IMAGES - 0.5).tolist()})),
+    ("tiny, capital E", IMAGE, json.dumps({"instances": (FAST_IMAGES * 1e-30).tolist()})
+     .replace("e-", "E-")),
+    ("integer -0 is +0, float -0.0 stays", SCALAR, '{"inputs": [-0, -0.0, 0, 3, -2.5]}'),
+    ("scalar rows compact", SCALAR,
+     json.dumps({"instances": list(range(-3, 40))}, separators=COMPACT)),
+    ("float64 feature", F64, json.dumps({"inputs": {"x": [[0.1, 1e15, -7]] * 9}})),
+    ("float16 feature", F16, json.dumps({"instances": [[0.1, 65504]] * 9})),
+    ("one value", PAIR, '{"instances": [[1.5]]}'),
+    ("newline after a comma", SCALAR, '{"inputs": [1,\n2, 3]}'),
+    ("space before a comma", SCALAR, '{"inputs": [1 , 2]}'),
+    ("spaces inside brackets", PAIR, '{"inputs": [ [1] , [ 2 ] ]}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("spec", "body"), [c[1:] for c in EXACT], ids=[c[0] for c in EXACT])
+def test_fast_path_decodes_exactly_as_json_path(spec, body):
+    raw = body.encode()
+    fast = _fast_decode(raw, spec)
+    assert fast is not None, "fast path not taken"
+    ((name, (dtype, _)),) = spec.items()
+    slow = schema._decode_rows if b'"instances"' in raw else schema._decode_columns
+    doc = json.loads(raw)
+    want = slow(doc.get("instances", doc.get("inputs")), spec, 10**6)[name]
+    got = fast[0][name]
+    assert got.dtype == want.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+# Valid JSON the fast path leaves to the json path, which must then decide as before.
+JSON_PATH = [
+    ("integer beyond 2**53", SCALAR, '{"inputs": [9007199254740993, 1]}'),
+    ("overflow to infinity", SCALAR, '{"inputs": [1e400, 1]}'),
+    ("beyond 2**53 as a float", SCALAR, '{"inputs": [1e20, 1]}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "body"), [c[1:] for c in JSON_PATH], ids=[c[0] for c in JSON_PATH]
+)
+def test_fast_path_leaves_inexact_numbers_to_json_path(spec, body):
+    raw = body.encode()
+    assert _fast_decode(raw, spec) is None
+    got = decode_predict_request(raw, spec)[0]["x"]
+    want = np.asarray(json.loads(raw)["inputs"]).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+# What Arrow's number parser would take but JSON does not, and structures that have the
+# right number of values and brackets in the wrong places: the json path's 400 decides.
+NOT_JSON = [
+    ("leading dot", SCALAR, b'{"inputs": [.5, 1]}', "malformed JSON"),
+    ("trailing dot", SCALAR, b'{"inputs": [5., 1]}', "malformed JSON"),
+    ("plus sign", SCALAR, b'{"inputs": [+5, 1]}', "malformed JSON"),
+    ("leading zero", SCALAR, b'{"inputs": [05, 1]}', "malformed JSON"),
+    ("negative leading zero", SCALAR, b'{"inputs": [-05, 1]}', "malformed JSON"),
+    ("dot before exponent", SCALAR, b'{"inputs": [5.e1, 1]}', "malformed JSON"),
+    ("minus dot", SCALAR, b'{"inputs": [-.5, 1]}', "malformed JSON"),
+    ("lone minus", SCALAR, b'{"inputs": [-, 1]}', "malformed JSON"),
+    ("exponent without digits", SCALAR, b'{"inputs": [1e, 1]}', "malformed JSON"),
+    ("inf", SCALAR, b'{"inputs": [inf, 1]}', "malformed JSON"),
+    ("negative Infinity", SCALAR, b'{"inputs": [1, -Infinity]}', "non-finite number -Infinity"),
+    ("brackets swapped across a comma", PAIR, b'{"inputs": [[1],[2[,]3],[4]]}', "malformed JSON"),
+    ("digit where a bracket goes", PAIR, b'{"inputs": [[1],[2]7[3],[4]]}', "malformed JSON"),
+    ("space where a bracket goes", PAIR, b'{"inputs": [[1], [2], 3], [4]]}', "malformed JSON"),
+    ("rows one level too deep", PAIR, b'{"inputs": [[[1]], [[2]]]}',
+     "row 0 of inputs.x: expected shape (1,) per row, got (1, 1)"),
+    ("rows one level too shallow", {"x": ("float32", (None, 1, 1))}, b'{"inputs": [[1], [2]]}',
+     "row 0 of inputs.x: expected shape (1, 1) per row, got (1,)"),
+    ("values regrouped", {"x": ("float32", (None, 2))}, b'{"instances": [[1, 2, 3], [4]]}',
+     "instances[0].x: expected shape (2,) per row, got (3,)"),
+    ("string among numbers", SCALAR, b'{"inputs": [1, "2", 3]}', "got strings"),
+    ("null among numbers", PAIR, b'{"inputs": [[1], [null], [3]]}', "null values are not allowed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "body", "message"), [c[1:] for c in NOT_JSON], ids=[c[0] for c in NOT_JSON]
+)
+def test_fast_path_rejects_what_json_rejects(spec, body, message, monkeypatch):
+    monkeypatch.setattr(schema, "FAST_DECODE_MIN_BYTES", 0)
+    assert _fast_decode(body, spec) is None
+    with pytest.raises(InvalidRequest) as exc:
+        decode_predict_request(body, spec)
+    assert message in str(exc.value)
+
+
+def test_large_batch_is_decoded_by_fast_path_and_row_limit_still_applies(monkeypatch):
+    body = json.dumps({"instances": np.zeros((300, 8, 8, 1)).tolist()}).encode()
+    calls = []
+    monkeypatch.setattr(schema.json, "loads", lambda *a, **k: calls.append(a) or json.loads(*a))
+    inputs, rows, columnar = decode_predict_request(body, IMAGE)
+    assert (rows, columnar, inputs["image"].shape, calls) == (300, False, (300, 8, 8, 1), [])
+    with pytest.raises(InvalidRequest, match="300 rows, at most 256 are allowed"):
+        decode_predict_request(body, IMAGE, max_rows=256)
+
+
+def test_encode_prints_float32_shortest_and_escapes_names():
+    outputs = {
+        "p": np.array([[0.1, 1e-5], [3.4e38, -0.0]], np.float32)[:, ::-1],  # not contiguous
+        'we"ird': np.array([True, False]),
+        "k": np.array([[[1], [2]], [[3], [4]]], np.int8),
+    }
+    assert encode_predict_response(outputs, columnar=False) == (
+        b'{"predictions":[{"k":[[1],[2]],"p":[0.00001,0.1],"we\\"ird":true},'
+        b'{"k":[[3],[4]],"p":[-0.0,3.4e+38],"we\\"ird":false}]}'
+    )
+    assert json.loads(encode_predict_response(outputs, columnar=True))["outputs"]["p"] == [
+        [1e-05, 0.1],
+        [-0.0, 3.4e38],
+    ]

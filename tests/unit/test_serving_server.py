@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
 import socket
@@ -158,6 +159,59 @@ def test_oversized_body_is_413_and_server_stays_up(tmp_path, built):
             assert client.predict("digits", instances=IMAGES[:1].tolist())[0]["class_id"] in range(
                 10
             )
+    finally:
+        srv.stop()
+
+
+def test_large_batch_takes_the_fast_paths_and_answers_like_the_json_paths(served):
+    _, _, client = served
+    images = np.random.default_rng(3).random((300, 8, 8, 1), dtype=np.float32)
+    for body in (
+        json.dumps({"instances": images.tolist()}),
+        json.dumps({"inputs": {"image": images.tolist()}}, separators=(",", ":")),
+    ):
+        status, data = client.request("POST", "/v1/models/digits:predict", body.encode())
+        assert status == 200
+        doc = json.loads(data)
+        cols = doc.get("outputs") or {
+            k: [row[k] for row in doc["predictions"]] for k in ("class_id", "probabilities")
+        }
+        assert cols["class_id"] == expected_classes(images, seed=0).tolist()
+        probs = np.asarray(cols["probabilities"], np.float32)
+        assert probs.shape == (300, 10)
+        np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def _post_chunked(port: int, chunks: list[bytes]) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(
+            "POST",
+            "/v1/models/digits:predict",
+            body=iter(chunks),
+            headers={"Content-Type": "application/json"},
+            encode_chunked=True,
+        )
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_chunked_body_is_read_whole_and_held_to_the_size_limit(tmp_path, built):
+    base = tmp_path / "serving"
+    publish_version(built["seed0"], base, "digits", 1, IMAGE_SPEC)
+    srv = ThreadedServer(base, poll_interval=3600, max_body_bytes=50_000)
+    try:
+        srv.sync()
+        small = json.dumps({"instances": IMAGES.tolist()}).encode()
+        status, doc = _post_chunked(srv.port, [small[:100], small[100:]])
+        assert status == 200
+        assert [p["class_id"] for p in doc["predictions"]] == expected_classes(IMAGES, 0).tolist()
+        big = json.dumps({"instances": np.zeros((200, 8, 8, 1)).tolist()}).encode()
+        status, doc = _post_chunked(srv.port, [big[i : i + 8192] for i in range(0, len(big), 8192)])
+        assert status == 413
+        assert "exceeds the limit of 50000 bytes" in doc["error"]
     finally:
         srv.stop()
 

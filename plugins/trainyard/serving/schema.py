@@ -10,13 +10,15 @@ TensorFlow import.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import orjson
 
 from trainyard.errors import TrainyardError
 
@@ -202,68 +204,222 @@ def _diagnose_rows(
             )
 
 
-# Below these sizes the per-call overhead of Arrow exceeds what it saves over json.
+# Below this size the per-call overhead of Arrow exceeds what it saves over json.
 FAST_DECODE_MIN_BYTES = 8192
-ARROW_ENCODE_MIN_VALUES = 512
 
-_NUMBER_CHARS = b"0123456789eE+-."
 _FAST_HEAD = re.compile(rb'\s*\{\s*"(instances|inputs)"\s*:\s*(?:\{\s*"([^"\\]+)"\s*:\s*)?$')
 _FAST_TAIL = re.compile(rb"\s*(\})?\s*\}\s*$")
-_COMMA = ord(",")
-_AROUND_NUMBER = " \t\r\n[],"
+_COMMA, _SPACE, _OPEN, _CLOSE, _MINUS, _ZERO = b", []-0"
+_WHITESPACE = b" \t\r\n"
+_FEW_EXPONENTS = 64
+# Integer literals beyond this may round differently through float64 than through int64.
+_EXACT_INTEGERS = 2.0**53
 
 
-def _parse_numbers(array: bytes) -> np.ndarray | None:
-    """Parse the numbers of a JSON array of numbers (any nesting) in Arrow's C++ kernels.
+def _is_digit(chars: np.ndarray) -> np.ndarray:
+    return (chars >= ord("0")) & (chars <= ord("9"))
 
-    The caller has checked that ``array`` holds only brackets, commas, whitespace and
-    number characters in the expected bracket structure. Each comma ends one number, so
-    the comma positions are the offsets of a zero-copy Arrow string array whose values are
-    one number each with brackets and whitespace around it; those are trimmed and the
-    strings cast to float64 (``fast_float``). A value with anything else inside (two
-    numbers, an empty slot, a number outside the innermost lists) fails the cast and
-    returns None.
+
+class _RowBrackets(NamedTuple):
+    """Where the brackets of one row of a regular nested list are, relative to its values.
+
+    Attributes:
+        opens: How many ``[`` come right before each value of the row (row order).
+        closes: How many ``]`` come right after each value.
+        open_at: The value each ``[`` precedes, and how far before its first character.
+        close_at: The value each ``]`` follows, and how far after its end (0: right after).
+    """
+
+    opens: np.ndarray
+    closes: np.ndarray
+    open_at: tuple[np.ndarray, np.ndarray]
+    close_at: tuple[np.ndarray, np.ndarray]
+
+
+@functools.lru_cache(maxsize=64)
+def _row_brackets(row_shape: tuple[int, ...]) -> _RowBrackets:
+    per_row = math.prod(row_shape)
+    opens = np.zeros(per_row, np.int64)
+    closes = np.zeros(per_row, np.int64)
+    stride = per_row
+    for size in row_shape:
+        opens[::stride] += 1
+        closes[stride - 1 :: stride] += 1
+        stride //= size
+    values = np.arange(per_row)
+    open_at = np.repeat(values, opens), np.concatenate([np.arange(n, 0, -1) for n in opens])
+    close_at = np.repeat(values, closes), np.concatenate([np.arange(n) for n in closes])
+    return _RowBrackets(opens, closes, open_at, close_at)
+
+
+def _spelled_as_json(
+    body: bytes, start: int, end: int, a: np.ndarray, first: np.ndarray, stop: np.ndarray
+) -> bool:
+    """Whether every number ``a[first:stop]`` is spelled as JSON requires.
+
+    ``a`` is ``body[start:end]`` as a uint8 array. Arrow's parser also takes ``.5``,
+    ``5.``, ``+5``, ``05``, ``5.e1``, ``inf`` and ``nan``, which JSON (and so the ``json``
+    path) rejects.
+    """
+    lead = a[first]
+    digit_at = first + (lead == _MINUS)
+    digit = a[digit_at]
+    if not _is_digit(digit).all() or ((digit == _ZERO) & _is_digit(a[digit_at + 1])).any():
+        return False
+    if not _is_digit(a[stop - 1]).all():
+        return False
+    # "e" must follow a digit ("5.e1" is not JSON). Exponents are rare: find them with
+    # memchr while they are few.
+    exponents: list[int] = []
+    for letter in (b"e", b"E"):
+        at = body.find(letter, start, end)
+        while at >= 0 and len(exponents) < _FEW_EXPONENTS:
+            exponents.append(at - start)
+            at = body.find(letter, at + 1, end)
+        if at >= 0:
+            return bool(_is_digit(a[np.flatnonzero((a | 0x20) == ord("e")) - 1]).all())
+    return bool(_is_digit(a[np.array(exponents, np.int64) - 1]).all())
+
+
+def _parse_float64(body: bytes, first: np.ndarray, stop: np.ndarray) -> np.ndarray | None:
+    """Parse each ``body[first:stop]`` as a number with Arrow (``fast_float``, in C++).
+
+    The numbers and the bytes between them become the values of a zero-copy Arrow string
+    array whose in-between values are marked null, so only the numbers are parsed.
+    Returns None if one is not a number.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if len(array) >= 2**31:
-        return None
-    ends = np.flatnonzero(np.frombuffer(array, np.uint8) == _COMMA)
-    offsets = np.empty(ends.size + 2, np.int32)
+    n = first.size
+    offsets = np.empty(2 * n + 2, np.int32)
     offsets[0] = 0
-    offsets[1:-1] = ends + 1
-    offsets[-1] = len(array)
-    texts = pa.StringArray.from_buffers(ends.size + 1, pa.py_buffer(offsets), pa.py_buffer(array))
+    offsets[1:-1:2] = first
+    offsets[2:-1:2] = stop
+    offsets[-1] = len(body)
+    odd_valid = np.full((2 * n + 8) // 8, 0b10101010, np.uint8)
+    strings = pa.StringArray.from_buffers(
+        2 * n + 1, pa.py_buffer(offsets), pa.py_buffer(body), pa.py_buffer(odd_valid)
+    )
     try:
-        numbers = pc.cast(pc.ascii_trim(texts, _AROUND_NUMBER), pa.float64())
+        parsed = pc.cast(strings, pa.float64())
     except (pa.ArrowInvalid, ValueError):
         return None
-    return numbers.to_numpy(zero_copy_only=False)
+    return np.frombuffer(parsed.buffers()[1], np.float64, count=2 * n + 1)[1::2].copy()
 
 
-def _skeleton(row_shape: tuple[int, ...]) -> bytes:
-    if not row_shape:
-        return b""
-    inner = _skeleton(row_shape[1:])
-    return b"[" + b",".join([inner] * row_shape[0]) + b"]"
+def _parse_number_rows(
+    body: bytes, start: int, end: int, row_shape: tuple[int, ...]
+) -> np.ndarray | None:
+    """Parse ``body[start:end]``, a JSON array of rows of ``row_shape`` numbers, as float64.
+
+    Every comma ends a value, and a row's values sit in the same brackets in every row, so
+    from the comma positions alone follow where each value and each bracket must be; a
+    gather checks the brackets and Arrow parses the values in between (which fails on
+    anything but a number there). Compact text and ``json.dumps``' default (a space after
+    each comma) are read as they are; other whitespace is removed first.
+
+    Returns:
+        The values, shape ``(rows, *row_shape)``; None if the text is anything else (not
+        JSON, ragged, other shape, non-finite or inexact numbers): the ``json`` path decides.
+    """
+    if end - start < 3 or end >= 2**31:
+        return None
+    a = np.frombuffer(body, np.uint8, count=end - start, offset=start)
+    commas = np.flatnonzero(a == _COMMA)
+    after = a[commas[0] + 1] if commas.size else a[1]
+    gap = int(after == _SPACE)
+    if after > _SPACE or (gap and (a[commas + 1] == _SPACE).all()):
+        values = _parse_laid_out(body, start, end, a, commas, gap, row_shape)
+        if values is not None:
+            return values
+    if np.count_nonzero(a <= _SPACE) == gap * commas.size:
+        return None  # no whitespace but after the commas: not a matter of layout
+    return _parse_spaced_number_rows(body[start:end], a, row_shape)
+
+
+def _parse_laid_out(
+    body: bytes,
+    start: int,
+    end: int,
+    a: np.ndarray,
+    commas: np.ndarray,
+    gap: int,
+    row_shape: tuple[int, ...],
+) -> np.ndarray | None:
+    """:func:`_parse_number_rows` for text whose only whitespace is ``gap`` after commas."""
+    brackets = _row_brackets(row_shape)
+    per_row = brackets.opens.size
+    rows, rem = divmod(commas.size + 1, per_row)
+    if rem or not rows:
+        return None
+    # A value starts after the previous comma (or the array's "["), ends at the next comma
+    # (or the array's "]"), and has its row position's brackets around it.
+    first = np.empty(rows * per_row, np.int64)
+    first[0] = 1
+    np.add(commas, 1 + gap, out=first[1:])
+    stop = np.empty(rows * per_row, np.int64)
+    stop[:-1] = commas
+    stop[-1] = a.size - 1
+    first = first.reshape(rows, per_row) + brackets.opens
+    stop = stop.reshape(rows, per_row) - brackets.closes
+    if not (stop > first).all():
+        return None
+    values_of, back = brackets.open_at
+    if not (a[first[:, values_of] - back] == _OPEN).all():
+        return None
+    values_of, ahead = brackets.close_at
+    if not (a[stop[:, values_of] + ahead] == _CLOSE).all():
+        return None
+    first, stop = first.reshape(-1), stop.reshape(-1)
+    if not _spelled_as_json(body, start, end, a, first, stop):
+        return None
+    values = _parse_float64(body, first + start, stop + start)
+    if values is None or not -_EXACT_INTEGERS < values.min() <= values.max() < _EXACT_INTEGERS:
+        return None
+    zero = values == 0
+    if zero.any():
+        # json reads the integer "-0" as 0, so it must become +0.0, not -0.0.
+        values[zero & (stop - first == 2) & (a[first] == _MINUS)] = 0.0
+    return values.reshape(rows, *row_shape)
+
+
+def _parse_spaced_number_rows(
+    text: bytes, a: np.ndarray, row_shape: tuple[int, ...]
+) -> np.ndarray | None:
+    """:func:`_parse_number_rows` for text with whitespace elsewhere (indented, say).
+
+    Whitespace is removed first; that must not join two numbers ("1 2" → "12"), so the
+    runs of number characters in ``text`` (``a``) are counted and must match the values.
+    """
+    compact = text.translate(None, _WHITESPACE)
+    values = _parse_number_rows(compact, 0, len(compact), row_shape)
+    if values is None:
+        return None
+    # The compact text held only numbers, brackets and commas; the rest was whitespace.
+    # Between the "[" that opens the text and the "]" that closes it, each run of number
+    # characters starts and ends one change from the others to numbers and back.
+    other = a <= _SPACE
+    for char in (_COMMA, _OPEN, _CLOSE):
+        np.logical_or(other, a == char, out=other)
+    runs = np.count_nonzero(other[1:] != other[:-1]) // 2
+    return values if runs == values.size else None
 
 
 def _fast_decode(body: bytes, spec: FeatureSpec) -> tuple[dict[str, np.ndarray], int, bool] | None:
     """Decode a single-feature float request without building Python lists.
 
     Applies to ``{"instances": ARRAY}``, ``{"inputs": ARRAY}`` and ``{"inputs": {"f":
-    ARRAY}}`` where ARRAY is a regular nested list of plain numbers; numbers are parsed by
-    numpy in C. The bracket structure is checked against the feature's fixed row shape by
-    comparing the text with the numbers removed to the structure that shape must have.
-    Anything else (or anything doubtful) returns None and takes the ``json`` path, which
-    also produces the precise error messages.
+    ARRAY}}`` where ARRAY is a regular nested list of plain numbers in the feature's fixed
+    row shape (see :func:`_parse_number_rows`). Anything else (or anything doubtful)
+    returns None and takes the ``json`` path, which also produces the precise error
+    messages; whatever this accepts, the ``json`` path decodes to the same array.
     """
     if len(spec) != 1:
         return None
     ((name, (dtype, shape)),) = spec.items()
     row_shape = shape[1:]
-    if dtype not in ("float16", "float32", "float64") or any(d is None for d in row_shape):
+    if dtype not in ("float16", "float32", "float64") or any(not d for d in row_shape):
         return None
     start, end = body.find(b"["), body.rfind(b"]")
     if start < 0 or end < start:
@@ -275,21 +431,10 @@ def _fast_decode(body: bytes, spec: FeatureSpec) -> tuple[dict[str, np.ndarray],
     columnar = head[1] == b"inputs"
     if head[2] is not None and (not columnar or head[2].decode() != name):
         return None
-    array = body[start : end + 1]
-    # With the number characters and whitespace removed, only the brackets and commas of
-    # the expected structure may remain (this also rules out letters, quotes and nulls).
-    skeleton = array.translate(None, _NUMBER_CHARS + b" \t\r\n")
-    row_skel = _skeleton(row_shape)  # type: ignore[arg-type]
-    rows, rem = divmod(len(skeleton) - 1, len(row_skel) + 1)
-    if rem or rows < 1 or skeleton != b"[" + b",".join([row_skel] * rows) + b"]":
+    values = _parse_number_rows(body, start, end + 1, row_shape)  # type: ignore[arg-type]
+    if values is None:
         return None
-    flat = _parse_numbers(array)
-    if flat is None:
-        return None
-    per_row = int(np.prod(row_shape, dtype=np.int64))
-    if flat.size != rows * per_row or not np.all(np.isfinite(flat)):
-        return None
-    return {name: flat.astype(dtype).reshape((rows, *row_shape))}, rows, columnar
+    return {name: values.astype(dtype)}, values.shape[0], columnar
 
 
 def decode_predict_request(
@@ -437,31 +582,20 @@ def _jsonable(arr: np.ndarray) -> Any:
     return arr.tolist()
 
 
-def _row_texts(arr: np.ndarray) -> Any:
-    """JSON text of each row of ``arr`` as an Arrow string array, built in C++.
-
-    Floats print as their shortest round-trip decimal at their own precision (float32
-    ``0.04786462``, not ``0.04786462336778641``). Returns None for what Arrow cannot print
-    as JSON (non-finite floats, strings, objects, 0-d arrays); the caller falls back.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if arr.ndim == 0 or arr.dtype.kind not in "fiub":
-        return None
-    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-        return None
-    texts = pc.cast(pa.array(np.ascontiguousarray(arr).reshape(-1)), pa.string())
-    for size in reversed(arr.shape[1:]):
-        count = len(texts) // size if size else arr.shape[0]
-        offsets = pa.array(np.arange(count + 1, dtype=np.int32) * size)
-        joined = pc.binary_join(pa.ListArray.from_arrays(offsets, texts), ",")
-        texts = pc.binary_join_element_wise("[", joined, "]", "")
-    return texts
+def _orjson_can_encode(arr: np.ndarray) -> bool:
+    """Whether orjson prints ``arr`` as TF Serving would (finite numbers and booleans)."""
+    kind = arr.dtype.kind
+    if arr.ndim == 0 or kind not in "fiub":
+        return False
+    return kind != "f" or bool(np.isfinite(arr).all())
 
 
 def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -> bytes:
     """Encode model outputs in TF Serving's response shape.
+
+    Numeric outputs are printed by orjson straight from numpy, floats as their shortest
+    round-trip decimal at their own precision (float32 ``0.04786462``, not
+    ``0.04786462336778641``); non-finite floats and strings take the ``json`` path.
 
     Args:
         outputs: Output name → array (batch first).
@@ -471,38 +605,44 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -
         The JSON body. With one output the value is bare; with several, the columnar form
         is an object and the row form is one object per row, as TF Serving does.
     """
-    import pyarrow.compute as pc
-
     names = sorted(outputs)
     arrays = {n: np.asarray(outputs[n]) for n in names}
-    if sum(a.size for a in arrays.values()) < ARROW_ENCODE_MIN_VALUES:
+    if not all(_orjson_can_encode(a) for a in arrays.values()):
         return _encode_with_json(arrays, names, columnar)
-    rows = {n: _row_texts(a) for n, a in arrays.items()}
-    if any(r is None for r in rows.values()):
-        return _encode_with_json(arrays, names, columnar)
-
-    def listed(texts: Any) -> str:
-        return "[" + pc.binary_join(_pa_list(texts), ",")[0].as_py() + "]"
-
+    arrays = {n: np.ascontiguousarray(a) for n, a in arrays.items()}
     if columnar:
-        if len(names) == 1:
-            return ('{"outputs":' + listed(rows[names[0]]) + "}").encode()
-        body = ",".join(f"{json.dumps(n)}:{listed(rows[n])}" for n in names)
-        return ('{"outputs":{' + body + "}}").encode()
-    if len(names) == 1:
-        return ('{"predictions":' + listed(rows[names[0]]) + "}").encode()
-    parts: list[Any] = []
-    for i, n in enumerate(names):
-        parts += [("{" if i == 0 else ",") + json.dumps(n) + ":", rows[n]]
-    per_row = pc.binary_join_element_wise(*parts, "}", "")
-    return ('{"predictions":' + listed(per_row) + "}").encode()
+        payload: Any = {"outputs": arrays[names[0]] if len(names) == 1 else arrays}
+    elif len(names) == 1:
+        payload = {"predictions": arrays[names[0]]}
+    elif all(a.size for a in arrays.values()):
+        return _encode_row_objects(arrays, names)
+    else:
+        cols = [list(a) for a in arrays.values()]
+        payload = {
+            "predictions": [dict(zip(names, row, strict=True)) for row in zip(*cols, strict=True)]
+        }
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _pa_list(texts: Any) -> Any:
-    """One Arrow list holding all of ``texts`` (to join them in C++)."""
-    import pyarrow as pa
+def _encode_row_objects(arrays: Mapping[str, np.ndarray], names: list[str]) -> bytes:
+    """``{"predictions": [{name: row value, ...}, ...]}`` from each output's orjson text.
 
-    return pa.ListArray.from_arrays(pa.array([0, len(texts)], pa.int32()), texts)
+    orjson prints each (non-empty) output whole; its rows are split apart at the one
+    separator that only occurs between rows (``],[`` one level below the top, ``]],[[``
+    two, ...), then interleaved with the names and joined once.
+    """
+    rows = next(iter(arrays.values())).shape[0]
+    depths = [arrays[n].ndim - 1 for n in names]
+    parts: list[bytes] = [b""] * (2 * len(names) * rows)
+    for i, (name, depth) in enumerate(zip(names, depths, strict=True)):
+        text = orjson.dumps(arrays[name], option=orjson.OPT_SERIALIZE_NUMPY)
+        values = text[1 + depth : -1 - depth].split(b"]" * depth + b"," + b"[" * depth)
+        # Before each value: the end of the previous one (or of the previous row's object).
+        before = b"]" * depths[i - 1] + b"," if i else b"]" * depths[-1] + b"},{"
+        parts[2 * i :: 2 * len(names)] = [before + orjson.dumps(name) + b":" + b"[" * depth] * rows
+        parts[2 * i + 1 :: 2 * len(names)] = values
+    parts[0] = b'{"predictions":[{' + orjson.dumps(names[0]) + b":" + b"[" * depths[0]
+    return b"".join(parts) + b"]" * depths[-1] + b"}]}"
 
 
 def _encode_with_json(arrays: Mapping[str, np.ndarray], names: list[str], columnar: bool) -> bytes:
