@@ -144,23 +144,27 @@ def test_bad_requests_get_tf_serving_errors_and_server_stays_up(
     assert client.status("digits")[0]["state"] == "AVAILABLE"
 
 
-def test_oversized_body_is_413_and_server_stays_up(tmp_path, built):
+@pytest.fixture
+def limited(tmp_path, built):
+    """A server of digits v1 that refuses request bodies over 50 000 bytes."""
     base = tmp_path / "serving"
     publish_version(built["seed0"], base, "digits", 1, IMAGE_SPEC)
     srv = ThreadedServer(base, poll_interval=3600, max_body_bytes=50_000)
     try:
         srv.sync()
-        with ServingClient("127.0.0.1", srv.port) as client:
-            big = json.dumps({"instances": np.zeros((200, 8, 8, 1)).tolist()}).encode()
-            assert len(big) > 50_000
-            status, data = client.request("POST", "/v1/models/digits:predict", big)
-            assert status == 413
-            assert "exceeds the limit of 50000 bytes" in json.loads(data)["error"]
-            assert client.predict("digits", instances=IMAGES[:1].tolist())[0]["class_id"] in range(
-                10
-            )
+        yield srv
     finally:
         srv.stop()
+
+
+def test_oversized_body_is_413_and_server_stays_up(limited):
+    with ServingClient("127.0.0.1", limited.port) as client:
+        big = json.dumps({"instances": np.zeros((200, 8, 8, 1)).tolist()}).encode()
+        assert len(big) > 50_000
+        status, data = client.request("POST", "/v1/models/digits:predict", big)
+        assert status == 413
+        assert "exceeds the limit of 50000 bytes" in json.loads(data)["error"]
+        assert client.predict("digits", instances=IMAGES[:1].tolist())[0]["class_id"] in range(10)
 
 
 def test_large_batch_takes_the_fast_paths_and_answers_like_the_json_paths(served):
@@ -198,22 +202,15 @@ def _post_chunked(port: int, chunks: list[bytes]) -> tuple[int, dict]:
         conn.close()
 
 
-def test_chunked_body_is_read_whole_and_held_to_the_size_limit(tmp_path, built):
-    base = tmp_path / "serving"
-    publish_version(built["seed0"], base, "digits", 1, IMAGE_SPEC)
-    srv = ThreadedServer(base, poll_interval=3600, max_body_bytes=50_000)
-    try:
-        srv.sync()
-        small = json.dumps({"instances": IMAGES.tolist()}).encode()
-        status, doc = _post_chunked(srv.port, [small[:100], small[100:]])
-        assert status == 200
-        assert [p["class_id"] for p in doc["predictions"]] == expected_classes(IMAGES, 0).tolist()
-        big = json.dumps({"instances": np.zeros((200, 8, 8, 1)).tolist()}).encode()
-        status, doc = _post_chunked(srv.port, [big[i : i + 8192] for i in range(0, len(big), 8192)])
-        assert status == 413
-        assert "exceeds the limit of 50000 bytes" in doc["error"]
-    finally:
-        srv.stop()
+def test_chunked_body_is_read_whole_and_held_to_the_size_limit(limited):
+    small = json.dumps({"instances": IMAGES.tolist()}).encode()
+    status, doc = _post_chunked(limited.port, [small[:100], small[100:]])
+    assert status == 200
+    assert [p["class_id"] for p in doc["predictions"]] == expected_classes(IMAGES, 0).tolist()
+    big = json.dumps({"instances": np.zeros((200, 8, 8, 1)).tolist()}).encode()
+    status, doc = _post_chunked(limited.port, [big[i : i + 8192] for i in range(0, len(big), 8192)])
+    assert status == 413
+    assert "exceeds the limit of 50000 bytes" in doc["error"]
 
 
 def test_server_sockets_have_tcp_nodelay_and_no_nagle_delay(served):
