@@ -18,7 +18,7 @@ from PIL import Image
 from trainyard import volumes
 from trainyard.config import PipelineConfig, load_pipeline
 from trainyard.errors import StagingError
-from trainyard.staging import files, forks, sources, stage
+from trainyard.staging import files, sources, stage
 from trainyard.staging.bootstrap import sklearn_digits
 from trainyard.staging.files import tar_header
 from trainyard.staging.sources import open_source
@@ -428,7 +428,7 @@ def test_parallel_listing_equals_serial(tmp_path: Path, monkeypatch: pytest.Monk
     varied_tree(raw)
     serial = open_source(str(raw), "image_folder", "png")
     monkeypatch.setattr(sources, "_PARALLEL_STAT_MIN", 1)
-    monkeypatch.setattr(forks, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(sources, "usable_cpus", lambda: 3)
     parallel = open_source(str(raw), "image_folder", "png")
     assert parallel.files == serial.files
     assert [f.size for f in serial.files] == [Path(f.path).stat().st_size for f in serial.files]

@@ -94,10 +94,18 @@ def dataset_pvc_name(dataset: str) -> str:
     longer than 63 characters: its head, cut to fit, then ``-<hash8>`` of the dataset
     name, so two long names with the same head never share a volume.
     """
-    name = k8s_name(f"trainyard-data-{dataset}", 255)
-    if len(name) <= 63:
+    return _fitted_label(k8s_name(f"trainyard-data-{dataset}", 255), dataset)
+
+
+def _fitted_label(name: str, identity: str) -> str:
+    """``name`` if it is a DNS-1123 label, else its head cut to fit + ``-<hash8>``.
+
+    The hash is of ``identity`` (what the name stands for), so distinct identities keep
+    distinct names.
+    """
+    if len(name) <= 63 and DNS_LABEL.match(name):
         return name
-    digest = hashlib.blake2b(dataset.encode(), digest_size=4).hexdigest()
+    digest = hashlib.blake2b(identity.encode(), digest_size=4).hexdigest()
     return f"{k8s_name(name, 63 - len(digest) - 1)}-{digest}"
 
 
@@ -321,11 +329,7 @@ def volume_snapshot_name(dataset: str, snapshot_id: str) -> str:
         than 63 characters or not a label as written: its head, cut to fit, then
         ``-<hash8>`` of dataset and id, so distinct pairs keep distinct names.
     """
-    name = f"{dataset_pvc_name(dataset)}-{snapshot_id}"
-    if len(name) <= 63 and DNS_LABEL.match(name):
-        return name
-    digest = hashlib.blake2b(f"{dataset}/{snapshot_id}".encode(), digest_size=4).hexdigest()
-    return f"{k8s_name(name, 63 - len(digest) - 1)}-{digest}"
+    return _fitted_label(f"{dataset_pvc_name(dataset)}-{snapshot_id}", f"{dataset}/{snapshot_id}")
 
 
 def volume_snapshot(

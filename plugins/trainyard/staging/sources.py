@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from trainyard.errors import StagingError
 from trainyard.settings import get_settings
+from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
 
 TABLE_EXTENSIONS: dict[str, tuple[str, ...]] = {
     "csv": (".csv",),
@@ -293,8 +294,6 @@ def _stat_all(
     folders: list[str], folder_of: list[int], names: list[str], paths: list[str]
 ) -> tuple[list[int], list[int]]:
     """Size and modification time (ns) of every file, relative to its open folder."""
-    from trainyard.staging.forks import run_forked, shared_array, usable_cpus
-
     n = len(names)
     workers = usable_cpus() if n >= _PARALLEL_STAT_MIN else 1
     sizes = shared_array(n, "int64")
@@ -387,8 +386,6 @@ def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
             raise StagingError(f"{url}: an image_folder source must be a folder")
     else:
         extensions = TABLE_EXTENSIONS[fmt]
-    from trainyard.staging.forks import gc_paused
-
     with gc_paused():
         files, folders = _list_files(fs, root, fmt, extensions)
     if not files:
