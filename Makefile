@@ -7,14 +7,18 @@ STAMP := $(VENV)/.installed
 ENV := . scripts/env.sh &&
 PIPELINE ?= digits
 
-.PHONY: run setup airflow-init test lint bench standalone stop clean
+.PHONY: run setup native airflow-init test lint bench standalone stop clean
 
-run: airflow-init
+run: airflow-init native
 	$(ENV) airflow dags test trainyard_$(PIPELINE) > .trainyard/last_dags_test.log 2>&1 \
 	  || { tail -n 80 .trainyard/last_dags_test.log; echo "airflow dags test failed (full log: .trainyard/last_dags_test.log)"; exit 1; }
 	@$(ENV) python -m trainyard summary --pipeline $(PIPELINE)
 
-setup: $(STAMP)
+setup: $(STAMP) native
+
+# the C staging module (plugins/trainyard/staging/_native.c); rebuilt when its source changes
+native: $(STAMP)
+	@$(VENV)/bin/python scripts/build_native.py
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is required"; exit 1; }
@@ -28,13 +32,13 @@ airflow-init: $(STAMP)
 	$(ENV) airflow db migrate > .trainyard/airflow_init.log 2>&1 || { tail -n 40 .trainyard/airflow_init.log; exit 1; }
 	$(ENV) airflow pools set trainyard_training 1 "one distributed training at a time on this machine" >> .trainyard/airflow_init.log 2>&1
 
-standalone: airflow-init
+standalone: airflow-init native
 	$(ENV) airflow standalone
 
 stop:
 	$(ENV) python -c "from trainyard.serving.deploy import stop_local_server; from trainyard.settings import get_settings; stop_local_server(get_settings().serving_root)"
 
-test: $(STAMP)
+test: $(STAMP) native
 	bash scripts/system_deps.sh
 	$(ENV) ruff check . && ruff format --check .
 	$(ENV) python -m trainyard contracts check
@@ -43,7 +47,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(ENV) ruff check . && ruff format --check .
 
-bench: $(STAMP)
+bench: $(STAMP) native
 	$(ENV) for b in benchmarks/*.py; do python $$b || exit 1; done
 
 clean:

@@ -6,9 +6,11 @@ import io
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -263,13 +265,25 @@ def test_bulk_headers_equal_tar_header(keys: list[str], suffix: bytes, sizes: li
         assert row.tobytes() == tar_header(key + suffix.decode(), size)
 
 
-def varied_tree(raw: Path) -> list[Path]:
-    """80 PNGs of varied sizes in 3 class folders, one with a name that needs PAX headers."""
+@pytest.fixture(params=["native", "python"])
+def stager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the C packer (plain names) and with the pure-Python path."""
+    if request.param == "python":
+        monkeypatch.setattr(sources, "_native", None)
+    return request.param
+
+
+def varied_tree(raw: Path, pax: bool = True) -> list[Path]:
+    """80 PNGs of varied sizes in 3 class folders; with ``pax``, one name needs PAX headers.
+
+    Plain names (``pax=False``) are what the C scanner takes; a PAX name sends the whole
+    source down the Python path.
+    """
     rng = np.random.default_rng(1)
     paths = []
     for i in range(80):
         side = int(rng.integers(60, 200))
-        stem = f"im_{i:03d}" if i != 5 else "long_" + "n" * 110
+        stem = f"im_{i:03d}" if i != 5 or not pax else "long_" + "n" * 110
         path = raw / str(i % 3) / f"{stem}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(rng.integers(0, 255, (side, side), dtype=np.uint8), "L").save(path)
@@ -294,10 +308,17 @@ def expected_shards(src, shard_target: int) -> list[bytes]:
     return shards
 
 
-def test_shards_identical_for_any_worker_count(tmp_path: Path):
-    raw = tmp_path / "raw"
-    varied_tree(raw)
+def open_varied(raw: Path, stager: str) -> tuple[Any, list[Path]]:
+    """The varied tree as a source, listed by the stager under test."""
+    paths = varied_tree(raw, pax=stager == "python")
     src = open_source(str(raw), "image_folder", "png")
+    assert (src.native is not None) == (stager == "native")
+    return src, paths
+
+
+def test_shards_identical_for_any_worker_count(tmp_path: Path, stager: str):
+    raw = tmp_path / "raw"
+    src, _paths = open_varied(raw, stager)
     expected = expected_shards(src, 1 << 20)
     assert len(expected) >= 2
     results = {}
@@ -315,11 +336,11 @@ def test_shards_identical_for_any_worker_count(tmp_path: Path):
     assert results[1][0] == results[2][0] == results[3][0]
     assert results[1][1].equals(results[2][1]) and results[1][1].equals(results[3][1])
     index = results[2][1].to_pylist()
-    long = next(r for r in index if r["key"].startswith("2/long_"))
-    with tarfile.open(tmp_path / "out2" / long["shard"]) as tar:
-        member = tar.getmember(long["key"] + ".png")
-        assert Image.open(tar.extractfile(member)).size == (long["width"], long["height"])
-        assert tar.extractfile(long["key"] + ".cls").read() == b"2"
+    five = next(r for r in index if r["key"].startswith(("2/long_", "2/im_005")))
+    with tarfile.open(tmp_path / "out2" / five["shard"]) as tar:
+        member = tar.getmember(five["key"] + ".png")
+        assert Image.open(tar.extractfile(member)).size == (five["width"], five["height"])
+        assert tar.extractfile(five["key"] + ".cls").read() == b"2"
 
 
 CHANGES = [
@@ -332,10 +353,11 @@ CHANGES = [
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-processes"])
 @pytest.mark.parametrize(("case", "change", "fragment"), CHANGES, ids=[c[0] for c in CHANGES])
-def test_file_changed_after_listing(tmp_path: Path, workers: int, case: str, change, fragment: str):
+def test_file_changed_after_listing(
+    tmp_path: Path, stager: str, workers: int, case: str, change, fragment: str
+):
     raw = tmp_path / "raw"
-    paths = varied_tree(raw)
-    src = open_source(str(raw), "image_folder", "png")
+    src, paths = open_varied(raw, stager)
     # two changed files: the one earlier in key order is named, whoever reads it
     change(paths[60])
     change(paths[9])
@@ -348,9 +370,9 @@ def test_file_changed_after_listing(tmp_path: Path, workers: int, case: str, cha
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-processes"])
-def test_corrupt_image_found_in_any_worker(tmp_path: Path, workers: int):
+def test_corrupt_image_found_in_any_worker(tmp_path: Path, stager: str, workers: int):
     raw = tmp_path / "raw"
-    paths = varied_tree(raw)
+    paths = varied_tree(raw, pax=stager == "python")
     paths[70].write_bytes(b"GIF89a but not really")
     paths[40].write_bytes(b"")
     src = open_source(str(raw), "image_folder", "png")
@@ -388,10 +410,9 @@ def test_remote_source_and_non_png_images(tmp_path: Path):
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-processes"])
-def test_same_size_rewrite_after_listing_is_refused(tmp_path: Path, workers: int):
+def test_same_size_rewrite_after_listing_is_refused(tmp_path: Path, stager: str, workers: int):
     raw = tmp_path / "raw"
-    paths = varied_tree(raw)
-    src = open_source(str(raw), "image_folder", "png")
+    src, paths = open_varied(raw, stager)
     data = bytearray(paths[30].read_bytes())
     data[-20] ^= 0xFF
     paths[30].write_bytes(bytes(data))  # same size, new content, later mtime
@@ -412,9 +433,9 @@ def test_same_size_rewrite_after_listing_is_refused(tmp_path: Path, workers: int
     ],
     ids=["appeared", "vanished"],
 )
-def test_folder_change_after_reading_is_refused(tmp_path: Path, change, fragment: str):
+def test_folder_change_after_reading_is_refused(tmp_path: Path, stager: str, change, fragment: str):
     raw = tmp_path / "raw"
-    varied_tree(raw)
+    open_varied(raw, stager)
     src = open_source(str(raw), "image_folder", "png")
     src.check_unchanged(files_verified=True)  # nothing changed: the folders' times agree
     time.sleep(0.02)  # past the file system's timestamp granularity
@@ -433,3 +454,123 @@ def test_parallel_listing_equals_serial(tmp_path: Path, monkeypatch: pytest.Monk
     assert parallel.files == serial.files
     assert [f.size for f in serial.files] == [Path(f.path).stat().st_size for f in serial.files]
     assert all(f.stamp == Path(f.path).stat().st_mtime_ns for f in serial.files)
+
+
+def test_native_packer_is_built():
+    # `make` builds it (scripts/build_native.py); without it every test above would only
+    # exercise the Python path
+    assert sources._native is not None, "run: python scripts/build_native.py"
+
+
+def mixed_tree(raw: Path) -> None:
+    """Named classes, an empty class folder, PNG and JPEG samples, upper-case extensions."""
+    rng = np.random.default_rng(2)
+    for i in range(30):
+        cls = ("cat", "dog", "emu")[i % 3]
+        img = Image.fromarray(rng.integers(0, 255, (20 + i, 10 + i), dtype=np.uint8), "L")
+        ext = ("png", "jpg", "PNG")[i % 3 if i % 5 else 0]
+        img.save(raw / cls / f"s-{i:02d}.{ext}", "PNG" if ext.lower() == "png" else "JPEG")
+    (raw / "zzz").mkdir()
+    (raw / "notes.txt").write_text("not a sample")
+
+
+def test_native_and_python_paths_write_the_same_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    raw = tmp_path / "raw"
+    for cls in ("cat", "dog", "emu"):
+        (raw / cls).mkdir(parents=True)
+    mixed_tree(raw)
+    got = {}
+    for stager in ("native", "python"):
+        if stager == "python":
+            monkeypatch.setattr(sources, "_native", None)
+        src = open_source(str(raw), "image_folder", None)
+        assert (src.native is not None) == (stager == "native")
+        out = tmp_path / stager
+        out.mkdir()
+        consumed: list[int] = []
+        shards, schema, extra = files.stage_files(
+            src, out, shard_target_mb=1, advance=consumed.append, workers=2
+        )
+        assert sum(consumed) == src.total_bytes
+        got[stager] = (
+            [(s.path, s.bytes, s.rows, s.hash) for s in shards],
+            pq.read_table(out / "index.parquet"),
+            schema,
+            extra,
+            src.describe(),
+            src.files,
+        )
+    native, python = got["native"], got["python"]
+    assert native[0] == python[0]
+    assert native[1].equals(python[1])
+    assert native[2:] == python[2:]
+    index = native[1].to_pylist()
+    assert native[3] == {"classes": ["cat", "dog", "emu"]}
+    assert [r["key"] for r in index] == sorted(r["key"] for r in index)
+    jpeg = next(r for r in index if r["key"] == "dog/s-01")
+    assert (jpeg["width"], jpeg["height"]) == (11, 21) and jpeg["label"] == 1
+
+
+FALLBACKS = [
+    (
+        "labels-file",
+        lambda r: (png(r / "a.png"), (r / "labels.csv").write_text("file,label\na.png,1\n")),
+    ),
+    ("nested-folder", lambda r: (png(r / "1" / "a.png"), png(r / "1" / "deep" / "b.png"))),
+    (
+        "symlink",
+        lambda r: (png(r / "1" / "a.png"), (r / "1" / "b.png").symlink_to(r / "1" / "a.png")),
+    ),
+    ("dotted-name", lambda r: png(r / "1" / "a.b.png")),
+    ("unsafe-folder", lambda r: png(r / "my class" / "a.png")),
+    ("long-name", lambda r: png(r / "1" / ("x" * 97 + ".png"))),
+    ("loose-sample", lambda r: (png(r / "1" / "a.png"), png(r / "b.png"))),
+    ("same-key", lambda r: (png(r / "1" / "a.png"), png(r / "1" / "a.PNG"))),
+]
+
+
+@pytest.mark.parametrize(("case", "make"), FALLBACKS, ids=[c[0] for c in FALLBACKS])
+def test_unusual_folders_are_listed_by_the_python_path(tmp_path: Path, case: str, make):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    make(raw)
+    assert sources._native is not None
+    assert isinstance(sources._native.scan(str(raw), (".png",), 2), str)
+    try:
+        src = open_source(str(raw), "image_folder", "png")
+    except StagingError:
+        assert case == "loose-sample"
+        return
+    assert src.native is None and src.files
+
+
+def test_native_disk_full_fails_cleanly(tmp_path: Path):
+    raw = tmp_path / "raw"
+    varied_tree(raw, pax=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    plugins = Path(__file__).resolve().parents[2] / "plugins"
+    code = f"""
+import resource, signal, sys
+sys.path.insert(0, {str(plugins)!r})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+from pathlib import Path
+from trainyard.errors import StagingError
+from trainyard.staging import files
+from trainyard.staging.sources import open_source
+src = open_source({str(raw)!r}, "image_folder", "png")
+assert src.native is not None
+try:
+    files.stage_files(src, Path({str(out)!r}), shard_target_mb=4, advance=lambda n: None, workers=2)
+except StagingError as e:
+    print("STAGING_ERROR", e)
+    sys.exit(3)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "shard-00000.tar: cannot write shard: [Errno 27] File too large" in proc.stdout

@@ -8,11 +8,19 @@ names are the label, other names are numbered in sorted order) or from a ``label
 mtime/owner), so the same files always give byte-identical shards.
 
 Speed (many files of a few KB): the shard layout is fixed from the listed sizes before any
-file is read, so every member's offset is known; the headers of a run of samples are built
-at once with numpy, each file is read with one ``open``/``readv``/``close`` straight into
-its slot of a reused buffer, and the run is written with one ``pwrite``. Runs can be filled
-by forked processes in any order with the same result. Each shard is hashed (BLAKE3) once
-complete.
+file is read, so every member's offset is known, and pieces of shards can be filled in any
+order with the same result. Two fillers write the same bytes:
+
+* the C packer (``_native.c``, built by ``scripts/build_native.py``) for the common case,
+  a local folder of class folders of plainly named files (``<class>/<stem>.<ext>``, as the
+  C scanner in :mod:`.sources` lists it): threads read each file straight into its slot
+  (``open``/``read``/``fstat``/``close``), write headers beside it, ``pwrite`` each piece
+  and start its writeback, with no Python object per file;
+* the Python path for everything else (labels file, nested folders, names that need
+  rewriting or PAX headers, object stores): headers of a run of samples built at once with
+  numpy, files read with ``readv`` into a reused buffer, pieces filled by forked processes.
+
+Each shard is hashed (BLAKE3) once complete.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ _MTIME = b"00000000000\0"
 _TAIL = (b"0" + b"\0" * 100 + b"ustar\x0000").ljust(_BLOCK - 156, b"\0")
 _CONST_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_TAIL) + 8 * 0x20
 _CLS = b".cls"
-_PIECE_MAX = 8 << 20
+_PIECE_MAX = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _MAX_DIR_FDS = 256
 # below this much data and this many files a second process costs more than it saves
@@ -240,9 +248,8 @@ class _Layout:
     pieces: list[tuple[int, int, int, int, int]]
 
 
-def _layout(
-    plan: list[tuple[SourceFile, str, str, int]], sizes: Any, target: int, piece: int
-) -> _Layout:
+def _header_lengths(plan: list[tuple[SourceFile, str, str, int]], sizes: Any) -> tuple[Any, Any]:
+    """Header lengths of every data and ``.cls`` member: 512 unless a PAX long name."""
     import numpy as np
 
     n = len(plan)
@@ -255,6 +262,13 @@ def _layout(
     cls_hdr = np.full(n, _BLOCK, np.int64)
     for i in np.flatnonzero(key_len + 4 > 100).tolist():
         cls_hdr[i] = len(tar_header(f"{plan[i][1]}.cls", 1))
+    return data_hdr, cls_hdr
+
+
+def _layout(sizes: Any, data_hdr: Any, cls_hdr: Any, target: int, piece: int) -> _Layout:
+    import numpy as np
+
+    n = len(sizes)
     record = data_hdr + sizes + (-sizes % _BLOCK) + cls_hdr + _BLOCK
     ends = np.cumsum(record)
     start = ends - record
@@ -635,6 +649,28 @@ def stage_files(
         return _stage_files(src, out_dir, shard_target_mb, advance, workers)
 
 
+def _piece_size(total: int, workers: int) -> int:
+    """Bytes per piece: about four pieces per worker, 64 KB to 8 MB."""
+    return max(64 << 10, min(_PIECE_MAX, total // (4 * workers) + 1))
+
+
+def _workers(src: Source, files: int, total: int, workers: int | None) -> int:
+    if workers is not None:
+        return workers
+    small = total < _PARALLEL_MIN_BYTES and files < _PARALLEL_MIN_FILES
+    return 1 if small or not src.is_local else usable_cpus()
+
+
+_INDEX_SCHEMA_FIELDS = (
+    ("key", "string"),
+    ("label", "int64"),
+    ("shard", "string"),
+    ("bytes", "int64"),
+    ("width", "int64"),
+    ("height", "int64"),
+)
+
+
 def _stage_files(
     src: Source,
     out_dir: Path,
@@ -644,76 +680,208 @@ def _stage_files(
 ) -> tuple[list[ShardInfo], Any, dict[str, Any]]:
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    plan, classes = plan_samples(src)
-    if not plan:
-        raise StagingError(f"{src.url}: source is empty (no sample files)")
-    sizes = np.array([p[0].size for p in plan], np.int64)
+    native = _native_plan(src) if src.native is not None else None
+    if native is not None:
+        sizes = src.native.sizes
+        data_hdr = cls_hdr = np.full(len(sizes), _BLOCK, np.int64)
+        classes = native.classes
+    else:
+        plan, classes = plan_samples(src)
+        if not plan:
+            raise StagingError(f"{src.url}: source is empty (no sample files)")
+        sizes = np.array([p[0].size for p in plan], np.int64)
+        data_hdr, cls_hdr = _header_lengths(plan, sizes)
     total = int(sizes.sum())
-    if workers is None:
-        small = total < _PARALLEL_MIN_BYTES and len(plan) < _PARALLEL_MIN_FILES
-        small = small or not src.is_local
-        workers = 1 if small else usable_cpus()
-    piece = max(64 << 10, min(_PIECE_MAX, total // (4 * workers) + 1))
-    layout = _layout(plan, sizes, shard_target_mb << 20, piece)
+    workers = _workers(src, len(sizes), total, workers)
+    layout = _layout(sizes, data_hdr, cls_hdr, shard_target_mb << 20, _piece_size(total, workers))
     paths = [out_dir / name for name in layout.names]
     fds: list[int] = []
     try:
         for path in paths:
             try:
-                fds.append(
-                    os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-                )
+                fds.append(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
             except OSError as e:
                 raise StagingError(f"{path}: cannot write shard: {e}") from e
-        writer = _PieceWriter(src, plan, sizes, layout, fds, paths)
-        try:
-            _run_pieces(writer, layout.pieces, workers, advance)
-        finally:
-            writer.close()
+        if native is not None:
+            widths, heights = _pack_native(src, native, layout, fds, paths, workers, advance)
+            keys = pa.StringArray.from_buffers(
+                len(sizes), pa.py_buffer(src.native.key_off), pa.py_buffer(src.native.keys)
+            )
+            labels = native.labels
+        else:
+            writer = _PieceWriter(src, plan, sizes, layout, fds, paths)
+            try:
+                _run_pieces(writer, layout.pieces, workers, advance)
+            finally:
+                writer.close()
+            widths, heights = writer.widths, writer.heights
+            keys, labels = [p[1] for p in plan], [p[3] for p in plan]
         shards = []
         for name, size, rows, path, fd in zip(
             layout.names, layout.sizes, layout.rows, paths, fds, strict=True
         ):
-            shards.append(ShardInfo(name, size, rows, hash_file(path)))
-            if hasattr(os, "posix_fadvise"):
+            if native is None and hasattr(os, "posix_fadvise"):
                 # start writeback now (dirty pages stay cached), so the fsync before
-                # publishing has little left to wait for
+                # publishing has little left to wait for (the C packer starts it per piece)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            shards.append(ShardInfo(name, size, rows, hash_file(path)))
     finally:
         for fd in fds:
             os.close(fd)
-    schema = pa.schema(
-        [
-            ("key", pa.string()),
-            ("label", pa.int64()),
-            ("shard", pa.string()),
-            ("bytes", pa.int64()),
-            ("width", pa.int64()),
-            ("height", pa.int64()),
-        ]
-    )
+    schema = pa.schema([(name, pa.type_for_alias(t)) for name, t in _INDEX_SCHEMA_FIELDS])
     table = pa.table(
         [
-            [p[1] for p in plan],
-            [p[3] for p in plan],
+            keys,
+            labels,
             pa.DictionaryArray.from_arrays(layout.shard_of, layout.names).cast(pa.string()),
             sizes,
-            writer.widths,
-            writer.heights,
+            widths,
+            heights,
         ],
         schema=schema,
     )
     index_path = out_dir / "index.parquet"
     try:
+        import pyarrow.parquet as pq
+
         pq.write_table(table, index_path, compression="zstd", row_group_size=1 << 20)
     except OSError as e:
         raise StagingError(f"{index_path}: cannot write the index: {e}") from e
     shards.append(
         ShardInfo(
-            "index.parquet", index_path.stat().st_size, len(plan), hash_file(index_path), "index"
+            "index.parquet", index_path.stat().st_size, len(sizes), hash_file(index_path), "index"
         )
     )
     extra: dict[str, Any] = {"classes": classes} if classes else {}
     return shards, schema, extra
+
+
+@dataclass
+class _NativePlan:
+    """Labels of a natively listed source: per folder, per sample, and the class names."""
+
+    by_folder: Any
+    labels: Any
+    classes: list[str] | None
+
+
+def _native_plan(src: Source) -> _NativePlan:
+    """Labels as :func:`plan_samples` gives them, from the class folders' names."""
+    import numpy as np
+
+    listing = src.native
+    assert listing is not None
+    used = np.unique(listing.file_dir).tolist()
+    names = sorted(listing.folders[k] for k in used)
+    classes: list[str] | None = None
+    if all(n.isdigit() for n in names):
+        index = {n: int(n) for n in names}
+    else:
+        classes = names
+        index = {n: i for i, n in enumerate(names)}
+    by_folder = np.array([index.get(name, -1) for name in listing.folders], np.int64)
+    return _NativePlan(by_folder, by_folder[listing.file_dir], classes)
+
+
+def _pack_native(
+    src: Source,
+    plan: _NativePlan,
+    layout: _Layout,
+    fds: list[int],
+    paths: list[Path],
+    workers: int,
+    advance: Callable[[int], None],
+) -> tuple[Any, Any]:
+    """Fill every piece with the C packer, ``workers`` threads; returns widths, heights.
+
+    Pieces go in batches so progress moves; a failure stops at its batch. Images that
+    are not PNGs get their sizes from Pillow afterwards, and the first error in key order
+    (a read or change found by the packer, or an unreadable image before it) is raised.
+    """
+    import numpy as np
+
+    from trainyard.staging.sources import _native
+
+    listing = src.native
+    assert listing is not None and _native is not None
+    n = len(listing.sizes)
+    widths = np.empty(n, np.int64)
+    heights = np.empty(n, np.int64)
+    pieces = np.array(layout.pieces, np.int64).reshape(-1, 5)
+    fd_array = np.array(fds, np.int64)
+    lengths = pieces[:, 4] - pieces[:, 3]
+    threads = max(1, min(workers, len(pieces)))
+    # one slot per thread, as long as the longest piece (+1 byte: a file that grew)
+    buffers = np.empty(threads * (int(lengths.max()) + 1), np.uint8)
+    # a batch per ~64 MB (progress moves between batches), at least 8 pieces per thread
+    batch = max(8 * threads, (64 << 20) // max(1, int(lengths.max())))
+    outcome: tuple[int, int, int, int, int, int] = (0, -1, 0, 0, 0, 0)
+    for p0 in range(0, len(pieces), batch):
+        p1 = min(p0 + batch, len(pieces))
+        outcome = _native.pack(
+            src.root,
+            listing.folders,
+            plan.by_folder,
+            listing.names,
+            listing.name_off,
+            listing.stem_len,
+            listing.file_dir,
+            listing.sizes,
+            listing.mtimes,
+            listing.keys,
+            listing.key_off,
+            pieces,
+            p0,
+            p1,
+            fd_array,
+            widths,
+            heights,
+            buffers,
+            workers,
+            True,
+        )
+        if outcome[0]:
+            break
+        advance(int(listing.sizes[pieces[p0, 1] : pieces[p1 - 1, 2]].sum()))
+    kind, failed, err, got, mtime, shard = outcome
+    checked = n if not kind else failed
+    # pieces before the failed one are in the shards; the failed piece's files are not
+    written_before = n
+    if kind:
+        written_before = int(pieces[np.searchsorted(pieces[:, 2], failed, "right"), 1])
+    for i in np.flatnonzero(widths[:checked] < 0).tolist():
+        path = src.root.rstrip("/") + "/" + _native_rel(listing, i)
+        size = int(listing.sizes[i])
+        if i < written_before:
+            k = int(layout.shard_of[i])
+            data = os.pread(fds[k], size, int(layout.start[i]) + _BLOCK)
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        widths[i], heights[i] = image_size(data, path)
+    if not kind:
+        return widths, heights
+    if kind == 4:
+        error = OSError(err, os.strerror(err))
+        raise StagingError(f"{paths[shard]}: cannot write shard: {error}")
+    rel = _native_rel(listing, failed)
+    path = src.root.rstrip("/") + "/" + rel
+    size = int(listing.sizes[failed])
+    if kind == 1:
+        error = OSError(err, os.strerror(err), rel.rpartition("/")[2])
+        raise StagingError(f"{path}: cannot read source file: {error}")
+    if kind == 2:
+        grew = "+" if got > size else ""
+        raise StagingError(
+            f"{path}: source changed while being staged (size {size} -> {got}{grew})"
+        )
+    stamp = int(listing.mtimes[failed])
+    raise StagingError(f"{path}: source changed while being staged (mtime {stamp} -> {mtime})")
+
+
+def _native_rel(listing: Any, i: int) -> str:
+    """Path of file ``i`` of a native listing, relative to the source root."""
+    at, end = int(listing.name_off[i]), int(listing.name_off[i + 1]) - 1
+    name = listing.names[at:end].decode("utf-8", "surrogateescape")
+    return f"{listing.folders[int(listing.file_dir[i])]}/{name}"

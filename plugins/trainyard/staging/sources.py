@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
+from functools import cached_property
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +21,11 @@ from typing import Any, NamedTuple
 from trainyard.errors import StagingError
 from trainyard.settings import get_settings
 from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
+
+try:
+    from trainyard.staging import _native
+except ImportError:  # not built (scripts/build_native.py): the Python path stages alone
+    _native = None
 
 TABLE_EXTENSIONS: dict[str, tuple[str, ...]] = {
     "csv": (".csv",),
@@ -138,20 +144,69 @@ class SourceFile(NamedTuple):
 
 
 @dataclass(frozen=True)
+class NativeListing:
+    """A folder of class folders as listed by the C scanner (``_native.scan``).
+
+    Per file, in sample key order (``<folder>/<stem>``): its folder's index in ``folders``,
+    its name (NUL-terminated in ``names`` at ``name_off``), the length of its stem, size,
+    modification time (ns) and key (in ``keys`` at ``key_off``: Arrow's string layout).
+    No Python object per file exists until :attr:`Source.files` is asked for.
+    """
+
+    folders: list[str]
+    file_dir: Any
+    names: bytes
+    name_off: Any
+    stem_len: Any
+    sizes: Any
+    mtimes: Any
+    keys: bytes
+    key_off: Any
+
+    def source_files(self, root: str) -> tuple[SourceFile, ...]:
+        """The same files as :class:`SourceFile` entries, sorted by relative path."""
+        head = root if root.endswith("/") else root + "/"
+        names = self.names.decode("utf-8", "surrogateescape").split("\0")[:-1]
+        folder_of = self.file_dir.tolist()
+        rels = [f"{self.folders[k]}/{n}" for k, n in zip(folder_of, names, strict=True)]
+        out = list(
+            map(
+                SourceFile,
+                [head + r for r in rels],
+                rels,
+                self.sizes.tolist(),
+                self.mtimes.tolist(),
+            )
+        )
+        out.sort(key=itemgetter(1))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
 class Source:
     """A resolved source: file system, root, and the files to stage (sorted).
 
     ``folders`` (local sources): every folder listed, with its modification time taken
     just before it was listed; a file created, removed or renamed in it changes that time.
+    ``native``: set when the C scanner listed the source (a local folder of class folders
+    of plainly named files); then ``listed`` is empty and :attr:`files` is built on demand.
     """
 
     url: str
     format: str
     fs: Any
     root: str
-    files: tuple[SourceFile, ...]
+    listed: tuple[SourceFile, ...]
     extensions: tuple[str, ...] | None
     folders: tuple[tuple[str, int], ...] = ()
+    native: NativeListing | None = None
+
+    @cached_property
+    def files(self) -> tuple[SourceFile, ...]:
+        """The files to stage, sorted by path relative to the root."""
+        if self.native is not None:
+            return self.native.source_files(self.root)
+        return self.listed
 
     @property
     def is_local(self) -> bool:
@@ -159,16 +214,23 @@ class Source:
         return _is_local(self.fs)
 
     @property
+    def count(self) -> int:
+        """Number of files."""
+        return len(self.native.sizes) if self.native is not None else len(self.listed)
+
+    @property
     def total_bytes(self) -> int:
         """Sum of the file sizes."""
-        return sum(f.size for f in self.files)
+        if self.native is not None:
+            return int(self.native.sizes.sum())
+        return sum(f.size for f in self.listed)
 
     def describe(self) -> dict[str, Any]:
         """The ``source`` entry of the manifest."""
         return {
             "url": self.url,
             "format": self.format,
-            "files": len(self.files),
+            "files": self.count,
             "bytes": self.total_bytes,
         }
 
@@ -355,6 +417,43 @@ def _list_files(
     return (SourceFile(root, posixpath.basename(root), size, _stamp(info)),), ()
 
 
+def _scan_native(root: str, extensions: tuple[str, ...] | None) -> tuple[Any, Any] | None:
+    """List a local image folder with the C scanner, when it is built and applies.
+
+    Returns:
+        The listing and the folders with their modification times, or None: the module
+        is not built, or the folder is not plain class folders of plainly named files
+        (labels file, nested folders, symbolic links, names that need rewriting), which
+        the Python listing handles.
+    """
+    import numpy as np
+
+    if _native is None or extensions is None:
+        return None
+    got = _native.scan(root, extensions, usable_cpus())
+    if isinstance(got, str):
+        return None
+    names, stamps, file_dir, blob, name_off, stem_len, sizes, mtimes, keys, key_off = got
+    head = root if root.endswith("/") else root + "/"
+    stamp_list = np.frombuffer(stamps, np.int64).tolist()
+    folders = (
+        (root, stamp_list[0]),
+        *((head + name, stamp) for name, stamp in zip(names, stamp_list[1:], strict=True)),
+    )
+    listing = NativeListing(
+        folders=names,
+        file_dir=np.frombuffer(file_dir, np.int32),
+        names=blob,
+        name_off=np.frombuffer(name_off, np.int64),
+        stem_len=np.frombuffer(stem_len, np.int32),
+        sizes=np.frombuffer(sizes, np.int64),
+        mtimes=np.frombuffer(mtimes, np.int64),
+        keys=keys,
+        key_off=np.frombuffer(key_off, np.int32),
+    )
+    return listing, folders
+
+
 def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
     """Resolve a source URL and list the files to stage.
 
@@ -386,6 +485,11 @@ def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
             raise StagingError(f"{url}: an image_folder source must be a folder")
     else:
         extensions = TABLE_EXTENSIONS[fmt]
+    native = None
+    if fmt == "image_folder" and _is_local(fs):
+        native = _scan_native(root, extensions)
+    if native is not None and len(native[0].sizes):
+        return Source(url, fmt, fs, root, (), extensions, native[1], native[0])
     with gc_paused():
         files, folders = _list_files(fs, root, fmt, extensions)
     if not files:
