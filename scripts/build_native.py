@@ -1,8 +1,11 @@
-"""Build trainyard's C extension, ``plugins/trainyard/staging/_native.c``, in place.
+"""Build trainyard's C extension modules in place, next to their sources.
 
-Run by ``make`` before the demo, the tests and the benchmarks; rebuilds only when the C
-source is newer than the built module. Without the module staging still works, through
-the slower pure-Python path (``trainyard.staging.native`` says which one runs).
+* ``plugins/trainyard/staging/_native.c``: the small-files scanner and tar packer;
+* ``plugins/trainyard/serving/_decode.c``: the float32 predict-request parser.
+
+Run by ``make`` before the demo, the tests and the benchmarks; rebuilds a module only when
+its C source is newer. Without them everything still works through the slower Python
+paths they are tested against (``sources._native`` / ``schema._decode`` are then None).
 """
 
 from __future__ import annotations
@@ -14,18 +17,24 @@ import sys
 import sysconfig
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parents[1] / "plugins" / "trainyard" / "staging" / "_native.c"
+PACKAGE = Path(__file__).resolve().parents[1] / "plugins" / "trainyard"
+SOURCES = (PACKAGE / "staging" / "_native.c", PACKAGE / "serving" / "_decode.c")
 
 
-def target() -> Path:
-    """Where the built module goes: next to its source, with this Python's suffix."""
-    return SOURCE.with_name("_native" + str(sysconfig.get_config_var("EXT_SUFFIX")))
+def target(source: Path) -> Path:
+    """Where a built module goes: next to its source, with this Python's suffix."""
+    return source.with_name(source.stem + str(sysconfig.get_config_var("EXT_SUFFIX")))
 
 
 def main() -> int:
-    """Build the module unless it is up to date; 0 on success, 1 when it cannot build."""
-    out = target()
-    if out.exists() and out.stat().st_mtime_ns >= SOURCE.stat().st_mtime_ns:
+    """Build the modules that are not up to date; 0 on success, 1 when one cannot build."""
+    return max((build(source) for source in SOURCES if source.exists()), default=0)
+
+
+def build(source: Path) -> int:
+    """Compile one module unless it is newer than its source."""
+    out = target(source)
+    if out.exists() and out.stat().st_mtime_ns >= source.stat().st_mtime_ns:
         return 0
     cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
@@ -38,7 +47,7 @@ def main() -> int:
         "-Wall",
         "-Werror",
         f"-I{sysconfig.get_paths()['include']}",
-        str(SOURCE),
+        str(source),
         "-o",
         str(tmp),
     ]
@@ -47,7 +56,7 @@ def main() -> int:
         subprocess.run(cmd, check=True)
     except (OSError, subprocess.CalledProcessError) as e:
         tmp.unlink(missing_ok=True)
-        print(f"cannot build {SOURCE.name}: {e}", file=sys.stderr)
+        print(f"cannot build {source.name}: {e}", file=sys.stderr)
         return 1
     os.replace(tmp, out)
     return 0

@@ -133,10 +133,12 @@ def test_airflow_image_builds_the_c_staging_module() -> None:
     froms = [i.args for i in ins if i.op == "FROM"]
     assert froms[0] == "python:3.11-bookworm AS native"  # same CPython ABI as the final base
     assert any("build_native.py" in i.args for i in ins if i.op == "RUN")
-    assert any(
-        i.args.startswith("--from=native") and "/opt/airflow/plugins/trainyard/staging/" in i.args
-        for i in ins
-        if i.op == "COPY"
+    copied = [i.args for i in ins if i.op == "COPY" and i.args.startswith("--from=native")]
+    for package in ("staging", "serving"):
+        assert any(f"/opt/airflow/plugins/trainyard/{package}/" in c for c in copied), package
+    sources = [p.relative_to(ROOT).as_posix() for p in (ROOT / "plugins").rglob("*.c")]
+    assert sorted(sources) == sorted(
+        i.args.split()[0] for i in ins if i.op == "COPY" and i.args.endswith(".c")
     )
     assert "**/*.so" in (ROOT / ".dockerignore").read_text().split()
 
