@@ -62,6 +62,7 @@ _MAX_DIR_FDS = 256
 # below this much data and this many files a second process costs more than it saves
 _PARALLEL_MIN_BYTES = 64 << 20
 _PARALLEL_MIN_FILES = 8192
+_NATIVE_PARALLEL_MIN_FILES = 1024
 
 
 def tar_header(name: str, size: int) -> bytes:
@@ -657,6 +658,9 @@ def _piece_size(total: int, workers: int) -> int:
 def _workers(src: Source, files: int, total: int, workers: int | None) -> int:
     if workers is not None:
         return workers
+    if src.native is not None:
+        # threads: cheap enough from a thousand files on
+        return usable_cpus() if files >= _NATIVE_PARALLEL_MIN_FILES else 1
     small = total < _PARALLEL_MIN_BYTES and files < _PARALLEL_MIN_FILES
     return 1 if small or not src.is_local else usable_cpus()
 
