@@ -513,6 +513,7 @@ def test_native_and_python_paths_write_the_same_snapshot(
     assert (jpeg["width"], jpeg["height"]) == (11, 21) and jpeg["label"] == 1
 
 
+LONG_EXT = "png" * 6
 FALLBACKS = [
     (
         "labels-file",
@@ -528,6 +529,10 @@ FALLBACKS = [
     ("long-name", lambda r: png(r / "1" / ("x" * 97 + ".png"))),
     ("loose-sample", lambda r: (png(r / "1" / "a.png"), png(r / "b.png"))),
     ("same-key", lambda r: (png(r / "1" / "a.png"), png(r / "1" / "a.PNG"))),
+    (
+        "long-extension",
+        lambda r: (r / "1").mkdir() or (r / "1" / f"a.{LONG_EXT}").write_bytes(b"x"),
+    ),
 ]
 
 
@@ -537,9 +542,10 @@ def test_unusual_folders_are_listed_by_the_python_path(tmp_path: Path, case: str
     raw.mkdir()
     make(raw)
     assert sources._native is not None
-    assert isinstance(sources._native.scan(str(raw), (".png",), 2), str)
+    extension = LONG_EXT if case == "long-extension" else "png"
+    assert isinstance(sources._native.scan(str(raw), (f".{extension}",), 2), str)
     try:
-        src = open_source(str(raw), "image_folder", "png")
+        src = open_source(str(raw), "image_folder", extension)
     except StagingError:
         assert case == "loose-sample"
         return

@@ -265,7 +265,8 @@ static int scan_run(scan_t *s, const char *root, char **exts, size_t n_ext, int 
             /* "<stem>.<ext>": stem of [A-Za-z0-9_-], one dot, ext of [A-Za-z0-9] */
             const char *dot = strchr(name, '.');
             size_t len = strlen(name);
-            int ok = dot && dot > name && dot[1] && !strchr(dot + 1, '.');
+            /* the packer lower-cases the extension in a 16-byte buffer */
+            int ok = dot && dot > name && dot[1] && !strchr(dot + 1, '.') && strlen(dot) < 16;
             for (const char *c = name; ok && c < dot; c++) ok = safe_char(*c);
             for (const char *c = dot ? dot + 1 : name; ok && *c; c++) ok = alnum_char(*c);
             /* member names "<folder>/<stem>.<ext>" and "<folder>/<stem>.cls" fit ustar */
