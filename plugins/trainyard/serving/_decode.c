@@ -50,6 +50,33 @@ static inline void skip_ws(parser_t *ps) {
 
 #define DIGIT(c) ((unsigned)((c) - '0') < 10u)
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SWAR 1
+/* Eight ASCII digits at once (as fast_float does): test, then value. */
+static inline uint64_t load8(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline int eight_digits(uint64_t v) {
+    return ((v & 0xF0F0F0F0F0F0F0F0ULL) |
+            (((v + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4)) ==
+           0x3333333333333333ULL;
+}
+
+static inline uint64_t eight_digits_value(uint64_t v) {
+    const uint64_t mask = 0x000000FF000000FFULL;
+    const uint64_t mul1 = 0x000F424000000064ULL; /* 100 + (1000000 << 32) */
+    const uint64_t mul2 = 0x0000271000000001ULL; /* 1 + (10000 << 32) */
+    v -= 0x3030303030303030ULL;
+    v = (v * 10) + (v >> 8);
+    return (((v & mask) * mul1) + (((v >> 16) & mask) * mul2)) >> 32;
+}
+#else
+#define SWAR 0
+#endif
+
 /* One JSON number into ps->out[ps->n]. Returns 0, or -1 for anything the json path must see.
    The body is NUL-terminated past ps->end (a bytes object), so a digit test can never run
    off the end: NUL is not a digit. */
@@ -75,6 +102,14 @@ static int number(parser_t *ps) {
         p++;
         if (!DIGIT(*p)) return -1;
         while (*p == '0' && w == 0) { e10--; p++; }
+#if SWAR
+        while (nd <= 11 && p + 8 <= ps->end && eight_digits(load8(p))) {
+            w = w * 100000000ULL + eight_digits_value(load8(p));
+            nd += 8;
+            e10 -= 8;
+            p += 8;
+        }
+#endif
         while (DIGIT(*p)) {
             if (nd < 19) { w = w * 10 + (uint64_t)(*p - '0'); nd++; e10--; }
             else if (*p != '0') nd = 99;
