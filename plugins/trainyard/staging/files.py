@@ -788,6 +788,10 @@ def _native_plan(src: Source) -> _NativePlan:
     return _NativePlan(by_folder, by_folder[listing.file_dir], classes)
 
 
+# what _native.pack reports for the earliest failed piece (0: none failed)
+_READ_ERROR, _SIZE_CHANGED, _MTIME_CHANGED, _WRITE_ERROR = 1, 2, 3, 4
+
+
 def _pack_native(
     src: Source,
     plan: _NativePlan,
@@ -866,20 +870,21 @@ def _pack_native(
         widths[i], heights[i] = image_size(data, path)
     if not kind:
         return widths, heights
-    if kind == 4:
+    if kind == _WRITE_ERROR:
         error = OSError(err, os.strerror(err))
         raise StagingError(f"{paths[shard]}: cannot write shard: {error}")
     rel = _native_rel(listing, failed)
     path = src.root.rstrip("/") + "/" + rel
     size = int(listing.sizes[failed])
-    if kind == 1:
+    if kind == _READ_ERROR:
         error = OSError(err, os.strerror(err), rel.rpartition("/")[2])
         raise StagingError(f"{path}: cannot read source file: {error}")
-    if kind == 2:
+    if kind == _SIZE_CHANGED:
         grew = "+" if got > size else ""
         raise StagingError(
             f"{path}: source changed while being staged (size {size} -> {got}{grew})"
         )
+    assert kind == _MTIME_CHANGED, kind
     stamp = int(listing.mtimes[failed])
     raise StagingError(f"{path}: source changed while being staged (mtime {stamp} -> {mtime})")
 
