@@ -24,6 +24,20 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+def dns_subdomain(value: str | None) -> str | None:
+    """``value`` unchanged if it is a Kubernetes DNS-1123 subdomain name (or None).
+
+    Raises:
+        ValueError: Naming the value and the rule (for pydantic field validators).
+    """
+    if value is not None and (len(value) > 253 or not DNS_SUBDOMAIN_RE.match(value)):
+        raise ValueError(
+            f"{value!r} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and "
+            "'.', starting and ending alphanumeric, <= 253)"
+        )
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -63,15 +77,7 @@ class StagingConfig(_Strict):
     volume_snapshot_class: str | None = None
     volume_snapshot_timeout_s: float = Field(default=1800, gt=0)
 
-    @field_validator("volume_snapshot_class")
-    @classmethod
-    def _dns_subdomain(cls, value: str | None) -> str | None:
-        if value is not None and (len(value) > 253 or not DNS_SUBDOMAIN_RE.match(value)):
-            raise ValueError(
-                f"{value!r} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and "
-                "'.', starting and ending alphanumeric, <= 253)"
-            )
-        return value
+    _dns_subdomain = field_validator("volume_snapshot_class")(dns_subdomain)
 
 
 class TrainingConfig(_Strict):

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from trainyard.config import DNS_SUBDOMAIN_RE
 from trainyard.errors import ConfigError
 
 K8S_VERSION = "1.33.0"
@@ -56,7 +57,7 @@ POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     "ReplicaSet": ("spec", "template", "spec"),
     "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
 }
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1123_SUBDOMAIN = DNS_SUBDOMAIN_RE
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 VOLUME_SNAPSHOT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -13,8 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainyard.config import dns_subdomain
 from trainyard.errors import ConfigError
-from trainyard.k8s.checks import DNS1123_SUBDOMAIN
 
 DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
@@ -148,12 +148,7 @@ class Storage(_Strict):
     def _dns(cls, value: str) -> str:
         return _dns_label(value)
 
-    @field_validator("volume_snapshot_class")
-    @classmethod
-    def _dns_subdomain(cls, value: str | None) -> str | None:
-        if value is not None and (len(value) > 253 or not DNS1123_SUBDOMAIN.match(value)):
-            raise ValueError(f"{value!r} is not a DNS-1123 subdomain")
-        return value
+    _dns_subdomain = field_validator("volume_snapshot_class")(dns_subdomain)
 
     @field_validator("dataset_size", "models_size")
     @classmethod
