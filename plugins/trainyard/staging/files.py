@@ -41,7 +41,7 @@ from typing import Any
 
 from trainyard.errors import StagingError
 from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
-from trainyard.staging.sources import Source, SourceFile
+from trainyard.staging.sources import Source, SourceFile, under
 from trainyard.volumes import ShardInfo, hash_file
 
 LABELS_FILE = "labels.csv"
@@ -859,7 +859,7 @@ def _pack_native(
     if kind:
         written_before = int(pieces[np.searchsorted(pieces[:, 2], failed, "right"), 1])
     for i in np.flatnonzero(widths[:checked] < 0).tolist():
-        path = src.root.rstrip("/") + "/" + _native_rel(listing, i)
+        path = under(src.root, listing.rel(i))
         size = int(listing.sizes[i])
         if i < written_before:
             k = int(layout.shard_of[i])
@@ -873,8 +873,8 @@ def _pack_native(
     if kind == _WRITE_ERROR:
         error = OSError(err, os.strerror(err))
         raise StagingError(f"{paths[shard]}: cannot write shard: {error}")
-    rel = _native_rel(listing, failed)
-    path = src.root.rstrip("/") + "/" + rel
+    rel = listing.rel(failed)
+    path = under(src.root, rel)
     size = int(listing.sizes[failed])
     if kind == _READ_ERROR:
         error = OSError(err, os.strerror(err), rel.rpartition("/")[2])
@@ -887,10 +887,3 @@ def _pack_native(
     assert kind == _MTIME_CHANGED, kind
     stamp = int(listing.mtimes[failed])
     raise StagingError(f"{path}: source changed while being staged (mtime {stamp} -> {mtime})")
-
-
-def _native_rel(listing: Any, i: int) -> str:
-    """Path of file ``i`` of a native listing, relative to the source root."""
-    at, end = int(listing.name_off[i]), int(listing.name_off[i + 1]) - 1
-    name = listing.names[at:end].decode("utf-8", "surrogateescape")
-    return f"{listing.folders[int(listing.file_dir[i])]}/{name}"

@@ -163,23 +163,26 @@ class NativeListing:
     keys: bytes
     key_off: Any
 
+    def rel(self, i: int) -> str:
+        """Path of file ``i`` relative to the source root (``<folder>/<name>``)."""
+        at, end = int(self.name_off[i]), int(self.name_off[i + 1]) - 1
+        name = self.names[at:end].decode("utf-8", "surrogateescape")
+        return f"{self.folders[int(self.file_dir[i])]}/{name}"
+
     def source_files(self, root: str) -> tuple[SourceFile, ...]:
         """The same files as :class:`SourceFile` entries, sorted by relative path."""
-        head = root if root.endswith("/") else root + "/"
         names = self.names.decode("utf-8", "surrogateescape").split("\0")[:-1]
         folder_of = self.file_dir.tolist()
         rels = [f"{self.folders[k]}/{n}" for k, n in zip(folder_of, names, strict=True)]
-        out = list(
-            map(
-                SourceFile,
-                [head + r for r in rels],
-                rels,
-                self.sizes.tolist(),
-                self.mtimes.tolist(),
-            )
-        )
+        paths = [under(root, r) for r in rels]
+        out = list(map(SourceFile, paths, rels, self.sizes.tolist(), self.mtimes.tolist()))
         out.sort(key=itemgetter(1))
         return tuple(out)
+
+
+def under(root: str, rel: str) -> str:
+    """``rel`` joined to a local source root, as the listings spell paths."""
+    return (root if root.endswith("/") else root + "/") + rel
 
 
 @dataclass(frozen=True)
@@ -434,11 +437,10 @@ def _scan_native(root: str, extensions: tuple[str, ...] | None) -> tuple[Any, An
     if isinstance(got, str):
         return None
     names, stamps, file_dir, blob, name_off, stem_len, sizes, mtimes, keys, key_off = got
-    head = root if root.endswith("/") else root + "/"
     stamp_list = np.frombuffer(stamps, np.int64).tolist()
     folders = (
         (root, stamp_list[0]),
-        *((head + name, stamp) for name, stamp in zip(names, stamp_list[1:], strict=True)),
+        *((under(root, name), stamp) for name, stamp in zip(names, stamp_list[1:], strict=True)),
     )
     listing = NativeListing(
         folders=names,
