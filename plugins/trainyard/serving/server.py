@@ -319,7 +319,8 @@ def cli_main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     if args.inter_op_threads is None:
-        args.inter_op_threads = max(1, len(os.sched_getaffinity(0)) - 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        args.inter_op_threads = max(1, (cores or os.cpu_count() or 1) - 1)
     base = args.base_path or get_settings().serving_root
     base.mkdir(parents=True, exist_ok=True)
     server = ServingServer(
