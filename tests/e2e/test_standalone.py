@@ -86,6 +86,12 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Project, str]:
         },
     )
     project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    # Airflow does not support creating a backfill on SQLite while another process writes
+    # (POST /backfills answers 503 "Database is locked"), and a create that fails midway
+    # can stop the scheduler (ObjectDeletedError on the run it rolled back). Both failures
+    # seen here met the dag-processor re-parsing the unchanged DAG file on its 30 s cycle:
+    # this Airflow parses each file once, so the backfills meet only the scheduler.
+    project.env["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] = "3600"
     log = (tmp_path / "standalone.log").open("w")
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("airflow")), "standalone"],
