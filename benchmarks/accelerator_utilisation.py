@@ -86,7 +86,7 @@ def main() -> None:
     a = p.parse_args()
     if a.quick:
         a.images, a.steps, a.trials = 512, 40, 3
-    from trainyard.trainer.input import SnapshotInput
+    from trainyard.training.worker.input import SnapshotInput
 
     with tempfile.TemporaryDirectory() as tmp:
         images, labels = imagenet_like(a.images)

@@ -23,8 +23,8 @@ import tensorflow as tf  # noqa: E402
 from trainer_fixtures import DIGITS_CONTRACT, digits_arrays, make_files_snapshot  # noqa: E402
 
 from trainyard.contracts import parse_contract as read_contract  # noqa: E402
-from trainyard.trainer.data import file_index  # noqa: E402
-from trainyard.trainer.input import SnapshotInput  # noqa: E402
+from trainyard.training.worker.data import file_index  # noqa: E402
+from trainyard.training.worker.input import SnapshotInput  # noqa: E402
 
 
 def write_tfrecords(snap: Path, out: Path) -> list[str]:

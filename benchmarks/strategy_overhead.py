@@ -33,7 +33,7 @@ def _setup(batch: int, spe: int, strategy):  # type: ignore[no-untyped-def]
     import tf_keras as keras
     from trainer_fixtures import digits_arrays
 
-    from trainyard.trainer.models import ModelSpec, build_model
+    from trainyard.training.worker.architectures import ModelSpec, build_model
 
     images, labels = digits_arrays(16_384)
     x = images[..., None].astype("float32") / 255.0
@@ -69,7 +69,7 @@ def child(mode: str, epochs: int, batch: int, spe: int) -> None:
     sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests")]
     import tensorflow as tf
 
-    from trainyard.trainer.worker import communication_options
+    from trainyard.training.worker.main import communication_options
 
     mwms = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication_options())
     mwms_epoch = _setup(batch, spe, mwms)

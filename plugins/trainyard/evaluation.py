@@ -43,7 +43,7 @@ _MAX_SLICES = 256
 
 
 class ExamplesLike(Protocol):
-    """What evaluation needs from ``trainyard.trainer.data.Examples``."""
+    """What evaluation needs from ``trainyard.training.worker.data.Examples``."""
 
     features: dict[str, np.ndarray]
     labels: np.ndarray
@@ -275,7 +275,7 @@ def evaluate_model(
 
     Args:
         model_dir: SavedModel directory with a ``serving_default`` signature.
-        examples: Features, labels and keys (``trainyard.trainer.data.Examples``).
+        examples: Features, labels and keys (``trainyard.training.worker.data.Examples``).
         metrics: Names from ``KNOWN_METRICS``.
         slices: Columns to slice by (each must be in ``slice_values``).
         slice_values: Column name to one value per example.
@@ -763,7 +763,7 @@ def _slice_values(
 
 def _holdout(cfg: PipelineConfig, meta: Mapping[str, Any]) -> tuple[Path, Any, ExamplesLike]:
     from trainyard.contracts import load_contract
-    from trainyard.trainer.data import load_examples
+    from trainyard.training.worker.data import load_examples
     from trainyard.volumes import snapshot_dir
 
     contract = load_contract(cfg.dataset)

@@ -146,7 +146,7 @@ def test_airflow_image_builds_the_c_staging_module() -> None:
 def test_trainer_entrypoint_and_sources() -> None:
     ins = parse_dockerfile(_dockerfile("trainer"))
     entry = [i.args for i in ins if i.op == "ENTRYPOINT"]
-    assert [json.loads(e) for e in entry] == [["python", "-m", "trainyard.trainer"]]
+    assert [json.loads(e) for e in entry] == [["python", "-m", "trainyard.training.worker"]]
     env = " ".join(i.args for i in ins if i.op == "ENV")
     assert "TF_USE_LEGACY_KERAS=1" in env
     # trainer_args() points --contract at the contracts baked into this image

@@ -368,7 +368,10 @@ def test_training_objects_env_contract(
             roles[role],
         )
         assert spec.backoff_limit == 0 and spec.active_deadline_seconds == 600
-        assert c.command == ["python", "-m", "trainyard.trainer"] and c.args == ["--epochs", "1"]
+        assert c.command == ["python", "-m", "trainyard.training.worker"] and c.args == [
+            "--epochs",
+            "1",
+        ]
         assert job.spec.template.metadata.labels["trainyard.io/run"] == tr.name
         mounts = {m.mount_path: m for m in c.volume_mounts}
         assert mounts["/volumes/digits"].read_only is True
@@ -714,7 +717,7 @@ def test_job_env_derives_tf_config(
     profile: k8s.ClusterProfile, strategy: str, workers: int, ps: int
 ) -> None:
     """Every pod's env (as rendered + JOB_COMPLETION_INDEX) yields the right TF_CONFIG."""
-    from trainyard.trainer.tf_config import derive_tf_config
+    from trainyard.training.worker.tf_config import derive_tf_config
 
     tr = k8s.training_objects(
         profile,
@@ -743,7 +746,7 @@ def test_job_env_derives_tf_config(
 
 
 def test_trainer_args_parse_with_the_worker_cli() -> None:
-    from trainyard.trainer.worker import parse_args
+    from trainyard.training.worker.main import parse_args
 
     p = pipeline(strategy="parameter_server", epochs=7, steps_per_execution=4)
     a = parse_args(k8s.trainer_args(p, "0123abcd", "ty-digits-x-a1"))

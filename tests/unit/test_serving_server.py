@@ -23,7 +23,7 @@ from serving_support import (
 
 from trainyard.serving.client import ServingClient, ServingHTTPError
 from trainyard.serving.deploy import publish_version, unpublish_version
-from trainyard.serving.models import SPEC_FILE
+from trainyard.serving.versions import SPEC_FILE
 
 RNG = np.random.default_rng(7)
 IMAGES = RNG.random((5, 8, 8, 1), dtype=np.float32)
@@ -328,11 +328,11 @@ TRAINER_MODELS = [
     ("model_name", "spec", "rows"), TRAINER_MODELS, ids=[c[0] for c in TRAINER_MODELS]
 )
 def test_serves_savedmodels_exported_by_the_trainer(tmp_path, model_name, spec, rows):
-    """The seam with trainyard.trainer: its export loads here and answers like in-process."""
+    """The seam with the training worker: its export loads here and answers like in-process."""
     import tensorflow as tf
 
-    from trainyard.trainer.models import ModelSpec, build_model
-    from trainyard.trainer.worker import _export
+    from trainyard.training.worker.architectures import ModelSpec, build_model
+    from trainyard.training.worker.main import _export
 
     model = build_model(model_name, ModelSpec(inputs=spec, num_classes=10, seed=3))
     _export(model, spec, tmp_path / "model")

@@ -7,7 +7,12 @@ import json
 import pytest
 
 from trainyard.errors import ConfigError
-from trainyard.trainer.tf_config import cluster_roles, make_tf_config, resolve_tf_config, role_of
+from trainyard.training.worker.tf_config import (
+    cluster_roles,
+    make_tf_config,
+    resolve_tf_config,
+    role_of,
+)
 
 JOBS = {
     "chief": {"job": "tr-chief", "replicas": 1},

@@ -37,7 +37,7 @@ Steps:
       ``/volumes/_serving``, ``/volumes/_checkpoints``; for ``KubernetesPodOperator(
       full_pod_spec=...)``.
 
-Training (Indexed Jobs behind a headless Service; env contract in ``trainer/tf_config.py``):
+Training (Indexed Jobs behind a headless Service; env contract in ``training/worker/tf_config.py``):
     * ``training_objects(profile, pipeline, run_id, strategy=..., workers=...,
       parameter_servers=..., tier=..., gpus_per_worker=..., args=..., dataset=...,
       attempt=1, deadline_s=None) -> TrainingObjects`` (service, jobs, placement, plan,

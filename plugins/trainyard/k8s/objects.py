@@ -552,7 +552,7 @@ def training_job(
         role: ``worker``, ``chief`` (GPU) or ``ps`` (CPU, parameter server).
         replicas: Pods of this role (``completions = parallelism = replicas``).
         tier: Priority tier of the GPU roles.
-        args: Arguments of ``python -m trainyard.trainer``.
+        args: Arguments of ``python -m trainyard.training.worker``.
         gpus: ``nvidia.com/gpu`` per pod (ignored for ``ps``).
         dataset: Dataset PVC, mounted read-only.
         tf_jobs: ``TRAINYARD_TF_JOBS`` of the attempt (:func:`tf_jobs_env`).
@@ -607,7 +607,7 @@ def training_job(
         name=BASE_CONTAINER,
         image=profile.images.trainer,
         image_pull_policy=profile.images.pull_policy,
-        command=["python", "-m", "trainyard.trainer"],
+        command=["python", "-m", "trainyard.training.worker"],
         args=list(args),
         ports=[V1ContainerPort(name="tf-grpc", container_port=TF_PORT)],
         env=_env(

@@ -30,7 +30,7 @@ RENDER_STEPS = ("storage", "stage", "validate", "train", "evaluate", "deploy", "
 
 
 def trainer_args(pipeline: PipelineConfig, snapshot: str, run_name: str) -> list[str]:
-    """Arguments of ``python -m trainyard.trainer`` (``trainer/worker.py``) for a training Job.
+    """Arguments of ``python -m trainyard.training.worker`` for a training Job.
 
     Args:
         pipeline: The pipeline config.

@@ -29,8 +29,8 @@ import trainyard
 from trainyard.errors import DeployError
 from trainyard.fsutil import atomic_write_json, publish_dir, read_json
 from trainyard.serving.client import ServingClient, ServingHTTPError
-from trainyard.serving.models import SPEC_FILE
 from trainyard.serving.schema import FeatureSpec, spec_to_json
+from trainyard.serving.versions import SPEC_FILE
 
 PID_FILE = ".server.pid"
 LOG_FILE = ".server.log"

@@ -7,7 +7,7 @@ Endpoints, with TF Serving's JSON shapes and its error shape ``{"error": "..."}`
 * ``POST /v1/models/{name}[/versions/{v}]:predict``: row (``instances``) or columnar
   (``inputs``) format, checked against the model's feature schema.
 
-Models come from a base path watched by :class:`~trainyard.serving.models.ModelRepository`.
+Models come from a base path watched by :class:`~trainyard.serving.versions.ModelRepository`.
 aiohttp sets ``TCP_NODELAY`` on every accepted connection (``BaseProtocol.connection_made``),
 so small responses are not held back by Nagle's algorithm; a test asserts the latency.
 ``trainyard serve`` runs on uvloop when it is installed and, by default, gives each
@@ -30,13 +30,13 @@ from typing import Any
 
 from aiohttp import web
 
-from trainyard.serving.models import LoadedVersion, ModelNotFound, ModelRepository
 from trainyard.serving.schema import (
     InvalidRequest,
     decode_predict_request,
     encode_predict_response,
     tf_dtype_name,
 )
+from trainyard.serving.versions import LoadedVersion, ModelNotFound, ModelRepository
 
 log = logging.getLogger("trainyard.serving")
 

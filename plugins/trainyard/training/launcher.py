@@ -3,7 +3,7 @@
 Every attempt gets fresh ports and a fresh ``TF_CONFIG`` per task. Each task runs in its
 own process group; its output is streamed line by line, prefixed with its role, into the
 ``log`` callback (the Airflow task log). The attempt fails when a task has not printed
-:data:`~trainyard.trainer.worker.READY_MARKER` by the start deadline, when any task exits
+:data:`~trainyard.training.worker.main.READY_MARKER` by the start deadline, when any task exits
 non-zero, or at the per-attempt wall-clock limit; then every group is stopped and the whole
 attempt is retried, resuming from the ``BackupAndRestore`` checkpoint. NaN loss and bad
 input are deterministic and end the run at once. No task outlives the launcher: groups are
@@ -30,8 +30,8 @@ from typing import Any
 
 from trainyard.errors import TrainingError
 from trainyard.fsutil import read_json
-from trainyard.trainer.tf_config import cluster_roles, make_tf_config
-from trainyard.trainer.worker import EXIT_BAD_INPUT, EXIT_NAN, READY_MARKER
+from trainyard.training.worker.main import EXIT_BAD_INPUT, EXIT_NAN, READY_MARKER
+from trainyard.training.worker.tf_config import cluster_roles, make_tf_config
 
 _PLUGINS_DIR = Path(__file__).resolve().parents[2]
 logger = logging.getLogger("trainyard.training")
@@ -63,7 +63,7 @@ class LaunchSpec:
     """What to launch: the worker arguments and the liveness limits.
 
     Attributes:
-        worker_args: Arguments after ``python -m trainyard.trainer``.
+        worker_args: Arguments after ``python -m trainyard.training.worker``.
         roles: (task type, index) of every task.
         start_deadline_s: Every task must print the ready marker within this time.
         attempt_timeout_s: Wall-clock limit of one attempt.
@@ -72,7 +72,7 @@ class LaunchSpec:
         success_roles: Task types whose exit 0 completes the attempt (the others are
             servers that are stopped afterwards).
         command: The program before ``worker_args`` (default: this interpreter running
-            ``-m trainyard.trainer``).
+            ``-m trainyard.training.worker``).
     """
 
     worker_args: list[str]
@@ -170,7 +170,7 @@ class _Attempt:
             "TRAINYARD_TF_TASK_TYPE",
         ):
             base.pop(key, None)
-        program = self.spec.command or [sys.executable, "-m", "trainyard.trainer"]
+        program = self.spec.command or [sys.executable, "-m", "trainyard.training.worker"]
         cmd = [*program, *self.spec.worker_args]
         for ttype, index in self.spec.roles:
             env = dict(base, TF_CONFIG=json.dumps(make_tf_config(cluster, ttype, index)))

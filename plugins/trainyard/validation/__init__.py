@@ -6,8 +6,8 @@ any snapshot folder; ``build_suite`` is the contract → GX translator.
 
 from __future__ import annotations
 
-from trainyard.validation.gate import ValidationResult, validate, validate_snapshot
 from trainyard.validation.runner import ValidatorCrashed
+from trainyard.validation.step import ValidationResult, validate, validate_snapshot
 from trainyard.validation.suite import build_suite
 
 __all__ = ["ValidationResult", "ValidatorCrashed", "build_suite", "validate", "validate_snapshot"]

@@ -1,4 +1,4 @@
-"""``python -m trainyard.trainer``: one training worker (entrypoint of ``images/trainer``)."""
+"""``python -m trainyard.training.worker``: one training worker (`images/trainer`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from trainyard.trainer.worker import main
+from trainyard.training.worker.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 """tf.data input pipelines over a snapshot's shards.
 
 Files snapshots (tar shards): the tar headers are scanned once in Python
-(:func:`trainyard.trainer.data.file_index`); the dataset itself is pure TensorFlow ops —
+(:func:`trainyard.training.worker.data.file_index`); the dataset itself is pure TensorFlow ops —
 each shard is read with one ``tf.io.read_file`` and its images are sliced out with
 ``tf.strings.substr`` at their offsets. The small encoded examples are shuffled and
 batched, then each batch is decoded in one call (one tf.data function call per batch, not
@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from trainyard.errors import TrainingError
-from trainyard.trainer.data import (
+from trainyard.training.worker.data import (
     FileIndex,
     file_index,
     load_examples,

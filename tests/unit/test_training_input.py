@@ -22,8 +22,8 @@ from trainer_fixtures import (
 )
 
 from trainyard.contracts import parse_contract as read_contract
-from trainyard.trainer.data import load_examples
-from trainyard.trainer.input import SnapshotInput, _decode_jpeg_at_least
+from trainyard.training.worker.data import load_examples
+from trainyard.training.worker.input import SnapshotInput, _decode_jpeg_at_least
 
 
 def _rows(ds, names: list[str]) -> list[tuple]:  # type: ignore[no-untyped-def]
@@ -159,7 +159,7 @@ def test_augment_refuses_pipelines_it_cannot_serve(
 def test_jpeg_crop_window_decoded_at_a_dct_scale() -> None:
     from PIL import Image
 
-    from trainyard.trainer.input import _decode_jpeg_random_crop
+    from trainyard.training.worker.input import _decode_jpeg_random_crop
 
     buf = io.BytesIO()
     Image.fromarray(np.full((1800, 2400, 3), 90, np.uint8)).save(buf, format="JPEG")

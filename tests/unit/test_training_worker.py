@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.trainer.tf_config import Role
-from trainyard.trainer.worker import EXIT_BAD_INPUT, Fault, active_fault
+from trainyard.training.worker.main import EXIT_BAD_INPUT, Fault, active_fault
+from trainyard.training.worker.tf_config import Role
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_TF_CONFIG = json.dumps(
@@ -26,7 +26,7 @@ def _run(tmp_path: Path, env: dict[str, str], contract: Path) -> subprocess.Comp
             "--output-dir", str(tmp_path / "out")]  # fmt: skip
     full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT / "plugins"), **env}
     return subprocess.run(
-        [sys.executable, "-m", "trainyard.trainer", *args],
+        [sys.executable, "-m", "trainyard.training.worker", *args],
         capture_output=True,
         text=True,
         env=full_env,

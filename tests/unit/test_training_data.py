@@ -22,7 +22,7 @@ from trainer_fixtures import (
 from trainyard.contracts import holdout_mask
 from trainyard.contracts import parse_contract as read_contract
 from trainyard.errors import SnapshotError
-from trainyard.trainer.data import load_examples
+from trainyard.training.worker.data import load_examples
 
 
 @pytest.mark.parametrize(
@@ -82,7 +82,7 @@ def test_broken_snapshot_is_one_clear_error(tmp_path: Path, breakage, message: s
 
 def test_data_module_imports_no_tensorflow() -> None:
     code = (
-        "import sys; import trainyard.trainer.data, trainyard.training; "
+        "import sys; import trainyard.training.worker.data, trainyard.training; "
         "print('tensorflow' in sys.modules)"
     )
     plugins = str(Path(__file__).resolve().parents[2] / "plugins")

@@ -1,4 +1,4 @@
-"""The training worker: one process of a distributed run (``python -m trainyard.trainer``).
+"""The training worker: one process of a distributed run (``python -m trainyard.training.worker``).
 
 Role from ``TF_CONFIG`` (or derived from the Indexed Job environment). Exit codes tell the
 launcher what happened: 0 done, :data:`EXIT_NAN` loss became NaN (do not retry),
@@ -33,7 +33,7 @@ from typing import Any
 
 from trainyard.errors import TrainyardError
 from trainyard.fsutil import atomic_write_json, fsync_tree
-from trainyard.trainer.tf_config import Role, resolve_tf_config, role_of
+from trainyard.training.worker.tf_config import Role, resolve_tf_config, role_of
 
 READY_MARKER = "TRAINYARD_WORKER_READY"
 EXIT_NAN = 3
@@ -47,7 +47,7 @@ _PR_SET_PDEATHSIG = 1
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the worker command line (see ``--help``)."""
     p = argparse.ArgumentParser(
-        prog="python -m trainyard.trainer", description=__doc__.splitlines()[0]
+        prog="python -m trainyard.training.worker", description=__doc__.splitlines()[0]
     )
     p.add_argument("--snapshot-dir", type=Path, required=True)
     p.add_argument("--contract", type=Path, required=True, help="data contract YAML")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
         contract = parse_contract(Path(args.contract))
     except TrainyardError as e:
-        print(f"trainyard.trainer: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        print(f"trainyard.training.worker: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     if args.strategy == "parameter_server":
         cfg.setdefault("rpc_layer", "grpc")
@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, cfg, role, contract, fault, attempt)
     except TrainyardError as e:
         print(
-            f"trainyard.trainer [{role.name}]: {type(e).__name__}: {e}", file=sys.stderr, flush=True
+            f"trainyard.training.worker [{role.name}]: {type(e).__name__}: {e}",
+            file=sys.stderr,
+            flush=True,
         )
         return EXIT_BAD_INPUT
 
@@ -180,8 +182,8 @@ def _run(
     import tf_keras as keras
 
     from trainyard.contracts import feature_spec
-    from trainyard.trainer.input import SnapshotInput
-    from trainyard.trainer.models import ModelSpec, build_model
+    from trainyard.training.worker.architectures import ModelSpec, build_model
+    from trainyard.training.worker.input import SnapshotInput
 
     keras.utils.set_random_seed(args.seed)
     if args.strategy == "multi_worker_mirrored":
