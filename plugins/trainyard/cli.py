@@ -1,7 +1,9 @@
 """``python -m trainyard <command> ...``: one entry point for every step and tool.
 
-Each command lives with its stage as a ``cli_main(argv) -> int`` function, imported only
-when that command runs, so ``--help`` and unrelated commands stay fast.
+The pipeline steps come from the step table (:data:`trainyard.steps.STEPS`), so every
+command a pod runs is a command of this CLI; the tools live with their stage as a
+``cli_main(argv) -> int`` function, imported only when that command runs, so ``--help``
+and unrelated commands stay fast.
 """
 
 from __future__ import annotations
@@ -9,56 +11,103 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from typing import Any
 
 from trainyard.errors import TrainyardError
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "stage": ("trainyard.steps", "Stage a pipeline's raw source into a dataset snapshot."),
-    "validate": ("trainyard.steps", "Validate a snapshot against its data contract."),
-    "train": ("trainyard.steps", "Train a candidate model with N local TensorFlow workers."),
-    "evaluate": ("trainyard.steps", "Evaluate a candidate against the champion and gate it."),
-    "deploy": ("trainyard.steps", "Publish the promoted model to serving and smoke-test it."),
-    "run": ("trainyard.steps", "Run every step of a pipeline in this process, in order."),
-    "summary": ("trainyard.steps", "Print the summary of a pipeline's last run."),
-    "snapshots": ("trainyard.volumes", "list | show | verify | mirror | gc dataset snapshots."),
-    "contracts": ("trainyard.contracts", "check data contracts against the JSON schema."),
-    "models": ("trainyard.registry", "list | show | promote | rollback model versions."),
-    "serve": ("trainyard.serving.server", "Run the TF-Serving-compatible REST server."),
-    "render": ("trainyard.k8s", "Render a step's Kubernetes objects as YAML."),
+TOOLS: dict[str, tuple[str, str, str]] = {
+    "worker": (
+        "trainyard.training.worker.main",
+        "main",
+        "One training worker (the container of every training Job's pod).",
+    ),
+    "run": ("trainyard.steps", "run_cli_main", "Run every step of a pipeline, in order."),
+    "snapshots": (
+        "trainyard.volumes",
+        "cli_main",
+        "list | show | verify | mirror | gc dataset snapshots.",
+    ),
+    "contracts": ("trainyard.contracts", "cli_main", "check data contracts (JSON schema)."),
+    "models": ("trainyard.registry", "cli_main", "list | show | promote | rollback versions."),
+    "serve": ("trainyard.serving.server", "cli_main", "Run the TF-Serving-compatible server."),
+    "render": ("trainyard.pods", "cli_main", "Render a pipeline's Kubernetes objects as YAML."),
 }
+"""Tools: command → (module, function, help)."""
+
+
+def _steps() -> Any:
+    from trainyard import steps
+
+    return steps
+
+
+def commands() -> dict[str, str]:
+    """Every command with its one-line help: the steps (table order), then the tools."""
+    table = {name: step.help for name, step in _steps().STEPS.items()}
+    return {**table, **{name: tool[2] for name, tool in TOOLS.items()}}
 
 
 def _usage() -> str:
-    width = max(len(c) for c in COMMANDS)
-    rows = "\n".join(f"  {c.ljust(width)}  {h}" for c, (_, h) in COMMANDS.items())
-    return f"usage: python -m trainyard <command> [args]\n\ncommands:\n{rows}\n"
+    rows = commands()
+    width = max(len(c) for c in rows)
+    body = "\n".join(f"  {c.ljust(width)}  {h}" for c, h in rows.items())
+    return f"usage: python -m trainyard <command> [args]\n\ncommands:\n{body}\n"
+
+
+def parse_command(argv: list[str]) -> dict[str, Any]:
+    """Parse a command line as :func:`main` would, without running it.
+
+    Used to prove that every rendered pod's command line is accepted by this CLI.
+
+    Args:
+        argv: Arguments without the program name (``["validate", "--pipeline", ...]``).
+
+    Returns:
+        The parsed arguments.
+
+    Raises:
+        SystemExit: With code 2 on an unknown command or a usage error, as the CLI would.
+    """
+    if not argv:
+        raise SystemExit(2)
+    command, rest = argv[0], argv[1:]
+    steps = _steps()
+    if command in steps.STEPS:
+        return steps.STEPS[command].parse(rest)
+    if command == "worker":
+        from trainyard.training.worker.main import parse_args
+
+        return vars(parse_args(rest))
+    raise SystemExit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch to a command's ``cli_main``.
+    """Dispatch to a step of the table or a tool's ``cli_main``.
 
     Args:
         argv: Arguments without the program name (defaults to ``sys.argv[1:]``).
 
     Returns:
-        The process exit code: 0 success, 1 a trainyard error (one clear line), 2 usage.
+        The process exit code: 0 success, 1 a failure a retry may fix, 2 usage, 3 a
+        failure no retry fixes (steps; tools exit 1 on any trainyard error).
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(_usage())
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    if command not in COMMANDS:
+    if command not in commands():
         sys.stderr.write(f"unknown command {command!r}\n\n{_usage()}")
         return 2
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    module = importlib.import_module(COMMANDS[command][0])
+    steps = _steps()
+    if command in steps.STEPS:
+        return steps.run_step(command, rest)
+    module, function, _ = TOOLS[command]
     try:
-        if module.__name__ == "trainyard.steps":
-            return int(module.cli_main([command, *rest]))
-        return int(module.cli_main(rest))
+        return int(getattr(importlib.import_module(module), function)(rest))
     except TrainyardError as e:
         sys.stderr.write(f"trainyard {command}: {type(e).__name__}: {e}\n")
         return 1

@@ -1,28 +1,34 @@
-"""The pipeline's steps, one function each, the same whether Airflow or a person runs them.
+"""The step table: every pipeline step declared once, with its arguments and its result.
 
-Every step takes plain arguments (pipeline name, ids, a dict of overrides) and returns a
-JSON-serialisable dict, so it can be an Airflow task's return value (XCom), a pod's
-``/airflow/xcom/return.json`` or a CLI command's output. The stage modules do the work;
-this module only resolves configs and paths and hands results from one stage to the next::
+Each step is a plain function taking names and ids and returning a JSON-serialisable dict
+(an Airflow task's XCom, a pod's ``/airflow/xcom/return.json``, the CLI's stdout). The
+table (:data:`STEPS`) gives each its command-line arguments and result type; from it come
+the CLI (``python -m trainyard <step>``), the pods' command lines (:mod:`trainyard.pods`)
+and the tasks of the one task graph (:mod:`trainyard.orchestration.graph`), so a pod can
+never run a command the CLI lacks::
 
-    stage ─▶ validate ─▶ train (+ register) ─▶ evaluate (gate) ─▶ deploy (+ promote) ─▶ summary
+    stage ─▶ validate ─▶ train ─▶ register ─▶ evaluate (gate) ─▶ deploy ─▶ summary
+
+The stage modules do the work; this module resolves configs and paths and hands results
+from one step to the next.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trainyard.config import PipelineConfig, TrainingConfig, load_pipeline
-from trainyard.errors import RegistryError, SnapshotError
+from trainyard.errors import ConfigError, RegistryError, SnapshotError
 from trainyard.fsutil import atomic_write_json, read_json
 from trainyard.settings import get_settings
 
@@ -148,33 +154,29 @@ def train(
     overrides: dict[str, Any] | None = None,
     log_line: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Train a candidate with local worker processes, then register it as a new version.
+    """Train a candidate by running the run's training Jobs locally, then register it.
+
+    The Jobs are the ones the kubernetes runner submits; here each pod is a process
+    (:func:`trainyard.training.launcher.run_training`).
 
     Args:
         pipeline: Pipeline name.
         snapshot_id: Validated snapshot to train on.
-        run_id: Airflow run id (names checkpoints and the work dir).
+        run_id: The run (names checkpoints and the output folder).
         overrides: Trigger-form overrides of the training config.
         log_line: Where worker log lines go (the task log); defaults to logging.
 
     Returns:
         ``version`` (the registered candidate), ``metrics``, ``attempts``, ``seconds``.
     """
-    from trainyard.training import run_training
+    from trainyard.training.launcher import run_training
 
     cfg = load_pipeline(pipeline)
     params = training_params(cfg, overrides)
-    snapshot = _snapshot_path(cfg, snapshot_id)
-    work = get_settings().models_root / cfg.name / ".work" / _safe(run_id)
-    result = run_training(cfg, snapshot, work, params, run_id=run_id, log=log_line)
+    _snapshot_path(cfg, snapshot_id)
+    result = run_training(cfg, params, snapshot_id, run_id, log=log_line)
     return register(
-        pipeline,
-        snapshot_id,
-        run_id,
-        str(work),
-        params.model_dump(),
-        result.seconds,
-        result.attempts,
+        pipeline, snapshot_id, run_id, params.model_dump(), result.seconds, result.attempts
     )
 
 
@@ -182,15 +184,22 @@ def register(
     pipeline: str,
     snapshot_id: str,
     run_id: str,
-    output_dir: str,
-    params: dict[str, Any],
+    training: dict[str, Any] | None = None,
     seconds: float | None = None,
     attempts: int | None = None,
 ) -> dict[str, Any]:
-    """Register a finished training output (``<output_dir>/model``) as a numbered version.
+    """Register a run's training output as a numbered version.
 
-    On Kubernetes the training Job writes ``output_dir`` on the models volume and this step
-    runs as its own pod; locally ``train`` calls it directly.
+    The output is where the run's chief wrote it (:func:`trainyard.training.spec.run_paths`
+    on the volume root); after registering it is removed, with the run's checkpoints.
+
+    Args:
+        pipeline: Pipeline name.
+        snapshot_id: The snapshot the run trained on.
+        run_id: The run.
+        training: The run's effective training config (recorded as the version's params).
+        seconds: Training wall-clock time.
+        attempts: Training attempts used.
 
     Returns:
         ``version``, ``metrics``, ``attempts``, ``seconds``.
@@ -199,9 +208,13 @@ def register(
 
     from trainyard import __version__
     from trainyard.contracts import load_contract
+    from trainyard.layout import Layout
+    from trainyard.training.spec import run_paths
 
     cfg = load_pipeline(pipeline)
-    out = Path(output_dir)
+    params = training_params(cfg, training).model_dump()
+    paths = run_paths(Layout(get_settings().volume_root), cfg, snapshot_id, run_id)
+    out = Path(paths.output)
     model_dir = out / "model"
     if not (model_dir / "saved_model.pb").is_file():
         raise RegistryError(f"training output {model_dir} holds no SavedModel")
@@ -222,7 +235,7 @@ def register(
     }
     extra = [p for p in (out / "metrics.json", out / "history.json") if p.is_file()]
     version = _registry(cfg).register(model_dir, metadata, extra_files=extra)
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(Path(paths.output).parent, ignore_errors=True)
     log.info("registered %s version %d (trained on snapshot %s)", cfg.name, version, snapshot_id)
     return {"version": version, "metrics": metrics, "attempts": attempts, "seconds": seconds}
 
@@ -313,37 +326,47 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     }
 
 
-def summary(pipeline: str, run_id: str, results: dict[str, Any]) -> dict[str, Any]:
-    """Record a run's results (``runs/<run_id>.json``, ``last_run.json``) and return them.
+def summary(
+    pipeline: str, run_id: str | None = None, results: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Record a run's results (``runs/<run>.json``, ``last_run.json``), or read the last.
 
     Args:
         pipeline: Pipeline name.
-        run_id: The run.
+        run_id: The run; ``None`` returns the last recorded run.
         results: Each step's return value keyed by step name (missing when skipped).
 
     Returns:
-        The summary that was written.
+        The record (written, or read back).
+
+    Raises:
+        RegistryError: If no run was recorded yet and none is given.
     """
+    from trainyard.layout import Layout
+
     cfg = load_pipeline(pipeline)
+    layout = Layout(get_settings().volume_root)
+    if run_id is None:
+        path = layout.last_run(cfg.name)
+        if not path.is_file():
+            raise RegistryError(f"no run of pipeline {cfg.name!r} recorded yet ({path})")
+        return read_json(path)
     record = {
         "pipeline": cfg.name,
         "run_id": run_id,
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
-        **results,
+        **(results or {}),
     }
-    runs = get_settings().models_root / cfg.name / "runs"
-    atomic_write_json(runs / f"{_safe(run_id)}.json", record)
-    atomic_write_json(runs.parent / "last_run.json", record)
+    atomic_write_json(layout.run_record(cfg.name, run_id), record)
+    atomic_write_json(layout.last_run(cfg.name), record)
+    log.info("run summary:\n%s", format_summary(record))
     return record
 
 
 def format_summary(record: dict[str, Any]) -> str:
     """Render a run record as the few lines a person wants to read."""
-    stage_r, val, tr = (
-        record.get("stage") or {},
-        record.get("validate") or {},
-        record.get("train") or {},
-    )
+    stage_r, val = record.get("stage") or {}, record.get("validate") or {}
+    tr = {**(record.get("train") or {}), **(record.get("register") or {})}
     gate, dep = record.get("evaluate") or {}, record.get("deploy") or {}
     lines = [
         f"pipeline      {record.get('pipeline')}   run {record.get('run_id')}",
@@ -388,10 +411,6 @@ def _fmt_seconds(value: Any) -> str:
     return f"{value:.1f} s" if isinstance(value, int | float) else "-"
 
 
-def _safe(run_id: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:120]
-
-
 def _code_version(package_version: str) -> str:
     head = get_settings().project_dir / ".git" / "HEAD"
     try:
@@ -434,83 +453,299 @@ def run_all(pipeline: str, overrides: dict[str, Any] | None = None) -> dict[str,
     return summary(pipeline, run_id, results)
 
 
+# --------------------------------------------------------------------------- the table
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""A step failed in a way a retry may fix (a crash, a lost connection, a killed worker)."""
+EXIT_USAGE = 2
+EXIT_DETERMINISTIC = 3
+"""A step failed in a way no retry fixes (bad config or data, a rejection, a damaged
+snapshot): the orchestrator fails the task without retrying."""
+
+ArgKind = Literal["str", "int", "float", "bool", "json"]
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a step: a keyword of its function and a flag of its command.
+
+    Attributes:
+        name: The function's keyword (``snapshot_id``); the flag is ``--snapshot-id``.
+        kind: How the value is written on the command line and parsed back.
+        required: Whether the command refuses to run without it.
+        help: One line for ``--help``.
+    """
+
+    name: str
+    kind: ArgKind = "str"
+    required: bool = False
+    help: str = ""
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag."""
+        return "--" + self.name.replace("_", "-")
+
+    def to_text(self, value: Any) -> str:
+        """The value as this argument's command-line text."""
+        if self.kind == "bool":
+            return "true" if value else "false"
+        if self.kind == "json":
+            return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+        if self.kind == "float":
+            return repr(float(value))
+        return str(value)
+
+    def parse(self, text: str) -> Any:
+        """The value of this argument's command-line text (argparse ``type``)."""
+        if self.kind == "int":
+            return int(text)
+        if self.kind == "float":
+            return float(text)
+        if self.kind == "bool":
+            if text not in ("true", "false"):
+                raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+            return text == "true"
+        if self.kind == "json":
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as e:
+                raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from e
+        return text
+
+
+@dataclass(frozen=True)
+class Step:
+    """A pipeline step: its function, its arguments, its result, where it runs.
+
+    Attributes:
+        name: The command and task name.
+        fn: The function (keywords = :attr:`args` names).
+        args: Its arguments, in command-line order.
+        result: The result's keys, for readers of the XCom (documentation and tests).
+        help: One line for the CLI.
+        writes_dataset: Whether its pod mounts the dataset volume read-write.
+    """
+
+    name: str
+    fn: Callable[..., dict[str, Any]]
+    args: tuple[Arg, ...]
+    result: tuple[str, ...]
+    help: str
+    writes_dataset: bool = False
+
+    def argv(self, values: dict[str, Any]) -> list[str]:
+        """The command-line arguments for ``values`` (``None`` values left out).
+
+        Args:
+            values: Keyword → value; every key must be one of :attr:`args`.
+
+        Returns:
+            ``["--flag", "text", ...]`` in table order.
+
+        Raises:
+            ConfigError: On an unknown key or a missing required value.
+        """
+        known = {a.name for a in self.args}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"step {self.name}: unknown argument(s) {unknown}")
+        out: list[str] = []
+        for arg in self.args:
+            value = values.get(arg.name)
+            if value is None:
+                if arg.required:
+                    raise ConfigError(f"step {self.name}: {arg.flag} is required")
+                continue
+            out += [arg.flag, arg.to_text(value)]
+        return out
+
+    def parser(self, prog: str = "python -m trainyard") -> argparse.ArgumentParser:
+        """The command's argument parser, generated from :attr:`args`."""
+        p = argparse.ArgumentParser(prog=f"{prog} {self.name}", description=self.help)
+        for arg in self.args:
+            p.add_argument(
+                arg.flag, dest=arg.name, type=arg.parse, required=arg.required, help=arg.help
+            )
+        return p
+
+    def parse(self, argv: list[str]) -> dict[str, Any]:
+        """The function's keywords from a command line (exits 2 on a usage error)."""
+        return vars(self.parser().parse_args(argv))
+
+    def run(self, argv: list[str]) -> dict[str, Any]:
+        """Parse a command line and call the step."""
+        return self.fn(**self.parse(argv))
+
+
+def _pipeline() -> Arg:
+    return Arg("pipeline", required=True, help="pipeline name (dags/pipelines/<name>.yaml)")
+
+
+STEPS: dict[str, Step] = {
+    s.name: s
+    for s in (
+        Step(
+            "stage",
+            stage,
+            (
+                _pipeline(),
+                Arg("interval_start", help="data interval start (YYYY-MM-DD)"),
+                Arg("interval_end", help="data interval end (YYYY-MM-DD)"),
+                Arg("snapshot_id", help="use this existing snapshot instead of staging"),
+            ),
+            ("snapshot_id", "dataset", "path", "reused", "rows", "bytes", "shards", "given"),
+            "Stage a pipeline's raw source into a dataset snapshot.",
+            writes_dataset=True,
+        ),
+        Step(
+            "validate",
+            validate,
+            (_pipeline(), Arg("snapshot_id", required=True, help="the snapshot to check")),
+            ("success", "snapshot_id", "report_dir", "warnings"),
+            "Validate a snapshot against its data contract.",
+            # the report goes into the snapshot; validated.json is updated
+            writes_dataset=True,
+        ),
+        Step(
+            "train",
+            train,
+            (
+                _pipeline(),
+                Arg("snapshot_id", required=True, help="validated snapshot to train on"),
+                Arg("run_id", required=True, help="names the checkpoint and output folders"),
+                Arg("overrides", "json", help="JSON object of training overrides"),
+            ),
+            ("version", "metrics", "attempts", "seconds"),
+            "Train a candidate (the run's training Jobs as local processes) and register it.",
+        ),
+        Step(
+            "register",
+            register,
+            (
+                _pipeline(),
+                Arg("snapshot_id", required=True, help="the snapshot the run trained on"),
+                Arg("run_id", required=True, help="the training run"),
+                Arg("training", "json", help="the run's training config (JSON)"),
+                Arg("seconds", "float", help="training wall-clock time"),
+                Arg("attempts", "int", help="training attempts used"),
+            ),
+            ("version", "metrics", "attempts", "seconds"),
+            "Register a finished training run's output as a numbered model version.",
+        ),
+        Step(
+            "evaluate",
+            evaluate,
+            (
+                _pipeline(),
+                Arg("version", "int", required=True, help="the candidate version"),
+                Arg("force_promote", "bool", help="promote even if the gate rejects"),
+                Arg("force_reason", help="why (required with --force-promote true)"),
+                Arg("actor", help="who asked"),
+            ),
+            ("promote", "verdict", "reason", "version", "champion", "metrics", "champion_metrics"),
+            "Evaluate a candidate against the champion and gate it.",
+        ),
+        Step(
+            "deploy",
+            deploy,
+            (
+                _pipeline(),
+                Arg("version", "int", required=True, help="the version to serve"),
+                Arg("actor", help="who asked"),
+            ),
+            ("version", "previous", "url", "sample_prediction", "sample_key", "smoke_rows"),
+            "Publish a gated version to serving, smoke-test it, make it the champion.",
+        ),
+        Step(
+            "summary",
+            summary,
+            (
+                _pipeline(),
+                Arg("run_id", help="record this run (else print the last one)"),
+                Arg("results", "json", help="each step's result keyed by step name (JSON)"),
+            ),
+            ("pipeline", "run_id", "finished_at"),
+            "Record a run's results, or print the summary of the pipeline's last run.",
+        ),
+    )
+}
+"""Every step, in pipeline order."""
+
+WORKER_HELP = "One training worker (the container of every training Job's pod)."
+
+
+def deterministic(error: BaseException) -> bool:
+    """Whether no retry can fix this failure (bad config or data, rejection, damage)."""
+    from trainyard.errors import (
+        ConfigError,
+        DeployError,
+        GateRejected,
+        TrainingError,
+        ValidationFailed,
+    )
+
+    if isinstance(error, TrainingError):
+        return not getattr(error, "retryable", True)
+    return isinstance(
+        error, ConfigError | ValidationFailed | GateRejected | SnapshotError | DeployError
+    )
+
+
 def _emit(result: dict[str, Any]) -> None:
-    text = json.dumps(result, indent=2, default=str)
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
     xcom = os.environ.get("TRAINYARD_XCOM_PATH")
     if xcom:
         atomic_write_json(Path(xcom), result)
 
 
-def cli_main(argv: list[str]) -> int:
-    """``python -m trainyard stage|validate|train|register|evaluate|deploy|run|summary``.
+def _report_error(line: str) -> None:
+    """The one-line error on stderr and in the pod's termination message."""
+    sys.stderr.write(line + "\n")
+    path = os.environ.get("TRAINYARD_TERMINATION_LOG")
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path).write_text(line[:4000] + "\n", encoding="utf-8")
 
-    Each prints its result as JSON (and writes it to ``$TRAINYARD_XCOM_PATH`` when set, the
-    way a KubernetesPodOperator pod returns XCom).
+
+def run_step(name: str, argv: list[str]) -> int:
+    """``python -m trainyard <step> ...``: run one step from its command line.
+
+    Prints the result as JSON and writes it to ``$TRAINYARD_XCOM_PATH`` when set (the way a
+    KubernetesPodOperator pod returns XCom). A trainyard error prints one line (also to
+    ``$TRAINYARD_TERMINATION_LOG``, the pod's termination message) and exits
+    :data:`EXIT_DETERMINISTIC` or :data:`EXIT_FAILED`.
+
+    Args:
+        name: A key of :data:`STEPS`.
+        argv: The arguments after the step name.
+
+    Returns:
+        The exit code.
     """
-    parser = argparse.ArgumentParser(prog="python -m trainyard")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("stage", help=stage.__doc__)
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--interval-start")
-    p.add_argument("--interval-end")
-    p.add_argument("--snapshot-id", help="use this existing snapshot instead of staging")
-    p = sub.add_parser("validate")
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--snapshot", required=True)
-    p = sub.add_parser("train")
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--snapshot", required=True)
-    p.add_argument("--run-id", default=None)
-    p.add_argument("--overrides", default="{}", help="JSON object of training overrides")
-    p = sub.add_parser("register")
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--snapshot", required=True)
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--overrides", default="{}")
-    p = sub.add_parser("evaluate")
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--version", type=int, required=True)
-    p.add_argument("--force-promote", choices=["true", "false"], default="false")
-    p.add_argument("--force-reason")
-    p.add_argument("--actor")
-    p = sub.add_parser("deploy")
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--version", type=int, required=True)
-    p = sub.add_parser("run", help="every step in this process, without Airflow")
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--overrides", default="{}")
-    p = sub.add_parser("summary", help="print the last run's summary")
-    p.add_argument("--pipeline", required=True)
-    args = parser.parse_args(argv)
+    from trainyard.errors import TrainyardError
 
-    if args.command == "stage":
-        _emit(
-            stage(args.pipeline, args.interval_start, args.interval_end, args.snapshot_id or None)
-        )
-    elif args.command == "validate":
-        _emit(validate(args.pipeline, args.snapshot))
-    elif args.command == "train":
-        run_id = args.run_id or "cli__" + str(int(time.time()))
-        _emit(train(args.pipeline, args.snapshot, run_id, json.loads(args.overrides)))
-    elif args.command == "register":
-        cfg = load_pipeline(args.pipeline)
-        params = training_params(cfg, json.loads(args.overrides)).model_dump()
-        _emit(register(args.pipeline, args.snapshot, args.run_id, args.output_dir, params))
-    elif args.command == "evaluate":
-        force = args.force_promote == "true"
-        _emit(evaluate(args.pipeline, args.version, force, args.force_reason or None, args.actor))
-    elif args.command == "deploy":
-        _emit(deploy(args.pipeline, args.version))
-    elif args.command == "run":
-        record = run_all(args.pipeline, json.loads(args.overrides))
-        sys.stdout.write(format_summary(record) + "\n")
-    elif args.command == "summary":
-        cfg = load_pipeline(args.pipeline)
-        path = get_settings().models_root / cfg.name / "last_run.json"
-        if not path.is_file():
-            sys.stderr.write(f"no run of pipeline {cfg.name!r} recorded yet ({path})\n")
-            return 1
-        sys.stdout.write(format_summary(read_json(path)) + "\n")
-    return 0
+    step = STEPS[name]
+    kwargs = step.parse(argv)
+    try:
+        result = step.fn(**kwargs)
+    except TrainyardError as e:
+        _report_error(f"trainyard {name}: {type(e).__name__}: {e}")
+        return EXIT_DETERMINISTIC if deterministic(e) else EXIT_FAILED
+    if name == "summary" and kwargs.get("run_id") is None:
+        sys.stdout.write(format_summary(result) + "\n")
+    else:
+        _emit(result)
+    return EXIT_OK
+
+
+def run_cli_main(argv: list[str]) -> int:
+    """``python -m trainyard run --pipeline P [--overrides JSON]``: every step, no Airflow."""
+    p = argparse.ArgumentParser(prog="python -m trainyard run", description=run_all.__doc__)
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--overrides", type=Arg("overrides", "json").parse, default={})
+    args = p.parse_args(argv)
+    record = run_all(args.pipeline, args.overrides)
+    sys.stdout.write(format_summary(record) + "\n")
+    return EXIT_OK

@@ -31,7 +31,7 @@ Storage:
       named ``volume_snapshot_name(dataset, snapshot_id)``.
 
 Steps:
-    * ``step_pod(profile, step, args, dataset, read_only_data=None) -> V1Pod``:
+    * ``step_pod(profile, step, args, dataset, *, writes_dataset, env=None) -> V1Pod``:
       ``python -m trainyard <step> <args>`` from the steps image on the CPU pool, dataset
       PVC at ``/volumes/<dataset>``, models PVC sub-paths at ``/volumes/_models``,
       ``/volumes/_serving``, ``/volumes/_checkpoints``; for ``KubernetesPodOperator(
@@ -81,12 +81,14 @@ from trainyard.k8s.objects import (
     ROLE_LABEL,
     RUN_LABEL,
     SNAPSHOT_LABEL,
-    STEP_WRITES_DATASET,
+    STEP_PROGRAM,
+    TERMINATION_LOG,
     TF_PORT,
     VOLUME_ROOT,
     VOLUME_SNAPSHOT_GROUP,
     VOLUME_SNAPSHOT_PLURAL,
     VOLUME_SNAPSHOT_VERSION,
+    XCOM_PATH,
     TrainingObjects,
     dataset_pvc,
     dataset_pvc_name,
@@ -118,7 +120,7 @@ from trainyard.k8s.placement import (
     preference_weight,
 )
 from trainyard.k8s.profile import ClusterProfile, load_cluster_profile, parse_cluster_profile
-from trainyard.k8s.render import TRAINER_CONTRACTS_DIR, cli_main, render_objects, trainer_args
+from trainyard.k8s.render import run_training_objects
 
 __all__ = [
     "BASE_CONTAINER",
@@ -132,18 +134,18 @@ __all__ = [
     "ROLE_LABEL",
     "RUN_LABEL",
     "SNAPSHOT_LABEL",
-    "STEP_WRITES_DATASET",
+    "STEP_PROGRAM",
+    "TERMINATION_LOG",
     "TF_PORT",
-    "TRAINER_CONTRACTS_DIR",
     "VOLUME_ROOT",
     "VOLUME_SNAPSHOT_GROUP",
     "VOLUME_SNAPSHOT_PLURAL",
     "VOLUME_SNAPSHOT_SCHEMA",
     "VOLUME_SNAPSHOT_VERSION",
+    "XCOM_PATH",
     "ClusterProfile",
     "Placement",
     "TrainingObjects",
-    "cli_main",
     "cpu_placement",
     "dataset_pvc",
     "dataset_pvc_name",
@@ -157,10 +159,10 @@ __all__ = [
     "placement_for_tier",
     "preference_weight",
     "pss_violations",
-    "render_objects",
     "render_yaml",
     "restricted_pod_security_context",
     "restricted_security_context",
+    "run_training_objects",
     "schema_errors",
     "serving_deployment",
     "serving_name",
@@ -168,7 +170,6 @@ __all__ = [
     "step_pod",
     "tf_jobs_env",
     "to_dict",
-    "trainer_args",
     "training_base_name",
     "training_job",
     "training_objects",

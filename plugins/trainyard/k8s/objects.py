@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from trainyard.errors import ConfigError
 from trainyard.k8s.placement import Placement, cpu_placement, placement_for_tier
+from trainyard.training import spec
 
 if TYPE_CHECKING:
     from kubernetes.client import (
@@ -50,16 +51,12 @@ VERSION_ANNOTATION = "trainyard.io/model-version"
 MODELS_SUBPATHS = ("_models", "_serving", "_checkpoints")
 """Folders of the models PVC, mounted at ``/volumes/<folder>`` (the volume layout)."""
 
-STEPS = ("stage", "validate", "train", "register", "evaluate", "deploy")
-STEP_WRITES_DATASET: dict[str, bool] = {
-    "stage": True,
-    # validate writes its report into the snapshot and updates validated.json
-    "validate": True,
-    "train": False,
-    "register": False,
-    "evaluate": False,
-    "deploy": False,
-}
+STEP_PROGRAM = ("python", "-m", "trainyard")
+"""Every step pod runs ``python -m trainyard <step> <args>`` (the step table's CLI)."""
+XCOM_PATH = "/airflow/xcom/return.json"
+"""Where a step pod writes its result (KubernetesPodOperator's XCom sidecar reads it)."""
+TERMINATION_LOG = "/dev/termination-log"
+"""Where a step pod writes its one-line error (the container's terminationMessagePath)."""
 Role = Literal["worker", "chief", "ps"]
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 VOLUME_SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
@@ -387,54 +384,55 @@ def step_pod(
     step: str,
     args: list[str],
     dataset: str,
-    read_only_data: bool | None = None,
+    *,
+    writes_dataset: bool,
+    env: dict[str, str] | None = None,
 ) -> V1Pod:
     """The pod of one pipeline step: ``python -m trainyard <step> <args>``.
 
     Give it to ``KubernetesPodOperator(full_pod_spec=...)``; the operator sets the pod name
     and its own labels. If the operator pushes XCom, also pass
-    ``xcom_sidecar_container_security_context=xcom_sidecar_security_context()``.
+    ``xcom_sidecar_container_security_context=xcom_sidecar_security_context()``. The local
+    runner runs the same container as a process (:mod:`trainyard.k8s.local`).
 
     Args:
         profile: Cluster profile (image, pool, service account, security).
-        step: Step name (``stage``, ``validate``, ``train``, ``register``, ``evaluate``,
-            ``deploy``).
-        args: Arguments after the step name (e.g. ``["--pipeline", "digits"]``).
+        step: Step name (an entry of ``trainyard.steps.STEPS``).
+        args: Arguments after the step name (``Step.argv`` of the step table).
         dataset: Dataset whose PVC is mounted at ``/volumes/<dataset>``.
-        read_only_data: Mount the dataset read-only; default from ``STEP_WRITES_DATASET``.
+        writes_dataset: Mount the dataset read-write (else read-only).
+        env: Extra environment variables.
 
     Returns:
-        The pod, restricted, on the CPU pool, ``restartPolicy: Never``.
-
-    Raises:
-        ConfigError: If the step is unknown.
+        The pod, restricted (read-only root filesystem, ``/tmp`` an emptyDir), on the CPU
+        pool, ``restartPolicy: Never``; its result goes to :data:`XCOM_PATH`.
     """
     from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec
 
-    if step not in STEP_WRITES_DATASET:
-        raise ConfigError(f"unknown step {step!r} (known: {', '.join(STEPS)})")
-    if read_only_data is None:
-        read_only_data = not STEP_WRITES_DATASET[step]
     place = cpu_placement(profile)
-    data_vol, data_mount = _data_volume(dataset, read_only_data)
+    data_vol, data_mount = _data_volume(dataset, not writes_dataset)
     models_vol, models_mounts = _models_volume(profile, dict.fromkeys(MODELS_SUBPATHS, False))
     tmp_vol, tmp_mount = _tmp_volume()
     container = V1Container(
         name=BASE_CONTAINER,
         image=profile.images.steps,
         image_pull_policy=profile.images.pull_policy,
-        command=["python", "-m", "trainyard", step],
+        command=[*STEP_PROGRAM, step],
         args=list(args),
         env=_env(
             {
                 "TRAINYARD_VOLUME_ROOT": VOLUME_ROOT,
                 # inside the pod the step does its own work; it never renders more pods
                 "TRAINYARD_RUNNER": "local",
+                "TRAINYARD_XCOM_PATH": XCOM_PATH,
+                "TRAINYARD_TERMINATION_LOG": TERMINATION_LOG,
                 "PYTHONUNBUFFERED": "1",
+                "HOME": "/tmp",
+                **(env or {}),
             }
         ),
         resources=_resources(profile.resources.steps),
-        security_context=restricted_security_context(),
+        security_context=restricted_security_context(read_only_root=True),
         volume_mounts=[data_mount, *models_mounts, tmp_mount],
     )
     return V1Pod(
@@ -607,22 +605,23 @@ def training_job(
         name=BASE_CONTAINER,
         image=profile.images.trainer,
         image_pull_policy=profile.images.pull_policy,
-        command=["python", "-m", "trainyard.training.worker"],
+        command=list(spec.WORKER_COMMAND),
         args=list(args),
         ports=[V1ContainerPort(name="tf-grpc", container_port=TF_PORT)],
         env=_env(
             {
-                "TRAINYARD_TF_TASK_TYPE": role,
-                "TRAINYARD_TF_JOBS": tf_jobs,
-                "TRAINYARD_TF_SERVICE": name,
-                "TRAINYARD_TF_PORT": str(TF_PORT),
+                spec.ENV_TASK_TYPE: role,
+                spec.ENV_JOBS: tf_jobs,
+                spec.ENV_SERVICE: name,
+                spec.ENV_PORT: str(TF_PORT),
                 "TRAINYARD_VOLUME_ROOT": VOLUME_ROOT,
                 "TF_USE_LEGACY_KERAS": "1",
                 "PYTHONUNBUFFERED": "1",
+                "HOME": "/tmp",
             }
         ),
         resources=_resources(res, gpus),
-        security_context=restricted_security_context(),
+        security_context=restricted_security_context(read_only_root=True),
         volume_mounts=[data_mount, *models_mounts, tmp_mount],
     )
     return V1Job(

@@ -1,62 +1,22 @@
-"""``python -m trainyard render <pipeline>``: a pipeline's Kubernetes objects as YAML."""
+"""A pipeline run's training objects: the Service and Indexed Jobs both runners start.
+
+The kubernetes runner submits them; the local runner runs each of their pods as a process
+(:func:`trainyard.training.launcher.run_training`). Step pods come from the step table
+(:mod:`trainyard.pods`).
+"""
 
 from __future__ import annotations
 
-import argparse
-import sys
-from typing import TYPE_CHECKING, Any
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
-from trainyard.errors import ConfigError
-from trainyard.k8s.checks import render_yaml, validate_object
-from trainyard.k8s.objects import (
-    VOLUME_ROOT,
-    dataset_pvc,
-    models_pvc,
-    serving_deployment,
-    serving_service,
-    step_pod,
-    training_base_name,
-    training_objects,
-)
-from trainyard.k8s.profile import load_cluster_profile
+from trainyard.k8s.objects import VOLUME_ROOT, TrainingObjects, training_objects
+from trainyard.layout import Layout
+from trainyard.training import spec
 
 if TYPE_CHECKING:
-    from trainyard.config import PipelineConfig
+    from trainyard.config import PipelineConfig, TrainingConfig
     from trainyard.k8s.profile import ClusterProfile
-
-TRAINER_CONTRACTS_DIR = "/opt/trainyard/data_contracts"
-"""Where images/trainer/Dockerfile puts the data contracts."""
-RENDER_STEPS = ("storage", "stage", "validate", "train", "evaluate", "deploy", "all")
-
-
-def trainer_args(pipeline: PipelineConfig, snapshot: str, run_name: str) -> list[str]:
-    """Arguments of ``python -m trainyard.training.worker`` for a training Job.
-
-    Args:
-        pipeline: The pipeline config.
-        snapshot: Snapshot id to train on.
-        run_name: Attempt base name (checkpoint and output folder).
-
-    Returns:
-        Paths under ``/volumes`` (and the contract baked into the trainer image) plus the
-        training parameters.
-    """
-    t = pipeline.training
-    ckpt = f"{VOLUME_ROOT}/_checkpoints/{pipeline.name}/{run_name}"
-    return [
-        "--snapshot-dir", f"{VOLUME_ROOT}/{pipeline.dataset}/snapshots/{snapshot}",
-        "--contract", f"{TRAINER_CONTRACTS_DIR}/{pipeline.dataset}.yaml",
-        "--model", t.model,
-        "--strategy", t.strategy,
-        "--epochs", str(t.epochs),
-        "--batch-size", str(t.batch_size),
-        "--learning-rate", str(t.learning_rate),
-        "--steps-per-execution", str(t.steps_per_execution),
-        "--seed", str(t.seed),
-        "--checkpoint-dir", f"{ckpt}/backup",
-        "--output-dir", f"{ckpt}/output",
-    ]  # fmt: skip
-
 
 def pipeline_training_objects(
     profile: ClusterProfile,
@@ -64,7 +24,7 @@ def pipeline_training_objects(
     run_id: str,
     args: list[str],
     kueue: bool | None = None,
-) -> Any:
+) -> TrainingObjects:
     """``training_objects`` with the pipeline's strategy, replicas, tier, GPUs and deadline.
 
     Args:
@@ -94,118 +54,35 @@ def pipeline_training_objects(
     )
 
 
-def render_objects(
+def run_training_objects(
     profile: ClusterProfile,
     pipeline: PipelineConfig,
-    step: str = "all",
-    *,
-    snapshot: str | None = None,
-    version: int | None = None,
-    run_id: str = "manual",
+    training: TrainingConfig,
+    snapshot_id: str,
+    run_id: str,
     kueue: bool | None = None,
-) -> list[Any]:
-    """The objects of one step (or all) of a pipeline, in apply order.
+) -> TrainingObjects:
+    """The Service and Jobs of one run, rendered with the run's training config.
+
+    Their names derive from the pipeline and the run id, so a retry of the same run finds
+    (and reattaches to) the Jobs it already created.
 
     Args:
         profile: Cluster profile.
-        pipeline: Pipeline config.
-        step: One of ``RENDER_STEPS``.
-        snapshot: Snapshot id (validate, train).
-        version: Model version (evaluate, deploy).
-        run_id: Airflow run id (names the training attempt).
+        pipeline: The pipeline config.
+        training: The run's effective training config (trigger form over the pipeline's).
+        snapshot_id: Snapshot the run trains on.
+        run_id: The run.
         kueue: Kueue mode; default from the profile.
 
     Returns:
-        Typed objects.
+        The run's objects, placement plan and teardown.
 
     Raises:
-        ConfigError: If the step is unknown or a needed id is missing.
+        ConfigError: If the config cannot be rendered (unknown tier, no parameter server).
     """
-    if step not in RENDER_STEPS:
-        raise ConfigError(f"unknown render step {step!r} (known: {', '.join(RENDER_STEPS)})")
-
-    def need(value: Any, option: str, for_step: str) -> Any:
-        if value is None:
-            raise ConfigError(f"render {for_step}: {option} is required")
-        return value
-
-    name, ds = pipeline.name, pipeline.dataset
-    steps = RENDER_STEPS[:-1] if step == "all" else (step,)
-    objs: list[Any] = []
-    for s in steps:
-        if s == "storage":
-            st = pipeline.staging
-            objs += [
-                dataset_pvc(profile, ds, st.pvc_size, st.storage_class, st.access_mode),
-                models_pvc(profile),
-            ]
-        elif s == "stage":
-            objs.append(step_pod(profile, "stage", ["--pipeline", name], ds))
-        elif s == "validate":
-            snap = need(snapshot, "--snapshot", s)
-            objs.append(step_pod(profile, "validate", ["--pipeline", name, "--snapshot", snap], ds))
-        elif s == "train":
-            snap = need(snapshot, "--snapshot", s)
-            base = training_base_name(name, run_id)
-            tr = pipeline_training_objects(
-                profile, pipeline, run_id, trainer_args(pipeline, snap, base), kueue=kueue
-            )
-            objs += [tr.service, *tr.jobs]
-        elif s == "evaluate":
-            ver = need(version, "--version", s)
-            objs.append(
-                step_pod(profile, "evaluate", ["--pipeline", name, "--version", str(ver)], ds)
-            )
-        elif s == "deploy":
-            ver = need(version, "--version", s)
-            sv = pipeline.serving
-            objs += [
-                serving_deployment(profile, sv.model_name, ver, sv.replicas),
-                serving_service(profile, sv.model_name),
-                step_pod(profile, "deploy", ["--pipeline", name, "--version", str(ver)], ds),
-            ]
-    return objs
-
-
-def cli_main(argv: list[str]) -> int:
-    """``render <pipeline> [--step S] [--snapshot ID] [--version N] [--profile F] [--kueue]``.
-
-    Prints the validated YAML on stdout.
-
-    Args:
-        argv: Arguments after ``render``.
-
-    Returns:
-        0 on success.
-
-    Raises:
-        ConfigError: If the pipeline or profile is invalid, or a rendered object fails the
-            schema or Pod Security check (every message listed).
-    """
-    from trainyard.config import load_pipeline
-
-    p = argparse.ArgumentParser(prog="python -m trainyard render")
-    p.add_argument("pipeline")
-    p.add_argument("--step", choices=RENDER_STEPS, default="all")
-    p.add_argument("--snapshot", help="snapshot id (validate, train)")
-    p.add_argument("--version", type=int, help="model version (evaluate, deploy)")
-    p.add_argument("--run-id", default="manual")
-    p.add_argument("--profile", help="cluster profile YAML (default: settings)")
-    p.add_argument("--kueue", action=argparse.BooleanOptionalAction, default=None)
-    a = p.parse_args(argv)
-    profile = load_cluster_profile(a.profile)
-    pipeline = load_pipeline(a.pipeline)
-    objs = render_objects(
-        profile,
-        pipeline,
-        a.step,
-        snapshot=a.snapshot,
-        version=a.version,
-        run_id=a.run_id,
-        kueue=a.kueue,
-    )
-    errors = [e for o in objs for e in validate_object(o)]
-    if errors:
-        raise ConfigError("rendered objects are invalid:\n  " + "\n  ".join(errors))
-    sys.stdout.write(render_yaml(objs))
-    return 0
+    run_cfg = pipeline.model_copy(update={"training": training})
+    paths = spec.run_paths(Layout(PurePosixPath(VOLUME_ROOT)), pipeline, snapshot_id, run_id)
+    contract = PurePosixPath(spec.IMAGE_CONTRACTS_DIR) / f"{pipeline.dataset}.yaml"
+    args = spec.worker_args(paths, contract, training)
+    return pipeline_training_objects(profile, run_cfg, run_id, args, kueue=kueue)

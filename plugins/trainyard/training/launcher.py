@@ -1,6 +1,9 @@
-"""Local launcher: the same worker command N times on loopback ports, owning liveness.
+"""Local launcher: a run's rendered training Jobs as local processes, owning liveness.
 
-Every attempt gets fresh ports and a fresh ``TF_CONFIG`` per task. Each task runs in its
+Each pod of the Indexed Jobs the cluster would run becomes a process with the pod's
+command, args and environment (``JOB_COMPLETION_INDEX`` included); every attempt maps the
+headless Service's DNS names to fresh loopback ports, and each worker derives its
+``TF_CONFIG`` from that environment exactly as in a pod. Each task runs in its
 own process group; its output is streamed line by line, prefixed with its role, into the
 ``log`` callback (the Airflow task log). The attempt fails when a task has not printed
 :data:`~trainyard.training.worker.main.READY_MARKER` by the start deadline, when any task exits
@@ -17,23 +20,28 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainyard.errors import TrainingError
 from trainyard.fsutil import read_json
+from trainyard.training import spec
 from trainyard.training.worker.main import EXIT_BAD_INPUT, EXIT_NAN, READY_MARKER
-from trainyard.training.worker.tf_config import cluster_roles, make_tf_config
 
-_PLUGINS_DIR = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    from trainyard.config import PipelineConfig, TrainingConfig
+    from trainyard.k8s.objects import TrainingObjects
+    from trainyard.k8s.profile import ClusterProfile
+
+LOOPBACK = "127.0.0.1"
 logger = logging.getLogger("trainyard.training")
 
 
@@ -58,31 +66,44 @@ class TrainResult:
     tf_config_roles: list[str] = field(default_factory=list)
 
 
-@dataclass
-class LaunchSpec:
-    """What to launch: the worker arguments and the liveness limits.
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task process: a pod of a rendered training Job, as a local process.
 
     Attributes:
-        worker_args: Arguments after ``python -m trainyard.training.worker``.
-        roles: (task type, index) of every task.
+        name: ``<type>:<index>`` (log prefix).
+        argv: Command and arguments.
+        env: Its environment (the container's, paths mapped).
+        dns: The pod's DNS name on the cluster (``<job>-<index>.<service>``), mapped to a
+            fresh loopback port each attempt (:data:`~trainyard.training.spec.ENV_HOSTS`).
+    """
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    dns: str
+
+
+@dataclass
+class LaunchSpec:
+    """What to launch: the task processes and the liveness limits.
+
+    Attributes:
+        tasks: Every task of an attempt.
         start_deadline_s: Every task must print the ready marker within this time.
         attempt_timeout_s: Wall-clock limit of one attempt.
         max_attempts: Attempts before giving up.
-        env: Extra environment for every task.
+        env: Extra environment for every task (tests: ``TRAINYARD_FAULT``).
         success_roles: Task types whose exit 0 completes the attempt (the others are
             servers that are stopped afterwards).
-        command: The program before ``worker_args`` (default: this interpreter running
-            ``-m trainyard.training.worker``).
     """
 
-    worker_args: list[str]
-    roles: list[tuple[str, int]]
+    tasks: list[TaskSpec]
     start_deadline_s: float
     attempt_timeout_s: float
     max_attempts: int
     env: dict[str, str] = field(default_factory=dict)
     success_roles: tuple[str, ...] = ("worker",)
-    command: list[str] | None = None
 
 
 class _NonRetryable(TrainingError):
@@ -144,40 +165,32 @@ class _Task:
 class _Attempt:
     """One attempt's processes; stopped (whole groups) on exit, whatever happened."""
 
-    def __init__(self, spec: LaunchSpec, attempt: int, log: Callable[[str], None]) -> None:
-        self.spec, self.attempt, self.log = spec, attempt, log
+    def __init__(self, launch: LaunchSpec, attempt: int, log: Callable[[str], None]) -> None:
+        self.spec, self.attempt, self.log = launch, attempt, log
         self.tasks: list[_Task] = []
 
     def start(self) -> None:
-        ports = free_ports(len(self.spec.roles))
-        cluster: dict[str, list[str]] = {}
-        for (ttype, _i), port in zip(self.spec.roles, ports, strict=True):
-            cluster.setdefault(ttype, []).append(f"127.0.0.1:{port}")
-        base = dict(os.environ)
-        base.update(self.spec.env)
-        base["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(_PLUGINS_DIR), base.get("PYTHONPATH", "")) if p
-        )
-        base["TRAINYARD_PARENT_PID"] = str(os.getpid())
-        base["TRAINYARD_ATTEMPT"] = str(self.attempt)
-        base["TF_USE_LEGACY_KERAS"] = "1"
-        base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        base.setdefault("PYTHONUNBUFFERED", "1")
-        for key in (
-            "JOB_COMPLETION_INDEX",
-            "TRAINYARD_TF_JOBS",
-            "TRAINYARD_TF_SERVICE",
-            "TRAINYARD_TF_TASK_TYPE",
-        ):
-            base.pop(key, None)
-        program = self.spec.command or [sys.executable, "-m", "trainyard.training.worker"]
-        cmd = [*program, *self.spec.worker_args]
-        for ttype, index in self.spec.roles:
-            env = dict(base, TF_CONFIG=json.dumps(make_tf_config(cluster, ttype, index)))
-            self.tasks.append(_Task(f"{ttype}:{index}", cmd, env, self.log))
-        self.log(
-            f"attempt {self.attempt}: started {', '.join(t.name for t in self.tasks)} on {cluster}"
-        )
+        ports = free_ports(len(self.spec.tasks))
+        hosts = {t.dns: f"{LOOPBACK}:{p}" for t, p in zip(self.spec.tasks, ports, strict=True)}
+        for task in self.spec.tasks:
+            env = dict(task.env)
+            env.pop("TF_CONFIG", None)  # derived by the worker, as in a pod
+            env.update(self.spec.env)
+            env.update(
+                {
+                    spec.ENV_HOSTS: json.dumps(hosts, sort_keys=True),
+                    spec.ENV_BIND: LOOPBACK,
+                    spec.ENV_PARENT_PID: str(os.getpid()),
+                    spec.ENV_ATTEMPT: str(self.attempt),
+                    "TF_USE_LEGACY_KERAS": "1",
+                }
+            )
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            self.tasks.append(_Task(task.name, task.argv, env, self.log))
+        self.log(f"attempt {self.attempt}: started {', '.join(t.name for t in self.tasks)}")
+        self.log(f"attempt {self.attempt}: addresses {hosts}")
+        self.log(f"attempt {self.attempt}: command {shlex.join(self.spec.tasks[0].argv)}")
 
     def wait(self) -> None:
         """Block until the attempt succeeds; raise TrainingError (or _NonRetryable) otherwise."""
@@ -269,11 +282,11 @@ def _sigterm_stops(attempt_ref: list[_Attempt | None]) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch(spec: LaunchSpec, log: Callable[[str], None] | None = None) -> int:
+def launch(plan: LaunchSpec, log: Callable[[str], None] | None = None) -> int:
     """Run attempts until one succeeds.
 
     Args:
-        spec: Command, roles and limits.
+        plan: Task processes and limits.
         log: Receives every output line (prefixed ``[<type>:<index>]``) and launcher
             messages; defaults to the ``trainyard.training`` logger.
 
@@ -288,8 +301,8 @@ def launch(spec: LaunchSpec, log: Callable[[str], None] | None = None) -> int:
     failures: list[str] = []
     current: list[_Attempt | None] = [None]
     with _sigterm_stops(current):
-        for attempt in range(1, spec.max_attempts + 1):
-            run = _Attempt(spec, attempt, emit)
+        for attempt in range(1, plan.max_attempts + 1):
+            run = _Attempt(plan, attempt, emit)
             current[0] = run
             try:
                 run.start()
@@ -305,31 +318,115 @@ def launch(spec: LaunchSpec, log: Callable[[str], None] | None = None) -> int:
                 run.stop()
                 current[0] = None
     raise TrainingError(
-        f"training failed after {spec.max_attempts} attempt(s):\n  " + "\n  ".join(failures)
+        f"training failed after {plan.max_attempts} attempt(s):\n  " + "\n  ".join(failures)
     )
 
 
+def job_tasks(
+    objects: TrainingObjects, *, volume_root: Path, scratch: Path, settings: Any
+) -> list[TaskSpec]:
+    """Every pod of an attempt's rendered Indexed Jobs, as local task processes.
+
+    Pod ``i`` of a Job gets ``JOB_COMPLETION_INDEX=i`` as Kubernetes would set it; its
+    container's command, args and environment are the Job's, paths mapped
+    (:func:`trainyard.k8s.local.local_process`).
+
+    Args:
+        objects: The attempt's Service and Jobs.
+        volume_root: The local volume root (``/volumes`` in the pods).
+        scratch: A private folder for the pods' ``emptyDir`` mounts.
+        settings: Local settings.
+
+    Returns:
+        One task per pod, in Job order (ps, chief, worker).
+    """
+    from trainyard.k8s.local import local_process
+    from trainyard.k8s.objects import ROLE_LABEL
+
+    tasks = []
+    for job in objects.jobs:
+        role = job.metadata.labels[ROLE_LABEL]
+        pod = job.spec.template.spec
+        for index in range(job.spec.completions):
+            proc = local_process(
+                pod,
+                volume_root=volume_root,
+                scratch=scratch / f"{role}-{index}",
+                settings=settings,
+                extra_env={spec.ENV_INDEX: str(index)},
+            )
+            dns = f"{job.metadata.name}-{index}.{pod.subdomain}"
+            tasks.append(TaskSpec(f"{role}:{index}", proc.argv, proc.env, dns))
+    return tasks
+
+
+def run_jobs(
+    objects: TrainingObjects,
+    training: TrainingConfig,
+    settings: Any,
+    log: Callable[[str], None] | None = None,
+    *,
+    env: dict[str, str] | None = None,
+) -> tuple[int, float]:
+    """Run a run's rendered training Jobs as local processes until an attempt succeeds.
+
+    Args:
+        objects: The run's Service and Jobs (as the cluster would get them).
+        training: The run's training config (start deadline, attempt limits, strategy).
+        settings: Local settings (volume root, checkout folders).
+        log: Line sink (the Airflow task log); defaults to python logging.
+        env: Extra environment for the workers (tests: ``TRAINYARD_FAULT``).
+
+    Returns:
+        (attempts used, wall-clock seconds).
+
+    Raises:
+        TrainingError: See :func:`launch`.
+    """
+    import tempfile
+
+    emit = log or logger.info
+    with tempfile.TemporaryDirectory(prefix="trainyard-pods-") as scratch:
+        plan = LaunchSpec(
+            tasks=job_tasks(
+                objects, volume_root=settings.volume_root, scratch=Path(scratch), settings=settings
+            ),
+            start_deadline_s=training.start_deadline_s,
+            attempt_timeout_s=training.attempt_timeout_s,
+            max_attempts=training.max_attempts,
+            env=dict(env or {}),
+            success_roles=("chief",) if training.strategy == "parameter_server" else ("worker",),
+        )
+        t0 = time.monotonic()
+        attempts = launch(plan, emit)
+        return attempts, time.monotonic() - t0
+
+
 def run_training(
-    pipeline: Any,
-    snapshot_dir: Path,
-    output_dir: Path,
-    params: Any,
+    pipeline: PipelineConfig,
+    training: TrainingConfig,
+    snapshot_id: str,
     run_id: str,
     log: Callable[[str], None] | None = None,
     *,
     env: dict[str, str] | None = None,
+    profile: ClusterProfile | None = None,
 ) -> TrainResult:
-    """Train ``pipeline``'s model on a snapshot with local worker processes.
+    """Train on a snapshot by running the run's rendered training Jobs as local processes.
+
+    The Service and Indexed Jobs are the ones the kubernetes runner submits
+    (:func:`trainyard.k8s.render.run_training_objects`); here each of their pods is a
+    process on a loopback port, under :func:`launch`'s liveness rules.
 
     Args:
-        pipeline: The ``PipelineConfig`` (its ``dataset`` names the contract).
-        snapshot_dir: The validated snapshot to train on.
-        output_dir: Receives ``model/``, ``metrics.json``, ``history.json`` (chief only).
-        params: ``TrainingConfig`` (strategy, workers, epochs, limits, ...).
-        run_id: Names the checkpoint folder ``<checkpoints_root>/<pipeline>/<run_id>``;
-            re-running the same ``run_id`` resumes from its checkpoint.
+        pipeline: The pipeline config.
+        training: The run's effective training config.
+        snapshot_id: The validated snapshot to train on.
+        run_id: The run; names the checkpoint and output folders (re-running the same
+            ``run_id`` resumes from its checkpoint).
         log: Line sink (the Airflow task log); defaults to python logging.
         env: Extra environment for the workers (tests: ``TRAINYARD_FAULT``).
+        profile: Cluster profile (default: the settings').
 
     Returns:
         The result, read back from what the chief wrote.
@@ -337,40 +434,24 @@ def run_training(
     Raises:
         TrainingError: See :func:`launch`; also if the chief reported success but wrote
             no model.
-        ConfigError: Unknown strategy or no parameter server for ``parameter_server``.
+        ConfigError: Unknown strategy, no parameter server for ``parameter_server``, or an
+            unknown priority tier.
     """
+    from trainyard.k8s.profile import load_cluster_profile
+    from trainyard.k8s.render import run_training_objects
+    from trainyard.layout import Layout
     from trainyard.settings import get_settings
 
     settings = get_settings()
-    contract = settings.contracts_dir / f"{pipeline.dataset}.yaml"
-    checkpoint_dir = settings.checkpoints_root / pipeline.name / run_id
-    output_dir = Path(output_dir)
-    roles = cluster_roles(params.strategy, params.workers, params.parameter_servers)
-    worker_args = [
-        "--snapshot-dir", str(snapshot_dir),
-        "--contract", str(contract),
-        "--model", params.model,
-        "--strategy", params.strategy,
-        "--epochs", str(params.epochs),
-        "--batch-size", str(params.batch_size),
-        "--learning-rate", repr(params.learning_rate),
-        "--checkpoint-dir", str(checkpoint_dir),
-        "--output-dir", str(output_dir),
-        "--steps-per-execution", str(params.steps_per_execution),
-        "--seed", str(params.seed),
-    ]  # fmt: skip
-    spec = LaunchSpec(
-        worker_args=worker_args,
-        roles=roles,
-        start_deadline_s=params.start_deadline_s,
-        attempt_timeout_s=params.attempt_timeout_s,
-        max_attempts=params.max_attempts,
-        env=dict(env or {}),
-        success_roles=("chief",) if params.strategy == "parameter_server" else ("worker",),
+    profile = profile or load_cluster_profile(settings.cluster_profile)
+    objects = run_training_objects(profile, pipeline, training, snapshot_id, run_id)
+    emit = log or logger.info
+    for line in objects.plan:
+        emit(line)
+    attempts, seconds = run_jobs(objects, training, settings, emit, env=env)
+    output_dir = Path(
+        spec.run_paths(Layout(settings.volume_root), pipeline, snapshot_id, run_id).output
     )
-    t0 = time.monotonic()
-    attempts = launch(spec, log)
-    seconds = time.monotonic() - t0
     if not (output_dir / "model" / "saved_model.pb").is_file():
         raise TrainingError(
             f"{output_dir}: training finished but the chief wrote no model/saved_model.pb"
@@ -381,5 +462,13 @@ def run_training(
         history=read_json(output_dir / "history.json"),
         attempts=attempts,
         seconds=seconds,
-        tf_config_roles=[f"{t}:{i}" for t, i in roles],
+        tf_config_roles=[
+            f"{_role(j)}:{i}" for j in objects.jobs for i in range(j.spec.completions)
+        ],
     )
+
+
+def _role(job: Any) -> str:
+    from trainyard.k8s.objects import ROLE_LABEL
+
+    return job.metadata.labels[ROLE_LABEL]

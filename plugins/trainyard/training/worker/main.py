@@ -1,4 +1,4 @@
-"""The training worker: one process of a distributed run (``python -m trainyard.training.worker``).
+"""The training worker: one process of a distributed run (``python -m trainyard worker``).
 
 Role from ``TF_CONFIG`` (or derived from the Indexed Job environment). Exit codes tell the
 launcher what happened: 0 done, :data:`EXIT_NAN` loss became NaN (do not retry),
@@ -33,6 +33,7 @@ from typing import Any
 
 from trainyard.errors import TrainyardError
 from trainyard.fsutil import atomic_write_json, fsync_tree
+from trainyard.training import spec
 from trainyard.training.worker.tf_config import Role, resolve_tf_config, role_of
 
 READY_MARKER = "TRAINYARD_WORKER_READY"
@@ -47,7 +48,7 @@ _PR_SET_PDEATHSIG = 1
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the worker command line (see ``--help``)."""
     p = argparse.ArgumentParser(
-        prog="python -m trainyard.training.worker", description=__doc__.splitlines()[0]
+        prog="python -m trainyard worker", description=__doc__.splitlines()[0]
     )
     p.add_argument("--snapshot-dir", type=Path, required=True)
     p.add_argument("--contract", type=Path, required=True, help="data contract YAML")
@@ -123,7 +124,7 @@ def _say(role: Role, msg: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one training task; returns the process exit code."""
     args = parse_args(argv)
-    parent = os.environ.get("TRAINYARD_PARENT_PID")
+    parent = os.environ.get(spec.ENV_PARENT_PID)
     install_parent_guard(int(parent) if parent else None)
     try:
         cfg = resolve_tf_config(os.environ)
@@ -139,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.strategy == "parameter_server":
         cfg.setdefault("rpc_layer", "grpc")
     os.environ["TF_CONFIG"] = json.dumps(cfg)
-    attempt = int(os.environ.get("TRAINYARD_ATTEMPT", "1"))
-    fault = active_fault(os.environ.get("TRAINYARD_FAULT"), role, attempt)
+    attempt = int(os.environ.get(spec.ENV_ATTEMPT, "1"))
+    fault = active_fault(os.environ.get(spec.ENV_FAULT), role, attempt)
     if fault and fault.kind == "hang_before_ready":
         _say(role, "fault injected: hanging before the strategy is constructed")
         while True:
@@ -184,6 +185,7 @@ def _run(
     from trainyard.contracts import feature_spec
     from trainyard.training.worker.architectures import ModelSpec, build_model
     from trainyard.training.worker.input import SnapshotInput
+    from trainyard.volumes import check_snapshot
 
     keras.utils.set_random_seed(args.seed)
     if args.strategy == "multi_worker_mirrored":
@@ -195,6 +197,7 @@ def _run(
         strategy = tf.distribute.ParameterServerStrategy(resolver)
     _say(role, f"{READY_MARKER} strategy={args.strategy} replicas={strategy.num_replicas_in_sync}")
 
+    check_snapshot(args.snapshot_dir)
     inp = SnapshotInput(
         args.snapshot_dir,
         contract,

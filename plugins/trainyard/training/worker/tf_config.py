@@ -2,10 +2,10 @@
 
 No TensorFlow import: the launcher and the Kubernetes renderer use these functions too.
 
-Environment contract of a training pod (rendered by ``trainyard.k8s.training_job``):
-``JOB_COMPLETION_INDEX`` (set by Kubernetes), ``TRAINYARD_TF_TASK_TYPE`` (``worker`` |
-``chief`` | ``ps``), ``TRAINYARD_TF_JOBS`` (JSON ``{"worker": {"job": name, "replicas": n},
-...}``), ``TRAINYARD_TF_SERVICE`` (the headless Service) and ``TRAINYARD_TF_PORT``.
+The environment contract of a training pod is written once, in
+:mod:`trainyard.training.spec`: ``JOB_COMPLETION_INDEX`` (set by Kubernetes), the role,
+the attempt's Jobs, the headless Service and the port; the local runner adds a map of the
+Service's DNS names to loopback addresses.
 """
 
 from __future__ import annotations
@@ -16,6 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainyard.errors import ConfigError
+from trainyard.training.spec import (
+    ENV_HOSTS,
+    ENV_INDEX,
+    ENV_JOBS,
+    ENV_PORT,
+    ENV_SERVICE,
+    ENV_TASK_TYPE,
+)
 
 TASK_TYPES = ("chief", "worker", "ps")
 DEFAULT_PORT = 2222
@@ -135,37 +143,28 @@ def derive_tf_config(env: Mapping[str, str]) -> dict[str, Any]:
     Raises:
         ConfigError: A variable is missing or malformed (names the variable).
     """
-    missing = [
-        k
-        for k in (
-            "JOB_COMPLETION_INDEX",
-            "TRAINYARD_TF_TASK_TYPE",
-            "TRAINYARD_TF_JOBS",
-            "TRAINYARD_TF_SERVICE",
-        )
-        if not env.get(k)
-    ]
+    missing = [k for k in (ENV_INDEX, ENV_TASK_TYPE, ENV_JOBS, ENV_SERVICE) if not env.get(k)]
     if missing:
         raise ConfigError(f"TF_CONFIG is unset and cannot be derived: missing {', '.join(missing)}")
     try:
-        index = int(env["JOB_COMPLETION_INDEX"])
+        index = int(env[ENV_INDEX])
     except ValueError as e:
         raise ConfigError(
             f"JOB_COMPLETION_INDEX must be an integer, got {env['JOB_COMPLETION_INDEX']!r}"
         ) from e
     try:
-        port = int(env.get("TRAINYARD_TF_PORT") or DEFAULT_PORT)
+        port = int(env.get(ENV_PORT) or DEFAULT_PORT)
     except ValueError as e:
         raise ConfigError(
             f"TRAINYARD_TF_PORT must be an integer, got {env['TRAINYARD_TF_PORT']!r}"
         ) from e
     try:
-        jobs = json.loads(env["TRAINYARD_TF_JOBS"])
+        jobs = json.loads(env[ENV_JOBS])
     except json.JSONDecodeError as e:
         raise ConfigError(f"TRAINYARD_TF_JOBS is not valid JSON: {e}") from e
     if not isinstance(jobs, dict) or not jobs:
         raise ConfigError("TRAINYARD_TF_JOBS must be a non-empty JSON object")
-    service = env["TRAINYARD_TF_SERVICE"]
+    service = env[ENV_SERVICE]
     cluster: dict[str, list[str]] = {}
     for ttype, job in jobs.items():
         if not isinstance(job, dict) or not isinstance(job.get("job"), str) or not job["job"]:
@@ -178,10 +177,31 @@ def derive_tf_config(env: Mapping[str, str]) -> dict[str, Any]:
                 f"TRAINYARD_TF_JOBS.{ttype}.replicas must be a positive integer, got {replicas!r}"
             )
         cluster[ttype] = [f"{job['job']}-{i}.{service}:{port}" for i in range(replicas)]
+    hosts = _host_map(env)
+    if hosts:
+        cluster = {
+            t: [hosts.get(a.rsplit(":", 1)[0], a) for a in addrs] for t, addrs in cluster.items()
+        }
     return validate_tf_config(
-        {"cluster": cluster, "task": {"type": env["TRAINYARD_TF_TASK_TYPE"], "index": index}},
+        {"cluster": cluster, "task": {"type": env[ENV_TASK_TYPE], "index": index}},
         source="derived TF_CONFIG",
     )
+
+
+def _host_map(env: Mapping[str, str]) -> dict[str, str]:
+    """The local runner's map of pod DNS names to loopback ``host:port`` (else empty)."""
+    raw = env.get(ENV_HOSTS)
+    if not raw:
+        return {}
+    try:
+        hosts = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{ENV_HOSTS} is not valid JSON: {e}") from e
+    if not isinstance(hosts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in hosts.items()
+    ):
+        raise ConfigError(f"{ENV_HOSTS} must map DNS names to host:port strings")
+    return hosts
 
 
 def resolve_tf_config(env: Mapping[str, str]) -> dict[str, Any]:

@@ -1,15 +1,17 @@
-"""The only trainyard module that imports Airflow: pipeline configs become DAGs.
+"""One task graph per pipeline, for both runners: pipeline configs become DAGs.
 
-One DAG per ``dags/pipelines/<name>.yaml``, all with the same shape::
+One DAG per ``dags/pipelines/<name>.yaml``, all with the same shape, whatever the runner::
 
-    stage ─▶ validate ─▶ train ─▶ evaluate ─▶ gate ─▶ deploy ─▶ summary
+    stage ─▶ validate ─▶ train ─▶ register ─▶ evaluate ─▶ gate ─▶ deploy ─▶ summary
+                  └──▶ publish_snapshot (Asset event of a new validated snapshot)
 
-Every task calls the step of the same name in :mod:`trainyard.steps`. The runner setting
-(``TRAINYARD_RUNNER``) decides where a step runs: ``local`` calls it in the task's own
-process (training starts N local worker processes); ``kubernetes`` runs the same step
-command in a pod (KubernetesPodOperator) and training as an Indexed Job of workers
-(KubernetesJobOperator) behind a headless Service. Nothing here does I/O at import time
-beyond reading the small pipeline YAML files the DAGs are generated from.
+Each step task is a :class:`~trainyard.orchestration.runners.StepOperator` for an entry of
+the step table (:data:`trainyard.steps.STEPS`), whose arguments are declared here as where
+their values come from (:class:`FromXCom`, :class:`FromParam`, :class:`FromRun`); training
+is a :class:`~trainyard.orchestration.runners.TrainingOperator`. The runner setting
+(``TRAINYARD_RUNNER``) decides only how a step's rendered pod executes (a local process,
+or a pod on the cluster), never which tasks exist or how failures are treated. Nothing
+here does I/O at import time beyond reading the small pipeline YAML files.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -26,20 +29,15 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainyard.config import PipelineConfig, TrainingConfig, parse_pipeline, pipeline_files
-from trainyard.errors import (
-    ConfigError,
-    DeployError,
-    GateRejected,
-    SnapshotError,
-    TrainingError,
-    ValidationFailed,
-)
+from trainyard.errors import ConfigError
+from trainyard.orchestration.inputs import FromParam, FromRun, FromXCom, Results
 from trainyard.settings import Settings, get_settings
 
-log = logging.getLogger("trainyard.airflow")
+log = logging.getLogger("trainyard.orchestration")
 
 TRAINING_POOL = "trainyard_training"
-DETERMINISTIC = (ConfigError, ValidationFailed, GateRejected, SnapshotError, DeployError)
+STEP_TASKS = ("stage", "validate", "train", "register", "evaluate", "deploy")
+"""The tasks whose results the summary records."""
 
 
 def snapshot_asset(cfg: PipelineConfig, settings: Settings) -> Asset:
@@ -190,19 +188,6 @@ def publish_snapshot_event(asset: Asset, dataset: str, pipeline: str) -> Any:
     return publish_snapshot
 
 
-def _triggering_snapshot(context: dict[str, Any]) -> str | None:
-    """The snapshot id of the newest Asset event that triggered this run, if any."""
-    events = context.get("triggering_asset_events") or {}
-    newest = None
-    for asset_events in events.values():
-        for event in asset_events:
-            if (event.extra or {}).get("snapshot_id") and (
-                newest is None or event.timestamp > newest.timestamp
-            ):
-                newest = event
-    return newest.extra["snapshot_id"] if newest else None
-
-
 def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bool, str]:
     """Whether this run trains, given the pipeline's backfill policy.
 
@@ -229,35 +214,10 @@ def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bo
     return True, "last run of the backfill: training on its snapshot"
 
 
-def _interval(context: dict[str, Any]) -> tuple[str, str]:
-    start, end = context.get("data_interval_start"), context.get("data_interval_end")
-    if start is None or end is None:
-        after = context["dag_run"].run_after
-        start = end = after
-    return start.date().isoformat(), end.date().isoformat()
-
-
-def _steps() -> Any:
-    """The steps module, imported when a task runs (not when the DAG file is parsed)."""
-    from trainyard import steps
-
-    return steps
-
-
-def _fail_closed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a step; deterministic domain failures fail the task without retries."""
-    try:
-        return fn(*args, **kwargs)
-    except DETERMINISTIC as e:
-        raise AirflowFailException(f"{type(e).__name__}: {e}") from e
-    except TrainingError as e:
-        if getattr(e, "retryable", True):
-            raise
-        raise AirflowFailException(f"TrainingError: {e}") from e
-
-
 def _overrides(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: params.get(k) for k in _steps().TRAINING_OVERRIDES if k in params}
+    from trainyard.steps import TRAINING_OVERRIDES
+
+    return {k: params.get(k) for k in TRAINING_OVERRIDES if k in params}
 
 
 def run_training_params(cfg: PipelineConfig, params: Mapping[str, Any]) -> TrainingConfig:
@@ -273,7 +233,9 @@ def run_training_params(cfg: PipelineConfig, params: Mapping[str, Any]) -> Train
     Returns:
         The validated training config of this run.
     """
-    return _steps().training_params(cfg, _overrides(params))
+    from trainyard.steps import training_params
+
+    return training_params(cfg, _overrides(params))
 
 
 def run_training_or_skip(
@@ -386,88 +348,91 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
         dagrun_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 3600),
     )
     with dag:
-        if settings.runner == "local":
-            _local_tasks(cfg, settings)
-        else:
-            from trainyard.airflow_k8s import kubernetes_tasks
-
-            kubernetes_tasks(cfg, settings)
+        wire(cfg, settings)
     return dag
 
 
-def _local_tasks(cfg: PipelineConfig, settings: Settings) -> None:
-    name = cfg.name
+def wire(cfg: PipelineConfig, settings: Settings) -> None:
+    """Add the pipeline's tasks to the DAG being defined: the one graph of both runners.
+
+    Args:
+        cfg: The pipeline config.
+        settings: Locations (the Assets name them).
+    """
+    from trainyard.orchestration.runners import StepOperator, TrainingOperator
+
     t = cfg.training
     snap_asset, mdl_asset = snapshot_asset(cfg, settings), model_asset(cfg, settings)
+    snapshot, version = FromXCom("stage", "snapshot_id"), FromXCom("register", "version")
 
-    @task(task_id="stage", retries=2, execution_timeout=dt.timedelta(hours=2))
-    def stage_task(**context: Any) -> dict[str, Any]:
-        snapshot_id = context["params"].get("snapshot_id") or _triggering_snapshot(context)
-        return _fail_closed(_steps().stage, name, *_interval(context), snapshot_id)
+    def step(name: str, inputs: dict[str, Any], **kwargs: Any) -> StepOperator:
+        return StepOperator(task_id=name, step=name, pipeline=cfg, inputs=inputs, **kwargs)
 
-    @task(task_id="validate", retries=1, execution_timeout=dt.timedelta(hours=2))
-    def validate_task(staged: dict[str, Any]) -> dict[str, Any]:
-        return _fail_closed(_steps().validate, name, staged["snapshot_id"])
-
-    @task(
+    stage = step(
+        "stage",
+        {
+            "interval_start": FromRun("interval_start"),
+            "interval_end": FromRun("interval_end"),
+            "snapshot_id": FromRun("requested_snapshot"),
+        },
+        retries=2,
+        execution_timeout=dt.timedelta(hours=2),
+    )
+    validate = step(
+        "validate",
+        {"snapshot_id": snapshot},
+        retries=1,
+        execution_timeout=dt.timedelta(hours=2),
+    )
+    train = TrainingOperator(
         task_id="train",
+        pipeline=cfg,
+        snapshot_id=snapshot,
         retries=1,
         pool=TRAINING_POOL,
-        execution_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 300),
+        execution_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 600),
     )
-    def train_task(
-        staged: dict[str, Any], validated: dict[str, Any], **context: Any
-    ) -> dict[str, Any]:
-        run_training_or_skip(cfg, context)
-        return _fail_closed(
-            _steps().train,
-            name,
-            staged["snapshot_id"],
-            context["run_id"],
-            _overrides(context["params"]),
-            log.info,
-        )
-
-    @task(task_id="evaluate", execution_timeout=dt.timedelta(hours=1))
-    def evaluate_task(trained: dict[str, Any], **context: Any) -> dict[str, Any]:
-        params = context["params"]
-        return _fail_closed(
-            _steps().evaluate,
-            name,
-            trained["version"],
-            bool(params.get("force_promote")),
-            params.get("force_reason"),
-            _actor(context),
-        )
+    register = step(
+        "register",
+        {
+            "snapshot_id": snapshot,
+            "run_id": FromRun("run_id"),
+            "training": FromXCom("train", "training"),
+            "seconds": FromXCom("train", "seconds"),
+            "attempts": FromXCom("train", "attempts"),
+        },
+        retries=1,
+        execution_timeout=dt.timedelta(minutes=30),
+    )
+    evaluate = step(
+        "evaluate",
+        {
+            "version": version,
+            "force_promote": FromParam("force_promote"),
+            "force_reason": FromParam("force_reason"),
+            "actor": FromRun("actor"),
+        },
+        execution_timeout=dt.timedelta(hours=1),
+    )
 
     @task.short_circuit(task_id="gate", ignore_downstream_trigger_rules=False)
     def gate_task(decision: dict[str, Any]) -> bool:
         return gate(decision, cfg.gate.fail_run_on_reject)
 
-    @task(task_id="deploy", outlets=[mdl_asset], execution_timeout=dt.timedelta(minutes=30))
-    def deploy_task(decision: dict[str, Any], **context: Any) -> dict[str, Any]:
-        result = _fail_closed(_steps().deploy, name, decision["version"], _actor(context))
-        context["outlet_events"][mdl_asset].extra = {"version": result["version"], "pipeline": name}
-        return result
-
-    @task(task_id="summary", trigger_rule="none_failed")
-    def summary_task(**context: Any) -> dict[str, Any]:
-        ti = context["ti"]
-        results = {
-            step: ti.xcom_pull(task_ids=step)
-            for step in ("stage", "validate", "train", "evaluate", "deploy")
-        }
-        record = _steps().summary(name, context["run_id"], {k: v for k, v in results.items() if v})
-        log.info("run summary:\n%s", _steps().format_summary(record))
-        return record
-
-    staged = stage_task()
-    validated = validate_task(staged)
-    publish_snapshot_event(snap_asset, cfg.dataset, name)(staged, validated)
-    trained = train_task(staged, validated)
-    decision = evaluate_task(trained)
-    deployed = deploy_task(decision)
-    gate_task(decision) >> deployed >> summary_task()
+    deploy = step(
+        "deploy",
+        {"version": version, "actor": FromRun("actor")},
+        outlets=[mdl_asset],
+        execution_timeout=dt.timedelta(minutes=30),
+    )
+    summary = step(
+        "summary",
+        {"run_id": FromRun("run_id"), "results": Results(STEP_TASKS)},
+        trigger_rule="none_failed",
+    )
+    stage >> validate >> train >> register >> evaluate
+    publish_snapshot_event(snap_asset, cfg.dataset, cfg.name)(stage.output, validate.output)
+    gate_task(evaluate.output) >> deploy >> summary
 
 
 def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
@@ -492,24 +457,59 @@ def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
     return False
 
 
-def _actor(context: dict[str, Any]) -> str:
-    dag_run = context.get("dag_run")
-    who = getattr(dag_run, "triggering_user_name", None) if dag_run else None
-    return who or f"airflow:{getattr(dag_run, 'run_type', 'run')}"
+def broken_dag(path: Path, error: ConfigError) -> DAG:
+    """A stand-in DAG for a pipeline config that does not load: it shows the error.
+
+    One bad YAML file must not hide every other pipeline (an exception in the DAG file
+    would): its DAG ``trainyard_<stem>`` appears paused, tagged ``invalid-config``, with the
+    error as its description and docs, and its only task fails with that error.
+
+    Args:
+        path: The pipeline file.
+        error: Why it does not load.
+
+    Returns:
+        The stand-in DAG.
+    """
+    message = str(error)
+
+    @task(task_id="invalid_config")
+    def invalid_config() -> None:
+        raise AirflowFailException(message)
+
+    dag = DAG(
+        dag_id=f"trainyard_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)[:200]}",
+        description=f"invalid pipeline config: {message.splitlines()[0]}"[:250],
+        schedule=None,
+        start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        catchup=False,
+        is_paused_upon_creation=True,
+        tags=["trainyard", "invalid-config"],
+        doc_md=f"### Invalid pipeline config\n\n```\n{message}\n```\n",
+    )
+    with dag:
+        invalid_config()
+    return dag
 
 
 def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
-    """Build one DAG per pipeline YAML file, in sorted order.
+    """Build one DAG per pipeline YAML file, in sorted order; each loads or fails alone.
 
     Args:
         pipelines_dir: Folder of pipeline configs (defaults to the settings').
 
     Returns:
-        DAGs keyed by dag_id.
+        DAGs keyed by dag_id (a :func:`broken_dag` for each config that does not load).
     """
     settings = get_settings()
     dags = {}
     for path in pipeline_files(pipelines_dir or settings.pipelines_dir):
-        dag = build_dag(parse_pipeline(path), settings)
+        try:
+            dag = build_dag(parse_pipeline(path), settings)
+        except ConfigError as e:
+            log.error("%s", e)
+            dag = broken_dag(path, e)
+        if dag.dag_id in dags:
+            dag = broken_dag(path, ConfigError(f"{path}: DAG id {dag.dag_id} is taken"))
         dags[dag.dag_id] = dag
     return dags

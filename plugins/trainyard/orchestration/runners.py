@@ -1,0 +1,805 @@
+"""How a step runs: the operators of the one graph, and the two ways to launch a pod.
+
+Both runners render the same typed objects from the step table: a step's ``V1Pod``
+(:func:`trainyard.pods.step_pod`) and a run's Service + Indexed Jobs
+(:func:`trainyard.k8s.render.run_training_objects`). What differs is only how they are
+launched, chosen by ``TRAINYARD_RUNNER`` when the task runs:
+
+* :class:`LocalRunner` runs the pod's container as a local process (command, args and
+  environment as rendered, each volume mount mapped to a local folder, the result read back
+  from the same XCom file the pod writes) and the Jobs' pods as N processes under the
+  launcher's liveness rules (:mod:`trainyard.training.launcher`).
+* :class:`KubernetesRunner` submits them: the pod through ``KubernetesPodOperator`` (after
+  making sure the volumes exist, and before ``deploy`` that TF Serving runs), the Jobs
+  through ``KubernetesJobOperator`` behind a headless Service; a retry reattaches to Jobs
+  of the same run that are still running; the Jobs, Service and pods are always deleted.
+
+Failures are treated alike on both: a step that exits
+:data:`~trainyard.steps.EXIT_DETERMINISTIC` (bad config or data, a rejection, a damaged
+snapshot) fails its task without retry; any other failure may be retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from trainyard.errors import ConfigError, TrainingError
+from trainyard.orchestration.inputs import Source, resolve, resolve_all
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from kubernetes.client import CoreV1Api, CustomObjectsApi, V1Job, V1Pod, V1Service
+
+    from trainyard.config import PipelineConfig, TrainingConfig
+    from trainyard.k8s.objects import TrainingObjects
+    from trainyard.k8s.profile import ClusterProfile
+    from trainyard.settings import Settings
+
+log = logging.getLogger("trainyard.orchestration")
+
+VOLUME_SNAPSHOT_POLL_S = 10.0
+JOB_POLL_S = 10.0
+
+
+class StepFailed(Exception):
+    """A step's pod or process failed.
+
+    Attributes:
+        deterministic: No retry can fix it (exit code 3).
+    """
+
+    def __init__(self, message: str, deterministic: bool) -> None:
+        super().__init__(message)
+        self.deterministic = deterministic
+
+
+class Runner(Protocol):
+    """How rendered objects execute."""
+
+    def run_step(
+        self, cfg: PipelineConfig, step: str, values: dict[str, Any], context: Context
+    ) -> dict[str, Any]:
+        """Run one step's pod; return its result (XCom)."""
+        ...
+
+    def run_training(
+        self,
+        cfg: PipelineConfig,
+        training: TrainingConfig,
+        objects: TrainingObjects,
+        context: Context,
+    ) -> dict[str, Any]:
+        """Run one run's training Jobs to completion; return attempts and seconds."""
+        ...
+
+    def kill(self) -> None:
+        """Stop what this runner started for the task (the task was killed)."""
+        ...
+
+
+def runner_for(settings: Settings) -> Runner:
+    """The runner ``TRAINYARD_RUNNER`` names."""
+    return LocalRunner(settings) if settings.runner == "local" else KubernetesRunner(settings)
+
+
+def _profile(settings: Settings) -> ClusterProfile:
+    from trainyard.k8s.profile import load_cluster_profile
+
+    return load_cluster_profile(settings.cluster_profile)
+
+
+# --------------------------------------------------------------------------- operators
+
+
+class StepOperator(BaseOperator):
+    """One step of the step table, its arguments resolved from the run, its pod launched.
+
+    Args:
+        step: A key of :data:`trainyard.steps.STEPS`.
+        pipeline: The pipeline config.
+        inputs: Argument name → source (:mod:`trainyard.orchestration.inputs`).
+        **kwargs: ``BaseOperator`` arguments.
+    """
+
+    ui_color = "#e8f1fb"
+
+    def __init__(
+        self, *, step: str, pipeline: PipelineConfig, inputs: Mapping[str, Source], **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        from trainyard.steps import STEPS
+
+        if step not in STEPS:
+            raise ConfigError(f"unknown step {step!r} (known: {', '.join(STEPS)})")
+        self.step = step
+        self.pipeline = pipeline
+        self.inputs = dict(inputs)
+        self._runner: Runner | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        """Render the step's pod for this run and launch it with this runner."""
+        from trainyard.settings import get_settings
+
+        values = resolve_all(self.inputs, context)
+        self._runner = runner_for(get_settings())
+        try:
+            result = self._runner.run_step(self.pipeline, self.step, values, context)
+        except StepFailed as e:
+            if e.deterministic:
+                raise AirflowFailException(str(e)) from None
+            raise AirflowException(str(e)) from None
+        for outlet in self.outlets or []:
+            context["outlet_events"][outlet].extra = {
+                "pipeline": self.pipeline.name,
+                **{k: result[k] for k in ("version", "snapshot_id") if k in result},
+            }
+        return result
+
+    def on_kill(self) -> None:
+        """Stop the step's process or pod."""
+        if self._runner is not None:
+            self._runner.kill()
+
+
+class TrainingOperator(BaseOperator):
+    """A run's distributed training: its rendered Service + Indexed Jobs, launched.
+
+    Whether the run trains is decided first, alike on both runners
+    (:func:`trainyard.orchestration.graph.run_training_or_skip`: backfill policy, dry run).
+
+    Args:
+        pipeline: The pipeline config.
+        snapshot_id: Where the snapshot id comes from (``stage``'s result).
+        **kwargs: ``BaseOperator`` arguments.
+    """
+
+    ui_color = "#fdf0e0"
+
+    def __init__(self, *, pipeline: PipelineConfig, snapshot_id: Source, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.snapshot_id = snapshot_id
+        self._runner: Runner | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        """Render this run's training objects and run them to completion."""
+        from trainyard.k8s.render import run_training_objects
+        from trainyard.orchestration.graph import run_training_or_skip
+        from trainyard.settings import get_settings
+
+        settings = get_settings()
+        profile = _profile(settings)
+        snapshot = resolve(self.snapshot_id, context)
+        run_id = context["run_id"]
+
+        def render(training: TrainingConfig) -> TrainingObjects:
+            try:
+                return run_training_objects(profile, self.pipeline, training, snapshot, run_id)
+            except ConfigError as e:
+                raise AirflowFailException(f"ConfigError: {e}") from e
+
+        training = run_training_or_skip(self.pipeline, context, plan=lambda t: render(t).plan)
+        objects = render(training)
+        for line in objects.plan:
+            log.info("%s", line)
+        self._runner = runner_for(settings)
+        t0 = time.monotonic()
+        try:
+            out = self._runner.run_training(self.pipeline, training, objects, context)
+        except StepFailed as e:
+            if e.deterministic:
+                raise AirflowFailException(str(e)) from None
+            raise AirflowException(str(e)) from None
+        return {
+            "training": training.model_dump(),
+            "snapshot_id": snapshot,
+            "job": objects.name,
+            "seconds": round(out.get("seconds", time.monotonic() - t0), 3),
+            "attempts": out.get("attempts", 1),
+        }
+
+    def on_kill(self) -> None:
+        """Stop the training processes or delete the training objects."""
+        if self._runner is not None:
+            self._runner.kill()
+
+
+# --------------------------------------------------------------------------- local
+
+
+class LocalRunner:
+    """Rendered pods as local processes (the embedded default).
+
+    Args:
+        settings: Local settings (volume root, checkout folders, cluster profile).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def run_step(
+        self, cfg: PipelineConfig, step: str, values: dict[str, Any], context: Context
+    ) -> dict[str, Any]:
+        """Run a step's rendered pod as a process; its result is the pod's XCom file."""
+        return run_pod_locally(
+            self.pod(cfg, step, values), self.settings, log=log.info, started=self._started
+        )
+
+    def pod(self, cfg: PipelineConfig, step: str, values: dict[str, Any]) -> V1Pod:
+        """The step's pod, as the cluster would get it."""
+        from trainyard.pods import step_pod
+
+        return step_pod(_profile(self.settings), cfg, step, values)
+
+    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+
+    def run_training(
+        self,
+        cfg: PipelineConfig,
+        training: TrainingConfig,
+        objects: TrainingObjects,
+        context: Context,
+    ) -> dict[str, Any]:
+        """Run the Jobs' pods as processes under the launcher's liveness rules."""
+        from trainyard.training.launcher import run_jobs
+
+        try:
+            attempts, seconds = run_jobs(objects, training, self.settings, log=log.info)
+        except TrainingError as e:
+            raise StepFailed(f"TrainingError: {e}", not getattr(e, "retryable", True)) from e
+        return {"attempts": attempts, "seconds": seconds}
+
+    def kill(self) -> None:
+        """SIGTERM the step's process group (the training launcher stops its own)."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGTERM)
+
+
+def run_pod_locally(
+    pod: V1Pod,
+    settings: Settings,
+    *,
+    log: Any = log.info,
+    started: Any = None,
+) -> dict[str, Any]:
+    """Run a step pod's container as a local process and read back its result.
+
+    Args:
+        pod: The rendered step pod.
+        settings: Local settings (the volume root its mounts map to).
+        log: Receives the command and every output line.
+        started: Called with the process once it started (for ``on_kill``).
+
+    Returns:
+        The result the step wrote to its XCom file.
+
+    Raises:
+        StepFailed: If the process exits non-zero (deterministic on exit code 3), naming
+            the error line the step wrote.
+    """
+    import shlex
+
+    from trainyard.k8s.local import TERMINATION_LOG, XCOM_PATH, local_process
+    from trainyard.steps import EXIT_DETERMINISTIC
+
+    with tempfile.TemporaryDirectory(prefix="trainyard-pod-") as scratch:
+        proc = local_process(
+            pod.spec, volume_root=settings.volume_root, scratch=Path(scratch), settings=settings
+        )
+        log(f"pod {pod.metadata.name}: running {shlex.join(proc.argv)}")
+        child = subprocess.Popen(
+            proc.argv,
+            env=proc.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if started is not None:
+            started(child)
+        tail: list[str] = []
+        try:
+            assert child.stdout is not None
+            for raw in child.stdout:
+                line = raw.decode("utf-8", "replace").rstrip()
+                tail = [*tail[-19:], line]
+                log(line)
+            code = child.wait()
+        finally:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        if code != 0:
+            message = proc.local(TERMINATION_LOG)
+            text = message.read_text(encoding="utf-8").strip() if message.is_file() else ""
+            text = text or next((t for t in reversed(tail) if t.strip()), f"exit code {code}")
+            raise StepFailed(text, deterministic=code == EXIT_DETERMINISTIC)
+        result_file = proc.local(XCOM_PATH)
+        if not result_file.is_file():
+            raise StepFailed(f"pod {pod.metadata.name} wrote no result ({XCOM_PATH})", False)
+        return json.loads(result_file.read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- kubernetes
+
+
+class KubernetesRunner:
+    """Rendered objects submitted to the cluster (``TRAINYARD_RUNNER=kubernetes``).
+
+    Args:
+        settings: Settings (the cluster profile).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.profile = _profile(settings)
+        self._operator: Any = None
+        self._teardown: Any = None
+
+    def run_step(
+        self, cfg: PipelineConfig, step: str, values: dict[str, Any], context: Context
+    ) -> dict[str, Any]:
+        """Submit the step's pod with KubernetesPodOperator and return its XCom."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        from trainyard.pods import step_pod
+
+        hook = KubernetesHook()
+        env: dict[str, str] = {}
+        if step == "stage":
+            ensure_volumes(hook.core_v1_client, self.profile, cfg)
+        if step == "deploy":
+            env["TRAINYARD_SERVING_HOST"] = ensure_serving(hook, self.profile, cfg)
+        pod = step_pod(self.profile, cfg, step, values, env=env)
+        op = step_pod_operator(pod, self.profile, task_id=context["ti"].task_id)
+        self._operator = op
+        result = op.execute(context)
+        if step == "stage":
+            self._volume_snapshot(hook, cfg, result)
+        return result
+
+    def _volume_snapshot(self, hook: Any, cfg: PipelineConfig, staged: dict[str, Any]) -> None:
+        from kubernetes.client import CustomObjectsApi
+
+        from trainyard import k8s
+
+        snapshot_class = cfg.staging.volume_snapshot_class or (
+            self.profile.storage.volume_snapshot_class
+        )
+        if not snapshot_class or staged.get("reused"):
+            return
+        body = k8s.volume_snapshot(self.profile, cfg.dataset, staged["snapshot_id"], snapshot_class)
+        custom = CustomObjectsApi(hook.api_client)
+        take_volume_snapshot(custom, body, cfg.staging.volume_snapshot_timeout_s)
+
+    def run_training(
+        self,
+        cfg: PipelineConfig,
+        training: TrainingConfig,
+        objects: TrainingObjects,
+        context: Context,
+    ) -> dict[str, Any]:
+        """Create (or reattach to) the Service and Jobs, wait, always delete them."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        hook = KubernetesHook()
+        core = hook.core_v1_client
+        t0 = time.monotonic()
+        self._teardown = lambda: delete_training_objects(hook, objects)
+        for obj in (objects.service, *objects.jobs):
+            obj.metadata.annotations = {
+                **(obj.metadata.annotations or {}),
+                RUN_ANNOTATION: context["run_id"],
+            }
+        try:
+            replace_training_service(core, objects.service, run=context["run_id"])
+            success_role = "chief" if training.strategy == "parameter_server" else "worker"
+            for job in objects.jobs:
+                op = role_job_operator(job, context["ti"].task_id, wait=_role(job) == success_role)
+                self._operator = op
+                op.execute(context)
+        except AirflowException as e:
+            raise StepFailed(f"training Job failed: {e}", False) from e
+        finally:
+            self._teardown()
+            self._teardown = None
+        return {"attempts": 1, "seconds": time.monotonic() - t0}
+
+    def kill(self) -> None:
+        """Stop the running pod operator and delete the training objects."""
+        if self._operator is not None:
+            with contextlib.suppress(Exception):
+                self._operator.on_kill()
+        if self._teardown is not None:
+            self._teardown()
+
+
+def _role(job: V1Job) -> str:
+    from trainyard.k8s.objects import ROLE_LABEL
+
+    return job.metadata.labels[ROLE_LABEL]
+
+
+def step_pod_operator(pod: V1Pod, profile: ClusterProfile, task_id: str) -> Any:
+    """The KubernetesPodOperator that submits a step pod and returns its XCom.
+
+    A container that exits :data:`~trainyard.steps.EXIT_DETERMINISTIC` fails the task
+    without retry, with the step's one-line error (its termination message).
+    """
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    from trainyard import k8s
+    from trainyard.steps import EXIT_DETERMINISTIC
+
+    class StepPodOperator(KubernetesPodOperator):
+        def cleanup(self, pod: Any, remote_pod: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                super().cleanup(pod, remote_pod, *args, **kwargs)
+            except AirflowException as e:
+                state = _terminated(remote_pod)
+                if state is not None and state.exit_code == EXIT_DETERMINISTIC:
+                    raise AirflowFailException(state.message or str(e)) from None
+                raise
+
+    container = pod.spec.containers[0]
+    return StepPodOperator(
+        task_id=task_id,
+        name=pod.metadata.name,
+        namespace=profile.namespace,
+        image=container.image,
+        cmds=list(container.command),
+        arguments=list(container.args),
+        full_pod_spec=pod,
+        do_xcom_push=True,
+        xcom_sidecar_container_security_context=k8s.xcom_sidecar_security_context(),
+        on_finish_action="delete_pod",
+        get_logs=True,
+    )
+
+
+def _terminated(remote_pod: Any) -> Any:
+    from trainyard.k8s.objects import BASE_CONTAINER
+
+    statuses = (
+        remote_pod.status.container_statuses if remote_pod and remote_pod.status else None
+    ) or []
+    base = next((s for s in statuses if s.name == BASE_CONTAINER), None)
+    return base.state.terminated if base and base.state else None
+
+
+def role_job_operator(job: V1Job, task_id: str, *, wait: bool) -> Any:
+    """The KubernetesJobOperator of one role's Indexed Job, reattaching and Kueue-aware.
+
+    * A Job of the same name left running by an earlier try of the same run (the Airflow
+      worker restarted) is reattached, not deleted and recreated; one of another run, or
+      a failed one, is deleted (foreground) and created again.
+    * Its pods are looked for until the Job is admitted and its pods exist (Kueue creates
+      Jobs suspended; apache/airflow#70585), with a growing pause between looks.
+
+    Args:
+        job: The role's Job.
+        task_id: The task.
+        wait: Wait until the Job completes (the role whose completion ends training).
+
+    Returns:
+        The operator.
+    """
+    from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
+
+    from trainyard import k8s
+
+    class RoleJobOperator(KubernetesJobOperator):
+        def create_job(self, job_request_obj: V1Job) -> V1Job:
+            return create_or_reattach_job(self.job_client, job_request_obj, log=self.log.info)
+
+        def get_pods(self, pod_request_obj: Any, context: Any, **kwargs: Any) -> Sequence[Any]:
+            return find_job_pods(
+                self.client,
+                self.job_client,
+                self.job,
+                expected=self.parallelism or 1,
+                timeout_s=float(job.spec.active_deadline_seconds or 3600),
+            )
+
+    kwargs = k8s.job_operator_kwargs(job)
+    kwargs["wait_until_job_complete"] = wait
+    return RoleJobOperator(task_id=task_id, **kwargs)
+
+
+RUN_ANNOTATION = "trainyard.io/airflow-run-id"
+
+
+def create_or_reattach_job(batch: Any, job: V1Job, *, log: Any = log.info) -> V1Job:
+    """Create a Job, or reattach to the same run's Job that is still running.
+
+    Args:
+        batch: ``BatchV1Api``.
+        job: The Job to create (annotated with the run id).
+        log: Message sink.
+
+    Returns:
+        The Job that runs (created or existing).
+    """
+    from kubernetes.client import V1DeleteOptions
+    from kubernetes.client.rest import ApiException
+
+    name, ns = job.metadata.name, job.metadata.namespace
+    try:
+        current = batch.read_namespaced_job(name, ns)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        current = None
+    if current is not None:
+        same_run = (current.metadata.annotations or {}).get(RUN_ANNOTATION) == (
+            (job.metadata.annotations or {}).get(RUN_ANNOTATION)
+        )
+        status = current.status
+        finished = bool(status and ((status.failed or 0) > 0 or status.completion_time))
+        if same_run and not finished:
+            log(f"reattached to Job {name} of this run (still running)")
+            return current
+        log(f"deleting Job {name} left behind ({'finished' if same_run else 'another run'})")
+        batch.delete_namespaced_job(name, ns, body=V1DeleteOptions(propagation_policy="Foreground"))
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                batch.read_namespaced_job(name, ns)
+            except ApiException as e:
+                if e.status == 404:
+                    break
+                raise
+            time.sleep(1)
+    batch.create_namespaced_job(ns, job)
+    return job
+
+
+def find_job_pods(
+    core: Any,
+    batch: Any,
+    job: V1Job,
+    *,
+    expected: int,
+    timeout_s: float,
+    first_pause_s: float = 1.0,
+    max_pause_s: float = 30.0,
+) -> list[Any]:
+    """The pods of a Job, waiting while it is suspended (Kueue) or its pods are created.
+
+    Args:
+        core: ``CoreV1Api``.
+        batch: ``BatchV1Api``.
+        job: The Job.
+        expected: How many pods to wait for.
+        timeout_s: Give up after this long.
+        first_pause_s: First pause between looks (doubling up to ``max_pause_s``).
+        max_pause_s: Longest pause.
+
+    Returns:
+        The pods.
+
+    Raises:
+        AirflowException: If the pods do not all exist in time, naming the Job and
+            whether it is still suspended (not admitted).
+    """
+    name, ns = job.metadata.name, job.metadata.namespace
+    selector = f"job-name={name}"
+    pause, deadline = first_pause_s, time.monotonic() + timeout_s
+    suspended = False
+    while True:
+        pods = core.list_namespaced_pod(ns, label_selector=selector).items
+        if len(pods) >= expected:
+            return list(pods)
+        current = batch.read_namespaced_job(name, ns)
+        suspended = bool(current.spec and current.spec.suspend)
+        if time.monotonic() + pause > deadline:
+            state = "still suspended (not admitted by Kueue)" if suspended else "not all created"
+            raise AirflowException(
+                f"Job {ns}/{name}: {len(pods)} of {expected} pods after {timeout_s:g}s; {state}"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, max_pause_s)
+
+
+def delete_training_objects(hook: Any, objects: TrainingObjects) -> list[str]:
+    """Every Job, the Service and the pods of a run's training, whichever exist."""
+    from kubernetes.client import V1DeleteOptions
+
+    from trainyard import k8s
+    from trainyard.k8s.apply import delete_if_exists
+
+    batch, core = hook.batch_v1_client, hook.core_v1_client
+    ns, base = objects.service.metadata.namespace, objects.name
+    foreground = V1DeleteOptions(propagation_policy="Foreground")
+    deleted = []
+    for job in objects.jobs:
+        jname = job.metadata.name
+        if delete_if_exists(lambda j=jname: batch.delete_namespaced_job(j, ns, body=foreground)):
+            deleted.append(f"job {jname}")
+    if delete_if_exists(lambda: core.delete_namespaced_service(base, ns)):
+        deleted.append(f"service {base}")
+    core.delete_collection_namespaced_pod(ns, label_selector=f"{k8s.RUN_LABEL}={base}")
+    log.info(
+        "deleted %s and the pods labelled %s=%s",
+        ", ".join(deleted) or "nothing",
+        k8s.RUN_LABEL,
+        base,
+    )
+    return deleted
+
+
+def ensure_volumes(core: CoreV1Api, profile: ClusterProfile, cfg: PipelineConfig) -> list[str]:
+    """The dataset's PVC and the models PVC, created when missing; returns those created."""
+    from trainyard import k8s
+    from trainyard.k8s.apply import ensure_exists
+
+    ns, st = profile.namespace, cfg.staging
+    claims = [
+        k8s.dataset_pvc(profile, cfg.dataset, st.pvc_size, st.storage_class, st.access_mode),
+        k8s.models_pvc(profile),
+    ]
+    created = []
+    for pvc in claims:
+        name = pvc.metadata.name
+        _, new = ensure_exists(
+            lambda pvc=pvc: core.create_namespaced_persistent_volume_claim(ns, pvc),
+            lambda name=name: core.read_namespaced_persistent_volume_claim(name, ns),
+        )
+        log.info("PVC %s: %s", name, "created" if new else "exists")
+        created += [name] if new else []
+    return created
+
+
+def ensure_serving(hook: Any, profile: ClusterProfile, cfg: PipelineConfig) -> str:
+    """TF Serving's Deployment + Service: created when missing, else rolled to this spec.
+
+    TF Serving loads new version folders by itself, so a model deploy changes no pod; this
+    only (re)applies the serving spec, waits for the rollout within its progress deadline
+    and, when it stalls, puts the previous spec back.
+
+    Returns:
+        The Service's host name the deploy step smoke-tests through.
+    """
+    from trainyard import k8s
+    from trainyard.k8s.apply import ensure_exists, wait_rollout
+
+    serving = cfg.serving
+    deployment = k8s.serving_deployment(profile, serving.model_name, 0, serving.replicas)
+    service = k8s.serving_service(profile, serving.model_name)
+    ns = profile.namespace
+    apps, core = hook.apps_v1_client, hook.core_v1_client
+    dname, sname = deployment.metadata.name, service.metadata.name
+    ensure_exists(
+        lambda: core.create_namespaced_service(ns, service),
+        lambda: core.read_namespaced_service(sname, ns),
+    )
+    current, created = ensure_exists(
+        lambda: apps.create_namespaced_deployment(ns, deployment),
+        lambda: apps.read_namespaced_deployment(dname, ns),
+    )
+    previous = None if created else current.spec.template
+    if previous is not None:
+        apps.patch_namespaced_deployment(
+            dname, ns, {"spec": {"template": deployment.spec.template}}
+        )
+    deadline = (deployment.spec.progress_deadline_seconds or 600) + 60
+    state = wait_rollout(lambda: apps.read_namespaced_deployment(dname, ns), deadline, log=log.info)
+    if state != "complete":
+        if previous is not None:
+            apps.patch_namespaced_deployment(dname, ns, {"spec": {"template": previous}})
+            log.warning("serving rollout %s: restored the previous spec", state)
+        raise StepFailed(f"serving Deployment {dname} rollout {state}", False)
+    return f"{sname}.{ns}.svc"
+
+
+def replace_training_service(core: CoreV1Api, service: V1Service, run: str = "") -> bool:
+    """Create a run's headless Service, replacing one of the same name left behind.
+
+    Args:
+        core: The core API client.
+        service: The run's Service (:func:`~trainyard.k8s.render.run_training_objects`).
+        run: The run id; a Service of the same run is kept (a retry reattaches).
+
+    Returns:
+        True if a Service left behind by an earlier run was deleted first.
+    """
+    from kubernetes.client.rest import ApiException
+
+    try:
+        current = core.read_namespaced_service(service.metadata.name, service.metadata.namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        current = None
+    if (
+        current is not None
+        and run
+        and (current.metadata.annotations or {}).get(RUN_ANNOTATION) == run
+    ):
+        return False
+    from trainyard.k8s.apply import recreate
+
+    name, ns = service.metadata.name, service.metadata.namespace
+    _, replaced = recreate(
+        lambda: core.create_namespaced_service(ns, service),
+        lambda: core.delete_namespaced_service(name, ns),
+        lambda: core.read_namespaced_service(name, ns),
+        what=f"Service {name}",
+    )
+    if replaced:
+        log.warning("replaced Service %s left behind by an earlier run", name)
+    return replaced
+
+
+def take_volume_snapshot(
+    custom: CustomObjectsApi,
+    body: dict[str, Any],
+    timeout_s: float,
+    poll_s: float = VOLUME_SNAPSHOT_POLL_S,
+) -> dict[str, Any]:
+    """Create a VolumeSnapshot unless it exists, then wait until it is ready to use.
+
+    Its name is fixed by dataset and snapshot id, so a retry or a re-run finds the one
+    already taken (a 409 from a concurrent create counts as taken too) and only waits.
+
+    Args:
+        custom: The custom objects API client.
+        body: The VolumeSnapshot (:func:`trainyard.k8s.volume_snapshot`).
+        timeout_s: How long it may take to become ready to use.
+        poll_s: Seconds between reads while it does.
+
+    Returns:
+        ``name``, ``namespace``, ``pvc``, ``created`` (by this call), ``restore_size`` and
+        ``content`` (the bound VolumeSnapshotContent), for the task's XCom.
+
+    Raises:
+        VolumeSnapshotError: If the VolumeSnapshot reports ``status.error``.
+        TimeoutError: If it is not ready to use within ``timeout_s``.
+    """
+    from trainyard import k8s
+    from trainyard.k8s.apply import ensure_exists, wait_volume_snapshot
+
+    group, version, plural = (
+        k8s.VOLUME_SNAPSHOT_GROUP,
+        k8s.VOLUME_SNAPSHOT_VERSION,
+        k8s.VOLUME_SNAPSHOT_PLURAL,
+    )
+    name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
+    pvc = body["spec"]["source"]["persistentVolumeClaimName"]
+    what = f"VolumeSnapshot {ns}/{name} of PVC {pvc}"
+
+    def read() -> dict[str, Any]:
+        return custom.get_namespaced_custom_object(group, version, ns, plural, name)
+
+    _, created = ensure_exists(
+        lambda: custom.create_namespaced_custom_object(group, version, ns, plural, body), read
+    )
+    log.info("%s: %s", what, "created" if created else "exists")
+    status = wait_volume_snapshot(
+        read, what=what, timeout_s=timeout_s, poll_s=poll_s, log=log.info
+    ).get("status", {})
+    return {
+        "name": name,
+        "namespace": ns,
+        "pvc": pvc,
+        "created": created,
+        "restore_size": status.get("restoreSize"),
+        "content": status.get("boundVolumeSnapshotContentName"),
+    }
