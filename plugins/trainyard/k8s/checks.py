@@ -1,5 +1,9 @@
 """Offline checks: Kubernetes 1.33 schema (``kubernetes-validate``) and Pod Security "restricted".
 
+Kueue objects (``kueue.x-k8s.io``) are checked against ``deploy/k8s/schemas/kueue-v1beta2.json``,
+a JSON schema of the Kueue v1beta2 kinds written from Kueue's v1beta2 Go types and CRDs
+(the file cites the Kueue release), plus the cross-field rules of Kueue's admission webhook.
+
 The Pod Security check follows the Pod Security Standards (baseline + restricted, policy
 version ``latest`` as of Kubernetes 1.33), applied to every container, init container and
 ephemeral container of a pod or of a workload's pod template.
@@ -8,7 +12,11 @@ ephemeral container of a pod or of a workload's pod template.
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import re
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -113,6 +121,20 @@ VOLUME_SNAPSHOT_SCHEMA: dict[str, Any] = {
 required and names exactly one of a PVC or a VolumeSnapshotContent; the class name, when
 given, is not empty. Unknown fields are errors (the API server would drop them), as in
 the strict check of core kinds."""
+
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API_VERSION = f"{KUEUE_GROUP}/v1beta2"
+KUEUE_SCHEMA_PATH = (
+    Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "schemas" / "kueue-v1beta2.json"
+)
+"""Our JSON schema of the Kueue v1beta2 kinds (one ``$defs`` entry per kind); its
+``$comment`` names the Kueue release and the source files it was written from."""
+KUEUE_RENAMED_FIELDS: dict[tuple[str, str], str] = {
+    ("ClusterQueue", "cohort"): "spec.cohortName",
+    ("ClusterQueue", "admissionChecks"): "spec.admissionChecksStrategy.admissionChecks",
+}
+"""v1beta1 ``spec`` fields of a kind that v1beta2 renamed or moved: (kind, field) -> new path."""
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
@@ -244,7 +266,9 @@ def schema_errors(data: dict[str, Any], schema: dict[str, Any]) -> list[str]:
         schema: A JSON schema (draft 2020-12), e.g. :data:`VOLUME_SNAPSHOT_SCHEMA`.
 
     Returns:
-        ``Kind/name: field.path: message`` per error, in path order; empty when valid.
+        ``Kind/name: field.path: message`` per error, in path order; empty when valid. A
+        failing subschema's ``x-message`` (not a JSON Schema keyword) replaces the
+        validator's message.
     """
     import jsonschema
 
@@ -254,75 +278,141 @@ def schema_errors(data: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     for e in sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.path]):
         path = ".".join(str(p) for p in e.path) or "<root>"
         message = e.message
-        if e.validator == "oneOf":
+        if isinstance(e.schema, dict) and "x-message" in e.schema:
+            message = f"{e.instance!r}: {e.schema['x-message']}"
+        elif e.validator == "oneOf":
             choices = [" + ".join(s.get("required", [])) for s in e.validator_value]
             message = f"set exactly one of {', '.join(choices)}"
         out.append(f"{where}: {path}: {message}")
     return out
 
 
-def _structural(data: dict[str, Any]) -> list[str] | None:
-    """Checks for the CRDs we render (Kueue, VolumeSnapshot); None if the kind is unknown."""
-    api, kind = data.get("apiVersion", ""), data.get("kind", "")
-    if api == "snapshot.storage.k8s.io/v1" and kind == "VolumeSnapshot":
-        return schema_errors(data, VOLUME_SNAPSHOT_SCHEMA)
+@functools.cache
+def kueue_schema(path: Path = KUEUE_SCHEMA_PATH) -> dict[str, Any]:
+    """Our JSON schema of the Kueue v1beta2 kinds (read once).
+
+    Args:
+        path: The schema file; default :data:`KUEUE_SCHEMA_PATH`.
+
+    Returns:
+        The schema; ``schema["$defs"][kind]`` is a kind's object schema.
+
+    Raises:
+        ConfigError: If the file is missing or not JSON.
+    """
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read the Kueue v1beta2 schema: {e}") from e
+
+
+def _quantity(value: int | str) -> Decimal:
+    from kubernetes.utils.quantity import parse_quantity
+
+    return parse_quantity(value)
+
+
+def _kueue_quota_errors(data: dict[str, Any], where: str) -> list[str]:
+    """Cross-field rules of Kueue's webhook (``pkg/webhooks/clusterqueue_webhook.go``).
+
+    Resource names of each flavor match ``coveredResources`` in order; a resource and a
+    flavor belong to one resource group only; borrowing and lending limits need a cohort
+    (ClusterQueue ``cohortName``, Cohort ``parentName``); a lending limit is at most the
+    nominal quota. Only called on objects that passed the schema (types are right).
+    """
+    kind = data["kind"]
     spec = data.get("spec") or {}
-    where = _kind_name(data)
     errors: list[str] = []
-    name = _get(data, ("metadata", "name")) or ""
-    if not DNS1123_SUBDOMAIN.match(name) or len(name) > 253:
-        errors.append(f"{where}: metadata.name {name!r} is not a DNS-1123 subdomain")
-    if api == "kueue.x-k8s.io/v1beta1" or api == "kueue.x-k8s.io/v1beta2":
-        if kind == "ResourceFlavor":
-            if not isinstance(spec.get("nodeLabels", {}), dict):
-                errors.append(f"{where}: spec.nodeLabels must be a mapping")
-            for t in spec.get("tolerations") or []:
-                if "key" not in t and t.get("operator") != "Exists":
-                    errors.append(f"{where}: toleration without key must use operator Exists")
-        elif kind == "ClusterQueue":
-            groups = spec.get("resourceGroups")
-            if not isinstance(groups, list) or not groups:
-                errors.append(f"{where}: spec.resourceGroups must be a non-empty list")
-            for gi, g in enumerate(groups or []):
-                covered = g.get("coveredResources") or []
-                flavors = g.get("flavors") or []
-                if not covered or not flavors:
-                    errors.append(
-                        f"{where}: resourceGroups[{gi}] needs coveredResources and flavors"
-                    )
-                for f in flavors:
-                    names = [r.get("name") for r in f.get("resources") or []]
-                    if names != covered:
+    groups = spec.get("resourceGroups") or []
+    if kind == "ClusterQueue" and not groups:
+        errors.append(
+            f"{where}: spec.resourceGroups must be a non-empty list "
+            "(a ClusterQueue without quota admits nothing)"
+        )
+    parent = "cohortName" if kind == "ClusterQueue" else "parentName"
+    seen_resources: set[str] = set()
+    seen_flavors: set[str] = set()
+    for gi, group in enumerate(groups):
+        gpath = f"spec.resourceGroups.{gi}"
+        covered = group["coveredResources"]
+        for r in covered:
+            if r in seen_resources:
+                errors.append(f"{where}: {gpath}.coveredResources: {r!r} is in two groups")
+            seen_resources.add(r)
+        for fi, flavor in enumerate(group["flavors"]):
+            fpath = f"{gpath}.flavors.{fi}"
+            if flavor["name"] in seen_flavors:
+                errors.append(f"{where}: {fpath}.name: flavor {flavor['name']!r} is listed twice")
+            seen_flavors.add(flavor["name"])
+            names = [r["name"] for r in flavor["resources"]]
+            if names != covered:
+                errors.append(
+                    f"{where}: {fpath}: flavor {flavor['name']}: resources {names} must list "
+                    f"coveredResources {covered} in order"
+                )
+            for ri, quota in enumerate(flavor["resources"]):
+                for limit in ("borrowingLimit", "lendingLimit"):
+                    if limit in quota and not spec.get(parent):
                         errors.append(
-                            f"{where}: resourceGroups[{gi}] flavor {f.get('name')}: resources "
-                            f"{names} must list coveredResources {covered} in order"
+                            f"{where}: {fpath}.resources.{ri}.{limit}: needs spec.{parent}"
                         )
-                    for r in f.get("resources") or []:
-                        if "nominalQuota" not in r:
-                            errors.append(
-                                f"{where}: flavor {f.get('name')} {r.get('name')}: "
-                                "nominalQuota missing"
-                            )
-        elif kind == "LocalQueue":
-            if not _get(data, ("metadata", "namespace")):
-                errors.append(f"{where}: a LocalQueue is namespaced (metadata.namespace)")
-            if not spec.get("clusterQueue"):
-                errors.append(f"{where}: spec.clusterQueue is required")
-        elif kind == "WorkloadPriorityClass":
-            if not isinstance(data.get("value"), int):
-                errors.append(f"{where}: value must be an integer")
-        else:
-            return None
-        return errors
-    return None
+                if "lendingLimit" in quota and _quantity(quota["lendingLimit"]) > _quantity(
+                    quota["nominalQuota"]
+                ):
+                    errors.append(
+                        f"{where}: {fpath}.resources.{ri}.lendingLimit: must be at most "
+                        "nominalQuota"
+                    )
+    return errors
+
+
+def kueue_errors(data: dict[str, Any], schema_path: Path = KUEUE_SCHEMA_PATH) -> list[str]:
+    """Errors of a Kueue object against our v1beta2 schema and Kueue's webhook rules.
+
+    Only ``kueue.x-k8s.io/v1beta2`` is accepted: v1beta1 is deprecated since Kueue v0.16
+    (where v1beta2 became the storage version) and is not what Kueue's docs and webhooks
+    are written for; v1beta1 fields that v1beta2 renamed (ClusterQueue ``spec.cohort``)
+    get a hint naming the new field.
+
+    Args:
+        data: The object (API dict form) with a ``kueue.x-k8s.io/...`` apiVersion.
+        schema_path: The schema file; default :data:`KUEUE_SCHEMA_PATH`.
+
+    Returns:
+        ``Kind/name: field.path: message`` per error; empty when valid.
+    """
+    where = _kind_name(data)
+    api, kind = data.get("apiVersion"), data.get("kind")
+    if api != KUEUE_API_VERSION:
+        return [
+            f"{where}: apiVersion {api!r} is not supported: use {KUEUE_API_VERSION} "
+            "(Kueue's storage version since v0.16, which deprecated v1beta1)"
+        ]
+    schema = kueue_schema(schema_path)
+    defs = schema["$defs"]
+    if not isinstance(kind, str) or not kind[:1].isupper() or kind not in defs:
+        known = ", ".join(sorted(k for k in defs if k[:1].isupper()))
+        return [f"{where}: no schema for {api} {kind} (known kinds: {known})"]
+    errors = [
+        f"{where}: spec.{field}: not a v1beta2 field; v1beta2 calls it {new}"
+        for (k, field), new in KUEUE_RENAMED_FIELDS.items()
+        if k == kind and field in (data.get("spec") or {})
+    ]
+    errors += schema_errors(
+        data, {"$schema": schema["$schema"], "$defs": defs, "$ref": f"#/$defs/{kind}"}
+    )
+    if not errors and kind in ("ClusterQueue", "Cohort"):
+        errors += _kueue_quota_errors(data, where)
+    return errors
 
 
 def validate_object(obj: Any, version: str = K8S_VERSION) -> list[str]:
     """Validate one object: the Kubernetes JSON schema (strict) and Pod Security "restricted".
 
-    Core kinds are checked with ``kubernetes-validate`` against ``version``; the CRDs we
-    render get structural checks (Kueue objects; VolumeSnapshot against
-    :data:`VOLUME_SNAPSHOT_SCHEMA`); pods and workloads also get :func:`pss_violations`.
+    Core kinds are checked with ``kubernetes-validate`` against ``version``; of the CRDs,
+    Kueue objects go to :func:`kueue_errors` (our v1beta2 schema; any other Kueue version
+    is an error) and VolumeSnapshot is checked against :data:`VOLUME_SNAPSHOT_SCHEMA`;
+    pods and workloads also get :func:`pss_violations`.
 
     Args:
         obj: A typed object or its dict form.
@@ -338,6 +428,8 @@ def validate_object(obj: Any, version: str = K8S_VERSION) -> list[str]:
     where = _kind_name(data)
     if "apiVersion" not in data or "kind" not in data:
         return [f"{where}: apiVersion and kind are required"]
+    if str(data["apiVersion"]).split("/")[0] == KUEUE_GROUP:
+        return kueue_errors(data)
     errors: list[str] = []
     try:
         kubernetes_validate.validate(data, version, strict=True)
@@ -345,11 +437,10 @@ def validate_object(obj: Any, version: str = K8S_VERSION) -> list[str]:
         path = ".".join(str(p) for p in e.path) or "<root>"
         errors.append(f"{where}: {path}: {e.message}")
     except SchemaNotFoundError:
-        structural = _structural(data)
-        if structural is None:
-            errors.append(f"{where}: no schema for {data['apiVersion']} {data['kind']}")
+        if data["apiVersion"] == "snapshot.storage.k8s.io/v1" and data["kind"] == "VolumeSnapshot":
+            errors += schema_errors(data, VOLUME_SNAPSHOT_SCHEMA)
         else:
-            errors += structural
+            errors.append(f"{where}: no schema for {data['apiVersion']} {data['kind']}")
     path = POD_TEMPLATE_PATHS.get(data["kind"])
     if path is not None:
         spec = _get(data, path)

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
     from trainyard.k8s.profile import ClusterProfile, Taint
 
+# Kueue's job labels (pkg/controller/constants/constants.go, Kueue v0.19.2: QueueLabel and
+# WorkloadPriorityClassLabel); the queue-name annotation is the deprecated form.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
