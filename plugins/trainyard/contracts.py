@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from trainyard.errors import ContractError
+from trainyard.fsutil import load_yaml
 from trainyard.settings import get_settings
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ COLUMN_RULES = (
     "max_length",
 )
 HOLDOUT_BUCKETS = 10_000
+#: Largest image (width x height) staging and validation accept: a header may claim
+#: 60000 x 60000 pixels, which no decoder should be asked to allocate.
+MAX_IMAGE_PIXELS = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -359,6 +363,16 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
     if label is not None and num_classes is not None and label["type"] not in ("int32", "int64"):
         errs.append(where(["roles", "label"], "a classification label must be an integer column"))
     need_column(["split", "by"], raw["split"]["by"])
+    for keys, name in ((["roles", "key"], roles["key"]), (["split", "by"], raw["split"]["by"])):
+        if types.get(name, "string") != "string":
+            errs.append(
+                where(
+                    keys,
+                    f"key column {name!r} is {types[name]}; keys are hashed as text, so it "
+                    "must be a string column (declare type: string and staging casts the "
+                    "source's values to text)",
+                )
+            )
     rules = raw.get("rules", {})
     count = rules.get("row_count", {})
     if count.get("min", 0) > count.get("max", float("inf")):
@@ -425,7 +439,7 @@ def parse_contract_text(text: str, path: Path, *, check_name: bool = True) -> Co
             a semantic rule; the message names the file, line and field of every problem.
     """
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text, path)
         lines, duplicates = _line_index(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -505,16 +519,26 @@ def holdout_mask(keys: Sequence[str], fraction: float) -> np.ndarray:
 
     Returns:
         A boolean array, True where the key belongs to the holdout set.
+
+    Raises:
+        ContractError: If a key is not a string (names the value).
     """
     import numpy as np
     import xxhash
 
     cut = round(fraction * HOLDOUT_BUCKETS)
-    return np.fromiter(
-        (xxhash.xxh3_64_intdigest(k.encode()) % HOLDOUT_BUCKETS < cut for k in keys),
-        dtype=bool,
-        count=len(keys),
-    )
+    try:
+        return np.fromiter(
+            (xxhash.xxh3_64_intdigest(k.encode()) % HOLDOUT_BUCKETS < cut for k in keys),
+            dtype=bool,
+            count=len(keys),
+        )
+    except AttributeError:
+        bad = next(k for k in keys if not isinstance(k, str))
+        raise ContractError(
+            f"holdout split: key {bad!r} is a {type(bad).__name__}, not a string (the "
+            "contract's key column must be a non-null string column)"
+        ) from None
 
 
 def feature_spec(contract: Contract) -> dict[str, tuple[str, tuple[int | None, ...]]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 def fsync_dir(path: Path) -> None:
@@ -167,12 +170,137 @@ def publish_dir(tmp: Path, final: Path) -> bool:
     return True
 
 
-def load_yaml(text: str) -> Any:
+#: Most nodes a YAML document may expand to when its aliases are followed.
+YAML_MAX_NODES = 100_000
+
+
+class YAMLTooLarge(yaml.YAMLError):
+    """A YAML document whose aliases expand beyond :data:`YAML_MAX_NODES` (or recurse)."""
+
+
+def _expanded_nodes(root: yaml.Node, limit: int) -> int | None:
+    """Nodes of the document with every alias followed, or None past ``limit`` or a cycle.
+
+    Counted bottom-up once per distinct node (an anchored node shared by many aliases is
+    counted as often as it is used), so a "billion laughs" document costs its own size.
+    """
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            size[key] = 1
+            continue
+        if done:
+            on_path.discard(key)
+            total = 1 + sum(size[id(c)] for c in children)
+            if total > limit:
+                return None
+            size[key] = total
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            return None
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+        if any(id(c) in on_path for c in children):
+            return None
+    return size[id(root)]
+
+
+def load_yaml(text: str, source: str | Path | None = None, max_nodes: int = YAML_MAX_NODES) -> Any:
     """Parse YAML safely (no object construction), with libyaml's C parser when present.
 
-    The C parser is ~10x faster, which keeps DAG parsing of pipeline configs cheap.
-    """
-    import yaml
+    The C parser is ~10x faster, which keeps DAG parsing of pipeline configs cheap. The
+    document is composed first and refused when its aliases expand to more than
+    ``max_nodes`` nodes or refer to themselves ("billion laughs": a few lines of nested
+    aliases that expand to gigabytes in any consumer that walks the data).
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(text, Loader=loader)
+    Args:
+        text: The YAML document.
+        source: Where it came from (named in the error).
+        max_nodes: Bound on the expanded node count.
+
+    Returns:
+        The data (None for an empty document).
+
+    Raises:
+        YAMLTooLarge: A ``yaml.YAMLError`` naming ``source``, for an alias bomb.
+        yaml.YAMLError: For invalid YAML.
+    """
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_nodes(node, max_nodes) is None:
+            where = f"{source}: " if source is not None else ""
+            raise YAMLTooLarge(
+                f"{where}refused: YAML aliases (&anchor / *alias) expand to more than "
+                f"{max_nodes} nodes or refer to themselves"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+_SECRET_PARAMS = re.compile(
+    r"(?i)^(.*token.*|.*secret.*|.*passw(or)?d.*|.*signature.*|.*credential.*|sig|key|"
+    r"api[-_]?key|access[-_]?key.*|auth.*|code|sas|se|sp|sv|x-amz-.*|x-goog-.*)$"
+)
+
+
+def redact_url(url: str) -> str:
+    """A URL fit to store or print: its secrets replaced by ``***``.
+
+    Masked: the password of the user info (the user too when alone, a bare token) and
+    secret-looking query parameters (``token``, ``sig``, ``X-Amz-Signature``, ...).
+
+    Credentials belong in fsspec storage options or an Airflow connection, never in the
+    URL text; this keeps them out of manifests, logs and errors when they are there.
+
+    Args:
+        url: Any URL or path.
+
+    Returns:
+        The URL with secrets masked (a plain path is returned unchanged).
+    """
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    if "://" not in url and "?" not in url and "@" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _URL_USERINFO.sub(r"\1***@", url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_PARAMS.match(k) for k, _ in pairs):
+            query = urlencode(
+                [(k, "***" if _SECRET_PARAMS.match(k) else v) for k, v in pairs], safe="*/:"
+            )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]*@")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every URL in it passed through :func:`redact_url` (for messages)."""
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
