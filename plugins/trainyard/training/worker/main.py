@@ -186,7 +186,6 @@ def _run(
     from trainyard.training.worker.architectures import ModelSpec, build_model
     from trainyard.training.worker.input import SnapshotInput
     from trainyard.volumes import check_snapshot
-    from trainyard.volumes import check_snapshot
 
     keras.utils.set_random_seed(args.seed)
     if args.strategy == "multi_worker_mirrored":
@@ -198,7 +197,6 @@ def _run(
         strategy = tf.distribute.ParameterServerStrategy(resolver)
     _say(role, f"{READY_MARKER} strategy={args.strategy} replicas={strategy.num_replicas_in_sync}")
 
-    check_snapshot(args.snapshot_dir)
     check_snapshot(args.snapshot_dir)
     inp = SnapshotInput(
         args.snapshot_dir,
