@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import fcntl
 import json
+import mmap
 import os
 import re
 import shutil
@@ -35,9 +36,11 @@ from trainyard.fsutil import (
     HOST,
     atomic_write_json,
     fsync_dir,
+    pid_alive,
     private_tmp_dir,
     publish_dir,
     read_json,
+    redact_url,
     remove_stale_tmp_dirs,
 )
 from trainyard.settings import get_settings
@@ -485,6 +488,72 @@ def verify_snapshot(snapshot: Path) -> list[str]:
     return problems
 
 
+def check_snapshot(snapshot: Path) -> Manifest:
+    """Fail closed unless every shard of a snapshot is exactly what its manifest lists.
+
+    One streaming pass per shard at hashing speed (BLAKE3, memory-mapped, multithreaded):
+    each shard is opened without following symbolic links, must be a regular file of the
+    listed size, and must hash to the listed digest; the snapshot id must match the listed
+    shards. Readers call it before they trust the data (validation, training).
+
+    Args:
+        snapshot: The snapshot directory.
+
+    Returns:
+        The manifest, checked.
+
+    Raises:
+        SnapshotError: ``snapshot <id> damaged: shard <name>: <what>`` for the first shard
+            (in manifest order) that is missing, not a regular file, of another size or
+            content; or the manifest is missing, corrupt or lists shards of another id.
+    """
+    import stat
+
+    snapshot = Path(snapshot)
+    manifest = read_manifest(snapshot)
+    sid = manifest.snapshot_id
+    if manifest.hash_algo != HASH_ALGO:
+        raise SnapshotError(
+            f"snapshot {sid} damaged: manifest hash_algo {manifest.hash_algo!r} is not "
+            f"{HASH_ALGO!r}"
+        )
+    if SNAPSHOT_RE.match(snapshot.name) and snapshot.name != sid:
+        raise SnapshotError(
+            f"snapshot {snapshot.name} damaged: {MANIFEST} describes snapshot {sid}"
+        )
+    if compute_snapshot_id(manifest.kind, manifest.contract_version, manifest.shards) != sid:
+        raise SnapshotError(f"snapshot {sid} damaged: {MANIFEST}: id does not match its shards")
+    for shard in manifest.shards:
+        path = snapshot / shard.path
+        damaged = f"snapshot {sid} damaged: shard {shard.path}"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise SnapshotError(f"{damaged}: cannot open {path}: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SnapshotError(f"{damaged}: {path} is not a regular file")
+            if st.st_size != shard.bytes:
+                raise SnapshotError(
+                    f"{damaged}: {st.st_size} bytes, the manifest lists {shard.bytes}"
+                )
+            h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+            if st.st_size:
+                with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+                    h.update(mm)
+            if h.hexdigest() != shard.hash:
+                raise SnapshotError(
+                    f"{damaged}: content hash differs from the manifest "
+                    f"({HASH_ALGO} {h.hexdigest()[:16]}..., listed {shard.hash[:16]}...)"
+                )
+        except OSError as e:
+            raise SnapshotError(f"{damaged}: cannot read {path}: {e.strerror}") from None
+        finally:
+            os.close(fd)
+    return manifest
+
+
 def _verify_remote(fs: Any, base: str, manifest: Manifest) -> list[str]:
     problems = []
     for shard in manifest.shards:
@@ -584,6 +653,145 @@ def protected_snapshots(dataset: str, volume_root: Path | None = None) -> dict[s
     return keep
 
 
+LEASE_TTL_S = 600.0
+_LEASES = "leases"
+
+
+def _gc_lock(dataset: str, volume_root: Path | None) -> Path:
+    return dataset_dir(dataset, volume_root) / ".gc.lock"
+
+
+def _lease_live(record: dict[str, Any], now: float) -> bool:
+    """A lease holds until it expires; one of this host also ends with its process."""
+    try:
+        expires, pid, host = float(record["expires_at"]), int(record["pid"]), str(record["host"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return expires > now and (host != HOST or pid_alive(pid))
+
+
+def active_leases(
+    dataset: str, volume_root: Path | None = None, *, prune: bool = False
+) -> dict[str, list[dict[str, Any]]]:
+    """The live leases of a dataset's snapshots (readers that must not lose them).
+
+    Args:
+        dataset: The dataset name.
+        volume_root: Another volume root (defaults to the configured one).
+        prune: Remove lease files that are no longer live (expired, or their process of
+            this host is gone); call it under the dataset's gc lock.
+
+    Returns:
+        ``{snapshot_id: [lease record, ...]}``; a record holds ``pid``, ``host``,
+        ``purpose`` and ``expires_at`` (epoch seconds). An unreadable lease file counts as
+        live until it is older than :data:`LEASE_TTL_S` (a writer may be renewing it).
+    """
+    import time
+
+    folder = dataset_dir(dataset, volume_root) / _LEASES
+    if not folder.is_dir():
+        return {}
+    now = time.time()
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in folder.glob("*.json"):
+        sid = path.name.split("--", 1)[0]
+        try:
+            record = read_json(path)
+            live = isinstance(record, dict) and _lease_live(record, now)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            try:
+                live = now - path.stat().st_mtime < LEASE_TTL_S
+            except FileNotFoundError:
+                continue
+            record = {"pid": None, "host": "?", "purpose": f"unreadable lease {path.name}"}
+        if live:
+            out.setdefault(sid, []).append(record)
+        elif prune:
+            path.unlink(missing_ok=True)
+    return out
+
+
+@contextmanager
+def lease_snapshot(
+    dataset: str,
+    snapshot_id: str,
+    *,
+    purpose: str = "read",
+    ttl_s: float = LEASE_TTL_S,
+    volume_root: Path | None = None,
+) -> Iterator[Path]:
+    """Hold a snapshot against retention while reading it (``with`` block).
+
+    Writes ``<dataset>/leases/<id>--<host>-<pid>-<uuid>.json`` (pid, host, purpose,
+    expiry) under the dataset's gc lock, after checking the snapshot exists, and renews
+    the expiry from a thread every ``ttl_s / 3`` seconds; the file is removed on exit.
+    :func:`gc_snapshots` keeps every snapshot with a live lease: not expired, and on this
+    host its process still running (a reader killed -9 frees it at once here, after
+    ``ttl_s`` elsewhere).
+
+    Args:
+        dataset: The dataset name.
+        snapshot_id: The snapshot to hold.
+        purpose: Who holds it (recorded, shown by ``snapshots gc``), e.g. ``train <run>``.
+        ttl_s: Seconds a lease outlives its last renewal.
+        volume_root: Another volume root (defaults to the configured one).
+
+    Yields:
+        The snapshot directory.
+
+    Raises:
+        SnapshotError: If the snapshot does not exist (already deleted) or the lease cannot
+            be written.
+    """
+    import threading
+    import time
+    import uuid
+
+    snap = snapshot_dir(dataset, snapshot_id, volume_root)
+    folder = dataset_dir(dataset, volume_root) / _LEASES
+    path = folder / f"{snapshot_id}--{HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}.json"
+    record = {
+        "snapshot_id": snapshot_id,
+        "pid": os.getpid(),
+        "host": HOST,
+        "purpose": purpose,
+        "acquired_at": _now(),
+    }
+
+    def write() -> None:
+        atomic_write_json(path, {**record, "expires_at": time.time() + ttl_s})
+
+    with _locked(_gc_lock(dataset, volume_root)):
+        if not (snap / MANIFEST).is_file():
+            raise SnapshotError(
+                f"{snap}: cannot lease snapshot {snapshot_id} for {purpose}: no such snapshot "
+                "(never staged, or deleted by retention)"
+            )
+        try:
+            write()
+        except OSError as e:
+            raise SnapshotError(f"{path}: cannot write the lease of {snapshot_id}: {e}") from e
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(ttl_s / 3):
+            try:
+                write()
+            except OSError as e:
+                sys.stderr.write(f"trainyard: cannot renew lease {path}: {e}\n")
+
+    thread = threading.Thread(target=renew, name=f"lease-{snapshot_id}", daemon=True)
+    thread.start()
+    try:
+        yield snap
+    finally:
+        stop.set()
+        thread.join()
+        path.unlink(missing_ok=True)
+
+
 def gc_snapshots(
     dataset: str,
     keep: int,
@@ -605,29 +813,41 @@ def gc_snapshots(
         volume_root: Another volume root (defaults to the configured one).
 
     Returns:
-        The ids deleted (or that would be).
+        The ids deleted (or that would be). Snapshots with a live lease
+        (:func:`lease_snapshot`) are kept whatever their age.
+
+    Raises:
+        SnapshotError: If ``keep`` < 1, or a model's metadata is unreadable (it might name
+            any snapshot: nothing is deleted).
     """
     if keep < 1:
         raise SnapshotError(f"retention must keep at least 1 snapshot, got {keep}")
-    snaps = list_snapshots(dataset, volume_root)
-    protected = protected_snapshots(dataset, volume_root)
-    recent = {m.snapshot_id for m in snaps[-keep:]}
-    doomed = [
-        m.snapshot_id
-        for m in snaps
-        if m.snapshot_id not in recent
-        and m.snapshot_id not in protected
-        and m.snapshot_id not in also_keep
-    ]
-    if dry_run:
-        return doomed
     trash_root = tmp_root(dataset, volume_root)
-    trash_root.mkdir(parents=True, exist_ok=True)
-    for sid in doomed:
-        src = snapshot_dir(dataset, sid, volume_root)
-        trash = trash_root / f"gc-{HOST}-{os.getpid()}-{sid}"
-        os.rename(src, trash)
-        fsync_dir(src.parent)
+    trashed: list[Path] = []
+    # under the lock no reader can take a lease between the check and the rename
+    with _locked(_gc_lock(dataset, volume_root)):
+        snaps = list_snapshots(dataset, volume_root)
+        protected = protected_snapshots(dataset, volume_root)
+        leased = active_leases(dataset, volume_root, prune=not dry_run)
+        recent = {m.snapshot_id for m in snaps[-keep:]}
+        doomed = [
+            m.snapshot_id
+            for m in snaps
+            if m.snapshot_id not in recent
+            and m.snapshot_id not in protected
+            and m.snapshot_id not in leased
+            and m.snapshot_id not in also_keep
+        ]
+        if dry_run:
+            return doomed
+        trash_root.mkdir(parents=True, exist_ok=True)
+        for sid in doomed:
+            src = snapshot_dir(dataset, sid, volume_root)
+            trash = trash_root / f"gc-{HOST}-{os.getpid()}-{sid}"
+            os.rename(src, trash)
+            fsync_dir(src.parent)
+            trashed.append(trash)
+    for trash in trashed:
         shutil.rmtree(trash, ignore_errors=True)
     return doomed
 
@@ -657,8 +877,11 @@ def _cli_list(args: argparse.Namespace) -> int:
 
 
 def _cli_show(args: argparse.Namespace) -> int:
-    manifest = read_manifest(snapshot_dir(args.dataset, args.snapshot_id))
-    print(json.dumps(manifest.to_dict(), indent=2))
+    shown = read_manifest(snapshot_dir(args.dataset, args.snapshot_id)).to_dict()
+    if isinstance(shown["source"].get("url"), str):
+        # manifests written before URLs were redacted at staging
+        shown["source"]["url"] = redact_url(shown["source"]["url"])
+    print(json.dumps(shown, indent=2))
     return 0
 
 
@@ -695,6 +918,11 @@ def _cli_gc(args: argparse.Namespace) -> int:
         f"{args.dataset}: kept newest {keep}, {verb} {len(doomed)}: {', '.join(doomed) or '-'}"
         f"; removed {len(removed)} stale temp entries"
     )
+    for sid, leases in sorted(active_leases(args.dataset).items()):
+        holders = ", ".join(
+            f"{r.get('purpose')} (pid {r.get('pid')} on {r.get('host')})" for r in leases
+        )
+        print(f"{args.dataset}/{sid}: leased by {holders}")
     return 0
 
 

@@ -165,18 +165,37 @@ def validate(pipeline: PipelineConfig, snapshot_id: str) -> ValidationResult:
     Returns:
         The result; the snapshot is now the dataset's latest validated snapshot.
 
+    The snapshot is leased against retention while it is read, its shards are checked
+    against the manifest (BLAKE3) and, for image datasets, every image is decoded, before
+    the contract runs.
+
     Raises:
-        ValidationFailed: A blocking rule failed (the snapshot is rejected).
+        ValidationFailed: A blocking rule failed, or an image does not decode (names the
+            sample key and shard); the snapshot is rejected.
         ContractError: The contract is invalid.
-        SnapshotError: The snapshot is missing or corrupt.
+        SnapshotError: The snapshot is missing, or a shard differs from its manifest
+            (``snapshot <id> damaged: shard <name> ...``).
         ValidatorCrashed: The validator itself failed.
     """
     from trainyard import volumes
     from trainyard.contracts import load_contract
 
     contract = load_contract(pipeline.dataset)
-    sdir = volumes.snapshot_dir(pipeline.dataset, snapshot_id)
-    manifest = volumes.read_manifest(sdir)
+    with volumes.lease_snapshot(pipeline.dataset, snapshot_id, purpose="validate") as sdir:
+        manifest = volumes.check_snapshot(sdir)
+        if manifest.kind == "files" and contract.image is not None:
+            from trainyard.validation.images import check_images
+
+            check_images(sdir, manifest)
+        return _validate_checked(pipeline, contract, manifest, sdir)
+
+
+def _validate_checked(
+    pipeline: PipelineConfig, contract: Contract, manifest: Any, sdir: Path
+) -> ValidationResult:
+    from trainyard import volumes
+
+    snapshot_id = manifest.snapshot_id
     previous = volumes.latest_validated(pipeline.dataset)
     previous_files = None
     if previous is not None and previous != snapshot_id and contract.drift:
