@@ -197,6 +197,7 @@ owner: tests@example.com
 source: {format: csv}
 roles: {key: id, label: n, features: [x]}
 split: {holdout_fraction: 0.2, by: id}
+allow_extra_columns: true
 columns:
   - {name: id, type: string}
   - {name: n, type: int32}

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard import volumes
-from trainyard.errors import StagingError
-from trainyard.fsutil import atomic_write_json, publish_dir
+from trainyard.errors import SnapshotError, StagingError, TrainyardError
+from trainyard.fsutil import atomic_write_json, publish_dir, redact_text, redact_url
 from trainyard.staging.progress import Progress, human_bytes
 from trainyard.staging.sources import open_source, read_contract
 
@@ -114,9 +114,31 @@ def stage(
         The snapshot (new, or reused when the same content or interval was staged before).
 
     Raises:
-        StagingError: For a bad dataset name, missing/empty/corrupt/changing source,
-            ill-typed rows or a failed write; nothing is published then.
+        StagingError: For a bad dataset name, missing/empty/corrupt/changing/hostile
+            source (non-regular files, links out of the folder, loops, oversized rows,
+            labels or images), ill-typed rows or a failed write; nothing is published
+            then. Credentials in the source URL are masked in every message.
     """
+    try:
+        return _stage(pipeline, interval_start, interval_end, restage=restage, quiet=quiet)
+    except Exception as e:
+        # a source URL may carry credentials (user info, ?token=): never let them out
+        text = str(e)
+        clean = redact_text(text)
+        if clean == text:
+            raise
+        error = type(e) if isinstance(e, TrainyardError) else StagingError
+        raise error(clean) from None
+
+
+def _stage(
+    pipeline: PipelineConfig,
+    interval_start: str | None,
+    interval_end: str | None,
+    *,
+    restage: bool,
+    quiet: bool,
+) -> StageResult:
     t0 = time.monotonic()
     dataset = volumes.check_dataset_name(pipeline.dataset, StagingError)
     volumes.clean_stale_tmp(dataset)
@@ -133,8 +155,8 @@ def stage(
     ds = interval_start[:10] if interval_start else None
     if "{ds}" in pipeline.source.url and not ds:
         raise StagingError(
-            f"{pipeline.source.url}: the source is partitioned by {{ds}}, so staging needs a "
-            "data interval (interval_start)"
+            f"{redact_url(pipeline.source.url)}: the source is partitioned by {{ds}}, so "
+            "staging needs a data interval (interval_start)"
         )
     url = pipeline.source_url(ds)
     _ensure_source(pipeline, url, ds)
@@ -209,7 +231,11 @@ def stage(
                 kept["snapshot_id"],
                 snapshot_id,
             )
-    volumes.gc_snapshots(dataset, pipeline.staging.retention, also_keep={snapshot_id})
+    try:
+        volumes.gc_snapshots(dataset, pipeline.staging.retention, also_keep={snapshot_id})
+    except (SnapshotError, OSError) as e:
+        # the snapshot is published; retention that cannot decide deletes nothing
+        log.warning("retention of %s skipped, nothing deleted: %s", dataset, e)
     result = _result(manifest, final, reused, t0)
     _report(result, quiet)
     return result

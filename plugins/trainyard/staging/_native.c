@@ -108,15 +108,23 @@ static int matches(const char *name, char **exts, size_t n_ext) {
 typedef struct {
     entry_t *e;
     size_t lo, hi;
-    int *dir_fds;
+    int root_fd;
+    char **folders;
 } stat_job_t;
 
+/* Stat each file as "<folder>/<name>" under the root: no folder stays open (a source may
+   hold more class folders than the process may open files). */
 static void *stat_part(void *arg) {
     stat_job_t *job = arg;
     struct stat st;
+    char path[2 * 4096];
     for (size_t i = job->lo; i < job->hi; i++) {
         entry_t *e = &job->e[i];
-        if (fstatat(job->dir_fds[e->dir], e->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (snprintf(path, sizeof(path), "%s/%s", job->folders[e->dir], e->name) >= (int)sizeof(path)) {
+            e->err = ENAMETOOLONG;
+            continue;
+        }
+        if (fstatat(job->root_fd, path, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             e->err = errno;
             continue;
         }
@@ -170,7 +178,6 @@ typedef struct {
     int64_t *stamps;       /* folder mtimes before listing; [0] is the root */
     entry_t *entries;
     size_t n, cap;
-    int *dir_fds;
 } scan_t;
 
 static void scan_free(scan_t *s) {
@@ -178,11 +185,6 @@ static void scan_free(scan_t *s) {
     free(s->stamps);
     for (size_t i = 0; i < s->n; i++) free(s->entries[i].name);
     free(s->entries);
-    if (s->dir_fds) {
-        for (size_t k = 0; k < s->folders.n; k++)
-            if (s->dir_fds[k] >= 0) close(s->dir_fds[k]);
-        free(s->dir_fds);
-    }
 }
 
 static int scan_push(scan_t *s, const char *name, int32_t dir, int32_t stem) {
@@ -241,19 +243,16 @@ static int scan_run(scan_t *s, const char *root, char **exts, size_t n_ext, int 
     qsort(s->folders.items, s->folders.n, sizeof(char *), cmp_folder);
     size_t nf = s->folders.n;
     s->stamps = calloc(nf + 1, sizeof(int64_t));
-    s->dir_fds = malloc((nf ? nf : 1) * sizeof(int));
-    if (!s->stamps || !s->dir_fds) { s->reason = "out of memory"; close(root_fd); return -1; }
-    for (size_t k = 0; k < nf; k++) s->dir_fds[k] = -1;
+    if (!s->stamps) { s->reason = "out of memory"; close(root_fd); return -1; }
     s->stamps[0] = root_stamp;
     for (size_t k = 0; k < nf && rc == 0; k++) {
         const char *folder = s->folders.items[k];
         size_t flen = strlen(folder);
         s->stamps[k + 1] = stamp_of(root_fd, folder);
-        int fd = openat(root_fd, folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        int fd = openat(root_fd, folder, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0) { s->err = errno; s->reason = "cannot open a class folder"; rc = -1; break; }
-        s->dir_fds[k] = fd;
-        DIR *sub = fdopendir(dup(fd));
-        if (!sub) { s->err = errno; s->reason = "cannot list a class folder"; rc = -1; break; }
+        DIR *sub = fdopendir(fd);
+        if (!sub) { s->err = errno; s->reason = "cannot list a class folder"; close(fd); rc = -1; break; }
         while ((de = readdir(sub))) {
             const char *name = de->d_name;
             if (name[0] == '.') continue;
@@ -278,8 +277,7 @@ static int scan_run(scan_t *s, const char *root, char **exts, size_t n_ext, int 
         }
         closedir(sub);
     }
-    close(root_fd);
-    if (rc) return -1;
+    if (rc) { close(root_fd); return -1; }
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if ((size_t)threads > s->n / 4096 + 1) threads = (int)(s->n / 4096 + 1);
@@ -287,7 +285,8 @@ static int scan_run(scan_t *s, const char *root, char **exts, size_t n_ext, int 
     stat_job_t jobs[MAX_THREADS];
     int started = 0;
     for (int t = 0; t < threads; t++) {
-        jobs[t] = (stat_job_t){s->entries, s->n * t / threads, s->n * (t + 1) / threads, s->dir_fds};
+        jobs[t] = (stat_job_t){s->entries, s->n * t / threads, s->n * (t + 1) / threads, root_fd,
+                               s->folders.items};
         if (t == threads - 1 || pthread_create(&tid[t], NULL, stat_part, &jobs[t]) != 0) {
             stat_part(&jobs[t]);
         } else {
@@ -295,6 +294,7 @@ static int scan_run(scan_t *s, const char *root, char **exts, size_t n_ext, int 
         }
     }
     for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    close(root_fd);
     for (size_t i = 0; i < s->n; i++) {
         if (s->entries[i].err == -1) { s->reason = "a sample is not a regular file"; return -1; }
         if (s->entries[i].err) { s->reason = "a sample cannot be read"; s->err = s->entries[i].err; return -1; }
@@ -443,7 +443,7 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
 /* ------------------------------------------------------------------------------------ */
 /* pack                                                                                 */
 
-enum { OK = 0, READ_ERROR = 1, SIZE_CHANGED = 2, MTIME_CHANGED = 3, WRITE_ERROR = 4 };
+enum { OK = 0, READ_ERROR = 1, SIZE_CHANGED = 2, MTIME_CHANGED = 3, WRITE_ERROR = 4, NOT_REGULAR = 5 };
 
 typedef struct {
     /* inputs */
@@ -556,12 +556,9 @@ static void *pack_part(void *arg) {
     pack_t *p = arg;
     int slot = __atomic_fetch_add(&p->next_slot, 1, __ATOMIC_RELAXED);
     unsigned char *buf = p->buffers + (size_t)slot * p->buffer_len;
-    int *dir_fds = malloc((size_t)(p->n_folders ? p->n_folders : 1) * sizeof(int));
-    if (!dir_fds) {
-        fail(p, p->p0, p->pieces[5 * p->p0 + 1], READ_ERROR, ENOMEM, 0, 0, 0);
-        return NULL;
-    }
-    for (int k = 0; k < p->n_folders; k++) dir_fds[k] = -1;
+    /* files come in key order, folder by folder: one folder open at a time */
+    int32_t cur_dir = -1;
+    int dir_fd = -1;
     int root_fd = open(p->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     char ext[16];
     for (;;) {
@@ -573,10 +570,13 @@ static void *pack_part(void *arg) {
         int failed = 0;
         for (int64_t i = first; i < stop; i++) {
             int32_t dir = p->file_dir[i];
-            if (dir_fds[dir] < 0) {
-                dir_fds[dir] = root_fd < 0 ? -1 : openat(root_fd, p->folders[dir], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                if (dir_fds[dir] < 0) {
+            if (dir != cur_dir) {
+                if (dir_fd >= 0) close(dir_fd);
+                cur_dir = dir;
+                dir_fd = root_fd < 0 ? -1 : openat(root_fd, p->folders[dir], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (dir_fd < 0) {
                     fail(p, j, i, READ_ERROR, errno, 0, 0, shard);
+                    cur_dir = -1;
                     failed = 1;
                     break;
                 }
@@ -584,7 +584,9 @@ static void *pack_part(void *arg) {
             const char *name = p->names + p->name_off[i];
             int64_t n = p->sizes[i];
             unsigned char *data = buf + off + BLOCK;
-            int fd = openat(dir_fds[dir], name, O_RDONLY | O_CLOEXEC);
+            /* a file swapped for a FIFO or a link after listing neither blocks nor leads
+               out of the folder */
+            int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
             if (fd < 0) { fail(p, j, i, READ_ERROR, errno, 0, 0, shard); failed = 1; break; }
             /* one byte more than listed is asked for: a file that grew is caught here */
             ssize_t got = read(fd, data, (size_t)n + 1);
@@ -598,6 +600,7 @@ static void *pack_part(void *arg) {
             if (fstat(fd, &st) != 0) { int e = errno; close(fd); fail(p, j, i, READ_ERROR, e, 0, 0, shard); failed = 1; break; }
             close(fd);
             int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+            if (!S_ISREG(st.st_mode)) { fail(p, j, i, NOT_REGULAR, 0, got, 0, shard); failed = 1; break; }
             if (got != n) { fail(p, j, i, SIZE_CHANGED, 0, got, 0, shard); failed = 1; break; }
             if (mtime != p->stamps[i]) { fail(p, j, i, MTIME_CHANGED, 0, got, mtime, shard); failed = 1; break; }
             const char *key = p->keys + p->key_off[i];
@@ -651,10 +654,8 @@ static void *pack_part(void *arg) {
     p->packers_left--;
     pthread_cond_signal(&p->more);
     pthread_mutex_unlock(&p->lock);
-    for (int k = 0; k < p->n_folders; k++)
-        if (dir_fds[k] >= 0) close(dir_fds[k]);
+    if (dir_fd >= 0) close(dir_fd);
     if (root_fd >= 0) close(root_fd);
-    free(dir_fds);
     return NULL;
 }
 
@@ -682,7 +683,7 @@ PyDoc_STRVAR(pack_doc,
 "is written with one pwrite at its offset in its shard's fd.\n\n"
 "Returns (kind, file, errno, got, mtime, shard) of the earliest failed piece, kind 0 when\n"
 "none failed: 1 read error, 2 size changed (got = bytes read), 3 mtime changed, 4 write\n"
-"error (shard).");
+"error (shard), 5 not a regular file (any more).");
 
 static PyObject *py_pack(PyObject *self, PyObject *args) {
     PyObject *root_obj, *folders_obj, *objs[14];

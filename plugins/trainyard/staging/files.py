@@ -26,6 +26,7 @@ Each shard is hashed (BLAKE3) once complete.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import itertools
 import os
@@ -37,14 +38,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
+from trainyard.contracts import MAX_IMAGE_PIXELS
 from trainyard.errors import StagingError
 from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
 from trainyard.staging.sources import Source, SourceFile, under
 from trainyard.volumes import ShardInfo, hash_file
 
 LABELS_FILE = "labels.csv"
+#: Labels are class numbers: 18 digits always fit an int64.
+MAX_LABEL_DIGITS = 18
 _BLOCK = 512
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -101,8 +106,48 @@ def image_size(data: bytes, where: str) -> tuple[int, int]:
     try:
         with Image.open(io.BytesIO(data)) as img:
             return int(img.size[0]), int(img.size[1])
-    except (UnidentifiedImageError, OSError, SyntaxError) as e:
-        raise StagingError(f"{where}: not a readable image ({e})") from e
+    except Image.DecompressionBombError as e:
+        raise StagingError(f"{where}: image too large ({e})") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise StagingError(f"{where}: not a readable image ({e})") from None
+
+
+def label_value(text: str, where: str) -> int:
+    """A label as an integer of at most :data:`MAX_LABEL_DIGITS` digits (int64 range).
+
+    Raises:
+        StagingError: Naming ``where``, for a value that is not an integer or does not
+            fit a 64-bit label.
+    """
+    digits = text.strip()
+    if len(digits.lstrip("+-")) > MAX_LABEL_DIGITS or not digits.lstrip("+-").isdigit():
+        shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+        raise StagingError(f"{where}: {shown!r} is not an integer label of at most 18 digits")
+    return int(digits)
+
+
+def _read_error(e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return "it is a symbolic link now (it was a regular file when listed)"
+    return str(e)
+
+
+def check_image_sizes(widths: Any, heights: Any, path_of: Callable[[int], str]) -> None:
+    """Refuse the first image (in key order) whose header claims too many pixels.
+
+    Raises:
+        StagingError: Naming the file and its claimed size.
+    """
+    import numpy as np
+
+    pixels = np.asarray(widths, np.int64) * np.asarray(heights, np.int64)
+    over = np.flatnonzero(pixels > MAX_IMAGE_PIXELS)
+    if len(over):
+        i = int(over[0])
+        raise StagingError(
+            f"{path_of(i)}: image header claims {int(widths[i])}x{int(heights[i])} pixels, "
+            f"more than the {MAX_IMAGE_PIXELS} allowed"
+        )
 
 
 def _read_labels_file(src: Source, f: SourceFile) -> dict[str, int]:
@@ -127,12 +172,7 @@ def _read_labels_file(src: Source, f: SourceFile) -> dict[str, int]:
             raise StagingError(
                 f"{f.path}: row {lineno}: file name {name!r} tries to leave the source folder"
             )
-        try:
-            labels[name] = int(label)
-        except ValueError as e:
-            raise StagingError(
-                f"{f.path}: row {lineno} column 'label': {label!r} is not an integer"
-            ) from e
+        labels[name] = label_value(label, f"{f.path}: row {lineno} column 'label'")
     return labels
 
 
@@ -186,7 +226,7 @@ def plan_samples(src: Source) -> tuple[list[tuple[SourceFile, str, str, int]], l
             )
         names = sorted({f.rel.split("/", 1)[0] for f in samples})
         if all(n.isdigit() for n in names):
-            index = {n: int(n) for n in names}
+            index = {n: label_value(n, f"{src.root}/{n}: class folder") for n in names}
         else:
             classes = names
             index = {n: i for i, n in enumerate(names)}
@@ -486,6 +526,7 @@ class _PieceWriter:
         view = memoryview(buf)
         r = fd = -1
         got = n = mtime = stamp = 0
+        regular = True
         try:
             if not self.local:
                 for r in range(stop - first):
@@ -501,7 +542,9 @@ class _PieceWriter:
                     self.close()
                 dir_fds = {k: self._dir_fd(k) for k in set(folders)}
                 open_, readv, fstat, close = os.open, os.readv, os.fstat, os.close
-                flags = os.O_RDONLY | os.O_CLOEXEC
+                # a file swapped for a FIFO or a link after listing neither blocks nor
+                # leads out of the folder (listed links were resolved to their targets)
+                flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
                 # one byte more than listed is asked for: a file that grew is caught here
                 slots = [view[at : at + n + 1] for at, n in zip(data_at, sizes, strict=True)]
                 for r, (name, k, slot, n, stamp) in enumerate(  # noqa: B007 - r names a failure
@@ -522,19 +565,23 @@ class _PieceWriter:
                             break
                         got += more
                     # as tar does: the bytes read are the listed version of the file
-                    mtime = fstat(fd).st_mtime_ns
+                    st = fstat(fd)
                     close(fd)
                     fd = -1
-                    if got != n or mtime != stamp:
+                    mtime, regular = st.st_mtime_ns, S_ISREG(st.st_mode)
+                    if not regular or got != n or mtime != stamp:
                         break
                 slots.clear()
         except OSError as e:
             if fd >= 0:
                 os.close(fd)
             path = plan[first + r][0].path
-            return r, StagingError(f"{path}: cannot read source file: {e}")
+            return r, StagingError(f"{path}: cannot read source file: {_read_error(e)}")
         finally:
             view.release()
+        if not regular:
+            path = plan[first + r][0].path
+            return r, StagingError(f"{path}: not a regular file any more (changed after listing)")
         if got != n:
             path = plan[first + r][0].path
             grew = "+" if got > n else ""
@@ -709,6 +756,8 @@ def _stage_files(
                 raise StagingError(f"{path}: cannot write shard: {e}") from e
         if native is not None:
             widths, heights = _pack_native(src, native, layout, fds, paths, workers, advance)
+            listing = src.native
+            check_image_sizes(widths, heights, lambda i: under(src.root, listing.rel(i)))
             keys = pa.StringArray.from_buffers(
                 len(sizes), pa.py_buffer(src.native.key_off), pa.py_buffer(src.native.keys)
             )
@@ -721,6 +770,7 @@ def _stage_files(
                 writer.close()
             widths, heights = writer.widths, writer.heights
             keys, labels = [p[1] for p in plan], [p[3] for p in plan]
+            check_image_sizes(widths, heights, lambda i: plan[i][0].path)
         shards = []
         for name, size, rows, path, fd in zip(
             layout.names, layout.sizes, layout.rows, paths, fds, strict=True
@@ -780,7 +830,7 @@ def _native_plan(src: Source) -> _NativePlan:
     names = sorted(listing.folders[k] for k in used)
     classes: list[str] | None = None
     if all(n.isdigit() for n in names):
-        index = {n: int(n) for n in names}
+        index = {n: label_value(n, f"{under(src.root, n)}: class folder") for n in names}
     else:
         classes = names
         index = {n: i for i, n in enumerate(names)}
@@ -789,7 +839,7 @@ def _native_plan(src: Source) -> _NativePlan:
 
 
 # what _native.pack reports for the earliest failed piece (0: none failed)
-_READ_ERROR, _SIZE_CHANGED, _MTIME_CHANGED, _WRITE_ERROR = 1, 2, 3, 4
+_READ_ERROR, _SIZE_CHANGED, _MTIME_CHANGED, _WRITE_ERROR, _NOT_REGULAR = 1, 2, 3, 4, 5
 
 
 def _pack_native(
@@ -878,7 +928,9 @@ def _pack_native(
     size = int(listing.sizes[failed])
     if kind == _READ_ERROR:
         error = OSError(err, os.strerror(err), rel.rpartition("/")[2])
-        raise StagingError(f"{path}: cannot read source file: {error}")
+        raise StagingError(f"{path}: cannot read source file: {_read_error(error)}")
+    if kind == _NOT_REGULAR:
+        raise StagingError(f"{path}: not a regular file any more (changed after listing)")
     if kind == _SIZE_CHANGED:
         grew = "+" if got > size else ""
         raise StagingError(

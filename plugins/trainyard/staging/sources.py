@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, NamedTuple
 
 from trainyard.errors import StagingError
+from trainyard.fsutil import redact_url
 from trainyard.settings import get_settings
 from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
 
@@ -53,12 +55,15 @@ class ContractInfo:
         version: Contract version (recorded in the manifest and the snapshot id).
         columns: Declared columns, in order.
         extension: ``source.extension`` (image folders: which files are samples).
+        allow_extra_columns: Whether a table source may hold columns the contract does
+            not declare (they are dropped); otherwise such a column is refused.
     """
 
     path: Path
     version: str
     columns: tuple[ContractColumn, ...]
     extension: str | None
+    allow_extra_columns: bool = False
 
 
 def read_contract(dataset: str) -> ContractInfo:
@@ -82,6 +87,7 @@ def read_contract(dataset: str) -> ContractInfo:
         version=contract.version,
         columns=tuple(ContractColumn(c.name, c.type, c.nullable) for c in contract.columns),
         extension=ext.lstrip(".") if ext else None,
+        allow_extra_columns=contract.allow_extra_columns,
     )
 
 
@@ -229,9 +235,9 @@ class Source:
         return sum(f.size for f in self.listed)
 
     def describe(self) -> dict[str, Any]:
-        """The ``source`` entry of the manifest."""
+        """The ``source`` entry of the manifest (credentials in the URL masked)."""
         return {
-            "url": self.url,
+            "url": redact_url(self.url),
             "format": self.format,
             "files": self.count,
             "bytes": self.total_bytes,
@@ -323,36 +329,88 @@ def _walk_local(
     names: list[str] = []
     rels: list[str] = []
     folder_of: list[int] = []
+    # files that are symbolic links are read at their target (checked to be inside the
+    # source), so every file can then be opened without following links
+    targets: dict[int, str] = {}
+    visited = {real_root}
     stack = [(root, "")]
     while stack:
         folder, prefix = stack.pop()
         k = len(folders)
         folders.append((folder, _folder_stamp(folder)))
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                name = entry.name
-                if name[0] == ".":
-                    continue
-                if entry.is_symlink():
-                    real = os.path.realpath(entry.path)
-                    if os.path.commonpath([real, real_root]) != real_root:
-                        raise StagingError(
-                            f"{entry.path}: symbolic link points outside the source folder ({real})"
-                        )
-                if entry.is_dir():
-                    stack.append((entry.path, f"{prefix}{name}/"))
-                    continue
-                if extensions is not None and not name.lower().endswith(extensions):
-                    continue
-                names.append(name)
-                rels.append(prefix + name)
-                folder_of.append(k)
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError as e:
+            raise StagingError(f"{folder}: cannot list source folder: {e.strerror}") from None
+        for entry in entries:
+            name = entry.name
+            if name[0] == ".":
+                continue
+            link = entry.is_symlink()
+            if link:
+                real = os.path.realpath(entry.path)
+                if os.path.commonpath([real, real_root]) != real_root:
+                    raise StagingError(
+                        f"{entry.path}: symbolic link points outside the source folder ({real})"
+                    )
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                raise StagingError(f"{entry.path}: {_not_regular(entry.path)}") from None
+            if is_dir:
+                real = os.path.realpath(entry.path)
+                if real in visited:
+                    raise StagingError(
+                        f"{entry.path}: symbolic link loop: leads to {real}, a folder "
+                        "already listed"
+                    )
+                visited.add(real)
+                stack.append((entry.path, f"{prefix}{name}/"))
+                continue
+            if extensions is not None and not name.lower().endswith(extensions):
+                continue
+            try:
+                is_file = entry.is_file()
+            except OSError:
+                is_file = False
+            if not is_file:
+                raise StagingError(f"{entry.path}: {_not_regular(entry.path)}")
+            if link:
+                targets[len(names)] = real
+            names.append(name)
+            rels.append(prefix + name)
+            folder_of.append(k)
     heads = [f if f.endswith("/") else f + "/" for f, _ in folders]
     paths = [heads[k] + name for k, name in zip(folder_of, names, strict=True)]
     sizes, mtimes = _stat_all([f for f, _ in folders], folder_of, names, paths)
+    for i, real in targets.items():
+        paths[i] = real
     out = list(map(SourceFile, paths, rels, sizes, mtimes))
     out.sort(key=itemgetter(1))
     return out, folders
+
+
+def _not_regular(path: str) -> str:
+    """Why ``path`` cannot be staged as a sample or table file (it is not a regular file)."""
+    import errno
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "symbolic link loop"
+        return f"cannot read source file: {e.strerror}"
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    )
+    kind = next((text for test, text in kinds if test(mode)), "of an unknown kind")
+    return f"not a regular file ({kind}); only regular files are staged"
 
 
 def _stat_all(
@@ -366,22 +424,29 @@ def _stat_all(
 
     def part(k: int) -> None:
         lo, hi = n * k // workers, n * (k + 1) // workers
-        dir_fds: dict[int, int] = {}
+        # files come folder by folder: one folder open at a time (a source may hold more
+        # folders than the process may open files)
+        current, fd = -1, -1
         stat = os.stat
         i = lo
         try:
             for i in range(lo, hi):
                 f = folder_of[i]
-                fd = dir_fds.get(f)
-                if fd is None:
-                    fd = dir_fds[f] = os.open(folders[f], os.O_RDONLY | os.O_DIRECTORY)
+                if f != current:
+                    if fd >= 0:
+                        os.close(fd)
+                        fd = -1
+                    fd = os.open(folders[f], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    current = f
                 st = stat(names[i], dir_fd=fd)
+                if not S_ISREG(st.st_mode):
+                    raise StagingError(f"{paths[i]}: {_not_regular(paths[i])}")
                 sizes[i] = st.st_size
                 mtimes[i] = st.st_mtime_ns
         except OSError as e:
             raise StagingError(f"{paths[i]}: cannot read source file: {e.strerror}") from None
         finally:
-            for fd in dir_fds.values():
+            if fd >= 0:
                 os.close(fd)
 
     run_forked(workers, part)
@@ -415,6 +480,8 @@ def _list_files(
                     )
             out.append(SourceFile(path, rel, int(info.get("size") or 0), _stamp(info)))
         return tuple(sorted(out, key=itemgetter(1))), ()
+    if _is_local(fs) and not os.path.isfile(root):
+        raise StagingError(f"{root}: {_not_regular(root)}")
     info = fs.info(root)
     size = int(info.get("size") or 0)
     return (SourceFile(root, posixpath.basename(root), size, _stamp(info)),), ()
@@ -475,16 +542,16 @@ def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
     try:
         fs, root = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as e:
-        raise StagingError(f"{url}: cannot open source ({e})") from e
+        raise StagingError(f"{redact_url(url)}: cannot open source ({e})") from None
     root = root.rstrip("/") or "/"
     if not fs.exists(root):
-        raise StagingError(f"{url}: source does not exist")
+        raise StagingError(f"{redact_url(url)}: source does not exist")
     if fmt == "image_folder":
         extensions: tuple[str, ...] | None = (
             (f".{extension.lower()}",) if extension else IMAGE_EXTENSIONS
         )
         if not fs.isdir(root):
-            raise StagingError(f"{url}: an image_folder source must be a folder")
+            raise StagingError(f"{redact_url(url)}: an image_folder source must be a folder")
     else:
         extensions = TABLE_EXTENSIONS[fmt]
     native = None
@@ -495,7 +562,9 @@ def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
     with gc_paused():
         files, folders = _list_files(fs, root, fmt, extensions)
     if not files:
-        raise StagingError(f"{url}: source is empty (no {'/'.join(extensions or ())} files)")
+        raise StagingError(
+            f"{redact_url(url)}: source is empty (no {'/'.join(extensions or ())} files)"
+        )
     if fmt != "image_folder" and all(f.size == 0 for f in files):
         raise StagingError(f"{files[0].path}: source is empty (0 bytes)")
     return Source(url, fmt, fs, root, files, extensions, folders)

@@ -10,6 +10,7 @@ the row sequence, so the same data always gives byte-identical shards (and the s
 from __future__ import annotations
 
 import csv
+import json
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +24,9 @@ from trainyard.staging.sources import ContractInfo, Source, SourceFile, contract
 from trainyard.volumes import ShardInfo
 
 CSV_BLOCK_BYTES = 2 << 20
+#: A row must fit one parse block: longer rows are refused, naming the row.
+MAX_ROW_BYTES = CSV_BLOCK_BYTES
+_TOO_LONG = f"longer than {MAX_ROW_BYTES >> 20} MB, the most one row may hold"
 _QUEUE_DEPTH = 3
 _DONE = object()
 
@@ -179,12 +183,56 @@ def _cast_batch(batch: Any, schema: Any, where: str) -> Any:
 
 def _csv_header(src: Source, f: SourceFile) -> list[str]:
     with src.fs.open(f.path, "rb") as fh:
-        line = fh.readline()
+        line = next(_bounded_lines(fh), b"")
+    if line is None:
+        raise StagingError(f"{f.path}: row 1 (header): {_TOO_LONG}")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
         raise StagingError(f"{f.path}: row 1 (header): not UTF-8 text ({e.reason})") from e
-    return next(csv.reader([text]), [])
+    try:
+        return next(csv.reader([text]), [])
+    except csv.Error as e:
+        raise StagingError(f"{f.path}: row 1 (header): not valid CSV ({e})") from None
+
+
+def _bounded_lines(fh: Any, limit: int = MAX_ROW_BYTES) -> Iterator[bytes | None]:
+    """The lines of a binary file, each at most ``limit`` bytes.
+
+    A longer line yields None and ends the iteration, so a file without newlines never
+    fills memory.
+    """
+    pending = b""
+    while True:
+        block = fh.read(1 << 20)
+        if not block:
+            if pending:
+                yield pending
+            return
+        pending += block
+        start = 0
+        while (cut := pending.find(b"\n", start)) >= 0:
+            if cut + 1 - start > limit:
+                yield None
+                return
+            yield pending[start : cut + 1]
+            start = cut + 1
+        pending = pending[start:]
+        if len(pending) > limit:
+            yield None
+            return
+
+
+def _check_extra(columns: list[str], schema: Any, allow_extra: bool, where: str) -> None:
+    """Refuse a source column the contract does not declare, unless it allows extras."""
+    if allow_extra:
+        return
+    extra = [c for c in columns if c not in set(schema.names)]
+    if extra:
+        raise StagingError(
+            f"{where}: column {extra[0]!r} is not in the contract (allow_extra_columns is "
+            "false: declare it, or set allow_extra_columns: true to drop it)"
+        )
 
 
 def _diagnose_csv(src: Source, f: SourceFile, header: list[str], message: str) -> str:
@@ -200,14 +248,19 @@ def _diagnose_csv(src: Source, f: SourceFile, header: list[str], message: str) -
         bad_value = message.split("invalid value '", 1)[1].rsplit("'", 1)[0]
     column = f" column {header[col_idx]!r}" if col_idx is not None and col_idx < len(header) else ""
     with src.fs.open(f.path, "rb") as raw:
-        for lineno, line in enumerate(raw, start=1):
+        for lineno, line in enumerate(_bounded_lines(raw), start=1):
+            if line is None:
+                return f"{f.path}: row {lineno}: {_TOO_LONG}"
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError as e:
                 return f"{f.path}: row {lineno}{column}: not UTF-8 text ({e.reason})"
             if lineno == 1:
                 continue
-            fields = next(csv.reader([text]), [])
+            try:
+                fields = next(csv.reader([text]), [])
+            except csv.Error as e:
+                return f"{f.path}: row {lineno}: not valid CSV ({e})"
             if not fields:
                 continue
             if len(fields) != len(header):
@@ -215,6 +268,28 @@ def _diagnose_csv(src: Source, f: SourceFile, header: list[str], message: str) -
             if col_idx is not None and bad_value is not None and fields[col_idx] == bad_value:
                 return f"{f.path}: row {lineno}{column}: {message}"
     return f"{f.path}:{column} {message}"
+
+
+def _diagnose_jsonl(
+    src: Source, f: SourceFile, schema: Any, allow_extra: bool, message: str
+) -> str:
+    """Find the row a pyarrow JSON error is about; only runs on failure."""
+    with src.fs.open(f.path, "rb") as raw:
+        for lineno, line in enumerate(_bounded_lines(raw), start=1):
+            if line is None:
+                return f"{f.path}: row {lineno}: {_TOO_LONG}"
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                return f"{f.path}: row {lineno}: not valid JSON Lines ({e})"
+            if isinstance(row, dict):
+                try:
+                    _check_extra(list(row), schema, allow_extra, f"{f.path}: row {lineno}")
+                except StagingError as e:
+                    return str(e)
+    return f"{f.path}: not valid JSON Lines for the contract: {message}"
 
 
 def _batches(
@@ -235,7 +310,7 @@ def _batches(
 
 
 def _read_csv(
-    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None]
+    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None], allow_extra: bool
 ) -> Iterator[Any]:
     import pyarrow.csv as pcsv
 
@@ -247,6 +322,7 @@ def _read_csv(
             f"{f.path}: row 1 (header): column {missing[0]!r} of the contract is missing "
             f"(header: {', '.join(header)})"
         )
+    _check_extra(header, schema, allow_extra, f"{f.path}: row 1 (header)")
     stream = pa.OSFile(f.path, "rb") if src.is_local else src.fs.open(f.path, "rb")
     try:
         reader = pcsv.open_csv(
@@ -264,7 +340,7 @@ def _read_csv(
 
 
 def _read_jsonl(
-    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None]
+    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None], allow_extra: bool
 ) -> Iterator[Any]:
     import pyarrow.json as pjson
 
@@ -275,18 +351,19 @@ def _read_jsonl(
             stream,
             read_options=pjson.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=True),
             parse_options=pjson.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"
+                explicit_schema=schema,
+                unexpected_field_behavior="ignore" if allow_extra else "error",
             ),
         )
         yield from _batches(reader, stream, f, schema, advance)
     except pa.ArrowException as e:
-        raise StagingError(f"{f.path}: not valid JSON Lines for the contract: {e}") from e
+        raise StagingError(_diagnose_jsonl(src, f, schema, allow_extra, str(e))) from e
     finally:
         stream.close()
 
 
 def _read_parquet(
-    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None]
+    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None], allow_extra: bool
 ) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
@@ -301,6 +378,7 @@ def _read_parquet(
         missing = [n for n in schema.names if n not in names]
         if missing:
             raise StagingError(f"{f.path}: column {missing[0]!r} of the contract is missing")
+        _check_extra(pf.schema_arrow.names, schema, allow_extra, f.path)
         per_group = f.size // max(pf.metadata.num_row_groups, 1)
         for i in range(pf.metadata.num_row_groups):
             try:
@@ -371,7 +449,7 @@ def stage_table(
         for f in src.files:
             if f.size == 0 or failure:
                 continue
-            for batch in read(src, f, schema, advance):
+            for batch in read(src, f, schema, advance, contract.allow_extra_columns):
                 if failure:
                     break
                 q.put(batch)
