@@ -523,13 +523,46 @@ def _fmt_metrics(metrics: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in items)
 
 
-def _list(reg: Registry) -> str:
-    champion = reg.champion()
-    rows = [("", "version", "registered", "snapshot", "gate", "metrics")]
+def readable_versions(reg: Registry) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+    """Every version whose metadata reads, and one line per version whose does not.
+
+    One corrupt ``metadata.json`` must not hide the other versions: it is skipped and
+    reported (named), and logged as a warning.
+
+    Args:
+        reg: The registry.
+
+    Returns:
+        ``[(version, metadata)]`` ascending, and the problems (``version <n>: <why>``).
+    """
+    good: list[tuple[int, dict[str, Any]]] = []
+    problems: list[str] = []
     for v in reg.list_versions():
-        meta = reg.metadata(v)
-        gate = reg.read_file(v, "gate.json") or {}
-        metrics = gate.get("candidate_metrics") or reg.read_file(v, "metrics.json") or {}
+        try:
+            good.append((v, reg.metadata(v)))
+        except RegistryError as e:
+            problems.append(f"version {v}: {e}")
+            log.warning("registry %s: skipping version %s: %s", reg.root, v, e)
+    return good, problems
+
+
+def _list(reg: Registry) -> str:
+    try:
+        champion = reg.champion()
+    except RegistryError as e:
+        champion, pointer_problem = None, [f"champion pointer: {e}"]
+    else:
+        pointer_problem = []
+    rows = [("", "version", "registered", "snapshot", "gate", "metrics")]
+    versions, problems = readable_versions(reg)
+    problems = pointer_problem + problems
+    for v, meta in versions:
+        try:
+            gate = reg.read_file(v, "gate.json") or {}
+            metrics = gate.get("candidate_metrics") or reg.read_file(v, "metrics.json") or {}
+        except RegistryError as e:
+            problems.append(f"version {v}: {e}")
+            gate, metrics = {}, {}
         rows.append(
             (
                 "*" if v == champion else "",
@@ -540,14 +573,15 @@ def _list(reg: Registry) -> str:
                 _fmt_metrics(metrics),
             )
         )
+    unreadable = "".join(f"unreadable, skipped: {p}\n" for p in problems)
     if len(rows) == 1:
-        return f"pipeline {reg.pipeline!r} has no registered versions\n"
+        return f"pipeline {reg.pipeline!r} has no registered versions\n" + unreadable
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1]
         for r in rows
     ]
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    return "\n".join(line.rstrip() for line in lines) + "\n" + unreadable
 
 
 def cli_main(argv: list[str]) -> int:
