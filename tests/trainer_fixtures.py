@@ -52,7 +52,8 @@ def _manifest(snap: Path, kind: str, shards: list[tuple[str, str]]) -> None:
         for p, role in shards
     ]
     manifest = volumes.Manifest(
-        snapshot_id=snap.name,
+        # content-addressed, as staging does: readers check the id against the shards
+        snapshot_id=volumes.compute_snapshot_id(kind, "1", infos),
         dataset="fixture",
         kind=kind,  # type: ignore[arg-type]
         shards=infos,

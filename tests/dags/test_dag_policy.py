@@ -46,6 +46,7 @@ def test_dag_level_policy(dags: dict) -> None:
                 "validate",
                 "publish_snapshot",
                 "train",
+                "register",
                 "evaluate",
                 "gate",
                 "deploy",
@@ -61,6 +62,7 @@ def test_dag_level_policy(dags: dict) -> None:
         ("validate", 1),
         ("publish_snapshot", 0),
         ("train", 1),
+        ("register", 1),
         ("evaluate", 0),
         ("gate", 0),
         ("deploy", 0),
@@ -129,7 +131,7 @@ def test_epochs_param_validates(dags: dict, value: object, ok: bool) -> None:
     ],
 )
 def test_backfill_training_policy(policy: str, run_type: str, queued: int, trains: bool) -> None:
-    from trainyard.airflow import should_train
+    from trainyard.orchestration.graph import should_train
 
     decision, reason = should_train(policy, run_type, queued)
     assert decision is trains

@@ -19,7 +19,7 @@ from trainer_fixtures import (
 )
 
 from trainyard.config import TrainingConfig, parse_pipeline
-from trainyard.training import run_training
+from trainyard.training.launcher import run_training
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ CASES = [
         "blobs_table",
         TrainingConfig(model="mlp", strategy="parameter_server", workers=2, parameter_servers=1,
                        epochs=2, batch_size=32, learning_rate=0.01, steps_per_execution=4),
-        ["chief:0", "worker:0", "worker:1", "ps:0"],
+        ["ps:0", "chief:0", "worker:0", "worker:1"],
         0.8,
         id="ps-chief-2-workers-1-ps-table",
     ),
@@ -70,7 +70,7 @@ def test_strategy_trains_and_exports(
 ) -> None:  # fmt: skip
     pipeline = parse_pipeline(ROOT / "dags" / "pipelines" / "digits.yaml")
     if data == "digits_files":
-        snap = make_files_snapshot(tmp_path / "snap", n=None, shards=4)
+        make_files_snapshot(volume_root / "digits" / "snapshots" / "s1", n=None, shards=4)
         expected_inputs = {"image": [None, 8, 8, 1]}
     else:
         contracts = tmp_path / "contracts"
@@ -78,10 +78,10 @@ def test_strategy_trains_and_exports(
         write_table_contract(contracts)
         monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
         pipeline = pipeline.model_copy(update={"dataset": "blobs"})
-        snap = make_table_snapshot(tmp_path / "snap", n=1200, parts=3)
+        make_table_snapshot(volume_root / "blobs" / "snapshots" / "s1", n=1200, parts=3)
         expected_inputs = {"x1": [None], "x2": [None], "x3": [None]}
     lines: list[str] = []
-    result = run_training(pipeline, snap, tmp_path / "out", params, run_id="r1", log=lines.append)
+    result = run_training(pipeline, params, "s1", run_id="r1", log=lines.append)
 
     assert result.attempts == 1
     assert result.tf_config_roles == roles

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from trainyard import k8s
+from trainyard.training.spec import IMAGE_CONTRACTS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ["trainer", "serving", "airflow"]
@@ -146,12 +147,12 @@ def test_airflow_image_builds_the_c_staging_module() -> None:
 def test_trainer_entrypoint_and_sources() -> None:
     ins = parse_dockerfile(_dockerfile("trainer"))
     entry = [i.args for i in ins if i.op == "ENTRYPOINT"]
-    assert [json.loads(e) for e in entry] == [["python", "-m", "trainyard.training.worker"]]
+    assert [json.loads(e) for e in entry] == [["python", "-m", "trainyard", "worker"]]
     env = " ".join(i.args for i in ins if i.op == "ENV")
     assert "TF_USE_LEGACY_KERAS=1" in env
-    # trainer_args() points --contract at the contracts baked into this image
+    # worker_args() points --contract at the contracts baked into this image
     copies = [i.args.split() for i in ins if i.op == "COPY"]
-    assert ["data_contracts/", f"{k8s.TRAINER_CONTRACTS_DIR}/"] in copies
+    assert ["data_contracts/", f"{IMAGE_CONTRACTS_DIR}/"] in copies
     assert "PYTHONPATH=/opt/trainyard/plugins" in env
     reqs = (ROOT / "images" / "trainer" / "requirements.txt").read_text()
     assert re.search(r"^tf-keras==2\.21\.\d+$", reqs, re.M)

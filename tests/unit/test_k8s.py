@@ -22,6 +22,7 @@ from kubernetes import client as k
 from trainyard import k8s
 from trainyard.config import PipelineConfig
 from trainyard.errors import ConfigError
+from trainyard.training.spec import IMAGE_CONTRACTS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE_PATH = ROOT / "deploy" / "cluster_profile.yaml"
@@ -258,7 +259,9 @@ def _env(container: k.V1Container) -> dict[str, str]:
     ids=["stage", "validate", "train", "evaluate", "deploy"],
 )
 def test_step_pod(profile: k8s.ClusterProfile, step: str, read_only: bool) -> None:
-    pod = k8s.step_pod(profile, step, ["--pipeline", "digits"], "digits")
+    pod = k8s.step_pod(
+        profile, step, ["--pipeline", "digits"], "digits", writes_dataset=not read_only
+    )
     c = pod.spec.containers[0]
     assert c.name == k8s.BASE_CONTAINER
     assert c.image == profile.images.steps
@@ -274,15 +277,25 @@ def test_step_pod(profile: k8s.ClusterProfile, step: str, read_only: bool) -> No
     assert pod.spec.node_selector == {"trainyard.io/pool": "cpu"}
     assert pod.spec.restart_policy == "Never"
     assert pod.spec.security_context == k8s.restricted_pod_security_context(profile)
-    assert c.security_context == k8s.restricted_security_context()
+    assert c.security_context == k8s.restricted_security_context(read_only_root=True)
+    assert _env(c)["TRAINYARD_XCOM_PATH"] == k8s.XCOM_PATH
     assert k8s.validate_object(pod) == []
 
 
-def test_step_pod_override_and_unknown(profile: k8s.ClusterProfile) -> None:
-    pod = k8s.step_pod(profile, "validate", [], "digits", read_only_data=True)
+def test_step_pod_of_the_table_and_unknown(profile: k8s.ClusterProfile) -> None:
+    from trainyard.pods import step_pod
+
+    pod = step_pod(profile, pipeline(), "validate", {"snapshot_id": "s1"})
+    assert pod.spec.containers[0].args == ["--pipeline", "digits", "--snapshot-id", "s1"]
+    assert pod.spec.volumes[0].persistent_volume_claim.read_only is False
+    pod = step_pod(profile, pipeline(), "evaluate", {"version": 2})
     assert pod.spec.volumes[0].persistent_volume_claim.read_only is True
     with pytest.raises(ConfigError, match="unknown step 'fit'"):
-        k8s.step_pod(profile, "fit", [], "digits")
+        step_pod(profile, pipeline(), "fit", {})
+    with pytest.raises(ConfigError, match="validate: --snapshot-id is required"):
+        step_pod(profile, pipeline(), "validate", {})
+    with pytest.raises(ConfigError, match="unknown argument"):
+        step_pod(profile, pipeline(), "validate", {"snapshot_id": "s", "output_dir": "/x"})
 
 
 def test_long_dataset_names_get_distinct_pvcs() -> None:
@@ -368,7 +381,7 @@ def test_training_objects_env_contract(
             roles[role],
         )
         assert spec.backoff_limit == 0 and spec.active_deadline_seconds == 600
-        assert c.command == ["python", "-m", "trainyard.training.worker"] and c.args == [
+        assert c.command == ["python", "-m", "trainyard", "worker"] and c.args == [
             "--epochs",
             "1",
         ]
@@ -478,7 +491,9 @@ def test_serving(profile: k8s.ClusterProfile) -> None:
 
 
 def _pod_dict(profile: k8s.ClusterProfile) -> dict[str, Any]:
-    return k8s.to_dict(k8s.step_pod(profile, "stage", ["--pipeline", "digits"], "digits"))
+    return k8s.to_dict(
+        k8s.step_pod(profile, "stage", ["--pipeline", "digits"], "digits", writes_dataset=True)
+    )
 
 
 def _c(d: dict[str, Any]) -> dict[str, Any]:
@@ -606,18 +621,20 @@ def test_unknown_kind_is_an_error() -> None:
 
 
 def _snapshot_cases(profile: k8s.ClusterProfile) -> dict[str, list[Any]]:
+    from trainyard.pods import render_objects
+
     p = pipeline()
     ps = pipeline(strategy="parameter_server", workers=2, parameter_servers=1, priority="low")
     opts = {"snapshot": "0123456789abcdef", "version": 3, "run_id": "manual__2026-11-22"}
     return {
-        "storage": k8s.render_objects(profile, p, "storage", **opts),
-        "stage": k8s.render_objects(profile, p, "stage", **opts),
-        "validate": k8s.render_objects(profile, p, "validate", **opts),
-        "train_mirrored_high": k8s.render_objects(profile, p, "train", **opts),
-        "train_ps_low": k8s.render_objects(profile, ps, "train", **opts),
-        "train_ps_low_kueue": k8s.render_objects(profile, ps, "train", kueue=True, **opts),
-        "evaluate": k8s.render_objects(profile, p, "evaluate", **opts),
-        "deploy": k8s.render_objects(profile, p, "deploy", **opts),
+        "storage": render_objects(profile, p, "storage", **opts),
+        "stage": render_objects(profile, p, "stage", **opts),
+        "validate": render_objects(profile, p, "validate", **opts),
+        "train_mirrored_high": render_objects(profile, p, "train", **opts),
+        "train_ps_low": render_objects(profile, ps, "train", **opts),
+        "train_ps_low_kueue": render_objects(profile, ps, "train", kueue=True, **opts),
+        "evaluate": render_objects(profile, p, "evaluate", **opts),
+        "deploy": render_objects(profile, p, "deploy", **opts),
     }
 
 
@@ -678,14 +695,16 @@ def test_cli_render(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monk
     assert main(["render", "digits", "--step", "deploy", "--version", "4"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in docs] == ["Deployment", "Service", "Pod"]
-    assert docs[2]["spec"]["containers"][0]["args"] == ["--pipeline", "digits", "--version", "4"]
+    assert docs[2]["spec"]["containers"][0]["args"] == [
+        "--pipeline", "digits", "--version", "4", "--actor", "render"
+    ]  # fmt: skip
 
     assert main(["render", "digits", "--step", "train"]) == 1
     assert "render train: --snapshot is required" in capsys.readouterr().err
 
     assert main(["render", "digits", "--snapshot", "s1", "--version", "1"]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds.count("Job") >= 1 and kinds.count("Pod") == 4 and "Deployment" in kinds
+    assert kinds.count("Job") >= 1 and kinds.count("Pod") == 6 and "Deployment" in kinds
 
 
 def test_cli_render_rejects_bad_profile(
@@ -749,13 +768,16 @@ def test_trainer_args_parse_with_the_worker_cli() -> None:
     from trainyard.training.worker.main import parse_args
 
     p = pipeline(strategy="parameter_server", epochs=7, steps_per_execution=4)
-    a = parse_args(k8s.trainer_args(p, "0123abcd", "ty-digits-x-a1"))
+    objs = k8s.run_training_objects(
+        k8s.load_cluster_profile(PROFILE_PATH), p, p.training, "0123abcd", "r"
+    )
+    a = parse_args(objs.jobs[0].spec.template.spec.containers[0].args)
     assert str(a.snapshot_dir) == "/volumes/digits/snapshots/0123abcd"
-    assert str(a.contract) == f"{k8s.TRAINER_CONTRACTS_DIR}/digits.yaml"
+    assert str(a.contract) == f"{IMAGE_CONTRACTS_DIR}/digits.yaml"
     assert (a.model, a.strategy, a.epochs, a.steps_per_execution) == (
         "small_cnn",
         "parameter_server",
         7,
         4,
     )
-    assert str(a.output_dir).startswith("/volumes/_checkpoints/digits/ty-digits-x-a1/")
+    assert str(a.output_dir).startswith("/volumes/_checkpoints/digits/r-")

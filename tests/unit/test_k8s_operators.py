@@ -108,7 +108,7 @@ def test_pod_operator_xcom_sidecar(
 ) -> None:
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-    pod = k8s.step_pod(profile, "stage", ["--pipeline", "digits"], "digits")
+    pod = k8s.step_pod(profile, "stage", ["--pipeline", "digits"], "digits", writes_dataset=True)
     extra = (
         {"xcom_sidecar_container_security_context": k8s.xcom_sidecar_security_context()}
         if sidecar_context

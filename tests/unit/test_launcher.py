@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,14 +12,18 @@ import psutil
 import pytest
 
 from trainyard.errors import TrainingError
-from trainyard.training.launcher import LaunchSpec, launch
+from trainyard.training import spec
+from trainyard.training.launcher import LaunchSpec, TaskSpec, launch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # A stand-in worker: prints the ready marker and its TF_CONFIG, then follows its script,
 # chosen per (task, attempt) by the BEHAVIOUR json: "ok", "crash", "hang", "never_ready",
 # "nan", "bad_input", "spawn_and_hang" (leaves a grandchild in its process group).
 WORKER = r"""
 import json, os, subprocess, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
+from trainyard.training.worker.tf_config import resolve_tf_config
+cfg = resolve_tf_config(os.environ)
 name = f"{cfg['task']['type']}:{cfg['task']['index']}"
 attempt = os.environ["TRAINYARD_ATTEMPT"]
 plan = json.loads(sys.argv[1])
@@ -43,14 +48,33 @@ print("done", flush=True)
 """
 
 
+def _tasks(plan: dict[str, str], roles: list[tuple[str, int]]) -> list[TaskSpec]:
+    """Tasks as the rendered Jobs give them: the Indexed Job environment, no TF_CONFIG."""
+    counts: dict[str, int] = {}
+    for role, _ in roles:
+        counts[role] = counts.get(role, 0) + 1
+    jobs = {r: {"job": f"job-t-{r}", "replicas": n} for r, n in counts.items()}
+    tasks = []
+    for role, index in roles:
+        env = dict(os.environ)
+        env.update(
+            {
+                spec.ENV_TASK_TYPE: role,
+                spec.ENV_JOBS: json.dumps(jobs),
+                spec.ENV_SERVICE: "t",
+                spec.ENV_INDEX: str(index),
+                "PYTHONPATH": str(ROOT / "plugins"),
+            }
+        )
+        argv = [sys.executable, "-c", WORKER, json.dumps(plan)]
+        tasks.append(TaskSpec(f"{role}:{index}", argv, env, f"job-t-{role}-{index}.t"))
+    return tasks
+
+
 def _spec(plan: dict[str, str], **kw) -> LaunchSpec:  # type: ignore[no-untyped-def]
+    roles = kw.pop("roles", [("worker", 0), ("worker", 1)])
     base = dict(
-        worker_args=[json.dumps(plan)],
-        roles=[("worker", 0), ("worker", 1)],
-        start_deadline_s=10,
-        attempt_timeout_s=30,
-        max_attempts=3,
-        command=[sys.executable, "-c", WORKER],
+        tasks=_tasks(plan, roles), start_deadline_s=10, attempt_timeout_s=30, max_attempts=3
     )
     base.update(kw)
     return LaunchSpec(**base)
@@ -86,11 +110,15 @@ def test_attempts_until_success(plan: dict[str, str], kw: dict, attempts: int) -
     ready = [
         json.loads(ln.split("TRAINYARD_WORKER_READY ", 1)[1])
         for ln in lines
-        if "WORKER_READY" in ln
+        if "] TRAINYARD_WORKER_READY " in ln
     ]
     # every attempt got its own fresh ports
     per_attempt = {json.dumps(c["cluster"], sort_keys=True) for c in ready}
     assert len(per_attempt) == attempts
+    # the Service's DNS names became loopback addresses, derived as in a pod
+    assert all(
+        a.startswith("127.0.0.1:") for c in ready for addrs in c["cluster"].values() for a in addrs
+    )
     assert all(ln.startswith(("[worker:", "[chief:", "[ps:", "attempt ")) for ln in lines)
     _no_children()
 
@@ -155,7 +183,7 @@ def test_stops_whole_process_groups(tmp_path: Path) -> None:
             ),
             lines.append,
         )
-    pids = [int(ln.split()[-1]) for ln in lines if "grandchild" in ln]
+    pids = [int(ln.split()[-1]) for ln in lines if "] grandchild" in ln]
     assert len(pids) == 1
     assert (
         not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
