@@ -64,10 +64,21 @@ def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> Tr
     Returns:
         The effective training config.
     """
-    values = {
-        k: v for k, v in (overrides or {}).items() if k in TRAINING_OVERRIDES and v is not None
-    }
-    return TrainingConfig.model_validate({**cfg.training.model_dump(), **values})
+    from pydantic import ValidationError
+
+    unknown = sorted(set(overrides or {}) - set(TRAINING_OVERRIDES))
+    if unknown:
+        raise ConfigError(
+            f"unknown training override(s) {unknown} (known: {', '.join(TRAINING_OVERRIDES)})"
+        )
+    values = {k: v for k, v in (overrides or {}).items() if v is not None}
+    try:
+        return TrainingConfig.model_validate({**cfg.training.model_dump(), **values})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+        raise ConfigError(f"pipeline {cfg.name}: invalid training override: {problems}") from e
 
 
 def stage(
@@ -212,7 +223,8 @@ def register(
     from trainyard.training.spec import run_paths
 
     cfg = load_pipeline(pipeline)
-    params = training_params(cfg, training).model_dump()
+    params = TrainingConfig.model_validate({**cfg.training.model_dump(), **(training or {})})
+    params = params.model_dump()
     paths = run_paths(Layout(get_settings().volume_root), cfg, snapshot_id, run_id)
     out = Path(paths.output)
     model_dir = out / "model"
@@ -433,13 +445,18 @@ def run_all(pipeline: str, overrides: dict[str, Any] | None = None) -> dict[str,
         The run summary.
     """
     overrides = overrides or {}
+    force = {"force_promote", "force_reason"}
+    if overrides.get("force_promote") and not overrides.get("force_reason"):
+        raise ConfigError("force_promote needs a force_reason (recorded with who and when)")
+    training = {k: v for k, v in overrides.items() if k not in force}
+    training_params(load_pipeline(pipeline), training)  # refuse bad overrides before staging
     run_id = "cli__" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     today = dt.date.today().isoformat()
     results: dict[str, Any] = {}
     results["stage"] = stage(pipeline, today, today)
     snap = results["stage"]["snapshot_id"]
     results["validate"] = validate(pipeline, snap)
-    results["train"] = train(pipeline, snap, run_id, overrides)
+    results["train"] = train(pipeline, snap, run_id, training)
     version = results["train"]["version"]
     results["evaluate"] = evaluate(
         pipeline,

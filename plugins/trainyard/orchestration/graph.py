@@ -76,6 +76,28 @@ def _tiers(profile_path: Path) -> tuple[str, ...]:
     return tuple(tiers)
 
 
+WORKER_MEMORY_GB = 1.0
+"""What one local training worker may take (TensorFlow + tf.data), for the form's cap."""
+
+
+@cache
+def max_workers() -> int:
+    """The trigger form's cap on workers: what this machine can run, on the local runner.
+
+    On a cluster the Jobs' pods queue for GPUs, so the cap is the config's own (64); on a
+    laptop every worker is a process here: at most two per core and one per GB of memory.
+    """
+    settings = get_settings()
+    if settings.runner != "local":
+        return 64
+    cores = os.cpu_count() or 1
+    try:
+        memory_gb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        memory_gb = 4.0
+    return max(1, min(64, 2 * cores, int(memory_gb / WORKER_MEMORY_GB)))
+
+
 def trigger_params(cfg: PipelineConfig, tiers: tuple[str, ...]) -> dict[str, Param]:
     """The typed trigger form: every field defaults to the pipeline config.
 
@@ -102,7 +124,7 @@ def trigger_params(cfg: PipelineConfig, tiers: tuple[str, ...]) -> dict[str, Par
             t.workers,
             type="integer",
             minimum=1,
-            maximum=64,
+            maximum=max_workers(),
             title="Workers",
             description="Number of training workers (local processes or GPU pods).",
             section="Training",
@@ -214,10 +236,12 @@ def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bo
     return True, "last run of the backfill: training on its snapshot"
 
 
-def _overrides(params: Mapping[str, Any]) -> dict[str, Any]:
-    from trainyard.steps import TRAINING_OVERRIDES
+FORM_OVERRIDES = ("epochs", "workers", "strategy", "priority")
+"""The trigger form's training fields; nothing else of a run's conf reaches training."""
 
-    return {k: params.get(k) for k in TRAINING_OVERRIDES if k in params}
+
+def _overrides(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: params.get(k) for k in FORM_OVERRIDES if k in params}
 
 
 def run_training_params(cfg: PipelineConfig, params: Mapping[str, Any]) -> TrainingConfig:
@@ -269,6 +293,11 @@ def run_training_or_skip(
     train_now, why = should_train(cfg.backfill_training, dag_run.run_type, queued)
     if not train_now:
         raise AirflowSkipException(why)
+    if params.get("force_promote") and not (params.get("force_reason") or "").strip():
+        raise AirflowFailException(
+            "force promote needs a reason (the form's 'Reason for forcing'); refused "
+            "before training"
+        )
     training = run_training_params(cfg, params)
     if params.get("dry_run"):
         log.info("dry run: would train %s", training.model_dump_json())

@@ -198,7 +198,7 @@ class TrainingOperator(BaseOperator):
         self._runner = runner_for(settings)
         t0 = time.monotonic()
         try:
-            out = self._runner.run_training(self.pipeline, training, objects, context)
+            out = self._runner.run_training(self.pipeline, training, objects, context, snapshot)
         except StepFailed as e:
             if e.deterministic:
                 raise AirflowFailException(str(e)) from None
@@ -254,12 +254,23 @@ class LocalRunner:
         training: TrainingConfig,
         objects: TrainingObjects,
         context: Context,
+        snapshot_id: str,
     ) -> dict[str, Any]:
-        """Run the Jobs' pods as processes under the launcher's liveness rules."""
+        """Run the Jobs' pods as processes, the snapshot leased against retention."""
+        from trainyard.errors import SnapshotError
         from trainyard.training.launcher import run_jobs
+        from trainyard.volumes import lease_snapshot
 
         try:
-            attempts, seconds = run_jobs(objects, training, self.settings, log=log.info)
+            with lease_snapshot(
+                cfg.dataset,
+                snapshot_id,
+                purpose=f"train {context['run_id']}",
+                volume_root=self.settings.volume_root,
+            ):
+                attempts, seconds = run_jobs(objects, training, self.settings, log=log.info)
+        except SnapshotError as e:
+            raise StepFailed(f"SnapshotError: {e}", True) from e
         except TrainingError as e:
             raise StepFailed(f"TrainingError: {e}", not getattr(e, "retryable", True)) from e
         return {"attempts": attempts, "seconds": seconds}
@@ -395,6 +406,7 @@ class KubernetesRunner:
         training: TrainingConfig,
         objects: TrainingObjects,
         context: Context,
+        snapshot_id: str,
     ) -> dict[str, Any]:
         """Create (or reattach to) the Service and Jobs, wait, always delete them."""
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook

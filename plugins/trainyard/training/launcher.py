@@ -448,7 +448,12 @@ def run_training(
     emit = log or logger.info
     for line in objects.plan:
         emit(line)
-    attempts, seconds = run_jobs(objects, training, settings, emit, env=env)
+    from trainyard.volumes import lease_snapshot
+
+    with lease_snapshot(
+        pipeline.dataset, snapshot_id, purpose=f"train {run_id}", volume_root=settings.volume_root
+    ):
+        attempts, seconds = run_jobs(objects, training, settings, emit, env=env)
     output_dir = Path(
         spec.run_paths(Layout(settings.volume_root), pipeline, snapshot_id, run_id).output
     )
