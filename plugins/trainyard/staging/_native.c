@@ -112,19 +112,26 @@ typedef struct {
     char **folders;
 } stat_job_t;
 
-/* Stat each file as "<folder>/<name>" under the root: no folder stays open (a source may
-   hold more class folders than the process may open files). */
+/* Entries are stat'ed in listing order, folder by folder: each thread keeps one folder
+   open at a time (a source may hold more class folders than the process may open files). */
 static void *stat_part(void *arg) {
     stat_job_t *job = arg;
     struct stat st;
-    char path[2 * 4096];
+    int32_t cur = -1;
+    int dir_fd = -1, dir_err = 0;
     for (size_t i = job->lo; i < job->hi; i++) {
         entry_t *e = &job->e[i];
-        if (snprintf(path, sizeof(path), "%s/%s", job->folders[e->dir], e->name) >= (int)sizeof(path)) {
-            e->err = ENAMETOOLONG;
+        if (e->dir != cur) {
+            if (dir_fd >= 0) close(dir_fd);
+            cur = e->dir;
+            dir_fd = openat(job->root_fd, job->folders[cur], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            dir_err = dir_fd < 0 ? errno : 0;
+        }
+        if (dir_fd < 0) {
+            e->err = dir_err;
             continue;
         }
-        if (fstatat(job->root_fd, path, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (fstatat(dir_fd, e->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             e->err = errno;
             continue;
         }
@@ -135,6 +142,7 @@ static void *stat_part(void *arg) {
         e->size = (int64_t)st.st_size;
         e->mtime = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
     }
+    if (dir_fd >= 0) close(dir_fd);
     return NULL;
 }
 
