@@ -123,3 +123,46 @@ def test_lease_of_another_host_holds_until_it_expires(volume_root: Path):
     lease.write_text(json.dumps({**record, "expires_at": time.time() - 1}))
     assert volumes.gc_snapshots("ds", 1) == [a]
     assert not lease.exists()
+
+
+def test_a_stages_own_retention_keeps_a_leased_snapshot(
+    volume_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from trainyard.config import PipelineConfig
+    from trainyard.staging import stage
+
+    contracts = tmp_path / "contracts"
+    contracts.mkdir()
+    (contracts / "ds.yaml").write_text(
+        "dataset: ds\nversion: 1.0.0\nowner: t@example.com\nsource: {format: csv}\n"
+        "roles: {key: id, label: y, features: [x]}\nsplit: {holdout_fraction: 0.2, by: id}\n"
+        "columns:\n  - {name: id, type: string}\n  - {name: x, type: float64}\n"
+        "  - {name: y, type: int64}\n"
+    )
+    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
+
+    def stage_day(day: int) -> str:
+        src = tmp_path / f"d{day}.csv"
+        src.write_text("id,x,y\n" + "".join(f"{day}-{i},{i}.5,{i % 2}\n" for i in range(20)))
+        config = PipelineConfig.model_validate(
+            {
+                "name": "ds",
+                "dataset": "ds",
+                "start_date": "2026-11-01",
+                "source": {"url": str(src), "format": "csv"},
+                "staging": {"retention": 1},
+                "training": {"model": "mlp"},
+                "serving": {"model_name": "ds"},
+            }
+        )
+        return stage(config, quiet=True).snapshot_id
+
+    first = stage_day(0)
+    with volumes.lease_snapshot("ds", first, purpose="train run-1"):
+        second = stage_day(1)
+        third = stage_day(2)
+        assert snapshots(volume_root) == sorted([first, third])
+        assert second not in snapshots(volume_root)
+        volumes.check_snapshot(volumes.snapshot_dir("ds", first))
+    assert stage_day(3) not in (first, third)
+    assert first not in snapshots(volume_root)
