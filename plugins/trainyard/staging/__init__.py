@@ -128,7 +128,8 @@ def stage(
         if clean == text:
             raise
         error = type(e) if isinstance(e, TrainyardError) else StagingError
-        raise error(clean) from None
+    # raised outside the handler, so the unredacted error is not even its context
+    raise error(clean)
 
 
 def _stage(
