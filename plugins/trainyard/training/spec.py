@@ -82,9 +82,7 @@ def run_paths(layout: Layout, pipeline: PipelineConfig, snapshot_id: str, run_id
     )
 
 
-def worker_args(
-    paths: RunPaths, contract: PurePath | str, training: TrainingConfig
-) -> list[str]:
+def worker_args(paths: RunPaths, contract: PurePath | str, training: TrainingConfig) -> list[str]:
     """Arguments of the worker command (after :data:`WORKER_COMMAND`).
 
     Args:
