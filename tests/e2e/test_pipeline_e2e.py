@@ -86,7 +86,7 @@ def test_second_run_reuses_snapshot_and_rejects_worse_candidate(project: Project
     second = _last_run(project)
     assert second["stage"]["snapshot_id"] == first["stage"]["snapshot_id"]
     assert second["stage"]["reused"] is True
-    assert second["train"]["version"] == 2
+    assert second["register"]["version"] == 2
     assert second["evaluate"]["verdict"] == "reject"
     assert "accuracy" in second["evaluate"]["reason"]
     assert "deploy" not in second
