@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from trainyard.config import PipelineConfig, TrainingConfig
     from trainyard.k8s.profile import ClusterProfile
 
+
 def pipeline_training_objects(
     profile: ClusterProfile,
     pipeline: PipelineConfig,
