@@ -323,6 +323,8 @@ def _failure_callback() -> Callable[[Any], None] | None:
 
 
 def _doc_md(cfg: PipelineConfig) -> str:
+    from trainyard.fsutil import redact_url
+
     t, g = cfg.training, cfg.gate
     bounds = []
     for metric, th in g.thresholds.items():
@@ -338,7 +340,7 @@ def _doc_md(cfg: PipelineConfig) -> str:
 | | |
 |---|---|
 | dataset | `{cfg.dataset}` (contract `data_contracts/{cfg.dataset}.yaml`) |
-| source | `{cfg.source.url}` ({cfg.source.format}) |
+| source | `{redact_url(cfg.source.url)}` ({cfg.source.format}) |
 | training | `{t.model}`, {t.strategy}, {t.workers} workers, {t.epochs} epochs, `{t.priority}` |
 | gate | {", ".join(bounds) or "no thresholds"}; champion compared on: {champion} |
 | serving | model `{cfg.serving.model_name}` |
