@@ -7,6 +7,9 @@ Endpoints, with TF Serving's JSON shapes and its error shape ``{"error": "..."}`
 * ``POST /v1/models/{name}[/versions/{v}]:predict``: row (``instances``) or columnar
   (``inputs``) format, checked against the model's feature schema.
 
+``/labels/{label}`` may stand where ``/versions/{v}`` does: the version labels of the model
+config file (``--model-config-file``), ``stable`` (the champion) and ``canary``.
+
 Models come from a base path watched by :class:`~trainyard.serving.versions.ModelRepository`.
 aiohttp sets ``TCP_NODELAY`` on every accepted connection (``BaseProtocol.connection_made``),
 so small responses are not held back by Nagle's algorithm; a test asserts the latency.
@@ -45,12 +48,9 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 # it overlaps, so only bodies beyond this size are decoded off the event loop.
 _INLINE_PARSE_BYTES = 1024 * 1024
 
-_GET_RE = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<v>[^/:]+))?(?P<meta>/metadata)?$"
-)
-_POST_RE = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<v>[^/:]+))?:(?P<verb>[A-Za-z]+)$"
-)
+_WHICH = r"(?:/versions/(?P<v>[^/:]+)|/labels/(?P<label>[^/:]+))?"
+_GET_RE = re.compile(rf"^/v1/models/(?P<name>[^/:]+){_WHICH}(?P<meta>/metadata)?$")
+_POST_RE = re.compile(rf"^/v1/models/(?P<name>[^/:]+){_WHICH}:(?P<verb>[A-Za-z]+)$")
 
 REPO_KEY: web.AppKey[ModelRepository] = web.AppKey("repository", ModelRepository)
 MAX_ROWS_KEY: web.AppKey[int] = web.AppKey("max_rows", int)
@@ -118,7 +118,7 @@ async def _handle(request: web.Request) -> web.Response:
             m = _GET_RE.match(path)
             if not m:
                 return _error(404, f"Malformed request: GET {path}")
-            name, version = m["name"], _version(m["v"])
+            name, version = m["name"], _which(repo, m)
             if m["meta"]:
                 return _json(_metadata(repo.get(name, version)))
             return _json({"model_version_status": repo.status(name, version)})
@@ -128,12 +128,19 @@ async def _handle(request: web.Request) -> web.Response:
                 return _error(404, f"Malformed request: POST {path}")
             if m["verb"] != "predict":
                 return _error(400, f"unsupported method {m['verb']!r}: only ':predict' is served")
-            return await _predict(request, repo, m["name"], _version(m["v"]))
+            return await _predict(request, repo, m["name"], _which(repo, m))
         return _error(405, f"Malformed request: {request.method} {path} (use GET or POST)")
     except InvalidRequest as e:
         return _error(400, str(e))
     except ModelNotFound as e:
         return _error(404, str(e))
+
+
+def _which(repo: ModelRepository, m: re.Match[str]) -> int | None:
+    """The version a path names: ``/versions/<n>``, ``/labels/<label>`` or neither."""
+    if m["label"] is not None:
+        return repo.version_for_label(m["name"], m["label"])
+    return _version(m["v"])
 
 
 async def _predict(
@@ -222,9 +229,11 @@ class ServingServer:
         model_threads: int = 2,
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
+        config_file: Path | None = None,
     ) -> None:
         self.repository = ModelRepository(
             base_path,
+            config_file=config_file,
             poll_interval=poll_interval,
             max_batch_rows=max_batch_rows,
             predict_threads=model_threads,
@@ -294,6 +303,14 @@ def cli_main(argv: list[str]) -> int:
         default=None,
         help="model base path (default: <volume_root>/_serving)",
     )
+    parser.add_argument(
+        "--model-config-file",
+        type=Path,
+        default=None,
+        help="TF Serving model config (text protobuf): serve exactly the models, versions and "
+        "labels it lists, re-read every poll (default: every model folder of the base path, "
+        "highest version)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8501)
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between scans")
@@ -333,6 +350,7 @@ def cli_main(argv: list[str]) -> int:
         model_threads=args.model_threads,
         intra_op_threads=args.intra_op_threads,
         inter_op_threads=args.inter_op_threads,
+        config_file=args.model_config_file,
     )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve_until_signalled(server))

@@ -335,6 +335,23 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return (st.st_mtime_ns, pb_m)
 
 
+def scan_versions(model_dir: Path | str) -> dict[int, Path]:
+    """Numbered version directories of one model (its TF Serving base path).
+
+    Returns:
+        Version → directory; hidden entries, files and non-numeric names are skipped.
+    """
+    versions: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(model_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return versions
+    for v in entries:
+        if v.name.isdigit() and v.is_dir():
+            versions[int(v.name)] = Path(v.path)
+    return versions
+
+
 def scan_base_path(base_path: Path) -> dict[str, dict[int, Path]]:
     """Numbered version directories of every model under a base path.
 
@@ -344,28 +361,31 @@ def scan_base_path(base_path: Path) -> dict[str, dict[int, Path]]:
     Returns:
         Model name → version → directory. Hidden entries and non-numeric names are skipped.
     """
-    found: dict[str, dict[int, Path]] = {}
     try:
         models = list(os.scandir(base_path))
     except FileNotFoundError:
-        return found
-    for m in models:
-        if m.name.startswith(".") or not m.is_dir():
-            continue
-        versions: dict[int, Path] = {}
-        try:
-            entries = list(os.scandir(m.path))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for v in entries:
-            if v.name.isdigit() and v.is_dir():
-                versions[int(v.name)] = Path(v.path)
-        found[m.name] = versions
-    return found
+        return {}
+    return {
+        m.name: scan_versions(m.path) for m in models if not m.name.startswith(".") and m.is_dir()
+    }
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one model should serve: its version folders, the wanted ones, the labels."""
+
+    dirs: dict[int, Path]
+    wanted: frozenset[int] | None  # None: the highest version (TF Serving's "latest")
+    labels: dict[str, int]
 
 
 class ModelRepository:
     """Every model under a base path, kept in sync with its version directories.
+
+    Without a model config file every model folder under ``base_path`` serves its highest
+    version. With one (TF Serving's ``--model_config_file``, see
+    :mod:`trainyard.serving.model_config`), exactly the models and versions it lists are
+    served, with its version labels; a missing file serves nothing until it appears.
 
     ``predict_threads`` model calls run at once; ``intra_op_threads`` and
     ``inter_op_threads`` (0: TensorFlow's defaults) size TensorFlow's pools before the first
@@ -380,8 +400,12 @@ class ModelRepository:
         predict_threads: int = 2,
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
+        config_file: Path | None = None,
     ) -> None:
         self.base_path = Path(base_path)
+        self.config_file = Path(config_file) if config_file is not None else None
+        self._labels: dict[str, dict[str, int]] = {}
+        self._last_plan: dict[str, _Plan] = {}
         self.intra_op_threads = intra_op_threads
         self.inter_op_threads = inter_op_threads
         self._tf_configured = False
@@ -390,6 +414,7 @@ class ModelRepository:
         self.predict_threads = predict_threads
         self.executor = ThreadPoolExecutor(predict_threads, thread_name_prefix="predict")
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
+        self._base_of: dict[str, Path] = {}
         self._records: dict[str, dict[int, VersionRecord]] = {}
         self._loaded: dict[str, dict[int, LoadedVersion]] = {}
         self._serving: dict[str, LoadedVersion] = {}
@@ -398,19 +423,25 @@ class ModelRepository:
 
     # ---- lookups (event loop) -------------------------------------------------------
 
-    def get(self, model: str, version: int | None = None) -> LoadedVersion:
+    def get(
+        self, model: str, version: int | None = None, label: str | None = None
+    ) -> LoadedVersion:
         """The version that serves a request.
 
         Args:
             model: Model name.
             version: A specific version, or None for the latest available one.
+            label: A version label from the model config (``stable``, ``canary``), instead
+                of ``version``.
 
         Returns:
             The loaded version.
 
         Raises:
-            ModelNotFound: If that model or version is not available.
+            ModelNotFound: If that model, version or label is not available.
         """
+        if label is not None:
+            version = self.version_for_label(model, label)
         if version is None:
             served = self._serving.get(model)
             if served is None:
@@ -443,16 +474,60 @@ class ModelRepository:
 
     # ---- synchronisation with the file system -----------------------------------------
 
-    async def sync(self) -> None:
-        """Scan the base path once and load / unload versions to match it."""
-        async with self._lock:
-            found = await asyncio.get_running_loop().run_in_executor(
-                self._loader, scan_base_path, self.base_path
-            )
-            for model in sorted(set(found) | set(self._records)):
-                await self._sync_model(model, found.get(model, {}))
+    def version_for_label(self, model: str, label: str) -> int:
+        """The version a label of the model config points at.
 
-    async def _sync_model(self, model: str, dirs: dict[int, Path]) -> None:
+        Raises:
+            ModelNotFound: If the model has no such label.
+        """
+        labelled = self._labels.get(model, {}).get(label)
+        if labelled is None:
+            raise ModelNotFound(f"Unrecognized servable version label: {label}")
+        return labelled
+
+    def labels(self, model: str) -> dict[str, int]:
+        """The model's version labels from the model config (empty without one)."""
+        return dict(self._labels.get(model, {}))
+
+    def _plan(self) -> dict[str, _Plan]:
+        if self.config_file is None:
+            found = scan_base_path(self.base_path)
+            return {m: _Plan(dirs, None, {}) for m, dirs in found.items()}
+        from trainyard.errors import DeployError
+        from trainyard.serving import model_config
+
+        try:
+            listed = model_config.read(self.config_file) or []
+        except DeployError as e:
+            log.error("keeping the previous model config: %s", e)
+            base_of = self._base_of
+            return {
+                m: _Plan(scan_versions(base_of.get(m, self.base_path / m)), p.wanted, p.labels)
+                for m, p in self._last_plan.items()
+            }
+        plan = {}
+        for entry in listed:
+            self._base_of[entry.name] = Path(entry.base_path)
+            wanted = frozenset(entry.versions) if entry.versions else None
+            plan[entry.name] = _Plan(scan_versions(entry.base_path), wanted, dict(entry.labels))
+        return plan
+
+    async def sync(self) -> None:
+        """Scan the base path (or the model config) once; load / unload to match it."""
+        async with self._lock:
+            plan = await asyncio.get_running_loop().run_in_executor(self._loader, self._plan)
+            self._last_plan = plan
+            for model in sorted(set(plan) | set(self._records)):
+                p = plan.get(model, _Plan({}, None, {}))
+                await self._sync_model(model, p.dirs, p.wanted)
+                if model in plan:
+                    self._labels[model] = p.labels
+                else:
+                    self._labels.pop(model, None)
+
+    async def _sync_model(
+        self, model: str, dirs: dict[int, Path], wanted: frozenset[int] | None = None
+    ) -> None:
         records = self._records.setdefault(model, {})
         loaded = self._loaded.setdefault(model, {})
         for v in list(records):
@@ -468,15 +543,16 @@ class ModelRepository:
             v
             for v in sorted(dirs, reverse=True)
             if not (records.get(v) and records[v].state == "END" and records[v].error_code != "OK")
+            and (wanted is None or v in wanted)
         ]
-        aspired = candidates[0] if candidates else None
-        if aspired is not None and aspired not in loaded:
-            await self._load(model, aspired, dirs[aspired])
-        if aspired is not None and aspired in loaded:
-            keep = {aspired}
-        elif aspired is None and not dirs:
+        aspired = candidates[:1] if wanted is None else candidates
+        for v in aspired:
+            if v not in loaded:
+                await self._load(model, v, dirs[v])
+        keep = {v for v in aspired if v in loaded}
+        if not keep and not dirs:
             keep = set()
-        else:
+        elif not keep:
             # The aspired version failed or is absent: keep serving what still has a directory,
             # else the newest loaded version, rather than nothing.
             with_dirs = [v for v in loaded if v in dirs]
