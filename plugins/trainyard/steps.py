@@ -98,7 +98,9 @@ def stage(
 
     Returns:
         ``snapshot_id``, ``dataset``, ``reused``, ``rows``, ``bytes``, ``shards``, ``seconds``,
-        and ``given`` (True when ``snapshot_id`` was passed in).
+        ``given`` (True when ``snapshot_id`` was passed in), ``checked`` (what was actually
+        listed or read, one sentence) and ``replaced`` (the snapshot a changed source
+        replaced for this interval, or None).
     """
     from trainyard.staging import stage as stage_source
 
@@ -111,6 +113,7 @@ def stage(
             "path": str(path),
             "reused": True,
             "given": True,
+            "checked": "snapshot given by the run (trigger form or Asset event): nothing staged",
         }
     result = stage_source(cfg, interval_start, interval_end)
     out = {
@@ -124,6 +127,8 @@ def stage(
         "seconds": round(result.seconds, 3),
         "interval": [interval_start, interval_end],
         "given": False,
+        "checked": result.checked,
+        "replaced": result.replaced,
     }
     log.info(
         "staged %s snapshot %s (%s rows, reused=%s)",
@@ -286,8 +291,10 @@ def evaluate(
 def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, Any]:
     """Publish a gated version to serving, smoke-test it, and make it the champion.
 
-    On a failed smoke test serving rolls back to the previous champion and ``DeployError``
-    is raised; the champion pointer only moves after the new version answered correctly.
+    Serving is first put back on the registry's champion (which undoes what a killed
+    deploy left), then the version is served as ``canary`` and smoke-tested. On a failed
+    smoke test serving rolls back to the previous champion and ``DeployError`` is raised;
+    the champion pointer only moves after the new version answered correctly.
 
     Returns:
         ``version``, ``url``, ``sample_prediction``, ``smoke_rows``, ``previous``.
@@ -295,7 +302,7 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     from trainyard import evaluation
     from trainyard.contracts import feature_spec, load_contract
     from trainyard.serving.deploy import deploy as deploy_version
-    from trainyard.serving.deploy import ensure_local_server
+    from trainyard.serving.deploy import ensure_local_server, serve_champion
 
     cfg = load_pipeline(pipeline)
     settings = get_settings()
@@ -305,6 +312,12 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     contract = load_contract(cfg.dataset)
     smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
     previous = registry.champion()
+    spec = feature_spec(contract)
+    champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
+    log.info(
+        "%s",
+        serve_champion(settings.serving_root, cfg.serving.model_name, previous, champion_dir, spec),
+    )
     # On a cluster the deploy pod reaches TF Serving through its Service; locally the
     # step starts the server itself when nothing answers on the port.
     host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
@@ -319,14 +332,14 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         port=cfg.serving.port,
         smoke_inputs=smoke.features,
         expected_class_ids=smoke.expected_class_ids,
-        feature_spec=feature_spec(contract),
+        feature_spec=spec,
         previous_version=previous,
         timeout_s=120.0,
-    )
-    registry.promote(
-        version,
-        reason=f"deployed after gate on snapshot {meta['snapshot_id']}",
-        actor=actor or "pipeline",
+        promote=lambda: registry.promote(
+            version,
+            reason=f"deployed after gate on snapshot {meta['snapshot_id']}",
+            actor=actor or "pipeline",
+        ),
     )
     return {
         "version": version,
@@ -336,6 +349,28 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         "sample_key": smoke.keys[0] if len(smoke.keys) else None,
         "smoke_rows": result.smoke_rows,
     }
+
+
+def follow_registry(pipeline: str) -> str:
+    """Serve the pipeline's registry champion (after ``models promote`` / ``rollback``).
+
+    Writes the model config the servers poll (publishing the champion's folder again if it
+    was removed), so the change reaches serving within their poll interval.
+
+    Returns:
+        One line saying what is served now.
+    """
+    from trainyard.contracts import feature_spec, load_contract
+    from trainyard.serving.deploy import serve_champion
+
+    cfg = load_pipeline(pipeline)
+    registry = _registry(cfg)
+    champion = registry.champion()
+    model_dir = registry.version_dir(champion) / "model" if champion is not None else None
+    spec = feature_spec(load_contract(cfg.dataset))
+    return serve_champion(
+        get_settings().serving_root, cfg.serving.model_name, champion, model_dir, spec
+    )
 
 
 def summary(
@@ -382,8 +417,7 @@ def format_summary(record: dict[str, Any]) -> str:
     gate, dep = record.get("evaluate") or {}, record.get("deploy") or {}
     lines = [
         f"pipeline      {record.get('pipeline')}   run {record.get('run_id')}",
-        f"snapshot      {stage_r.get('snapshot_id', '-')}"
-        + (" (reused: unchanged data)" if stage_r.get("reused") else " (new)" if stage_r else ""),
+        f"snapshot      {stage_r.get('snapshot_id', '-')}" + _fmt_staged(stage_r),
         f"validation    {'passed' if val.get('success') else 'not run' if not val else 'failed'}"
         + (f", {val.get('warnings')} warnings" if val.get("warnings") else ""),
         f"training      version {tr.get('version', '-')}, attempts {tr.get('attempts', '-')}, "
@@ -398,6 +432,17 @@ def format_summary(record: dict[str, Any]) -> str:
     else:
         lines.append("served        unchanged (nothing deployed)")
     return "\n".join(lines)
+
+
+def _fmt_staged(staged: dict[str, Any]) -> str:
+    """How the snapshot came about, in the words of what staging checked."""
+    if not staged:
+        return ""
+    state = "reused" if staged.get("reused") else "new"
+    if staged.get("replaced"):
+        state += f", replaces {staged['replaced']} for this interval"
+    checked = staged.get("checked")
+    return f" ({state}: {checked})" if checked else f" ({state})"
 
 
 def _fmt_prediction(deployed: dict[str, Any]) -> str:
@@ -766,3 +811,17 @@ def run_cli_main(argv: list[str]) -> int:
     record = run_all(args.pipeline, args.overrides)
     sys.stdout.write(format_summary(record) + "\n")
     return EXIT_OK
+
+
+def models_main(argv: list[str]) -> int:
+    """``python -m trainyard models ...``: the registry's CLI; serving follows its champion.
+
+    Args:
+        argv: Arguments after ``models``.
+
+    Returns:
+        The exit code.
+    """
+    from trainyard.registry import cli_main
+
+    return cli_main(argv, after_move=follow_registry)

@@ -426,6 +426,87 @@ def record_interval(
     return record
 
 
+def replace_interval(
+    dataset: str,
+    key: str,
+    record: dict[str, Any],
+    *,
+    why: str,
+    volume_root: Path | None = None,
+) -> dict[str, Any]:
+    """Point an interval at a corrected snapshot, keeping what it pointed at before.
+
+    Used when the interval's source changed (or its snapshot was rejected) and re-staging
+    produced other content: the record's ``replaced`` list keeps every earlier snapshot
+    with when and why it was replaced. Written atomically under the interval's lock.
+
+    Args:
+        dataset: The dataset name.
+        key: From :func:`interval_key`.
+        record: The new record (at least ``{"snapshot_id": ...}``).
+        why: One sentence: why the interval moved (recorded).
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        The record now on disk.
+    """
+    folder = dataset_dir(dataset, volume_root) / "intervals"
+    path = folder / f"{key}.json"
+    with _locked(folder / f".{key}.lock"):
+        try:
+            old = read_json(path)
+        except FileNotFoundError:
+            old = None
+        except json.JSONDecodeError as e:
+            raise SnapshotError(f"{path}: not valid JSON: {e}") from e
+        replaced = list((old or {}).get("replaced", []))
+        if old and old.get("snapshot_id") and old["snapshot_id"] != record["snapshot_id"]:
+            replaced.append(
+                {"snapshot_id": old["snapshot_id"], "staged_at": old.get("staged_at"),
+                 "replaced_at": _now(), "why": why}
+            )  # fmt: skip
+        out = {**record, "replaced": replaced}
+        atomic_write_json(path, out)
+    return out
+
+
+def validation_state(snapshot: Path) -> dict[str, Any]:
+    """What validation said about a snapshot, from its report (``<snapshot>/validation``).
+
+    Args:
+        snapshot: The snapshot directory.
+
+    Returns:
+        ``{"state": "validated" | "rejected" | "not validated", "reason": str | None,
+        "at": str | None, "report": str | None}``; ``reason`` names the broken rules of a
+        rejected snapshot (at most three, then how many more).
+    """
+    folder = Path(snapshot) / "validation"
+    rejected, summary = folder / "rejected.json", folder / "summary.json"
+    try:
+        if rejected.is_file():
+            data = read_json(rejected)
+            failures = [f for f in data.get("failures") or [] if isinstance(f, dict)]
+            parts = [
+                " ".join(str(x) for x in (f.get("rule"), f.get("column")) if x)
+                + f": {f.get('reason')}"
+                for f in failures[:3]
+            ]
+            more = f" and {len(failures) - 3} more" if len(failures) > 3 else ""
+            reason = "; ".join(parts) + more if parts else str(data.get("reason") or "rejected")
+            return {"state": "rejected", "reason": reason, "at": data.get("validated_at"),
+                    "report": str(rejected)}  # fmt: skip
+        if summary.is_file():
+            data = read_json(summary)
+            if data.get("success"):
+                return {"state": "validated", "reason": None, "at": data.get("validated_at"),
+                        "report": str(summary)}  # fmt: skip
+    except (OSError, ValueError, AttributeError) as e:
+        return {"state": "not validated", "reason": f"unreadable report: {e}", "at": None,
+                "report": None}  # fmt: skip
+    return {"state": "not validated", "reason": None, "at": None, "report": None}
+
+
 @contextmanager
 def staging_area(dataset: str, purpose: str, volume_root: Path | None = None) -> Iterator[Path]:
     """A private directory in the dataset's ``.tmp/``, removed on exit unless published.
@@ -863,11 +944,16 @@ def _fmt_bytes(n: float) -> str:
 def _cli_list(args: argparse.Namespace) -> int:
     datasets = [args.dataset] if args.dataset else list_datasets()
     head = f"{'dataset':<16} {'snapshot':<16} {'kind':<5} {'rows':>10} {'size':>10}"
-    print(f"{head}  created / interval")
+    print(f"{head}  created / interval / validation")
     for ds in datasets:
         validated = latest_validated(ds)
         for m in list_snapshots(ds):
-            mark = " *validated" if m.snapshot_id == validated else ""
+            mark = " *validated (latest)" if m.snapshot_id == validated else ""
+            state = validation_state(snapshot_dir(ds, m.snapshot_id))
+            if state["state"] == "rejected":
+                mark += f" REJECTED: {state['reason']}"
+            elif state["state"] == "not validated":
+                mark += " (not validated)"
             iv = f"  [{m.interval['start']} .. {m.interval['end']})" if m.interval else ""
             print(
                 f"{ds:<16} {m.snapshot_id:<16} {m.kind:<5} {m.rows:>10} "
@@ -877,10 +963,12 @@ def _cli_list(args: argparse.Namespace) -> int:
 
 
 def _cli_show(args: argparse.Namespace) -> int:
-    shown = read_manifest(snapshot_dir(args.dataset, args.snapshot_id)).to_dict()
+    snap = snapshot_dir(args.dataset, args.snapshot_id)
+    shown = read_manifest(snap).to_dict()
     if isinstance(shown["source"].get("url"), str):
         # manifests written before URLs were redacted at staging
         shown["source"]["url"] = redact_url(shown["source"]["url"])
+    shown["validation"] = validation_state(snap)
     print(json.dumps(shown, indent=2))
     return 0
 

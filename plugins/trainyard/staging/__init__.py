@@ -45,6 +45,10 @@ class StageResult:
         bytes: Bytes of the data shards.
         shards: Number of data shards.
         seconds: Wall time of the run.
+        checked: One sentence: what this run actually checked or read to get the snapshot
+            (the run summary prints it).
+        replaced: The snapshot the interval pointed at before, when a changed source (or
+            a rejected snapshot) made it point at another one.
     """
 
     snapshot_id: str
@@ -55,18 +59,28 @@ class StageResult:
     bytes: int
     shards: int
     seconds: float
+    checked: str = ""
+    replaced: str | None = None
 
     def summary(self) -> str:
         """One line for logs: id, new/reused, rows, shards, size, time and throughput."""
         state = "reused" if self.reused else "new"
         rate = human_bytes(self.bytes / self.seconds) if self.seconds > 0 else "-"
-        return (
+        line = (
             f"staged {self.dataset}: snapshot {self.snapshot_id} ({state}), {self.rows} rows, "
             f"{self.shards} shards, {human_bytes(self.bytes)} in {self.seconds:.2f}s ({rate}/s)"
         )
+        return f"{line}; {self.checked}" if self.checked else line
 
 
-def _result(manifest: volumes.Manifest, path: Path, reused: bool, t0: float) -> StageResult:
+def _result(
+    manifest: volumes.Manifest,
+    path: Path,
+    reused: bool,
+    t0: float,
+    checked: str = "",
+    replaced: str | None = None,
+) -> StageResult:
     data = manifest.data_shards
     return StageResult(
         snapshot_id=manifest.snapshot_id,
@@ -77,6 +91,44 @@ def _result(manifest: volumes.Manifest, path: Path, reused: bool, t0: float) -> 
         bytes=sum(s.bytes for s in data),
         shards=len(data),
         seconds=time.monotonic() - t0,
+        checked=checked,
+        replaced=replaced,
+    )
+
+
+def _files(n: int) -> str:
+    return f"{n} file{'s' if n != 1 else ''}"
+
+
+def _recheck(
+    dataset: str, record: dict | None, fingerprint: str, src_files: int, src_bytes: int
+) -> tuple[Path | None, str]:
+    """Whether an interval's recorded snapshot still stands for its source, and why (not).
+
+    Returns:
+        ``(snapshot dir, sentence)`` when the recorded snapshot can be reused without reading
+        the source, else ``(None, why the source must be read)``.
+    """
+    if not record:
+        return None, "first staging of this interval"
+    sid = str(record.get("snapshot_id"))
+    path = volumes.snapshot_dir(dataset, sid)
+    if not (path / volumes.MANIFEST).is_file():
+        return None, f"the interval's snapshot {sid} no longer exists"
+    state = volumes.validation_state(path)
+    if state["state"] == "rejected":
+        return None, f"the interval's snapshot {sid} was rejected ({state['reason']})"
+    if not record.get("source_fingerprint"):
+        return None, f"no source listing was recorded with snapshot {sid}"
+    if record["source_fingerprint"] != fingerprint:
+        return None, (
+            f"the source changed since snapshot {sid} was staged at {record.get('staged_at')} "
+            "(file sizes, modification times or the contract version differ)"
+        )
+    return path, (
+        f"source unchanged since {record.get('staged_at')}: {_files(src_files)}, "
+        f"{human_bytes(src_bytes)}, same names, sizes and modification times, same contract "
+        "(listed, not re-read)"
     )
 
 
@@ -106,9 +158,16 @@ def stage(
         pipeline: The pipeline config (dataset, source, staging options).
         interval_start: Data interval start (ISO); its date fills ``{ds}`` in the URL.
         interval_end: Data interval end (ISO).
-        restage: Re-read the source even if this interval already produced a snapshot
-            (the interval then points at the new snapshot; old snapshots stay).
+        restage: Re-read the source even if its listing is unchanged since the interval
+            was staged (the interval then points at what it holds; old snapshots stay).
         quiet: No progress line and no summary on stderr.
+
+    An interval that was staged before is not re-read while its source lists the same
+    files (names, sizes, modification times) under the same contract version and its
+    snapshot was not rejected. Otherwise content decides: the source is read again, and a
+    different content becomes a new snapshot the interval points at (its record keeps the
+    snapshots it pointed at before, in ``replaced``). A source that is gone still maps to a
+    recorded snapshot that was not rejected. ``StageResult.checked`` says which happened.
 
     Returns:
         The snapshot (new, or reused when the same content or interval was staged before).
@@ -144,14 +203,7 @@ def _stage(
     dataset = volumes.check_dataset_name(pipeline.dataset, StagingError)
     volumes.clean_stale_tmp(dataset)
     key = volumes.interval_key(interval_start, interval_end)
-    if key and not restage:
-        record = volumes.read_interval(dataset, key)
-        if record:
-            path = volumes.snapshot_dir(dataset, record["snapshot_id"])
-            if (path / volumes.MANIFEST).is_file():
-                result = _result(volumes.read_manifest(path), path, True, t0)
-                _report(result, quiet)
-                return result
+    record = volumes.read_interval(dataset, key) if key else None
     contract = read_contract(dataset)
     ds = interval_start[:10] if interval_start else None
     if "{ds}" in pipeline.source.url and not ds:
@@ -161,7 +213,24 @@ def _stage(
         )
     url = pipeline.source_url(ds)
     _ensure_source(pipeline, url, ds)
-    src = open_source(url, pipeline.source.format, contract.extension)
+    try:
+        src = open_source(url, pipeline.source.format, contract.extension)
+    except StagingError as e:
+        kept = None if restage else _kept_without_source(dataset, record, e, t0)
+        if kept is None:
+            raise
+        _report(kept, quiet)
+        return kept
+    fingerprint = src.fingerprint(contract.version)
+    kept_path, why = (
+        (None, "a re-stage was asked for")
+        if restage
+        else _recheck(dataset, record, fingerprint, src.count, src.total_bytes)
+    )
+    if kept_path is not None:
+        result = _result(volumes.read_manifest(kept_path), kept_path, True, t0, checked=why)
+        _report(result, quiet)
+        return result
     progress = Progress(f"staging {dataset}", src.total_bytes)
     advance = (lambda n: None) if quiet else progress.advance
     with volumes.staging_area(dataset, "stage") as tmp:
@@ -217,29 +286,61 @@ def _stage(
                 raise StagingError(f"{tmp}: cannot publish snapshot {snapshot_id}: {e}") from e
     if reused:
         manifest = volumes.read_manifest(final)
+    read = f"read {_files(src.count)} ({human_bytes(src.total_bytes)}) because {why}"
+    checked = f"{read}: same content as snapshot {snapshot_id}" if reused else f"{read}: new"
+    replaced = None
     if key is not None:
-        record = {
+        new_record = {
             "snapshot_id": snapshot_id,
             "start": interval_start,
             "end": interval_end,
-            "staged_at": manifest.created_at,
+            "staged_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "source_fingerprint": fingerprint,
         }
-        kept = volumes.record_interval(dataset, key, record, overwrite=restage)
-        if kept["snapshot_id"] != snapshot_id:
-            log.warning(
-                "interval %s already maps to snapshot %s; staged %s is kept but not mapped",
-                key,
-                kept["snapshot_id"],
-                snapshot_id,
-            )
+        if record is None:
+            kept = volumes.record_interval(dataset, key, new_record)
+            if kept["snapshot_id"] != snapshot_id:
+                log.warning(
+                    "interval %s was mapped to snapshot %s by a concurrent run; staged %s is "
+                    "kept but not mapped",
+                    key,
+                    kept["snapshot_id"],
+                    snapshot_id,
+                )
+        else:
+            before = record.get("snapshot_id") if record else None
+            volumes.replace_interval(dataset, key, new_record, why=why)
+            if before and before != snapshot_id:
+                replaced = str(before)
+                checked += f"; the interval now points at it instead of {before}"
     try:
         volumes.gc_snapshots(dataset, pipeline.staging.retention, also_keep={snapshot_id})
     except (SnapshotError, OSError) as e:
         # the snapshot is published; retention that cannot decide deletes nothing
         log.warning("retention of %s skipped, nothing deleted: %s", dataset, e)
-    result = _result(manifest, final, reused, t0)
+    result = _result(manifest, final, reused, t0, checked=checked, replaced=replaced)
     _report(result, quiet)
     return result
+
+
+def _kept_without_source(
+    dataset: str, record: dict | None, error: StagingError, t0: float
+) -> StageResult | None:
+    """The interval's recorded snapshot when its source is gone (an upstream cleanup).
+
+    A snapshot that passed or awaits validation still stands for its interval; a rejected
+    one does not (the source error is raised instead).
+    """
+    if not record:
+        return None
+    sid = str(record.get("snapshot_id"))
+    path = volumes.snapshot_dir(dataset, sid)
+    if not (path / volumes.MANIFEST).is_file():
+        return None
+    if volumes.validation_state(path)["state"] == "rejected":
+        return None
+    why = f"source not readable now ({error}); reused snapshot {sid} recorded for the interval"
+    return _result(volumes.read_manifest(path), path, True, t0, checked=why)
 
 
 def _report(result: StageResult, quiet: bool) -> None:

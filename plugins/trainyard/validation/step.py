@@ -186,8 +186,41 @@ def validate(pipeline: PipelineConfig, snapshot_id: str) -> ValidationResult:
         if manifest.kind == "files" and contract.image is not None:
             from trainyard.validation.images import check_images
 
-            check_images(sdir, manifest)
+            try:
+                check_images(sdir, manifest)
+            except ValidationFailed as e:
+                _reject_images(contract, sdir, snapshot_id, str(e))
+                raise
         return _validate_checked(pipeline, contract, manifest, sdir)
+
+
+def _reject_images(contract: Contract, sdir: Path, snapshot_id: str, reason: str) -> None:
+    """Write the report of a snapshot rejected for an undecodable image (``rejected.json``).
+
+    So ``snapshots list`` shows why, and re-staging its interval reads the source again.
+    """
+    failure = {
+        "rule": "images_decode",
+        "column": contract.image.column if contract.image else None,
+        "severity": "error",
+        "reason": reason,
+        "rows": [],
+        "samples": [],
+    }
+    summary = {
+        "dataset": contract.dataset,
+        "snapshot_id": snapshot_id,
+        "contract_version": contract.version,
+        "success": False,
+        "validated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "failures": [failure],
+        "warnings": [],
+        "rules": [failure],
+    }
+    try:
+        write_report(sdir, summary, None, rejected=True)
+    except OSError as e:
+        log.warning("cannot write the rejection report of %s: %s", snapshot_id, e)
 
 
 def _validate_checked(
