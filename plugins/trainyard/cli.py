@@ -28,7 +28,11 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "list | show | verify | mirror | gc dataset snapshots.",
     ),
     "contracts": ("trainyard.contracts", "cli_main", "check data contracts (JSON schema)."),
-    "models": ("trainyard.registry", "cli_main", "list | show | promote | rollback versions."),
+    "models": (
+        "trainyard.steps",
+        "models_main",
+        "list | show | promote | rollback versions (serving follows the champion).",
+    ),
     "serve": ("trainyard.serving.server", "cli_main", "Run the TF-Serving-compatible server."),
     "render": ("trainyard.pods", "cli_main", "Render a pipeline's Kubernetes objects as YAML."),
 }

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -584,11 +584,13 @@ def _list(reg: Registry) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n" + unreadable
 
 
-def cli_main(argv: list[str]) -> int:
+def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) -> int:
     """``python -m trainyard models list|show|promote|rollback|history --pipeline P``.
 
     Args:
         argv: Arguments after ``models``.
+        after_move: Called with the pipeline after a promote or rollback (serving follows
+            the new champion); its line is printed.
 
     Returns:
         The exit code (trainyard errors propagate to the dispatcher, which prints them).
@@ -641,6 +643,8 @@ def cli_main(argv: list[str]) -> int:
     elif args.action == "rollback":
         target = reg.rollback(args.reason, args.actor)
         out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")
+    if args.action in ("promote", "rollback") and after_move is not None:
+        out.write(after_move(reg.pipeline) + "\n")
     elif args.action == "history":
         for event in reg.history():
             out.write(json.dumps(event, sort_keys=True) + "\n")

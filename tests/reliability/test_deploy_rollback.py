@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from serving_support import (
@@ -12,12 +14,15 @@ from serving_support import (
 )
 
 from trainyard.errors import DeployError
-from trainyard.serving.client import ServingClient
+from trainyard.serving import model_config
+from trainyard.serving.client import ServingClient, ServingHTTPError
 from trainyard.serving.deploy import (
     LOG_FILE,
     PID_FILE,
     deploy,
     ensure_local_server,
+    publish_version,
+    serve_champion,
     stop_local_server,
 )
 
@@ -63,6 +68,34 @@ def _served_classes(env) -> list[int]:
         return c.predict("digits", inputs={"image": ROWS.tolist()})["class_id"]
 
 
+def _version_dirs(env) -> list[str]:
+    return sorted(p.name for p in (env["root"] / "digits").iterdir() if p.name.isdigit())
+
+
+def _wait_served(
+    env, want: list[int], versions: list[str], timeout: float = 30.0, reported=None
+) -> None:
+    """Wait until unversioned requests answer ``want`` and exactly ``versions`` are loaded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with ServingClient("127.0.0.1", env["port"]) as c:
+                status = c.status("digits")
+            got = _served_classes(env)
+        except ServingHTTPError:  # nothing served yet
+            status, got = [], []
+        loaded = [e["version"] for e in status if e["state"] == "AVAILABLE"]
+        listed = [e["version"] for e in status]
+        if (
+            got == want
+            and sorted(loaded) == sorted(versions)
+            and (reported is None or listed == reported)
+        ):
+            return
+        assert time.monotonic() < deadline, f"serving {loaded} answering {got}, want {versions}"
+        time.sleep(0.2)
+
+
 def test_server_runs_detached_with_pid_and_log_files(env):
     assert env["pid"] > 0
     assert (env["root"] / PID_FILE).is_file()
@@ -102,10 +135,9 @@ def test_failed_deploy_rolls_back_and_old_version_keeps_serving(env, version, mo
     assert message in text
     assert "previous version 1 is AVAILABLE again" in text
     assert not (env["root"] / "digits" / str(version)).exists()
-    assert [p.name for p in (env["root"] / "digits").iterdir()] == ["1"]
-    with ServingClient("127.0.0.1", env["port"]) as c:
-        assert [(e["version"], e["state"]) for e in c.status("digits")] == [("1", "AVAILABLE")]
-    assert _served_classes(env) == expected_classes(ROWS, seed=0).tolist()
+    assert _version_dirs(env) == ["1"]
+    # within a poll the server forgets the removed version (a failed one is END until then)
+    _wait_served(env, expected_classes(ROWS, seed=0).tolist(), ["1"], reported=["1"])
 
 
 def test_rollback_can_be_returned_instead_of_raised(env):
@@ -118,10 +150,69 @@ def test_next_good_deploy_replaces_champion_and_redeploy_is_idempotent(env):
     want = expected_classes(ROWS, seed=1)
     assert not _deploy(env, 7, "good1", want, 1).rolled_back
     assert _served_classes(env) == want.tolist()
-    assert not _deploy(env, 7, "good1", want, 1).rolled_back
+    # the champion is 7 now: deploying it again changes nothing
+    assert not _deploy(env, 7, "good1", want, 7).rolled_back
     with pytest.raises(DeployError, match="already published with different content"):
-        _deploy(env, 7, "good0", expected_classes(ROWS, seed=0), 1)
-    assert _served_classes(env) == want.tolist()
+        _deploy(env, 7, "good0", expected_classes(ROWS, seed=0), 7)
+    _wait_served(env, want.tolist(), ["7"])
+
+
+def test_champion_is_labelled_stable_in_the_model_config_and_on_the_server(env):
+    served = model_config.served(env["root"], "digits")
+    assert served is not None and served.versions == (7,)
+    assert served.labels == {"stable": 7}
+    every = model_config.read(env["root"] / model_config.ALL_MODELS_FILE)
+    assert every == [served]
+    with ServingClient("127.0.0.1", env["port"]) as c:
+        status, body = c.request("GET", "/v1/models/digits/labels/stable")
+        assert status == 200 and b'"version":"7"' in body.replace(b" ", b"")
+        status, body = c.request("GET", "/v1/models/digits/labels/canary")
+        assert status == 404 and b"Unrecognized servable version label: canary" in body
+
+
+def test_a_rollback_of_the_champion_reaches_the_server_within_its_poll(env):
+    # the registry's champion moves back from 7 to 1 (models rollback): serving follows
+    t0 = time.monotonic()
+    line = serve_champion(env["root"], "digits", 1, env["models"] / "good0", IMAGE_SPEC)
+    assert line == "digits: serving version 1 (stable)"
+    _wait_served(env, expected_classes(ROWS, seed=0).tolist(), ["1"])
+    assert time.monotonic() - t0 < 10
+    assert model_config.served(env["root"], "digits").labels == {"stable": 1}
+    # and forward again (models promote 7)
+    serve_champion(env["root"], "digits", 7, env["models"] / "good1", IMAGE_SPEC)
+    _wait_served(env, expected_classes(ROWS, seed=1).tolist(), ["7"])
+
+
+def test_a_deploy_killed_before_promotion_converges_on_the_champion(env):
+    # what a SIGKILL between "serve the candidate" and "move the champion pointer" leaves:
+    # version 9 published and served as canary (answering unversioned requests as latest)
+    publish_version(env["models"] / "good0", env["root"], "digits", 9, IMAGE_SPEC)
+    model_config.set_served(env["root"], "digits", [7, 9], {"stable": 7, "canary": 9})
+    _wait_served(env, expected_classes(ROWS, seed=0).tolist(), ["7", "9"])
+    # the next deploy (or promote/rollback) starts by serving the registry's champion
+    serve_champion(env["root"], "digits", 7, env["models"] / "good1", IMAGE_SPEC)
+    _wait_served(env, expected_classes(ROWS, seed=1).tolist(), ["7"])
+
+
+def test_a_champion_whose_folder_was_removed_is_published_again(env):
+    serve_champion(env["root"], "digits", None, None, None)
+    _wait_served_nothing(env)
+    __import__("shutil").rmtree(env["root"] / "digits" / "1")
+    serve_champion(env["root"], "digits", 1, env["models"] / "good0", IMAGE_SPEC)
+    _wait_served(env, expected_classes(ROWS, seed=0).tolist(), ["1"])
+    serve_champion(env["root"], "digits", 7, env["models"] / "good1", IMAGE_SPEC)
+    _wait_served(env, expected_classes(ROWS, seed=1).tolist(), ["7"])
+
+
+def _wait_served_nothing(env, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with ServingClient("127.0.0.1", env["port"]) as c:
+            status, _ = c.request("GET", "/v1/models/digits")
+        if status == 404:
+            return
+        assert time.monotonic() < deadline, "model still served after its config entry went"
+        time.sleep(0.2)
 
 
 def test_stop_local_server_shuts_down_gracefully(env):

@@ -1,10 +1,14 @@
-"""Deploy a promoted model version: publish, wait until AVAILABLE, smoke-test, roll back.
+"""Deploy a model version: publish, serve it as ``canary``, smoke-test, promote or roll back.
 
 Publishing copies the SavedModel into ``<serving_root>/<model>/.tmp-<n>-<pid>`` (with the
 contract's feature spec in ``assets.extra/trainyard.json``), fsyncs it and renames it to
-``<n>``, so the server never sees a half-copied version. Rolling back renames ``<n>`` out
-of the base path (atomic) before deleting it; the server then falls back to the previous
-highest version.
+``<n>``, so the server never sees a half-copied version. Which versions are served is the
+model config file's business (:mod:`trainyard.serving.model_config`): the champion
+(``stable``) and, while it is smoke-tested, the candidate (``canary``). After a good smoke
+test the caller's ``promote`` moves the registry's champion pointer and the config then
+lists the new champion alone; otherwise the config lists the previous champion alone again
+and the candidate's folder is removed. :func:`serve_champion` writes the config from the
+registry's champion, which is how promotions, rollbacks and a killed deploy converge.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ import numpy as np
 import trainyard
 from trainyard.errors import DeployError
 from trainyard.fsutil import atomic_write_json, publish_dir, read_json
+from trainyard.serving import model_config
 from trainyard.serving.client import ServingClient, ServingHTTPError
 from trainyard.serving.schema import FeatureSpec, spec_to_json
 from trainyard.serving.versions import SPEC_FILE
@@ -167,7 +172,7 @@ def wait_available(
 
 
 def wait_unloaded(client: ServingClient, model: str, version: int, timeout_s: float) -> None:
-    """Poll the server until it no longer reports ``version`` of ``model``.
+    """Poll the server until ``version`` of ``model`` is unloaded (END or not reported).
 
     Raises:
         DeployError: If it still does after ``timeout_s``.
@@ -176,6 +181,8 @@ def wait_unloaded(client: ServingClient, model: str, version: int, timeout_s: fl
     while True:
         try:
             state = client.status(model, version)[0]["state"]
+            if state == "END":
+                return
         except ServingHTTPError as e:
             if e.status == 404:
                 return
@@ -214,6 +221,41 @@ def _smoke(
     return {k: v[0] for k, v in outputs.items()}
 
 
+def serve_champion(
+    serving_root: Path,
+    model_name: str,
+    champion: int | None,
+    model_dir: Path | None,
+    feature_spec: FeatureSpec | None,
+) -> str:
+    """Make the model config serve the registry's champion alone (publishing it if needed).
+
+    Called before every deploy and after every promote or rollback, so what is served
+    converges on the registry after any kill (a candidate left as ``canary`` stops being
+    served) and a rollback reaches the servers within their poll interval.
+
+    Args:
+        serving_root: The serving root.
+        model_name: The served model name.
+        champion: The registry's champion, or None (the model is then not served).
+        model_dir: The champion's SavedModel (published again if its folder is gone).
+        feature_spec: The contract's serving inputs (for publishing).
+
+    Returns:
+        One line saying what is served now.
+    """
+    serving_root = Path(serving_root)
+    if champion is None:
+        model_config.set_served(serving_root, model_name, [])
+        return f"{model_name}: no champion, not served"
+    if not (serving_root / model_name / str(champion)).is_dir():
+        if model_dir is None or feature_spec is None:
+            raise DeployError(f"{model_name}: champion {champion} is not published")
+        publish_version(Path(model_dir), serving_root, model_name, champion, feature_spec)
+    model_config.set_served(serving_root, model_name, [champion], {model_config.STABLE: champion})
+    return f"{model_name}: serving version {champion} (stable)"
+
+
 def deploy(
     model_name: str,
     version: int,
@@ -227,9 +269,10 @@ def deploy(
     previous_version: int | None,
     timeout_s: float = 120.0,
     *,
+    promote: Callable[[], None] | None = None,
     raise_on_rollback: bool = True,
 ) -> DeployResult:
-    """Publish a version, wait until it serves, smoke-test it, roll back on failure.
+    """Publish a version, serve it as canary, smoke-test it, promote it or roll back.
 
     Args:
         model_name: Model name in the base path.
@@ -243,6 +286,8 @@ def deploy(
         feature_spec: The contract's serving inputs.
         previous_version: The champion served before (restored on failure), or None.
         timeout_s: How long to wait for the version (and for a rollback) to be AVAILABLE.
+        promote: Called once the smoke test passed (moves the registry's champion pointer);
+            if it raises, the deploy rolls back.
         raise_on_rollback: Raise after rolling back (default) instead of returning a
             result with ``rolled_back=True``.
 
@@ -258,10 +303,15 @@ def deploy(
     rows = len(expected_class_ids)
     client = ServingClient(host, port)
     ours = False  # the version dir is this deploy's (just published, or same content)
+    served = [v for v in (previous_version, version) if v is not None]
+    labels = {model_config.CANARY: version}
+    if previous_version is not None and previous_version != version:
+        labels[model_config.STABLE] = previous_version
     try:
         try:
             publish_version(Path(model_dir), serving_root, model_name, version, feature_spec)
             ours = True
+            model_config.set_served(serving_root, model_name, served, labels)
             status = wait_available(client, model_name, version, timeout_s)
             sample = _smoke(client, model_name, version, smoke_inputs, expected_class_ids)
             latest = client.status(model_name)
@@ -270,6 +320,11 @@ def deploy(
                 raise DeployError(
                     f"version {version} is AVAILABLE but the server serves {newest} as latest"
                 )
+            if promote is not None:
+                promote()
+            model_config.set_served(
+                serving_root, model_name, [version], {model_config.STABLE: version}
+            )
         except DeployError as e:
             reason = str(e)
         except Exception as e:  # any failure rolls back; the reason names it
@@ -311,6 +366,10 @@ def _rollback(
     ours: bool,
     timeout_s: float,
 ) -> str:
+    if previous is None:
+        model_config.set_served(serving_root, model, [])
+    else:
+        model_config.set_served(serving_root, model, [previous], {model_config.STABLE: previous})
     if not ours:
         return f"left {serving_root / model / str(version)} alone (not published by this deploy)"
     if previous != version:
@@ -380,8 +439,13 @@ def ensure_local_server(
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             info = read_json(pid_file)
             if info["port"] == port and _alive(int(info["pid"])):
-                return int(info["pid"])
-        return 0
+                if "--model-config-file" in info["cmd"]:
+                    return int(info["pid"])
+                # started by an older trainyard that served the highest version folder:
+                # restart it so that it follows the model config (and so the registry)
+                stop_local_server(serving_root)
+        if _answers(host, port):
+            return 0
     with contextlib.suppress(OSError):
         probe = socket.create_connection((host, port), timeout=1.0)
         probe.close()
@@ -394,6 +458,7 @@ def ensure_local_server(
     cmd = [
         sys.executable, "-m", "trainyard", "serve",
         "--base-path", str(serving_root), "--host", host, "--port", str(port),
+        "--model-config-file", str(model_config.ensure_config(serving_root)),
         "--poll-interval", "0.5",
     ]  # fmt: skip
     with open(log_path, "ab") as log_fh:
