@@ -291,8 +291,10 @@ def evaluate(
 def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, Any]:
     """Publish a gated version to serving, smoke-test it, and make it the champion.
 
-    On a failed smoke test serving rolls back to the previous champion and ``DeployError``
-    is raised; the champion pointer only moves after the new version answered correctly.
+    Serving is first put back on the registry's champion (which undoes what a killed
+    deploy left), then the version is served as ``canary`` and smoke-tested. On a failed
+    smoke test serving rolls back to the previous champion and ``DeployError`` is raised;
+    the champion pointer only moves after the new version answered correctly.
 
     Returns:
         ``version``, ``url``, ``sample_prediction``, ``smoke_rows``, ``previous``.
@@ -300,7 +302,7 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     from trainyard import evaluation
     from trainyard.contracts import feature_spec, load_contract
     from trainyard.serving.deploy import deploy as deploy_version
-    from trainyard.serving.deploy import ensure_local_server
+    from trainyard.serving.deploy import ensure_local_server, serve_champion
 
     cfg = load_pipeline(pipeline)
     settings = get_settings()
@@ -310,6 +312,12 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     contract = load_contract(cfg.dataset)
     smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
     previous = registry.champion()
+    spec = feature_spec(contract)
+    champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
+    log.info(
+        "%s",
+        serve_champion(settings.serving_root, cfg.serving.model_name, previous, champion_dir, spec),
+    )
     # On a cluster the deploy pod reaches TF Serving through its Service; locally the
     # step starts the server itself when nothing answers on the port.
     host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
@@ -324,14 +332,14 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         port=cfg.serving.port,
         smoke_inputs=smoke.features,
         expected_class_ids=smoke.expected_class_ids,
-        feature_spec=feature_spec(contract),
+        feature_spec=spec,
         previous_version=previous,
         timeout_s=120.0,
-    )
-    registry.promote(
-        version,
-        reason=f"deployed after gate on snapshot {meta['snapshot_id']}",
-        actor=actor or "pipeline",
+        promote=lambda: registry.promote(
+            version,
+            reason=f"deployed after gate on snapshot {meta['snapshot_id']}",
+            actor=actor or "pipeline",
+        ),
     )
     return {
         "version": version,
@@ -341,6 +349,28 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         "sample_key": smoke.keys[0] if len(smoke.keys) else None,
         "smoke_rows": result.smoke_rows,
     }
+
+
+def follow_registry(pipeline: str) -> str:
+    """Serve the pipeline's registry champion (after ``models promote`` / ``rollback``).
+
+    Writes the model config the servers poll (publishing the champion's folder again if it
+    was removed), so the change reaches serving within their poll interval.
+
+    Returns:
+        One line saying what is served now.
+    """
+    from trainyard.contracts import feature_spec, load_contract
+    from trainyard.serving.deploy import serve_champion
+
+    cfg = load_pipeline(pipeline)
+    registry = _registry(cfg)
+    champion = registry.champion()
+    model_dir = registry.version_dir(champion) / "model" if champion is not None else None
+    spec = feature_spec(load_contract(cfg.dataset))
+    return serve_champion(
+        get_settings().serving_root, cfg.serving.model_name, champion, model_dir, spec
+    )
 
 
 def summary(
@@ -781,3 +811,17 @@ def run_cli_main(argv: list[str]) -> int:
     record = run_all(args.pipeline, args.overrides)
     sys.stdout.write(format_summary(record) + "\n")
     return EXIT_OK
+
+
+def models_main(argv: list[str]) -> int:
+    """``python -m trainyard models ...``: the registry's CLI; serving follows its champion.
+
+    Args:
+        argv: Arguments after ``models``.
+
+    Returns:
+        The exit code.
+    """
+    from trainyard.registry import cli_main
+
+    return cli_main(argv, after_move=follow_registry)
