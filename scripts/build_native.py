@@ -1,13 +1,16 @@
 """Build trainyard's C extension modules in place, next to their sources.
 
 * ``plugins/trainyard/staging/_native.c``: the small-files scanner and tar packer;
-* ``plugins/trainyard/serving/_decode.c``: the float32 predict-request parser.
+* ``plugins/trainyard/serving/_decode.c``: the float32 predict-request parser;
+* ``plugins/trainyard/training/_loopback.c``: not a module but an ``LD_PRELOAD`` library
+  (``_loopback.so``) that keeps the local training workers' gRPC servers on loopback.
 
 Run by ``make`` before the demo, the tests and the benchmarks; rebuilds a module only when
 its C source is newer. Without them everything still works through the slower Python
 paths they are tested against (``sources._native`` / ``schema._decode`` are then None):
 with no C compiler, or off Linux for the staging module (it uses Linux system calls),
-this warns and goes on; a compiler that fails on the sources is an error.
+this warns and goes on; a compiler that fails on the sources is an error. The preload
+library has no Python fallback: without it the local launcher refuses to start workers.
 """
 
 from __future__ import annotations
@@ -21,12 +24,22 @@ import sysconfig
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "plugins" / "trainyard"
-SOURCES = (PACKAGE / "staging" / "_native.c", PACKAGE / "serving" / "_decode.c")
-LINUX_ONLY = {"_native.c"}  # openat/fstatat/sync_file_range
+SOURCES = (
+    PACKAGE / "staging" / "_native.c",
+    PACKAGE / "serving" / "_decode.c",
+    PACKAGE / "training" / "_loopback.c",
+)
+LINUX_ONLY = {"_native.c", "_loopback.c"}  # openat/fstatat/sync_file_range; LD_PRELOAD
+PRELOAD = {"_loopback.c"}  # plain shared libraries, not Python modules
 
 
 def target(source: Path) -> Path:
-    """Where a built module goes: next to its source, with this Python's suffix."""
+    """Where a built module goes: next to its source.
+
+    A Python module gets this Python's extension suffix; a preload library is ``<stem>.so``.
+    """
+    if source.name in PRELOAD:
+        return source.with_suffix(".so")
     return source.with_name(source.stem + str(sysconfig.get_config_var("EXT_SUFFIX")))
 
 
@@ -45,9 +58,14 @@ def build(source: Path) -> int:
         return 0
     cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
+        instead = (
+            "local training will refuse to start workers"
+            if source.name in PRELOAD
+            else "the slower Python path runs instead"
+        )
         print(
-            f"warning: no C compiler ({cc}): {source.name} not built, the slower Python path "
-            "runs instead (install gcc or clang, then run make again)",
+            f"warning: no C compiler ({cc}): {source.name} not built, {instead} "
+            "(install gcc or clang, then run make again)",
             file=sys.stderr,
         )
         return 0
@@ -64,6 +82,7 @@ def build(source: Path) -> int:
         str(source),
         "-o",
         str(tmp),
+        *(["-ldl"] if source.name in PRELOAD else []),
     ]
     print(f"building {out.name}: {shlex.join(cmd)}", file=sys.stderr)
     try:
