@@ -12,6 +12,11 @@ attempt is retried, resuming from the ``BackupAndRestore`` checkpoint. NaN loss 
 input are deterministic and end the run at once. No task outlives the launcher: groups are
 killed on success, failure, timeout, exception and SIGTERM, and the workers watch the
 launcher's pid (``PR_SET_PDEATHSIG``) in case it is SIGKILLed.
+
+TensorFlow's gRPC server listens on every interface whatever ``TF_CONFIG`` says; on Linux
+each task gets :data:`LOOPBACK_LIBRARY` preloaded with :data:`~trainyard.training.spec.ENV_BIND`
+set, which turns its wildcard binds into loopback ones (pods never get it). Without that
+library the launcher refuses to start any task.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +48,8 @@ if TYPE_CHECKING:
     from trainyard.k8s.profile import ClusterProfile
 
 LOOPBACK = "127.0.0.1"
+LOOPBACK_LIBRARY = Path(__file__).with_name("_loopback.so")
+"""The ``LD_PRELOAD`` library built from ``_loopback.c`` by ``scripts/build_native.py``."""
 logger = logging.getLogger("trainyard.training")
 
 
@@ -110,6 +118,37 @@ class _NonRetryable(TrainingError):
     pass
 
 
+def loopback_env(log: Callable[[str], None]) -> dict[str, str]:
+    """What keeps the local tasks' listening sockets on loopback: the preload library.
+
+    Args:
+        log: Where the warning goes off Linux.
+
+    Returns:
+        ``LD_PRELOAD`` and :data:`~trainyard.training.spec.ENV_BIND` for every task (off
+        Linux, where there is no such mechanism, only the latter, after a warning).
+
+    Raises:
+        TrainingError: On Linux when :data:`LOOPBACK_LIBRARY` is missing (not retryable):
+            the workers would be reachable from other machines.
+    """
+    if not sys.platform.startswith("linux"):
+        log(
+            f"warning: on {sys.platform} the training workers' gRPC servers listen on every "
+            "network interface (loopback only is enforced on Linux)"
+        )
+        return {spec.ENV_BIND: LOOPBACK}
+    if not LOOPBACK_LIBRARY.is_file():
+        error = TrainingError(
+            f"{LOOPBACK_LIBRARY} is missing, so the training workers' gRPC servers would "
+            "listen on every network interface; refusing to start them. Build it with "
+            "`make native` (python scripts/build_native.py; needs a C compiler)"
+        )
+        error.retryable = False  # type: ignore[attr-defined]
+        raise error
+    return {"LD_PRELOAD": str(LOOPBACK_LIBRARY), spec.ENV_BIND: LOOPBACK}
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free TCP ports on 127.0.0.1 (held open together while picked)."""
     socks = []
@@ -165,8 +204,14 @@ class _Task:
 class _Attempt:
     """One attempt's processes; stopped (whole groups) on exit, whatever happened."""
 
-    def __init__(self, launch: LaunchSpec, attempt: int, log: Callable[[str], None]) -> None:
-        self.spec, self.attempt, self.log = launch, attempt, log
+    def __init__(
+        self,
+        launch: LaunchSpec,
+        attempt: int,
+        log: Callable[[str], None],
+        guard: dict[str, str],
+    ) -> None:
+        self.spec, self.attempt, self.log, self.guard = launch, attempt, log, guard
         self.tasks: list[_Task] = []
 
     def start(self) -> None:
@@ -176,10 +221,13 @@ class _Attempt:
             env = dict(task.env)
             env.pop("TF_CONFIG", None)  # derived by the worker, as in a pod
             env.update(self.spec.env)
+            preload = [self.guard.get("LD_PRELOAD", ""), env.get("LD_PRELOAD", "")]
+            env.update(self.guard)
+            if self.guard.get("LD_PRELOAD"):
+                env["LD_PRELOAD"] = " ".join(p for p in preload if p)
             env.update(
                 {
                     spec.ENV_HOSTS: json.dumps(hosts, sort_keys=True),
-                    spec.ENV_BIND: LOOPBACK,
                     spec.ENV_PARENT_PID: str(os.getpid()),
                     spec.ENV_ATTEMPT: str(self.attempt),
                     "TF_USE_LEGACY_KERAS": "1",
@@ -294,15 +342,17 @@ def launch(plan: LaunchSpec, log: Callable[[str], None] | None = None) -> int:
         The number of attempts used.
 
     Raises:
-        TrainingError: NaN loss or bad input (at once), or every attempt failed (the
-            message lists each attempt's reason).
+        TrainingError: NaN loss or bad input (at once), no loopback guard on Linux (before
+            any task starts, :func:`loopback_env`), or every attempt failed (the message
+            lists each attempt's reason).
     """
     emit = log or logger.info
+    guard = loopback_env(emit)
     failures: list[str] = []
     current: list[_Attempt | None] = [None]
     with _sigterm_stops(current):
         for attempt in range(1, plan.max_attempts + 1):
-            run = _Attempt(plan, attempt, emit)
+            run = _Attempt(plan, attempt, emit, guard)
             current[0] = run
             try:
                 run.start()

@@ -96,6 +96,36 @@ def install_parent_guard(parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
+def check_loopback_guard(want: str | None) -> None:
+    """Refuse to start when this process's wildcard binds would not land on ``want``.
+
+    The local launcher preloads its loopback library and sets
+    :data:`~trainyard.training.spec.ENV_BIND`; a library the dynamic loader could not load
+    is only a warning on stderr, so one wildcard bind here proves it took effect.
+
+    Args:
+        want: The address wildcard binds must become (None: not asked, e.g. in a pod).
+
+    Raises:
+        TrainyardError: On Linux, when a bind to ``0.0.0.0`` lands anywhere else.
+    """
+    if not want or not sys.platform.startswith("linux"):
+        return
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", 0))
+            got = probe.getsockname()[0]
+        except OSError as e:
+            got = f"an error ({e})"
+    if got != want:
+        raise TrainyardError(
+            f"{spec.ENV_BIND}={want}, but a bind to 0.0.0.0 gives {got}: the loopback library "
+            "is not preloaded (LD_PRELOAD), so the gRPC server would listen on every interface"
+        )
+
+
 @dataclass(frozen=True)
 class Fault:
     """A test-only injected fault for this process."""
@@ -127,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.environ.get(spec.ENV_PARENT_PID)
     install_parent_guard(int(parent) if parent else None)
     try:
+        check_loopback_guard(os.environ.get(spec.ENV_BIND))
         cfg = resolve_tf_config(os.environ)
         role = role_of(cfg)
         if args.strategy == "multi_worker_mirrored" and role.task_type == "ps":
