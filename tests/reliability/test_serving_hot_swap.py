@@ -1,4 +1,7 @@
-"""Hot swap under continuous load from a second process: not one request may fail."""
+"""Hot swap under continuous load from a second process: not one request may fail.
+
+The server follows its model config file, as the deploy step drives it.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from trainyard.serving.deploy import (
     wait_available,
     wait_unloaded,
 )
+from trainyard.serving.model_config import set_served
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 
@@ -35,6 +39,7 @@ import json, sys, threading, time
 from pathlib import Path
 import numpy as np
 from trainyard.serving.client import ServingClient
+from trainyard.serving.model_config import set_served
 
 port, stop, out = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 lock = threading.Lock()
@@ -84,6 +89,7 @@ def server(tmp_path: Path):
         build_image_model(models / str(v), seed=v, bias_class=v)
     root = tmp_path / "serving"
     publish_version(models / "1", root, "digits", 1, IMAGE_SPEC)
+    set_served(root, "digits", [1], {"stable": 1})
     port = free_port()
     ensure_local_server(root, "127.0.0.1", port)
     yield models, root, port
@@ -103,13 +109,16 @@ def test_hot_swap_and_rollback_under_load_fail_no_request(server, tmp_path: Path
             time.sleep(0.1)
         time.sleep(1.0)
         publish_version(models / "2", root, "digits", 2, IMAGE_SPEC)
+        set_served(root, "digits", [2], {"stable": 2})
         wait_available(client, "digits", 2, 60)
         states_after_swap = [(e["version"], e["state"]) for e in client.status("digits")]
         time.sleep(1.0)
         publish_version(models / "3", root, "digits", 3, IMAGE_SPEC)
+        set_served(root, "digits", [3], {"stable": 3})
         wait_available(client, "digits", 3, 60)
         time.sleep(1.0)
-        unpublish_version(root, "digits", 3)  # rollback
+        set_served(root, "digits", [2], {"stable": 2})  # rollback
+        unpublish_version(root, "digits", 3)
         wait_unloaded(client, "digits", 3, 60)
         wait_available(client, "digits", 2, 60)
         time.sleep(1.0)
