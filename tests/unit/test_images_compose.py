@@ -336,19 +336,46 @@ def test_init_migrates(compose: dict[str, Any]) -> None:
     assert init["environment"]["_AIRFLOW_DB_MIGRATE"] == "true"
     assert init["user"] == "0:0"
     script = init["command"][-1]
-    assert "/volumes/_serving/digits" in script
+    assert "/volumes/_serving/models.config" in script
     assert "exec /entrypoint airflow pools set trainyard_training" in script
 
 
 def test_tf_serving(compose: dict[str, Any]) -> None:
     tfs = compose["services"]["tf-serving"]
     assert tfs["build"]["dockerfile"] == "images/serving/Dockerfile"
-    env = tfs["environment"]
-    # the upstream entrypoint serves $MODEL_BASE_PATH/$MODEL_NAME
-    assert f"{env['MODEL_BASE_PATH']}/{env['MODEL_NAME']}" == "/volumes/_serving/digits"
+    # every pipeline's model, from the model config the deploy step writes
+    assert tfs["entrypoint"] == ["tensorflow_model_server"]
+    assert "--model_config_file=/volumes/_serving/models.config" in tfs["command"]
+    assert "--model_config_file_poll_wait_seconds=5" in tfs["command"]
+    assert "--allow_version_labels_for_unavailable_models=true" in tfs["command"]
     assert tfs["ports"] == ["8501:8501"]
     assert "./.trainyard/volumes:/volumes:ro" in tfs["volumes"]
     assert tfs["user"].split(":")[0] != "0"
+
+
+def test_airflow_deploys_to_the_tf_serving_container(compose: dict[str, Any]) -> None:
+    # the deploy step publishes under TRAINYARD_VOLUME_ROOT/_serving, which tf-serving reads
+    env = compose["x-airflow-common"]["environment"]
+    assert env["TRAINYARD_SERVING_HOST"] == "tf-serving"
+    assert env["TRAINYARD_VOLUME_ROOT"] == "/volumes"
+    assert "./.trainyard/volumes:/volumes" in compose["x-airflow-common"]["volumes"]
+
+
+def _pin(path: str, pattern: str) -> str:
+    found = re.search(pattern, (ROOT / path).read_text(), re.M)
+    assert found, f"{path}: no match for {pattern}"
+    return found[1]
+
+
+def test_serving_runs_the_trainers_tensorflow_version(compose: dict[str, Any]) -> None:
+    # A SavedModel uses the ops of the TensorFlow that exported it; TF Serving X.Y.Z is
+    # built on TensorFlow X.Y.Z, so the same version guarantees every op is there.
+    trainer = _pin("images/trainer/Dockerfile", r"^FROM tensorflow/tensorflow:(\S+)-gpu")
+    serving = _pin("images/serving/Dockerfile", r"^FROM tensorflow/serving:(\S+)$")
+    local = _pin("requirements.txt", r"^tensorflow-cpu==(\S+)$")
+    protos = _pin("requirements.txt", r"^tensorflow-serving-api==(\S+)$")
+    assert trainer == serving == local == protos
+    assert compose["services"]["tf-serving"]["image"] == f"trainyard-serving:{serving}"
 
 
 def test_depends_on_targets_exist(compose: dict[str, Any]) -> None:
