@@ -470,13 +470,17 @@ def test_serving(profile: k8s.ClusterProfile) -> None:
     assert dep.spec.replicas == 3
     assert dep.spec.strategy.rolling_update.max_unavailable == 0
     assert dep.spec.progress_deadline_seconds == 300
-    assert "--model_base_path=/models/digits" in c.args and "--rest_api_port=8501" in c.args
+    config = "/volumes/_serving/digits/model.config"
+    assert f"--model_config_file={config}" in c.args and "--rest_api_port=8501" in c.args
+    assert "--model_config_file_poll_wait_seconds=5" in c.args
+    assert c.command[-1] == config  # the wrapper waits for the deploy step's config
     assert c.readiness_probe.http_get.path == "/v1/models/digits"
     assert c.lifecycle.pre_stop._exec.command == ["sleep", "10"]
     mount = next(m for m in c.volume_mounts if m.name == "models")
+    # where the deploy step's pod writes the serving root
     assert (mount.mount_path, mount.sub_path, mount.read_only) == (
-        "/models/digits",
-        "_serving/digits",
+        "/volumes/_serving",
+        "_serving",
         True,
     )
     assert pod.security_context.run_as_user == 50000 and pod.security_context.run_as_non_root
@@ -485,6 +489,29 @@ def test_serving(profile: k8s.ClusterProfile) -> None:
     assert pod.node_selector == {"trainyard.io/pool": "cpu"}
     assert svc.spec.selector == dep.spec.selector.match_labels
     assert k8s.validate_object(dep) == [] and k8s.validate_object(svc) == []
+
+
+def test_serving_container_waits_for_its_model_config_then_runs_the_server(
+    profile: k8s.ClusterProfile, tmp_path
+) -> None:
+    import os
+    import subprocess
+    import time
+
+    c = k8s.serving_deployment(profile, "digits", 7, 1).spec.template.spec.containers[0]
+    fake = tmp_path / "bin" / "tensorflow_model_server"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/../ran"\n')
+    fake.chmod(0o755)
+    config = tmp_path / "model.config"  # stands for the PVC path
+    command = [*c.command[:-1], str(config)]
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([*command, *c.args], env=env)
+    time.sleep(2.5)
+    assert proc.poll() is None and not (tmp_path / "ran").exists()  # still waiting
+    config.write_text("model_config_list {\n}\n")
+    assert proc.wait(timeout=10) == 0
+    assert (tmp_path / "ran").read_text().split() == c.args
 
 
 # ----------------------------------------------------------------------------- PSS + schema
@@ -772,7 +799,7 @@ def test_trainer_args_parse_with_the_worker_cli() -> None:
         k8s.load_cluster_profile(PROFILE_PATH), p, p.training, "0123abcd", "r"
     )
     a = parse_args(objs.jobs[0].spec.template.spec.containers[0].args)
-    assert str(a.snapshot_dir) == "/volumes/digits/snapshots/0123abcd"
+    assert [str(d) for d in a.snapshot_dirs] == ["/volumes/digits/snapshots/0123abcd"]
     assert str(a.contract) == f"{IMAGE_CONTRACTS_DIR}/digits.yaml"
     assert (a.model, a.strategy, a.epochs, a.steps_per_execution) == (
         "small_cnn",
@@ -781,3 +808,24 @@ def test_trainer_args_parse_with_the_worker_cli() -> None:
         4,
     )
     assert str(a.output_dir).startswith("/volumes/_checkpoints/digits/r-")
+
+
+def test_a_training_window_is_every_snapshot_dir_of_the_worker_command() -> None:
+    """Each snapshot of the window is a --snapshot-dir, the run's own last, no repeats."""
+    from trainyard.training.worker.main import parse_args
+
+    p = pipeline()
+    window = ["00000000000000a1", "00000000000000b2", "0123abcd00000000"]
+    objs = k8s.run_training_objects(
+        k8s.load_cluster_profile(PROFILE_PATH),
+        p,
+        p.training,
+        "0123abcd00000000",
+        "r",
+        window=window,
+    )
+    for job in objs.jobs:
+        a = parse_args(job.spec.template.spec.containers[0].args)
+        assert [str(d) for d in a.snapshot_dirs] == [
+            f"/volumes/digits/snapshots/{sid}" for sid in window
+        ]

@@ -846,11 +846,14 @@ def serving_deployment(
     *,
     progress_deadline_s: int = 300,
 ) -> V1Deployment:
-    """TF Serving (CPU) Deployment over the model base path on the models PVC.
+    """TF Serving (CPU) Deployment serving one model from the models PVC.
 
-    The base path ``/volumes/_serving/<model>`` (PVC sub-path ``_serving/<model>``) is
-    mounted read-only at ``/models/<model>``; TF Serving polls it for new numeric version
-    folders. ``version`` goes into a pod annotation, so each deploy also rolls the pods.
+    The serving root (PVC sub-path ``_serving``) is mounted read-only at
+    ``/volumes/_serving``, where the deploy step's pod sees it too, and TF Serving reads the
+    model's config file ``/volumes/_serving/<model>/model.config`` (written by the deploy
+    step and by ``models promote/rollback``; re-read every 5 s): the versions to serve and
+    their ``stable``/``canary`` labels. The container waits for that file before starting
+    the server, so the Deployment can exist before the first deploy.
 
     Args:
         profile: Cluster profile (serving image, CPU pool, security).
@@ -895,18 +898,24 @@ def serving_deployment(
     }
     place = cpu_placement(profile)
     tmp_vol, tmp_mount = _tmp_volume()
-    base_path = f"/models/{model_name}"
+    config_file = f"{VOLUME_ROOT}/_serving/{model_name}/model.config"
     container = V1Container(
         name="serving",
         image=profile.images.serving,
         image_pull_policy=profile.images.pull_policy,
-        command=["tensorflow_model_server"],
+        command=[
+            "sh",
+            "-c",
+            'until [ -s "$0" ]; do sleep 2; done; exec tensorflow_model_server "$@"',
+            config_file,
+        ],
         args=[
             f"--port={SERVING_GRPC_PORT}",
             f"--rest_api_port={SERVING_REST_PORT}",
-            f"--model_name={model_name}",
-            f"--model_base_path={base_path}",
+            f"--model_config_file={config_file}",
+            "--model_config_file_poll_wait_seconds=5",
             "--file_system_poll_wait_seconds=5",
+            "--allow_version_labels_for_unavailable_models=true",
         ],
         ports=[
             V1ContainerPort(name="http", container_port=SERVING_REST_PORT),
@@ -931,8 +940,8 @@ def serving_deployment(
         volume_mounts=[
             V1VolumeMount(
                 name="models",
-                mount_path=base_path,
-                sub_path=f"_serving/{model_name}",
+                mount_path=f"{VOLUME_ROOT}/_serving",
+                sub_path="_serving",
                 read_only=True,
             ),
             tmp_mount,

@@ -706,17 +706,17 @@ def ensure_serving(hook: Any, profile: ClusterProfile, cfg: PipelineConfig) -> s
         lambda: apps.create_namespaced_deployment(ns, deployment),
         lambda: apps.read_namespaced_deployment(dname, ns),
     )
-    previous = None if created else current.spec.template
-    if previous is not None:
-        apps.patch_namespaced_deployment(
-            dname, ns, {"spec": {"template": deployment.spec.template}}
-        )
+    if created:
+        # nothing to serve before this deploy writes the model config: its pods get ready
+        # once the version loads, which the deploy step waits for through the Service
+        return f"{sname}.{ns}.svc"
+    previous = current.spec.template
+    apps.patch_namespaced_deployment(dname, ns, {"spec": {"template": deployment.spec.template}})
     deadline = (deployment.spec.progress_deadline_seconds or 600) + 60
     state = wait_rollout(lambda: apps.read_namespaced_deployment(dname, ns), deadline, log=log.info)
     if state != "complete":
-        if previous is not None:
-            apps.patch_namespaced_deployment(dname, ns, {"spec": {"template": previous}})
-            log.warning("serving rollout %s: restored the previous spec", state)
+        apps.patch_namespaced_deployment(dname, ns, {"spec": {"template": previous}})
+        log.warning("serving rollout %s: restored the previous spec", state)
         raise StepFailed(f"serving Deployment {dname} rollout {state}", False)
     return f"{sname}.{ns}.svc"
 

@@ -150,7 +150,8 @@ def set_served(
     Args:
         serving_root: The serving root (``<volume_root>/_serving``).
         model: Model name, a folder below ``serving_root``.
-        versions: Versions to serve; an empty list removes the model from the config.
+        versions: Versions to serve; an empty list stops serving the model (its file then
+            lists no model).
         labels: Version labels; each must name one of ``versions``.
 
     Returns:
@@ -169,11 +170,9 @@ def set_served(
     if versions:
         entry = ServedModel(model, str(base), tuple(sorted(set(versions))), labels)
     with _locked(serving_root):
-        if entry is None:
-            (base / MODEL_FILE).unlink(missing_ok=True)
-        else:
-            base.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(base / MODEL_FILE, render([entry]).encode())
+        # a model served by nobody keeps an empty file: a server polling it unloads the model
+        base.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(base / MODEL_FILE, render([entry] if entry else []).encode())
         atomic_write_bytes(serving_root / ALL_MODELS_FILE, render(_collect(serving_root)).encode())
     return entry
 
