@@ -9,6 +9,8 @@ export AIRFLOW__CORE__DAGS_FOLDER="$_root/dags"
 export AIRFLOW__CORE__PLUGINS_FOLDER="$_root/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+# the embedded API server (make standalone) listens on loopback unless the caller says otherwise
+export AIRFLOW__API__HOST="${AIRFLOW__API__HOST:-127.0.0.1}"
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=True
 export AIRFLOW__SCHEDULER__CATCHUP_BY_DEFAULT=False
 export AIRFLOW__LOGGING__LOGGING_LEVEL="${AIRFLOW__LOGGING__LOGGING_LEVEL:-INFO}"
