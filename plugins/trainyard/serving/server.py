@@ -230,7 +230,10 @@ class ServingServer:
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
         config_file: Path | None = None,
+        grpc_port: int | None = None,
     ) -> None:
+        self.grpc_port = grpc_port
+        self._grpc: Any = None
         self.repository = ModelRepository(
             base_path,
             config_file=config_file,
@@ -259,12 +262,21 @@ class ServingServer:
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         log.info("serving %s on http://%s:%d", self.repository.base_path, self.host, self.port)
+        if self.grpc_port is not None:
+            from trainyard.serving.grpc_api import start_grpc_server
+
+            self._grpc, self.grpc_port = await start_grpc_server(
+                self.repository, self.host, self.grpc_port, self._app[MAX_ROWS_KEY]
+            )
+            log.info("gRPC (TF Serving's API) on %s:%d", self.host, self.grpc_port)
         self._watcher = asyncio.create_task(self.repository.watch(self._stop))
         return self.port
 
     async def stop(self) -> None:
         """Stop watching, finish in-flight requests, release models."""
         self._stop.set()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=5)
         if self._watcher is not None:
             await self._watcher
         if self._runner is not None:
@@ -313,6 +325,13 @@ def cli_main(argv: list[str]) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also serve TF Serving's gRPC API (PredictionService, ModelService) on this "
+        "port (TF Serving's default is 8500; default: off)",
+    )
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between scans")
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
     parser.add_argument("--max-batch-rows", type=int, default=1024, help="largest merged batch")
@@ -351,6 +370,7 @@ def cli_main(argv: list[str]) -> int:
         intra_op_threads=args.intra_op_threads,
         inter_op_threads=args.inter_op_threads,
         config_file=args.model_config_file,
+        grpc_port=args.grpc_port,
     )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve_until_signalled(server))

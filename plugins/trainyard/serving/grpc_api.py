@@ -1,0 +1,279 @@
+"""TF Serving's gRPC API over the same models as the REST server.
+
+``tensorflow.serving.PredictionService`` (``Predict``, ``GetModelMetadata``) and
+``tensorflow.serving.ModelService`` (``GetModelStatus``), with the request and response
+protos of ``tensorflow-serving-api``, so a client written for TF Serving (its stubs,
+``model_spec`` with a version or a version label, ``output_filter``) runs unchanged against
+``trainyard serve --grpc-port``. Status codes and messages follow TF Serving's
+``predict_util.cc`` and ``get_model_metadata_impl.cc``.
+
+TensorFlow and the gRPC modules are imported when the server starts, not at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from trainyard.serving.versions import SIGNATURE, LoadedVersion, ModelNotFound, ModelRepository
+
+log = logging.getLogger("trainyard.serving")
+
+# tensorflow_serving.apis.get_model_status_pb2.ModelVersionStatus.State
+_STATES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
+
+
+class _Abort(Exception):
+    def __init__(self, code: Any, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _version_of(repo: ModelRepository, spec: Any, grpc: Any) -> tuple[str, LoadedVersion]:
+    name = spec.name
+    if not name:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+    choice = spec.WhichOneof("version_choice")
+    try:
+        if choice == "version":
+            return name, repo.get(name, int(spec.version.value))
+        if choice == "version_label":
+            return name, repo.get(name, label=spec.version_label)
+        return name, repo.get(name)
+    except ModelNotFound as e:
+        raise _Abort(grpc.StatusCode.NOT_FOUND, str(e)) from e
+
+
+def _check_signature(spec: Any, grpc: Any) -> str:
+    signature = spec.signature_name or SIGNATURE
+    if signature != SIGNATURE:
+        raise _Abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f'Serving signature key "{signature}" not found.',
+        )
+    return signature
+
+
+def _inputs(lv: LoadedVersion, request: Any, tf: Any, grpc: Any) -> tuple[dict[str, Any], int]:
+    sent, expected = set(request.inputs), set(lv.feature_spec)
+    if sent != expected:
+        raise _Abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"input size does not match signature: {len(sent)}!={len(expected)} "
+            f"len({{{','.join(sorted(sent))}}}) != len({{{','.join(sorted(expected))}}}). "
+            f"Sent extra: {{{','.join(sorted(sent - expected))}}}. "
+            f"Missing but required: {{{','.join(sorted(expected - sent))}}}.",
+        )
+    arrays: dict[str, np.ndarray] = {}
+    rows: int | None = None
+    for name, (dtype, shape) in lv.feature_spec.items():
+        try:
+            arr = tf.make_ndarray(request.inputs[name])
+        except Exception as e:  # malformed TensorProto (content size, dtype)
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"input {name}: {e}") from e
+        if arr.dtype != np.dtype(dtype):
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Expects arg {name} to be {np.dtype(dtype).name} but {arr.dtype.name} is provided",
+            )
+        if arr.ndim != len(shape) or any(
+            d is not None and d != a for d, a in zip(shape[1:], arr.shape[1:], strict=False)
+        ):
+            want = [-1 if d is None else d for d in shape]
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"input {name} has shape {list(arr.shape)}, the signature expects {want}",
+            )
+        if rows is not None and arr.shape[0] != rows:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"inputs have different batch sizes ({rows} and {arr.shape[0]} for {name})",
+            )
+        rows = int(arr.shape[0])
+        arrays[name] = arr
+    return arrays, rows or 0
+
+
+class _Servicer:
+    """Both services' methods over one :class:`ModelRepository`."""
+
+    def __init__(self, repo: ModelRepository, max_rows: int) -> None:
+        import grpc
+        import tensorflow as tf
+        from tensorflow_serving.apis import (
+            get_model_metadata_pb2,
+            get_model_status_pb2,
+            predict_pb2,
+        )
+
+        self.repo, self.max_rows = repo, max_rows
+        self.grpc, self.tf = grpc, tf
+        self.meta_pb, self.status_pb, self.predict_pb = (
+            get_model_metadata_pb2,
+            get_model_status_pb2,
+            predict_pb2,
+        )
+        self._signature_defs: dict[tuple[str, int], Any] = {}
+
+    async def _call(self, context: Any, fn: Any, *args: Any) -> Any:
+        try:
+            return await fn(*args)
+        except _Abort as e:
+            await context.abort(e.code, e.message)
+        except Exception as e:  # a model call TensorFlow refused
+            code = (
+                self.grpc.StatusCode.INVALID_ARGUMENT
+                if type(e).__name__ == "InvalidArgumentError"
+                else self.grpc.StatusCode.INTERNAL
+            )
+            log.warning("gRPC request failed: %s: %s", type(e).__name__, e)
+            await context.abort(code, f"{type(e).__name__}: {e}")
+
+    # ---- PredictionService ----------------------------------------------------------
+
+    async def Predict(self, request: Any, context: Any) -> Any:
+        """``PredictionService.Predict``."""
+        return await self._call(context, self._predict, request)
+
+    async def _predict(self, request: Any) -> Any:
+        grpc, tf = self.grpc, self.tf
+        name, lv = _version_of(self.repo, request.model_spec, grpc)
+        signature = _check_signature(request.model_spec, grpc)
+        inputs, rows = _inputs(lv, request, tf, grpc)
+        if rows > self.max_rows:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"batch of {rows} rows exceeds the limit of {self.max_rows}",
+            )
+        wanted = list(request.output_filter)
+        unknown = [o for o in wanted if o not in lv.output_spec]
+        if unknown:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"output tensor alias not found in signature: {unknown[0]} Outputs expected "
+                f"to be in the set {{{','.join(sorted(lv.output_spec))}}}.",
+            )
+        outputs = await lv.predict(inputs, rows)
+        response = self.predict_pb.PredictResponse()
+        response.model_spec.name = name
+        response.model_spec.version.value = lv.version
+        response.model_spec.signature_name = signature
+        for key in wanted or sorted(outputs):
+            response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key]))
+        return response
+
+    async def GetModelMetadata(self, request: Any, context: Any) -> Any:
+        """``PredictionService.GetModelMetadata`` (``signature_def``, as TF Serving)."""
+        return await self._call(context, self._metadata, request)
+
+    async def _metadata(self, request: Any) -> Any:
+        grpc = self.grpc
+        fields = list(request.metadata_field)
+        if not fields:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "GetModelMetadataRequest must specify at least one metadata_field",
+            )
+        for f in fields:
+            if f != "signature_def":
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"Metadata field {f} is not supported"
+                )
+        name, lv = _version_of(self.repo, request.model_spec, grpc)
+        response = self.meta_pb.GetModelMetadataResponse()
+        response.model_spec.name = name
+        response.model_spec.version.value = lv.version
+        defs = self.meta_pb.SignatureDefMap()
+        for key, sig in self._signature_def_map(lv).items():
+            defs.signature_def[key].CopyFrom(sig)
+        response.metadata["signature_def"].Pack(defs)
+        return response
+
+    def _signature_def_map(self, lv: LoadedVersion) -> Any:
+        key = (lv.model, lv.version)
+        if key not in self._signature_defs:
+            from tensorflow.core.protobuf import saved_model_pb2
+
+            saved = saved_model_pb2.SavedModel()
+            saved.ParseFromString((lv.path / "saved_model.pb").read_bytes())
+            self._signature_defs = {
+                k: v for k, v in self._signature_defs.items() if self._is_loaded(*k)
+            }
+            self._signature_defs[key] = saved.meta_graphs[0].signature_def
+        return self._signature_defs[key]
+
+    def _is_loaded(self, model: str, version: int) -> bool:
+        try:
+            self.repo.get(model, version)
+        except ModelNotFound:
+            return False
+        return True
+
+    # ---- ModelService ---------------------------------------------------------------
+
+    async def GetModelStatus(self, request: Any, context: Any) -> Any:
+        """``ModelService.GetModelStatus``."""
+        return await self._call(context, self._status, request)
+
+    async def _status(self, request: Any) -> Any:
+        grpc = self.grpc
+        spec = request.model_spec
+        if not spec.name:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+        version: int | None = None
+        choice = spec.WhichOneof("version_choice")
+        try:
+            if choice == "version":
+                version = int(spec.version.value)
+            elif choice == "version_label":
+                version = self.repo.version_for_label(spec.name, spec.version_label)
+            entries = self.repo.status(spec.name, version)
+        except ModelNotFound as e:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, str(e)) from e
+        from tensorflow.core.protobuf import error_codes_pb2
+
+        response = self.status_pb.GetModelStatusResponse()
+        for entry in entries:
+            status = response.model_version_status.add()
+            status.version = int(entry["version"])
+            status.state = _STATES.get(entry["state"], 0)
+            err = entry.get("status", {})
+            status.status.error_code = error_codes_pb2.Code.Value(err.get("error_code", "OK"))
+            status.status.error_message = err.get("error_message", "")
+        return response
+
+
+async def start_grpc_server(repo: ModelRepository, host: str, port: int, max_rows: int) -> Any:
+    """Start TF Serving's gRPC services on ``host:port`` (0: any free port).
+
+    Returns:
+        ``(server, port)``: the running ``grpc.aio`` server and its bound port.
+
+    Raises:
+        OSError: If the port cannot be bound.
+    """
+    import grpc
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+    # the generated bases answer UNIMPLEMENTED for what is not served (Classify, Regress,
+    # MultiInference, HandleReloadConfigRequest), as TF Serving does for a missing signature
+    servicer_type = type(
+        "Servicer",
+        (
+            _Servicer,
+            prediction_service_pb2_grpc.PredictionServiceServicer,
+            model_service_pb2_grpc.ModelServiceServicer,
+        ),
+        {},
+    )
+    servicer = servicer_type(repo, max_rows)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if not bound:
+        raise OSError(f"cannot listen for gRPC on {host}:{port}")
+    await server.start()
+    return server, bound
