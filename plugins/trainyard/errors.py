@@ -31,6 +31,12 @@ class TrainingError(TrainyardError):
     """Distributed training failed after all attempts (or deterministically, e.g. NaN loss)."""
 
 
+class TrainingTerminated(TrainingError):
+    """Training was stopped by SIGTERM (its task killed or timed out); never retried."""
+
+    retryable = False
+
+
 class EvaluationError(TrainyardError):
     """A model could not be evaluated (bad inputs, outputs or labels)."""
 

@@ -11,7 +11,9 @@ non-zero, or at the per-attempt wall-clock limit; then every group is stopped an
 attempt is retried, resuming from the ``BackupAndRestore`` checkpoint. NaN loss and bad
 input are deterministic and end the run at once. No task outlives the launcher: groups are
 killed on success, failure, timeout, exception and SIGTERM, and the workers watch the
-launcher's pid (``PR_SET_PDEATHSIG``) in case it is SIGKILLed.
+launcher's pid (``PR_SET_PDEATHSIG``) in case it is SIGKILLed. A SIGTERM (Airflow killing
+or timing out the task) ends the run with :class:`~trainyard.errors.TrainingTerminated`:
+no other attempt starts.
 
 TensorFlow's gRPC server listens on every interface whatever ``TF_CONFIG`` says; on Linux
 each task gets :data:`LOOPBACK_LIBRARY` preloaded with :data:`~trainyard.training.spec.ENV_BIND`
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainyard.errors import TrainingError
+from trainyard.errors import TrainingError, TrainingTerminated
 from trainyard.fsutil import read_json
 from trainyard.training import spec
 from trainyard.training.worker.main import EXIT_BAD_INPUT, EXIT_NAN, READY_MARKER
@@ -308,26 +310,39 @@ class _Attempt:
 
 
 @contextlib.contextmanager
-def _sigterm_stops(attempt_ref: list[_Attempt | None]) -> Iterator[None]:
-    """On SIGTERM (a task killed from Airflow), stop the workers, then defer to the old handler."""
+def _sigterm_stops(attempt_ref: list[_Attempt | None], received: list[int]) -> Iterator[None]:
+    """On SIGTERM (a task killed from Airflow), stop the workers and note it in ``received``.
+
+    Training then ends with :class:`~trainyard.errors.TrainingTerminated` (see
+    :func:`_stop_if_terminated`) rather than from here: Airflow's own handler, called after
+    the workers are stopped, returns, and the launch loop would otherwise count the killed
+    workers as a failed attempt and start another one.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
         if attempt_ref[0] is not None:
             attempt_ref[0].stop()
         if callable(previous):
             previous(signum, frame)
-        else:
-            raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_if_terminated(received: list[int]) -> None:
+    if received:
+        raise TrainingTerminated(
+            f"training stopped by {signal.Signals(received[0]).name}: every worker was "
+            "killed, no other attempt starts and no model is taken from this run"
+        )
 
 
 def launch(plan: LaunchSpec, log: Callable[[str], None] | None = None) -> int:
@@ -345,23 +360,30 @@ def launch(plan: LaunchSpec, log: Callable[[str], None] | None = None) -> int:
         TrainingError: NaN loss or bad input (at once), no loopback guard on Linux (before
             any task starts, :func:`loopback_env`), or every attempt failed (the message
             lists each attempt's reason).
+        TrainingTerminated: SIGTERM arrived while it ran (not retryable).
     """
     emit = log or logger.info
     guard = loopback_env(emit)
     failures: list[str] = []
     current: list[_Attempt | None] = [None]
-    with _sigterm_stops(current):
+    received: list[int] = []
+    with _sigterm_stops(current, received):
         for attempt in range(1, plan.max_attempts + 1):
             run = _Attempt(plan, attempt, emit, guard)
             current[0] = run
             try:
+                _stop_if_terminated(received)
                 run.start()
                 run.wait()
+                _stop_if_terminated(received)
                 emit(f"attempt {attempt}: training finished")
                 return attempt
+            except TrainingTerminated:
+                raise
             except _NonRetryable as e:
                 raise TrainingError(str(e)) from None
             except TrainingError as e:
+                _stop_if_terminated(received)
                 failures.append(f"attempt {attempt}: {e}")
                 emit(f"attempt {attempt} failed: {e}; stopping every task")
             finally:
