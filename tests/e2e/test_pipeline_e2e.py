@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import urllib.request
 from pathlib import Path
 
@@ -98,6 +99,33 @@ def test_second_run_reuses_snapshot_and_rejects_worse_candidate(project: Project
     assert ("1", "AVAILABLE") in [(s["version"], s["state"]) for s in status]
     gate_md = project.volume_root / "_models" / "digits" / "versions" / "2" / "gate.md"
     assert "reject" in gate_md.read_text().lower()
+
+
+def _wait_serving(project: Project, version: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = _model_status(project)["model_version_status"]
+        available = [s["version"] for s in status if s["state"] == "AVAILABLE"]
+        stable = f"http://127.0.0.1:{project.port}/v1/models/digits/labels/stable"
+        with urllib.request.urlopen(stable, timeout=10) as resp:
+            labelled = json.loads(resp.read())["model_version_status"][0]["version"]
+        if available == [version] and labelled == version:
+            return
+        assert time.monotonic() < deadline, (available, labelled)
+        time.sleep(0.2)
+
+
+def test_promote_and_rollback_from_the_cli_reach_the_server(project: Project) -> None:
+    promoted = project.trainyard(
+        "models", "promote", "2", "--pipeline", "digits", "--force", "--reason", "e2e check"
+    )
+    assert promoted.returncode == 0, promoted.stderr
+    assert "digits: serving version 2 (stable)" in promoted.stdout
+    _wait_serving(project, "2")
+    back = project.trainyard("models", "rollback", "--pipeline", "digits", "--reason", "e2e")
+    assert back.returncode == 0, back.stderr
+    assert "digits: serving version 1 (stable)" in back.stdout
+    _wait_serving(project, "1")
 
 
 def test_contract_violation_stops_the_run(tmp_path: Path) -> None:
