@@ -1,0 +1,699 @@
+"""What a run and a pipeline did, read from the volume and rendered as HTML for the Airflow UI.
+
+The Airflow UI plugin (``trainyard.orchestration.ui``) serves these pages; this module
+knows nothing of Airflow or HTTP. Everything is read from where the steps wrote it:
+
+* the run record ``_models/<pipeline>/runs/<run>.json`` (the summary step), else the
+  version registered by the run (``metadata.json``'s ``run_id``);
+* the snapshot's ``manifest.json`` and ``validation/summary.json`` (+ Data Docs);
+* the version's ``metrics.json``, ``history.json`` (per-epoch curves) and ``gate.json``;
+* the registry's ``champion.json`` and ``history.jsonl`` (promotions and rollbacks).
+
+Pages are server-rendered HTML with inline SVG charts (no script, no external asset), so
+they render inside the UI's sandboxed iframe. Every value from a file is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainyard.errors import ConfigError, RegistryError, TrainyardError
+from trainyard.layout import Layout, safe_name
+
+DAG_PREFIX = "trainyard_"
+NOTE_MAX = 1000
+"""Airflow keeps at most 1,000 characters of a run's note."""
+
+
+class NotFound(TrainyardError):
+    """The pipeline, run or file asked for does not exist (or is not trainyard's)."""
+
+
+def pipeline_of(dag_id: str) -> str:
+    """The pipeline name of a trainyard DAG id (``trainyard_<pipeline>``).
+
+    Args:
+        dag_id: The DAG id.
+
+    Returns:
+        The pipeline name.
+
+    Raises:
+        NotFound: If the DAG is not a trainyard pipeline's or the name is not safe.
+    """
+    if not dag_id.startswith(DAG_PREFIX):
+        raise NotFound(f"{dag_id!r} is not a trainyard pipeline (its DAG id starts otherwise)")
+    try:
+        return safe_name("pipeline", dag_id[len(DAG_PREFIX) :])
+    except ConfigError as e:
+        raise NotFound(str(e)) from e
+
+
+def _read(path: Path) -> Any:
+    """JSON from ``path``, or None if it is absent or unreadable (pages show what exists)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _dataset_of(pipeline: str, versions: Sequence[Mapping[str, Any]]) -> str | None:
+    for meta in versions:
+        if meta.get("dataset"):
+            return str(meta["dataset"])
+    try:
+        from trainyard.config import load_pipeline
+
+        return load_pipeline(pipeline).dataset
+    except ConfigError:
+        return None
+
+
+def _versions(root: Path, pipeline: str) -> list[dict[str, Any]]:
+    """Every readable version of a pipeline with its metrics and gate, oldest first."""
+    from trainyard.registry import Registry, readable_versions
+
+    reg = Registry(Layout(root).models_root, pipeline)
+    good, _ = readable_versions(reg)
+    out = []
+    for number, meta in good:
+        vdir = reg.versions_root / str(number)
+        gate = _read(vdir / "gate.json") or {}
+        out.append(
+            {
+                **meta,
+                "version": number,
+                "metrics": _read(vdir / "metrics.json") or meta.get("train_metrics") or {},
+                "gate": gate,
+                "curves": _read(vdir / "history.json") or {},
+            }
+        )
+    return out
+
+
+def _registry_state(root: Path, pipeline: str) -> tuple[dict[str, Any] | None, list[dict]]:
+    from trainyard.registry import Registry
+
+    reg = Registry(Layout(root).models_root, pipeline)
+    try:
+        champion = reg.champion_state()
+    except RegistryError:
+        champion = None
+    try:
+        history = reg.history()
+    except RegistryError:
+        history = []
+    return champion, history
+
+
+def snapshot_info(root: Path, dataset: str, snapshot_id: str) -> dict[str, Any]:
+    """A snapshot's manifest facts and validation verdict.
+
+    Args:
+        root: The volume root.
+        dataset: The dataset.
+        snapshot_id: The snapshot.
+
+    Returns:
+        ``id``, ``rows``, ``shards``, ``bytes``, ``interval``, ``validation`` (the
+        summary, or None) and ``data_docs`` (whether the Data Docs page exists).
+    """
+    snap = Layout(root).snapshot(dataset, snapshot_id)
+    manifest = _read(snap / "manifest.json") or {}
+    shards = [s for s in manifest.get("shards") or [] if s.get("role", "data") == "data"]
+    return {
+        "id": snapshot_id,
+        "dataset": dataset,
+        "exists": snap.is_dir(),
+        "rows": manifest.get("rows"),
+        "bytes": manifest.get("bytes"),
+        "shards": len(shards),
+        "interval": manifest.get("interval"),
+        "created_at": manifest.get("created_at"),
+        "validation": _read(snap / "validation" / "summary.json"),
+        "rejected": (snap / "validation" / "rejected.json").is_file(),
+        "data_docs": (snap / "validation" / "data_docs" / "index.html").is_file(),
+    }
+
+
+def run_story(root: Path, pipeline: str, run_id: str) -> dict[str, Any]:
+    """Everything one run did, from the files its steps wrote.
+
+    Args:
+        root: The volume root.
+        pipeline: The pipeline.
+        run_id: The Airflow run id.
+
+    Returns:
+        ``record`` (the summary step's record or None), ``snapshot``, ``version`` (its
+        metadata, metrics, curves and gate), ``champion``, ``history``, ``served``.
+
+    Raises:
+        NotFound: If neither a run record nor a version of this run exists.
+    """
+    layout = Layout(root)
+    try:
+        record = _read(layout.run_record(pipeline, run_id))
+    except ConfigError as e:
+        raise NotFound(str(e)) from e
+    versions = _versions(root, pipeline)
+    reg_version = ((record or {}).get("register") or {}).get("version")
+    mine = [
+        v
+        for v in versions
+        if v["version"] == reg_version or (reg_version is None and v.get("run_id") == run_id)
+    ]
+    version = mine[-1] if mine else None
+    if record is None and version is None:
+        raise NotFound(
+            f"pipeline {pipeline!r} has no record of run {run_id!r} yet (its summary task "
+            "writes one; a run that registered a version shows it even before)"
+        )
+    staged = (record or {}).get("stage") or {}
+    snapshot_id = staged.get("snapshot_id") or (version or {}).get("snapshot_id")
+    dataset = _dataset_of(pipeline, versions)
+    snapshot = None
+    if snapshot_id and dataset:
+        try:
+            snapshot = snapshot_info(root, dataset, snapshot_id)
+        except ConfigError:
+            snapshot = None
+    if snapshot is not None:
+        snapshot["reused"] = staged.get("reused")
+        snapshot["checked"] = staged.get("checked")
+    champion, history = _registry_state(root, pipeline)
+    evaluate = (record or {}).get("evaluate") or {}
+    gate = dict((version or {}).get("gate") or {})
+    for key in ("verdict", "reason", "promote"):
+        if key in evaluate and key not in gate:
+            gate[key] = evaluate[key]
+    return {
+        "pipeline": pipeline,
+        "run_id": run_id,
+        "record": record,
+        "snapshot": snapshot,
+        "version": version,
+        "gate": gate or None,
+        "deploy": (record or {}).get("deploy"),
+        "champion": champion,
+        "history": history,
+    }
+
+
+def pipeline_story(root: Path, pipeline: str) -> dict[str, Any]:
+    """A pipeline's versions over time, their snapshots, the champion and the history.
+
+    Args:
+        root: The volume root.
+        pipeline: The pipeline.
+
+    Returns:
+        ``versions`` (oldest first), ``champion`` and ``history``.
+
+    Raises:
+        NotFound: If the pipeline has no registry folder and no config.
+    """
+    layout = Layout(root)
+    versions = _versions(root, pipeline)
+    if not versions and not layout.models(pipeline).is_dir():
+        try:
+            from trainyard.config import load_pipeline
+
+            load_pipeline(pipeline)
+        except ConfigError as e:
+            raise NotFound(str(e)) from e
+    champion, history = _registry_state(root, pipeline)
+    return {"pipeline": pipeline, "versions": versions, "champion": champion, "history": history}
+
+
+# --------------------------------------------------------------------------- the run note
+
+
+def _fmt_metrics(metrics: Mapping[str, Any] | None, limit: int = 3) -> str:
+    items = [
+        (k, v)
+        for k, v in (metrics or {}).items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+    return ", ".join(f"{k}={v:.4f}" for k, v in items[:limit])
+
+
+def summary_line(results: Mapping[str, Any]) -> str:
+    """The run's one-line summary (a run note): snapshot, metrics, decision, served version.
+
+    Args:
+        results: Each step's result keyed by step name (``stage``, ``validate``,
+            ``register``, ``evaluate``, ``deploy``), as in the run record.
+
+    Returns:
+        One line, at most :data:`NOTE_MAX` characters.
+    """
+    stage, val = results.get("stage") or {}, results.get("validate") or {}
+    reg, ev, dep = (
+        results.get("register") or {},
+        results.get("evaluate") or {},
+        results.get("deploy"),
+    )
+    parts = []
+    if stage:
+        state = "reused" if stage.get("reused") else "new"
+        rows = f", {stage['rows']} rows" if stage.get("rows") is not None else ""
+        parts.append(f"snapshot {stage.get('snapshot_id')} ({state}{rows})")
+    parts.append(
+        "validation " + ("passed" if val.get("success") else "failed" if val else "not run")
+    )
+    if reg.get("version") is not None:
+        metrics = _fmt_metrics(ev.get("metrics"))
+        parts.append(f"v{reg['version']}" + (f" {metrics}" if metrics else ""))
+    if ev:
+        parts.append(f"gate {ev.get('verdict', '?')}: {ev.get('reason', '')}".rstrip(": "))
+    else:
+        parts.append("gate not run")
+    if dep and dep.get("version") is not None:
+        parts.append(f"serving v{dep['version']}")
+    else:
+        champion = ev.get("champion_version")
+        parts.append(f"serving unchanged (v{champion})" if champion else "serving unchanged")
+    line = " · ".join(parts).replace("\n", " ")
+    return line if len(line) <= NOTE_MAX else line[: NOTE_MAX - 1] + "…"
+
+
+# --------------------------------------------------------------------------- SVG charts
+
+PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def line_chart(
+    title: str,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    x_label: str = "",
+    marks: Mapping[float, str] | None = None,
+    width: int = 420,
+    height: int = 220,
+) -> str:
+    """An inline SVG line chart of one or more series of (x, y) points.
+
+    Args:
+        title: Shown above the plot (and as the SVG's title for screen readers).
+        series: Name → points; points with a non-finite y are dropped.
+        x_label: Label of the x axis.
+        marks: x → label of points to mark (e.g. the champion), drawn as rings.
+        width: Width in px.
+        height: Height in px.
+
+    Returns:
+        ``<svg>`` markup, or a short note when there is nothing to plot.
+    """
+    clean = {k: [(float(x), float(y)) for x, y in pts if _finite(y)] for k, pts in series.items()}
+    clean = {k: v for k, v in clean.items() if v}
+    if not clean:
+        return f'<p class="muted">{html.escape(title)}: nothing recorded</p>'
+    xs = [x for pts in clean.values() for x, _ in pts]
+    ys = [y for pts in clean.values() for _, y in pts]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 == y0:
+        pad = abs(y0) * 0.05 or 0.5
+        y0, y1 = y0 - pad, y1 + pad
+    left, right, top, bottom = 48, 12, 28, 34
+    pw, ph = width - left - right, height - top - bottom
+
+    def px(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def py(y: float) -> float:
+        return top + (1 - (y - y0) / (y1 - y0)) * ph
+
+    out = [
+        f'<svg class="chart" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{html.escape(title)}</title>",
+        f'<text x="{left}" y="16" class="ct">{html.escape(title)}</text>',
+        f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" class="axis"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" class="axis"/>',
+    ]
+    for frac in (0.0, 0.5, 1.0):
+        y = y0 + frac * (y1 - y0)
+        out.append(
+            f'<text x="{left - 4}" y="{py(y) + 4:.1f}" class="tick" text-anchor="end">'
+            f"{y:.3g}</text>"
+        )
+    for x in sorted(set(xs))[:: max(1, len(set(xs)) // 8)]:
+        out.append(
+            f'<text x="{px(x):.1f}" y="{top + ph + 14}" class="tick" text-anchor="middle">'
+            f"{x:g}</text>"
+        )
+    if x_label:
+        out.append(
+            f'<text x="{left + pw / 2:.1f}" y="{height - 4}" class="tick" '
+            f'text-anchor="middle">{html.escape(x_label)}</text>'
+        )
+    for i, (name, pts) in enumerate(clean.items()):
+        color = PALETTE[i % len(PALETTE)]
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in sorted(pts))
+        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for x, y in pts:
+            out.append(
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}">'
+                f"<title>{html.escape(name)} {x:g}: {y:.4g}</title></circle>"
+            )
+            if marks and x in marks:
+                out.append(
+                    f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="7" fill="none" '
+                    f'stroke="{color}" stroke-width="1.5"><title>{html.escape(marks[x])}'
+                    "</title></circle>"
+                )
+        out.append(
+            f'<text x="{left + 8 + 110 * i}" y="{top + 12}" class="lg" fill="{color}">'
+            f"{html.escape(name)}</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- HTML
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:16px;color:#1f2937;background:#fff}
+h1{font-size:20px;margin:0 0 4px}
+h2{font-size:16px;margin:20px 0 6px;border-bottom:1px solid #e5e7eb}
+table{border-collapse:collapse;margin:4px 0}
+td,th{border:1px solid #e5e7eb;padding:3px 8px;text-align:left}
+th{background:#f9fafb}.muted{color:#6b7280}.ok{color:#15803d;font-weight:600}
+.bad{color:#b91c1c;font-weight:600}.warn{color:#b45309;font-weight:600}
+.chart{border:1px solid #e5e7eb;margin:4px 8px 4px 0;background:#fff}
+.ct{font-weight:600;font-size:12px}.tick{font-size:10px;fill:#6b7280}.lg{font-size:11px}
+.axis{stroke:#9ca3af}.reason{padding:6px 10px;background:#f3f4f6;border-left:4px solid #9ca3af}
+.reason.promote{border-color:#16a34a}.reason.reject{border-color:#dc2626}
+code{font-size:12px}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _num(value: Any) -> str:
+    if _finite(value) and not isinstance(value, int):
+        return f"{value:.4f}"
+    return _e(value)
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}'
+        f"</title><style>{CSS}</style></head><body>{body}</body></html>"
+    )
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'
+
+
+_PASS, _FAIL = '<span class="ok">pass</span>', '<span class="bad">fail</span>'
+
+
+def _verdict(verdict: str | None) -> str:
+    cls = {"promote": "ok", "reject": "bad"}.get(verdict or "", "warn")
+    return f'<span class="{cls} verdict">{_e(verdict or "not decided")}</span>'
+
+
+def _history_table(history: Sequence[Mapping[str, Any]], limit: int = 20) -> str:
+    if not history:
+        return '<p class="muted">no promotion or rollback yet</p>'
+    rows = [
+        [
+            _e(ev.get("at")),
+            _e(ev.get("event")) + (" (forced)" if ev.get("forced") else ""),
+            _e(ev.get("from")),
+            _e(ev.get("version")),
+            _e(ev.get("actor")),
+            _e(ev.get("reason")),
+        ]
+        for ev in list(history)[-limit:][::-1]
+    ]
+    return _table(["at", "event", "from", "to", "by", "reason"], rows, "history")
+
+
+def _served(champion: Mapping[str, Any] | None) -> str:
+    if not champion or champion.get("version") is None:
+        return "<p>serving: <b>nothing</b> (no champion yet)</p>"
+    ev = champion.get("event") or {}
+    return (
+        f'<p>serving now: <b class="served">version {_e(champion["version"])}</b> '
+        f'<span class="muted">since {_e(ev.get("at"))} ({_e(ev.get("event"))} by '
+        f"{_e(ev.get('actor'))})</span></p>"
+    )
+
+
+def _curves(curves: Mapping[str, Any]) -> str:
+    epochs = [e for e in curves.get("epochs") or [] if isinstance(e, dict)]
+    if not epochs:
+        return '<p class="muted">no per-epoch history recorded</p>'
+    names = [k for k in epochs[-1] if k not in ("epoch", "attempt") and _finite(epochs[-1][k])]
+    charts = []
+    for group in (["loss"], [n for n in names if n != "loss"]):
+        present = [n for n in group if n in names]
+        if not present:
+            continue
+        series = {n: [(e["epoch"] + 1, e.get(n)) for e in epochs if "epoch" in e] for n in present}
+        charts.append(line_chart(" / ".join(present) + " per epoch", series, "epoch"))
+    return "".join(charts)
+
+
+def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url: str) -> str:
+    """The run page: snapshot, validation, training, gate, serving and history.
+
+    Args:
+        story: :func:`run_story`'s result.
+        data_docs_url: Where the plugin serves the snapshot's Data Docs (None: none).
+        pipeline_url: The pipeline page.
+
+    Returns:
+        The HTML page.
+    """
+    rec = story.get("record") or {}
+    snap, version, gate = story.get("snapshot"), story.get("version"), story.get("gate") or {}
+    out = [
+        f"<h1>{_e(story['pipeline'])} · run <code>{_e(story['run_id'])}</code></h1>",
+        f'<p><a href="{_e(pipeline_url)}">pipeline: versions over time</a>'
+        + (
+            f" · finished {_e(rec.get('finished_at'))}"
+            if rec
+            else " · <span class='warn'>no summary yet</span>"
+        )
+        + "</p>",
+        "<h2>Snapshot</h2>",
+    ]
+    if snap:
+        state = {True: "reused", False: "new"}.get(snap.get("reused"), "—")
+        interval = snap.get("interval") or {}
+        out.append(
+            _table(
+                ["snapshot", "state", "rows", "shards", "bytes", "interval", "checked"],
+                [
+                    [
+                        f"<code>{_e(snap['id'])}</code>",
+                        _e(state),
+                        _e(snap.get("rows")),
+                        _e(snap.get("shards")),
+                        _e(snap.get("bytes")),
+                        _e(f"{interval.get('start', '')} to {interval.get('end', '')}"),
+                        _e(snap.get("checked") or ""),
+                    ]
+                ],
+                "snapshot",
+            )
+        )
+        out.append("<h2>Validation</h2>")
+        val = snap.get("validation")
+        if val is None:
+            out.append('<p class="muted">no validation report</p>')
+        else:
+            ok = bool(val.get("success"))
+            failed = [r for r in val.get("rules") or [] if not r.get("success")]
+            out.append(
+                f'<p>verdict: <span class="{"ok" if ok else "bad"} validation">'
+                f"{'passed' if ok else 'REJECTED'}</span> · {_e(val.get('rows'))} rows in "
+                f"{_e(val.get('batches'))} batch(es) · {len(val.get('rules') or [])} rules · "
+                f"{len(val.get('warnings') or [])} warnings</p>"
+            )
+            if failed:
+                rows = [
+                    [
+                        _e(r.get("severity")),
+                        _e(r.get("rule")),
+                        _e(r.get("column") or "—"),
+                        _e(r.get("unexpected_count")),
+                        _e(", ".join(repr(s) for s in (r.get("samples") or [])[:5])),
+                        _e(r.get("reason")),
+                    ]
+                    for r in failed
+                ]
+                out.append(
+                    _table(
+                        ["severity", "rule", "column", "count", "sample values", "reason"],
+                        rows,
+                        "failed-rules",
+                    )
+                )
+            else:
+                out.append('<p class="muted">no failed rules</p>')
+        if data_docs_url:
+            out.append(
+                f'<p><a class="datadocs" href="{_e(data_docs_url)}">Data Docs</a> '
+                "(Great Expectations, served from the snapshot)</p>"
+            )
+    else:
+        out.append('<p class="muted">no snapshot recorded for this run</p>')
+
+    out.append("<h2>Training</h2>")
+    if version:
+        m = version.get("metrics") or {}
+        shown = {k: v for k, v in m.items() if _finite(v)}
+        out.append(
+            f"<p>version <b>{_e(version['version'])}</b> · trained on snapshot "
+            f"<code>{_e(version.get('snapshot_id'))}</code> · "
+            f"{_e(m.get('model'))}, {_e(m.get('strategy'))}, {_e(m.get('workers'))} workers</p>"
+        )
+        out.append(_table(list(shown), [[_num(v) for v in shown.values()]], "train-metrics"))
+        out.append(_curves(version.get("curves") or {}))
+    else:
+        out.append('<p class="muted">this run registered no version (skipped or failed)</p>')
+
+    out.append("<h2>Gate</h2>")
+    if gate:
+        verdict = gate.get("verdict")
+        out.append(
+            f"<p>decision: {_verdict(verdict)}"
+            + (" (forced)" if gate.get("force") else "")
+            + "</p>"
+        )
+        out.append(
+            f'<p class="reason {_e(verdict)}">reason: <span class="gate-reason">'
+            f"{_e(gate.get('reason'))}</span></p>"
+        )
+        cand, champ = gate.get("candidate_metrics") or {}, gate.get("champion_metrics") or {}
+        names = list(dict.fromkeys([*cand, *champ]))
+        if names:
+            cv = gate.get("champion_version")
+            rows = [[_e(n), _num(cand.get(n)), _num(champ.get(n)) if champ else "—"] for n in names]
+            out.append(
+                _table(
+                    [
+                        "metric (holdout)",
+                        f"candidate v{gate.get('version', '')}",
+                        f"champion v{cv}" if cv else "champion (none)",
+                    ],
+                    rows,
+                    "gate-metrics",
+                )
+            )
+        checks = [
+            [
+                _e(c.get("name")),
+                _num(c.get("candidate")),
+                _num(c.get("champion")),
+                _e(c.get("threshold")),
+                '<span class="ok">pass</span>'
+                if c.get("passed")
+                else '<span class="bad">fail</span>',
+                _e(c.get("note")),
+            ]
+            for c in gate.get("checks") or []
+        ]
+        if checks:
+            out.append(
+                _table(["check", "candidate", "champion", "rule", "", "note"], checks, "checks")
+            )
+    else:
+        out.append('<p class="muted">the gate did not run</p>')
+
+    out.append("<h2>Serving</h2>")
+    dep = story.get("deploy")
+    if dep:
+        out.append(
+            f"<p>this run deployed version {_e(dep.get('version'))} at "
+            f"<code>{_e(dep.get('url'))}</code></p>"
+        )
+    elif rec:
+        out.append("<p>this run deployed nothing</p>")
+    out.append(_served(story.get("champion")))
+    out.append("<h3>promotions and rollbacks</h3>")
+    out.append(_history_table(story.get("history") or []))
+    return _page(f"{story['pipeline']} run {story['run_id']}", "".join(out))
+
+
+def render_pipeline(story: Mapping[str, Any], run_url: Any) -> str:
+    """The pipeline page: versions over time with metrics, snapshots, champion, rollbacks.
+
+    Args:
+        story: :func:`pipeline_story`'s result.
+        run_url: A callable mapping a run id to its run page URL.
+
+    Returns:
+        The HTML page.
+    """
+    versions = story.get("versions") or []
+    champion = (story.get("champion") or {}).get("version")
+    history = story.get("history") or []
+    out = [f"<h1>{_e(story['pipeline'])} · versions</h1>", _served(story.get("champion"))]
+    holdout: dict[str, list[tuple[float, float]]] = {}
+    for v in versions:
+        for name, value in ((v.get("gate") or {}).get("candidate_metrics") or {}).items():
+            holdout.setdefault(name, []).append((v["version"], value))
+    marks = {float(champion): "champion"} if champion else None
+    for group in (["loss"], [n for n in holdout if n != "loss"]):
+        series = {n: holdout[n] for n in group if n in holdout}
+        if series:
+            out.append(
+                line_chart(" / ".join(series) + " (holdout) per version", series, "version", marks)
+            )
+    if not versions:
+        out.append('<p class="muted">no version registered yet</p>')
+    rolled_back = {ev.get("from") for ev in history if ev.get("event") == "rollback"}
+    rows = []
+    for v in versions[::-1]:
+        gate = v.get("gate") or {}
+        metrics = _fmt_metrics(gate.get("candidate_metrics") or v.get("metrics"), 4)
+        tags = []
+        if v["version"] == champion:
+            tags.append('<b class="ok">champion</b>')
+        if v["version"] in rolled_back:
+            tags.append('<span class="bad">rolled back</span>')
+        run_id = v.get("run_id")
+        rows.append(
+            [
+                f"<b>{_e(v['version'])}</b> " + " ".join(tags),
+                _e(v.get("registered_at")),
+                f"<code>{_e(v.get('snapshot_id'))}</code>",
+                _e(metrics),
+                _verdict(gate.get("verdict"))
+                + f' <span class="muted">{_e(gate.get("reason"))}</span>',
+                f'<a href="{_e(run_url(run_id))}">{_e(run_id)}</a>' if run_id else "",
+            ]
+        )
+    if rows:
+        out.append(
+            _table(
+                ["version", "registered", "snapshot", "holdout metrics", "gate", "run"],
+                rows,
+                "versions",
+            )
+        )
+    out.append("<h2>Promotions and rollbacks</h2>")
+    out.append(_history_table(history, 50))
+    return _page(f"{story['pipeline']} versions", "".join(out))
