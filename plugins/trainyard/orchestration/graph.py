@@ -474,9 +474,11 @@ def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
         fail_run_on_reject: Pipeline setting: a rejection fails the run instead of skipping.
 
     Returns:
-        True to deploy; False skips deployment (and the run still succeeds).
+        True to deploy.
 
     Raises:
+        AirflowSkipException: On rejection: the gate task ends ``skipped`` with the reason
+            (deploy skips with it, the summary still runs, the run succeeds).
         AirflowFailException: On rejection when ``fail_run_on_reject`` is set.
     """
     if decision.get("promote"):
@@ -485,7 +487,7 @@ def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
     log.warning("gate: REJECTED — %s", decision.get("reason"))
     if fail_run_on_reject:
         raise AirflowFailException(f"gate rejected the candidate: {decision.get('reason')}")
-    return False
+    raise AirflowSkipException(f"gate rejected the candidate: {decision.get('reason')}")
 
 
 def broken_dag(path: Path, error: ConfigError) -> DAG:
