@@ -35,6 +35,11 @@ TOOLS: dict[str, tuple[str, str, str]] = {
     ),
     "serve": ("trainyard.serving.server", "cli_main", "Run the TF-Serving-compatible server."),
     "render": ("trainyard.pods", "cli_main", "Render a pipeline's Kubernetes objects as YAML."),
+    "pools": (
+        "trainyard.k8s.profile",
+        "pools_main",
+        "The Airflow pools training needs (per GPU tier on a cluster), for pools import.",
+    ),
 }
 """Tools: command → (module, function, help)."""
 

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 
 from trainyard.errors import ConfigError
 from trainyard.fsutil import load_yaml
@@ -80,10 +87,38 @@ class StagingConfig(_Strict):
     _dns_subdomain = field_validator("volume_snapshot_class")(dns_subdomain)
 
 
+class WindowIntervals(_Strict):
+    """Train on the last ``intervals`` data intervals whose snapshots passed validation."""
+
+    intervals: int = Field(ge=1, le=100_000)
+
+
+class WindowSince(_Strict):
+    """Train on every validated interval snapshot whose interval starts on or after ``since``."""
+
+    since: dt.date
+
+    @field_serializer("since")
+    def _iso(self, value: dt.date) -> str:
+        return value.isoformat()
+
+
+TrainingWindow = Literal["newest"] | WindowIntervals | WindowSince
+"""What a model trains on: ``newest`` (the run's snapshot), ``{intervals: N}`` or
+``{since: YYYY-MM-DD}`` (validated interval snapshots up to the run's interval)."""
+
+
 class TrainingConfig(_Strict):
-    """Distributed training parameters (defaults of the trigger form)."""
+    """Distributed training parameters (defaults of the trigger form).
+
+    ``window`` says which snapshots a run trains on (the union of them, each split into
+    train and holdout by its stable key hash): ``newest`` (default) the run's own snapshot;
+    ``{intervals: N}`` the last N data intervals, up to the run's, whose snapshots passed
+    validation; ``{since: YYYY-MM-DD}`` every such interval starting on or after the date.
+    """
 
     model: str
+    window: TrainingWindow = "newest"
     strategy: Literal["multi_worker_mirrored", "parameter_server"] = "multi_worker_mirrored"
     workers: int = Field(default=2, ge=1, le=64)
     parameter_servers: int = Field(default=1, ge=0, le=16)
@@ -97,6 +132,30 @@ class TrainingConfig(_Strict):
     attempt_timeout_s: float = Field(default=1800, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     seed: int = 0
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _one_window(cls, value: Any) -> Any:
+        """One error naming the three forms, instead of one per union member."""
+        if value == "newest" or isinstance(value, WindowIntervals | WindowSince):
+            return value
+        if isinstance(value, dict) and len(value) == 1:
+            ((key, item),) = value.items()
+            if key == "intervals":
+                if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 100_000:
+                    raise ValueError(f"intervals must be an integer from 1 to 100000, got {item!r}")
+                return WindowIntervals(intervals=item)
+            if key == "since":
+                if isinstance(item, dt.datetime) or not isinstance(item, dt.date | str):
+                    raise ValueError(f"since must be a date (YYYY-MM-DD), got {item!r}")
+                try:
+                    day = item if isinstance(item, dt.date) else dt.date.fromisoformat(item)
+                except ValueError:
+                    raise ValueError(f"since must be a date (YYYY-MM-DD), got {item!r}") from None
+                return WindowSince(since=day)
+        raise ValueError(
+            f"must be 'newest', {{intervals: N}} or {{since: YYYY-MM-DD}}, got {value!r}"
+        )
 
 
 class Threshold(_Strict):

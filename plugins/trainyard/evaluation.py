@@ -728,9 +728,17 @@ def run_gate(
 
 
 def _slice_values(
-    snapshot_dir: Path, contract: Any, examples: ExamplesLike, columns: Sequence[str]
+    snapshot_dirs: Path | Sequence[Path],
+    contract: Any,
+    examples: ExamplesLike,
+    columns: Sequence[str],
 ) -> dict[str, np.ndarray]:
-    """Slice columns aligned with the examples: the label, or a column of the table view."""
+    """Slice columns aligned with the examples: the label, or a column of the table view.
+
+    ``snapshot_dirs``: the snapshot, or every snapshot of the window the examples are from.
+    """
+    dirs = [snapshot_dirs] if isinstance(snapshot_dirs, Path | str) else list(snapshot_dirs)
+    snapshot_dir = Path(dirs[-1])
     values: dict[str, np.ndarray] = {}
     table_columns = [c for c in columns if c != contract.roles.label]
     if contract.roles.label in columns:
@@ -743,7 +751,7 @@ def _slice_values(
 
     key = contract.roles.key
     lookup: dict[str, dict[str, Any]] = {c: {} for c in table_columns}
-    for path in table_files(snapshot_dir):
+    for path in (f for d in dirs for f in table_files(Path(d))):
         names = pq.read_schema(path).names
         absent = [c for c in [key, *table_columns] if c not in names]
         if absent:
@@ -761,14 +769,26 @@ def _slice_values(
     return values
 
 
-def _holdout(cfg: PipelineConfig, meta: Mapping[str, Any]) -> tuple[Path, Any, ExamplesLike]:
-    from trainyard.contracts import load_contract
-    from trainyard.training.worker.data import load_examples
+def window_dirs(meta: Mapping[str, Any]) -> list[Path]:
+    """The snapshot folders a version was trained on (its window; else its one snapshot)."""
     from trainyard.volumes import snapshot_dir
 
+    read = meta.get("snapshots") or [
+        {"dataset": meta["dataset"], "snapshot_id": meta["snapshot_id"]}
+    ]
+    return [
+        snapshot_dir(str(s.get("dataset") or meta["dataset"]), str(s["snapshot_id"])) for s in read
+    ]
+
+
+def _holdout(cfg: PipelineConfig, meta: Mapping[str, Any]) -> tuple[list[Path], Any, ExamplesLike]:
+    """The holdout split of every snapshot the candidate was trained on, as one."""
+    from trainyard.contracts import load_contract
+    from trainyard.training.worker.data import load_window_examples
+
     contract = load_contract(cfg.dataset)
-    snap = snapshot_dir(str(meta["dataset"]), str(meta["snapshot_id"]))
-    return snap, contract, load_examples(snap, contract, "holdout")
+    dirs = window_dirs(meta)
+    return dirs, contract, load_window_examples(dirs, contract, "holdout")
 
 
 def evaluate_and_decide(
@@ -776,8 +796,9 @@ def evaluate_and_decide(
 ) -> GateDecision:
     """The evaluate step: gate a registered candidate and attach ``gate.md``/``gate.json``.
 
-    Candidate and champion are evaluated on the holdout split of the snapshot the candidate
-    was trained on. Anything that stops the gate from deciding (missing data, an unreadable
+    Candidate and champion are evaluated on the holdout split of the snapshots the
+    candidate was trained on (every snapshot of its training window, each split by its
+    stable key hash). Anything that stops the gate from deciding (missing data, an unreadable
     champion pointer, a crashing model) becomes a failed check: the verdict is ``reject``.
 
     Args:

@@ -444,6 +444,9 @@ class Registry:
     def snapshot_ids_in_use(self, live_only: bool = False) -> set[tuple[str, str]]:
         """The ``(dataset, snapshot_id)`` pairs models of this pipeline were trained on.
 
+        Every snapshot of a version's training window counts (``snapshots`` in its
+        metadata), not only its own ``snapshot_id``.
+
         Args:
             live_only: Only the champion and the versions a rollback could reach.
 
@@ -459,6 +462,10 @@ class Registry:
         for v in versions:
             meta = self.metadata(v)
             used.add((str(meta["dataset"]), str(meta["snapshot_id"])))
+            for read in meta.get("snapshots") or []:  # the version's training window
+                if isinstance(read, dict) and read.get("snapshot_id"):
+                    dataset = str(read.get("dataset") or meta["dataset"])
+                    used.add((dataset, str(read["snapshot_id"])))
         return used
 
 

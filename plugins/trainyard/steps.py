@@ -126,6 +126,7 @@ def stage(
         "shards": result.shards,
         "seconds": round(result.seconds, 3),
         "interval": [interval_start, interval_end],
+        "interval_start": interval_start,
         "given": False,
         "checked": result.checked,
         "replaced": result.replaced,
@@ -140,27 +141,70 @@ def stage(
     return out
 
 
-def validate(pipeline: str, snapshot_id: str) -> dict[str, Any]:
+def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None) -> dict[str, Any]:
     """Validate a snapshot against its dataset's contract; raises ``ValidationFailed``.
+
+    Once the snapshot passed, the pipeline's training window is resolved as of the run's
+    interval (:func:`trainyard.volumes.training_window`): training reads exactly those
+    snapshots. Without an interval (a snapshot given by the run) the window is the
+    snapshot alone.
 
     Args:
         pipeline: Pipeline name.
         snapshot_id: The snapshot to check.
+        interval_start: The run's data interval start (the training window ends there).
 
     Returns:
-        ``success``, ``snapshot_id``, ``report_dir``, ``warnings``.
+        ``success``, ``snapshot_id``, ``report_dir``, ``warnings``, ``window`` (the
+        snapshots to train on, oldest first: ``dataset``, ``snapshot_id``, ``interval``,
+        ``rows``).
     """
+    from trainyard import volumes
     from trainyard.validation import validate as run_validation
 
     cfg = load_pipeline(pipeline)
     result = run_validation(cfg, snapshot_id)
     log.info("validation of %s:\n%s", snapshot_id, result.table)
+    window = cfg.training.window if interval_start else "newest"
+    entries = volumes.training_window(cfg.dataset, window, snapshot_id, interval_start)
+    log.info(
+        "training window %s as of %s: %d snapshot(s), %d rows: %s",
+        _window_text(window),
+        interval_start or "-",
+        len(entries),
+        sum(e["rows"] for e in entries),
+        ", ".join(e["snapshot_id"] for e in entries),
+    )
     return {
         "success": result.success,
         "snapshot_id": result.snapshot_id,
         "report_dir": str(result.report_dir),
         "warnings": len(result.warnings),
+        "window": entries,
     }
+
+
+def _window_text(window: Any) -> str:
+    if hasattr(window, "model_dump"):
+        window = window.model_dump(mode="json")
+    return window if isinstance(window, str) else json.dumps(window, sort_keys=True)
+
+
+def window_ids(snapshot_id: str, window: list[Any] | None) -> list[str]:
+    """The snapshot ids of a window (``validate``'s entries or plain ids), else the one.
+
+    Raises:
+        ConfigError: If the window is not a list of ids or entries.
+    """
+    if not window:
+        return [snapshot_id]
+    ids = []
+    for item in window:
+        sid = item.get("snapshot_id") if isinstance(item, dict) else item
+        if not isinstance(sid, str) or not sid:
+            raise ConfigError(f"training window entry {item!r} names no snapshot id")
+        ids.append(sid)
+    return list(dict.fromkeys(ids))
 
 
 def train(
@@ -169,6 +213,7 @@ def train(
     run_id: str,
     overrides: dict[str, Any] | None = None,
     log_line: Callable[[str], None] | None = None,
+    window: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Train a candidate by running the run's training Jobs locally, then register it.
 
@@ -181,6 +226,7 @@ def train(
         run_id: The run (names checkpoints and the output folder).
         overrides: Trigger-form overrides of the training config.
         log_line: Where worker log lines go (the task log); defaults to logging.
+        window: The snapshots to train on (``validate``'s ``window``); default: the one.
 
     Returns:
         ``version`` (the registered candidate), ``metrics``, ``attempts``, ``seconds``.
@@ -189,8 +235,10 @@ def train(
 
     cfg = load_pipeline(pipeline)
     params = training_params(cfg, overrides)
-    _snapshot_path(cfg, snapshot_id)
-    result = run_training(cfg, params, snapshot_id, run_id, log=log_line)
+    ids = window_ids(snapshot_id, window)
+    for sid in ids:
+        _snapshot_path(cfg, sid)
+    result = run_training(cfg, params, snapshot_id, run_id, log=log_line, window=ids)
     return register(
         pipeline, snapshot_id, run_id, params.model_dump(), result.seconds, result.attempts
     )
@@ -236,10 +284,16 @@ def register(
     if not (model_dir / "saved_model.pb").is_file():
         raise RegistryError(f"training output {model_dir} holds no SavedModel")
     metrics = read_json(out / "metrics.json") if (out / "metrics.json").is_file() else {}
+    inputs = read_json(out / "inputs.json") if (out / "inputs.json").is_file() else {}
+    read = inputs.get("snapshots") or [{"dataset": cfg.dataset, "snapshot_id": snapshot_id}]
     metadata = {
         "pipeline": cfg.name,
         "dataset": cfg.dataset,
         "snapshot_id": snapshot_id,
+        "snapshots": read,
+        "window": params["window"],
+        "rows": inputs.get("rows"),
+        "data_until": data_until(read),
         "contract_version": load_contract(cfg.dataset).version,
         "config_hash": cfg.config_hash(),
         "code_version": _code_version(__version__),
@@ -250,11 +304,37 @@ def register(
         "timings": {"train_seconds": seconds, "attempts": attempts},
         "created_at": dt.datetime.now(dt.UTC).isoformat(),
     }
-    extra = [p for p in (out / "metrics.json", out / "history.json") if p.is_file()]
+    extra = [
+        p for p in (out / "metrics.json", out / "history.json", out / "inputs.json") if p.is_file()
+    ]
     version = _registry(cfg).register(model_dir, metadata, extra_files=extra)
     shutil.rmtree(Path(paths.output).parent, ignore_errors=True)
-    log.info("registered %s version %d (trained on snapshot %s)", cfg.name, version, snapshot_id)
+    log.info(
+        "registered %s version %d (trained on %d snapshot(s), %s rows: %s)",
+        cfg.name,
+        version,
+        len(read),
+        inputs.get("rows", "?"),
+        ", ".join(str(s.get("snapshot_id")) for s in read),
+    )
     return {"version": version, "metrics": metrics, "attempts": attempts, "seconds": seconds}
+
+
+def data_until(snapshots: list[dict[str, Any]]) -> str | None:
+    """The newest data a model read: the latest interval start of its snapshots.
+
+    Snapshots without an interval count by their creation time (``created_at``).
+    """
+    times = []
+    for s in snapshots:
+        iv = s.get("interval") or [None]
+        times.append(iv[0] or s.get("created_at"))
+    times = [t for t in times if t]
+    if not times:
+        return None
+    from trainyard.volumes import _instant
+
+    return max(times, key=_instant)
 
 
 def evaluate(
@@ -500,8 +580,8 @@ def run_all(pipeline: str, overrides: dict[str, Any] | None = None) -> dict[str,
     results: dict[str, Any] = {}
     results["stage"] = stage(pipeline, today, today)
     snap = results["stage"]["snapshot_id"]
-    results["validate"] = validate(pipeline, snap)
-    results["train"] = train(pipeline, snap, run_id, training)
+    results["validate"] = validate(pipeline, snap, today)
+    results["train"] = train(pipeline, snap, run_id, training, window=results["validate"]["window"])
     version = results["train"]["version"]
     results["evaluate"] = evaluate(
         pipeline,
@@ -664,8 +744,12 @@ STEPS: dict[str, Step] = {
         Step(
             "validate",
             validate,
-            (_pipeline(), Arg("snapshot_id", required=True, help="the snapshot to check")),
-            ("success", "snapshot_id", "report_dir", "warnings"),
+            (
+                _pipeline(),
+                Arg("snapshot_id", required=True, help="the snapshot to check"),
+                Arg("interval_start", help="the run's interval start (ends the training window)"),
+            ),
+            ("success", "snapshot_id", "report_dir", "warnings", "window"),
             "Validate a snapshot against its data contract.",
             # the report goes into the snapshot; validated.json is updated
             writes_dataset=True,
@@ -678,6 +762,7 @@ STEPS: dict[str, Step] = {
                 Arg("snapshot_id", required=True, help="validated snapshot to train on"),
                 Arg("run_id", required=True, help="names the checkpoint and output folders"),
                 Arg("overrides", "json", help="JSON object of training overrides"),
+                Arg("window", "json", help="snapshots to train on (validate's window, JSON)"),
             ),
             ("version", "metrics", "attempts", "seconds"),
             "Train a candidate (the run's training Jobs as local processes) and register it.",

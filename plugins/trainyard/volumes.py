@@ -507,6 +507,135 @@ def validation_state(snapshot: Path) -> dict[str, Any]:
     return {"state": "not validated", "reason": None, "at": None, "report": None}
 
 
+def _instant(value: str) -> dt.datetime:
+    """An ISO date or datetime as an aware datetime (naive ones read as UTC)."""
+    at = dt.datetime.fromisoformat(str(value).replace(" ", "T"))
+    return at if at.tzinfo else at.replace(tzinfo=dt.UTC)
+
+
+def window_entry(dataset: str, snapshot_id: str, volume_root: Path | None = None) -> dict[str, Any]:
+    """One snapshot of a training window: ``dataset``, ``snapshot_id``, ``interval``, ``rows``.
+
+    Raises:
+        SnapshotError: If the snapshot does not exist.
+    """
+    manifest = read_manifest(snapshot_dir(dataset, snapshot_id, volume_root))
+    iv = manifest.interval
+    return {
+        "dataset": dataset,
+        "snapshot_id": snapshot_id,
+        "interval": [iv.get("start"), iv.get("end")] if iv else None,
+        "rows": manifest.rows,
+    }
+
+
+def training_window(
+    dataset: str,
+    window: Any,
+    snapshot_id: str,
+    interval_start: str | None = None,
+    volume_root: Path | None = None,
+) -> list[dict[str, Any]]:
+    """The snapshots a run trains on, oldest interval first; the run's own snapshot last.
+
+    ``newest`` is the run's snapshot alone. ``{intervals: N}`` and ``{since: date}`` read
+    the dataset's interval records: an interval counts when it starts no later than the
+    run's interval (``interval_start``; no bound without one) and its current snapshot
+    exists and passed validation (a rejected or unvalidated one is left out);
+    ``{intervals: N}`` keeps the last N of them, ``{since: D}`` those starting on or after
+    D. Intervals that produced the same content (one snapshot) count once, at their latest
+    interval. The run's own snapshot is always in the window.
+
+    Args:
+        dataset: The dataset name.
+        window: ``"newest"``, or an object with ``intervals`` or ``since``
+            (``config.TrainingWindow``), or its JSON form.
+        snapshot_id: The run's snapshot (just staged and validated).
+        interval_start: The run's data interval start (the window ends there).
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        One :func:`window_entry` per snapshot (``interval`` is the interval it was
+        recorded for, ``[start, end]``, or None).
+
+    Raises:
+        SnapshotError: If the run's snapshot does not exist or an interval record is
+            unreadable (naming the file).
+        ConfigError: If ``window`` is none of the three forms.
+    """
+    from trainyard.errors import ConfigError
+
+    if hasattr(window, "model_dump"):
+        window = window.model_dump(mode="json")
+    own = window_entry(dataset, snapshot_id, volume_root)
+    if window == "newest":
+        return [own]
+    if not isinstance(window, dict) or not (
+        {"intervals"} == set(window) or {"since"} == set(window)
+    ):
+        raise ConfigError(
+            f"training window {window!r}: must be 'newest', {{intervals: N}} or {{since: date}}"
+        )
+    until = _instant(interval_start) if interval_start else None
+    folder = dataset_dir(dataset, volume_root) / "intervals"
+    picked: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = read_json(path)
+            if not record.get("start"):
+                continue
+            start = _instant(record["start"])
+            sid = _check_snapshot_id(str(record["snapshot_id"]))
+        except (OSError, ValueError, KeyError, TypeError, SnapshotError) as e:
+            raise SnapshotError(f"{path}: unreadable interval record: {e}") from e
+        if until is not None and start > until:
+            continue
+        if "since" in window and start.date() < dt.date.fromisoformat(str(window["since"])):
+            continue
+        snap = snapshot_dir(dataset, sid, volume_root)
+        if not (snap / MANIFEST).is_file() or validation_state(snap)["state"] != "validated":
+            continue
+        entry = {
+            **window_entry(dataset, sid, volume_root),
+            "interval": [record["start"], record.get("end")],
+        }
+        if sid not in picked or _instant(picked[sid]["interval"][0]) < start:
+            picked[sid] = {**entry, "_start": start}
+    mine = picked.pop(snapshot_id, None)
+    others = [
+        {k: v for k, v in e.items() if k != "_start"}
+        for e in sorted(picked.values(), key=lambda e: e["_start"])
+    ]
+    if "intervals" in window:
+        keep = int(window["intervals"]) - 1
+        others = others[max(len(others) - keep, 0) :] if keep > 0 else []
+    return [*others, {**own, "interval": mine["interval"]} if mine else own]
+
+
+@contextmanager
+def lease_window(
+    dataset: str,
+    snapshot_ids: Sequence[str],
+    *,
+    purpose: str = "read",
+    volume_root: Path | None = None,
+) -> Iterator[list[Path]]:
+    """:func:`lease_snapshot` for every snapshot of a training window, released together.
+
+    Raises:
+        SnapshotError: If any of them is gone (the ones already leased are released).
+    """
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                lease_snapshot(dataset, sid, purpose=purpose, volume_root=volume_root)
+            )
+            for sid in dict.fromkeys(snapshot_ids)
+        ]
+
+
 @contextmanager
 def staging_area(dataset: str, purpose: str, volume_root: Path | None = None) -> Iterator[Path]:
     """A private directory in the dataset's ``.tmp/``, removed on exit unless published.
@@ -710,8 +839,8 @@ def protected_snapshots(dataset: str, volume_root: Path | None = None) -> dict[s
     """Snapshots that retention must keep, with the reason.
 
     The latest validated snapshot, and every snapshot a registered model version was trained
-    on (read from ``_models/*/versions/*/metadata.json``, fields ``dataset`` and
-    ``snapshot_id``).
+    on (read from ``_models/*/versions/*/metadata.json``, fields ``dataset``,
+    ``snapshot_id`` and every entry of ``snapshots``, its training window).
 
     Returns:
         ``{snapshot_id: reason}``.
@@ -731,6 +860,9 @@ def protected_snapshots(dataset: str, volume_root: Path | None = None) -> dict[s
         if isinstance(meta, dict) and meta.get("dataset") == dataset and meta.get("snapshot_id"):
             rel = meta_path.parent.relative_to(root).as_posix()
             keep.setdefault(str(meta["snapshot_id"]), f"trained {rel}")
+            for read in meta.get("snapshots") or []:
+                if isinstance(read, dict) and read.get("snapshot_id"):
+                    keep.setdefault(str(read["snapshot_id"]), f"trained {rel} (window)")
     return keep
 
 

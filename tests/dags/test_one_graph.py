@@ -314,13 +314,15 @@ def _context(dag, conf: dict, run_type: str, queued: int) -> dict:
 
 
 class Staged:
-    """``ti`` with stage's result, for the training task's snapshot id."""
+    """``ti`` with stage's and validate's results: the training task's snapshot and window."""
 
     def __init__(self, counts: DagRunCounts) -> None:
         self.counts = counts
 
     def xcom_pull(self, task_ids: str):
-        assert task_ids == "stage"
+        assert task_ids in ("stage", "validate")
+        if task_ids == "validate":
+            return {"window": [{"snapshot_id": SNAPSHOT, "rows": 10}]}
         return {"snapshot_id": SNAPSHOT, "reused": False}
 
     def get_dr_count(self, *a, **kw):

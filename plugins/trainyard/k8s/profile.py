@@ -63,13 +63,19 @@ class GpuPool(_Strict):
 
 
 class Tier(_Strict):
-    """A priority tier: which GPU pools, in which order, at which priority."""
+    """A priority tier: which GPU pools, in which order, at which priority.
+
+    ``training_slots`` is how many trainings of this tier may run at once: the slots of
+    the tier's Airflow pool (:func:`training_pools`), so pipelines on different tiers
+    train side by side and each tier is bounded by the GPUs its pools have.
+    """
 
     pools: tuple[str, ...] = Field(min_length=1)
     priority_class: str
     reason: str = ""
     kueue_queue: str | None = None
     kueue_priority_class: str | None = None
+    training_slots: int = Field(default=1, ge=1, le=10_000)
 
     @field_validator("priority_class")
     @classmethod
@@ -231,6 +237,79 @@ class ClusterProfile(_Strict):
         except KeyError:
             known = ", ".join(sorted(self.tiers))
             raise ConfigError(f"unknown priority tier {name!r} (known: {known})") from None
+
+
+TRAINING_POOL = "trainyard_training"
+"""The Airflow pool of training tasks on the local runner (one slot on a laptop)."""
+
+
+def training_pool_name(runner: str, tier: str) -> str:
+    """The Airflow pool a training task of ``tier`` waits in on ``runner``.
+
+    Locally every training shares one pool (one machine); on a cluster each tier has its
+    own, sized by the profile (:func:`training_pools`).
+    """
+    return TRAINING_POOL if runner == "local" else f"{TRAINING_POOL}_{tier}"
+
+
+def training_pools(profile: ClusterProfile | None) -> dict[str, dict[str, Any]]:
+    """The Airflow pools training needs, in ``airflow pools import`` format.
+
+    Args:
+        profile: The cluster profile, or None for the local runner.
+
+    Returns:
+        Pool name → ``{"slots", "description", "include_deferred"}``.
+    """
+    if profile is None:
+        return {
+            TRAINING_POOL: {
+                "slots": 1,
+                "description": "one distributed training at a time on this machine",
+                "include_deferred": False,
+            }
+        }
+    return {
+        training_pool_name("kubernetes", name): {
+            "slots": tier.training_slots,
+            "description": f"trainings of tier {name} on GPU pools {', '.join(tier.pools)}",
+            "include_deferred": False,
+        }
+        for name, tier in sorted(profile.tiers.items())
+    }
+
+
+def pools_main(argv: list[str]) -> int:
+    """``python -m trainyard pools [--runner local|kubernetes] [--profile FILE]``.
+
+    Prints the training pools as JSON for ``airflow pools import``.
+
+    Args:
+        argv: Arguments after ``pools``.
+
+    Returns:
+        0.
+    """
+    import argparse
+    import json
+    import sys
+
+    from trainyard.settings import get_settings
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainyard pools",
+        description="The Airflow pools training needs, for `airflow pools import FILE`.",
+    )
+    parser.add_argument("--runner", choices=("local", "kubernetes"), default=None)
+    parser.add_argument("--profile", type=Path, default=None, help="cluster profile YAML")
+    args = parser.parse_args(argv)
+    settings = get_settings()
+    runner = args.runner or settings.runner
+    profile = None
+    if runner != "local":
+        profile = load_cluster_profile(args.profile)
+    sys.stdout.write(json.dumps(training_pools(profile), indent=2, sort_keys=True) + "\n")
+    return 0
 
 
 def parse_cluster_profile(raw: Any, source: str = "<cluster profile>") -> ClusterProfile:

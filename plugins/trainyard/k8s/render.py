@@ -7,6 +7,7 @@ The kubernetes runner submits them; the local runner runs each of their pods as 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,7 @@ def run_training_objects(
     snapshot_id: str,
     run_id: str,
     kueue: bool | None = None,
+    window: Sequence[str] | None = None,
 ) -> TrainingObjects:
     """The Service and Jobs of one run, rendered with the run's training config.
 
@@ -75,6 +77,8 @@ def run_training_objects(
         snapshot_id: Snapshot the run trains on.
         run_id: The run.
         kueue: Kueue mode; default from the profile.
+        window: Every snapshot of the run's training window (``validate``'s); each is a
+            ``--snapshot-dir`` of the worker command. Default: ``snapshot_id`` alone.
 
     Returns:
         The run's objects, placement plan and teardown.
@@ -83,7 +87,8 @@ def run_training_objects(
         ConfigError: If the config cannot be rendered (unknown tier, no parameter server).
     """
     run_cfg = pipeline.model_copy(update={"training": training})
-    paths = spec.run_paths(Layout(PurePosixPath(VOLUME_ROOT)), pipeline, snapshot_id, run_id)
+    ids = [*(s for s in window or () if s != snapshot_id), snapshot_id]
+    paths = spec.run_paths(Layout(PurePosixPath(VOLUME_ROOT)), pipeline, ids, run_id)
     contract = PurePosixPath(spec.IMAGE_CONTRACTS_DIR) / f"{pipeline.dataset}.yaml"
     args = spec.worker_args(paths, contract, training)
     return pipeline_training_objects(profile, run_cfg, run_id, args, kueue=kueue)

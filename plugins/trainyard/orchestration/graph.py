@@ -30,12 +30,12 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainyard.config import PipelineConfig, TrainingConfig, parse_pipeline, pipeline_files
 from trainyard.errors import ConfigError
+from trainyard.k8s.profile import training_pool_name
 from trainyard.orchestration.inputs import FromParam, FromRun, FromXCom, Results
 from trainyard.settings import Settings, get_settings
 
 log = logging.getLogger("trainyard.orchestration")
 
-TRAINING_POOL = "trainyard_training"
 STEP_TASKS = ("stage", "validate", "train", "register", "evaluate", "deploy")
 """The tasks whose results the summary records."""
 
@@ -411,7 +411,8 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
     )
     validate = step(
         "validate",
-        {"snapshot_id": snapshot},
+        # the training window ends at the interval staged (none for a given snapshot)
+        {"snapshot_id": snapshot, "interval_start": FromXCom("stage", "interval_start")},
         retries=1,
         execution_timeout=dt.timedelta(hours=2),
     )
@@ -419,8 +420,9 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         task_id="train",
         pipeline=cfg,
         snapshot_id=snapshot,
+        window=FromXCom("validate", "window"),
         retries=1,
-        pool=TRAINING_POOL,
+        pool=training_pool_name(settings.runner, cfg.training.priority),
         execution_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 600),
     )
     register = step(

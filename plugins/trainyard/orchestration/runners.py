@@ -163,15 +163,25 @@ class TrainingOperator(BaseOperator):
     Args:
         pipeline: The pipeline config.
         snapshot_id: Where the snapshot id comes from (``stage``'s result).
+        window: Where the training window comes from (``validate``'s result: the
+            snapshots to train on); None trains on the snapshot alone.
         **kwargs: ``BaseOperator`` arguments.
     """
 
     ui_color = "#fdf0e0"
 
-    def __init__(self, *, pipeline: PipelineConfig, snapshot_id: Source, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        pipeline: PipelineConfig,
+        snapshot_id: Source,
+        window: Source = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.snapshot_id = snapshot_id
+        self.window = window
         self._runner: Runner | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -182,12 +192,31 @@ class TrainingOperator(BaseOperator):
 
         settings = get_settings()
         profile = _profile(settings)
+        from trainyard.steps import window_ids
+
         snapshot = resolve(self.snapshot_id, context)
+        entries = resolve(self.window, context) or []
         run_id = context["run_id"]
+        try:
+            ids = window_ids(snapshot, entries)
+        except ConfigError as e:
+            raise AirflowFailException(f"ConfigError: {e}") from e
+        if snapshot not in ids:
+            raise AirflowFailException(
+                f"the training window {ids} does not hold the run's snapshot {snapshot}"
+            )
+        log.info(
+            "training window: %d snapshot(s), %s rows: %s",
+            len(ids),
+            sum(e.get("rows") or 0 for e in entries if isinstance(e, dict)) or "?",
+            ", ".join(ids),
+        )
 
         def render(training: TrainingConfig) -> TrainingObjects:
             try:
-                return run_training_objects(profile, self.pipeline, training, snapshot, run_id)
+                return run_training_objects(
+                    profile, self.pipeline, training, snapshot, run_id, window=ids
+                )
             except ConfigError as e:
                 raise AirflowFailException(f"ConfigError: {e}") from e
 
@@ -198,7 +227,7 @@ class TrainingOperator(BaseOperator):
         self._runner = runner_for(settings)
         t0 = time.monotonic()
         try:
-            out = self._runner.run_training(self.pipeline, training, objects, context, snapshot)
+            out = self._runner.run_training(self.pipeline, training, objects, context, ids)
         except StepFailed as e:
             if e.deterministic:
                 raise AirflowFailException(str(e)) from None
@@ -206,6 +235,7 @@ class TrainingOperator(BaseOperator):
         return {
             "training": training.model_dump(),
             "snapshot_id": snapshot,
+            "window": entries or ids,
             "job": objects.name,
             "seconds": round(out.get("seconds", time.monotonic() - t0), 3),
             "attempts": out.get("attempts", 1),
@@ -254,17 +284,17 @@ class LocalRunner:
         training: TrainingConfig,
         objects: TrainingObjects,
         context: Context,
-        snapshot_id: str,
+        snapshot_ids: Sequence[str],
     ) -> dict[str, Any]:
-        """Run the Jobs' pods as processes, the snapshot leased against retention."""
+        """Run the Jobs' pods as processes, every snapshot of the window leased."""
         from trainyard.errors import SnapshotError
         from trainyard.training.launcher import run_jobs
-        from trainyard.volumes import lease_snapshot
+        from trainyard.volumes import lease_window
 
         try:
-            with lease_snapshot(
+            with lease_window(
                 cfg.dataset,
-                snapshot_id,
+                snapshot_ids,
                 purpose=f"train {context['run_id']}",
                 volume_root=self.settings.volume_root,
             ):
@@ -406,9 +436,13 @@ class KubernetesRunner:
         training: TrainingConfig,
         objects: TrainingObjects,
         context: Context,
-        snapshot_id: str,
+        snapshot_ids: Sequence[str],
     ) -> dict[str, Any]:
-        """Create (or reattach to) the Service and Jobs, wait, always delete them."""
+        """Create (or reattach to) the Service and Jobs, wait, always delete them.
+
+        The snapshots (``snapshot_ids``, the training window) are in the Jobs' worker
+        command; the dataset volume is not mounted here, so nothing is leased.
+        """
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
         hook = KubernetesHook()

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -483,6 +483,7 @@ def run_training(
     *,
     env: dict[str, str] | None = None,
     profile: ClusterProfile | None = None,
+    window: Sequence[str] | None = None,
 ) -> TrainResult:
     """Train on a snapshot by running the run's rendered training Jobs as local processes.
 
@@ -499,6 +500,8 @@ def run_training(
         log: Line sink (the Airflow task log); defaults to python logging.
         env: Extra environment for the workers (tests: ``TRAINYARD_FAULT``).
         profile: Cluster profile (default: the settings').
+        window: Every snapshot of the run's training window (default: ``snapshot_id``
+            alone); all are leased against retention while the workers run.
 
     Returns:
         The result, read back from what the chief wrote.
@@ -516,14 +519,17 @@ def run_training(
 
     settings = get_settings()
     profile = profile or load_cluster_profile(settings.cluster_profile)
-    objects = run_training_objects(profile, pipeline, training, snapshot_id, run_id)
+    objects = run_training_objects(profile, pipeline, training, snapshot_id, run_id, window=window)
     emit = log or logger.info
     for line in objects.plan:
         emit(line)
-    from trainyard.volumes import lease_snapshot
+    from trainyard.volumes import lease_window
 
-    with lease_snapshot(
-        pipeline.dataset, snapshot_id, purpose=f"train {run_id}", volume_root=settings.volume_root
+    with lease_window(
+        pipeline.dataset,
+        [*(window or ()), snapshot_id],
+        purpose=f"train {run_id}",
+        volume_root=settings.volume_root,
     ):
         attempts, seconds = run_jobs(objects, training, settings, emit, env=env)
     output_dir = Path(

@@ -10,6 +10,7 @@ No TensorFlow here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING
@@ -52,31 +53,41 @@ class RunPaths:
     """Where one training run reads and writes, below a volume root.
 
     Attributes:
-        snapshot: The snapshot it trains on.
+        snapshots: The snapshots it trains on (its training window, oldest first).
         checkpoints: ``BackupAndRestore`` folder (survives attempts).
-        output: The chief's SavedModel, metrics and history (``register`` takes it).
+        output: The chief's SavedModel, metrics, history and the snapshots it read
+            (``inputs.json``); ``register`` takes it.
     """
 
-    snapshot: PurePath
+    snapshots: tuple[PurePath, ...]
     checkpoints: PurePath
     output: PurePath
 
+    @property
+    def snapshot(self) -> PurePath:
+        """The run's own snapshot (the newest of the window)."""
+        return self.snapshots[-1]
 
-def run_paths(layout: Layout, pipeline: PipelineConfig, snapshot_id: str, run_id: str) -> RunPaths:
+
+def run_paths(
+    layout: Layout, pipeline: PipelineConfig, snapshot_ids: str | Sequence[str], run_id: str
+) -> RunPaths:
     """The paths of a training run on a volume root (``/volumes`` in pods, local root here).
 
     Args:
         layout: The volume layout.
         pipeline: The pipeline config.
-        snapshot_id: Snapshot to train on.
+        snapshot_ids: The snapshot to train on, or every snapshot of the run's training
+            window (the run's own last).
         run_id: The run (any Airflow run id).
 
     Returns:
         Snapshot, checkpoint and output folders.
     """
+    ids = [snapshot_ids] if isinstance(snapshot_ids, str) else list(dict.fromkeys(snapshot_ids))
     base = layout.checkpoints(pipeline.name, run_id)
     return RunPaths(
-        snapshot=layout.snapshot(pipeline.dataset, snapshot_id),
+        snapshots=tuple(layout.snapshot(pipeline.dataset, sid) for sid in ids),
         checkpoints=base / "backup",
         output=base / "output",
     )
@@ -95,7 +106,7 @@ def worker_args(paths: RunPaths, contract: PurePath | str, training: TrainingCon
     """
     t = training
     return [
-        "--snapshot-dir", str(paths.snapshot),
+        *(a for snap in paths.snapshots for a in ("--snapshot-dir", str(snap))),
         "--contract", str(contract),
         "--model", t.model,
         "--strategy", t.strategy,

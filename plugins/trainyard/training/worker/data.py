@@ -87,6 +87,23 @@ class FileIndex:
     size: np.ndarray
     shards: list[Path]
 
+    @classmethod
+    def concat(cls, parts: Sequence[FileIndex]) -> FileIndex:
+        """Several snapshots' indexes as one (shard numbers shifted, order kept)."""
+        if len(parts) == 1:
+            return parts[0]
+        shift = np.cumsum([0, *(len(p.shards) for p in parts[:-1])])
+        return cls(
+            keys=[k for p in parts for k in p.keys],
+            labels=np.concatenate([p.labels for p in parts]).astype(np.int64),
+            shard=np.concatenate([p.shard + s for p, s in zip(parts, shift, strict=True)]).astype(
+                np.int64
+            ),
+            offset=np.concatenate([p.offset for p in parts]).astype(np.int64),
+            size=np.concatenate([p.size for p in parts]).astype(np.int64),
+            shards=[path for p in parts for path in p.shards],
+        )
+
     def take(self, mask: np.ndarray) -> FileIndex:
         """The rows where ``mask`` is True, order kept."""
         idx = np.flatnonzero(mask)
@@ -272,6 +289,29 @@ def _table_columns(snapshot_dir: Path, contract: Any) -> dict[str, np.ndarray | 
         except (ValueError, TypeError) as e:
             raise SnapshotError(f"{snapshot_dir}: column {n} is not numeric: {e}") from e
     return out
+
+
+def load_window_examples(snapshot_dirs: Sequence[Path], contract: Any, split: Split) -> Examples:
+    """One split of several snapshots (a training window), concatenated in the given order.
+
+    Each snapshot is split by its own stable key hash (:func:`load_examples`), so a row
+    is in the holdout whichever window it is read in.
+
+    Raises:
+        SnapshotError: As :func:`load_examples`, or if no snapshot is given.
+    """
+    if not snapshot_dirs:
+        raise SnapshotError("a training window needs at least one snapshot")
+    parts = [load_examples(Path(d), contract, split) for d in snapshot_dirs]
+    if len(parts) == 1:
+        return parts[0]
+    return Examples(
+        features={
+            name: np.concatenate([p.features[name] for p in parts]) for name in parts[0].features
+        },
+        labels=np.concatenate([p.labels for p in parts]),
+        keys=[k for p in parts for k in p.keys],
+    )
 
 
 def load_examples(snapshot_dir: Path, contract: Any, split: Split) -> Examples:

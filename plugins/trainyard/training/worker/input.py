@@ -26,6 +26,7 @@ each pipeline; otherwise every pipeline keeps every n-th example.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from trainyard.errors import TrainingError
 from trainyard.training.worker.data import (
     FileIndex,
     file_index,
-    load_examples,
+    load_window_examples,
     read_manifest,
     select,
     table_files,
@@ -65,10 +66,11 @@ class InputSpec:
 
 
 class SnapshotInput:
-    """Builds per-worker tf.data pipelines of one split of a snapshot.
+    """Builds per-worker tf.data pipelines of one split of a snapshot or a training window.
 
     Args:
-        snapshot_dir: The snapshot.
+        snapshot_dir: The snapshot, or every snapshot of a training window (all of one
+            kind; each split by its own stable key hash, then read as one).
         contract: Its contract.
         split: ``train``, ``holdout`` or ``all``.
         in_graph: Build only graph-serialisable datasets (parameter-server workers).
@@ -79,7 +81,7 @@ class SnapshotInput:
 
     def __init__(
         self,
-        snapshot_dir: Path,
+        snapshot_dir: Path | Sequence[Path],
         contract: Any,
         split: str = "train",
         in_graph: bool = False,
@@ -87,27 +89,37 @@ class SnapshotInput:
         resize: bool = False,
     ) -> None:
         self.resize = resize
-        self.snapshot_dir = Path(snapshot_dir)
+        dirs = [snapshot_dir] if isinstance(snapshot_dir, str | Path) else list(snapshot_dir)
+        self.snapshot_dirs = [Path(d) for d in dirs]
+        if not self.snapshot_dirs:
+            raise TrainingError("no snapshot to read")
+        self.snapshot_dir = self.snapshot_dirs[-1]
         self.contract = contract
         self.split = split
         self.in_graph = in_graph
         self.cache = cache
-        self.kind = read_manifest(self.snapshot_dir)["kind"]
+        kinds = {str(read_manifest(d)["kind"]) for d in self.snapshot_dirs}
+        if len(kinds) != 1:
+            raise TrainingError(
+                f"the training window mixes snapshot kinds {sorted(kinds)}: "
+                + ", ".join(str(d) for d in self.snapshot_dirs)
+            )
+        self.kind = kinds.pop()
         fraction = contract.split.holdout_fraction if contract.split else 0.0
         self._index: FileIndex | None = None
         self._table: dict[str, np.ndarray] | None = None
         self._files: list[Path] = []
         if self.kind == "files":
-            index = file_index(self.snapshot_dir, contract)
+            index = FileIndex.concat([file_index(d, contract) for d in self.snapshot_dirs])
             self._index = index.take(select(index.keys, fraction, split))  # type: ignore[arg-type]
             labels = self._index.labels
             stats: dict[str, tuple[float, float]] = {}
         else:
-            ex = load_examples(self.snapshot_dir, contract, split)  # type: ignore[arg-type]
+            ex = load_window_examples(self.snapshot_dirs, contract, split)  # type: ignore[arg-type]
             labels = ex.labels
             stats = {f: (float(np.mean(v)), float(np.var(v))) for f, v in ex.features.items()}
             self._table = {**ex.features, "__label__": labels} if in_graph else None
-            self._files = table_files(self.snapshot_dir)
+            self._files = [f for d in self.snapshot_dirs for f in table_files(d)]
             self._keep = set(ex.keys) if split != "all" else None
         num_classes = contract.roles.num_classes or (int(labels.max()) + 1 if len(labels) else 2)
         self.spec = InputSpec(self.kind, len(labels), int(num_classes), stats)

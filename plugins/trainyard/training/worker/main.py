@@ -50,7 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m trainyard worker", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--snapshot-dir", type=Path, required=True)
+    p.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        required=True,
+        action="append",
+        dest="snapshot_dirs",
+        help="a snapshot to train on; repeated for every snapshot of the training window",
+    )
     p.add_argument("--contract", type=Path, required=True, help="data contract YAML")
     p.add_argument("--model", required=True, help="model registry name (small_cnn, mlp)")
     p.add_argument(
@@ -228,16 +235,18 @@ def _run(
         strategy = tf.distribute.ParameterServerStrategy(resolver)
     _say(role, f"{READY_MARKER} strategy={args.strategy} replicas={strategy.num_replicas_in_sync}")
 
-    check_snapshot(args.snapshot_dir)
+    manifests = [check_snapshot(d) for d in args.snapshot_dirs]
     inp = SnapshotInput(
-        args.snapshot_dir,
+        args.snapshot_dirs,
         contract,
         "train",
         in_graph=args.strategy == "parameter_server",
         cache=args.cache,
     )
     if inp.spec.num_examples == 0:
-        raise TrainyardError(f"{args.snapshot_dir}: the training split is empty")
+        raise TrainyardError(
+            f"{', '.join(map(str, args.snapshot_dirs))}: the training split is empty"
+        )
     global_batch = args.batch_size
     steps_per_epoch = max(inp.spec.num_examples // global_batch, 1)
     if args.strategy == "multi_worker_mirrored" and global_batch % strategy.num_replicas_in_sync:
@@ -334,8 +343,28 @@ def _run(
         },
     )
     atomic_write_json(args.output_dir / "history.json", state)
+    atomic_write_json(args.output_dir / "inputs.json", _inputs(manifests, inp.spec.num_examples))
     _say(role, f"exported {args.output_dir / 'model'}")
     return 0
+
+
+def _inputs(manifests: list[Any], train_examples: int) -> dict[str, Any]:
+    """What the run read: every snapshot of its window (lineage for ``register``)."""
+    snapshots = [
+        {
+            "dataset": m.dataset,
+            "snapshot_id": m.snapshot_id,
+            "interval": [m.interval.get("start"), m.interval.get("end")] if m.interval else None,
+            "created_at": m.created_at,
+            "rows": m.rows,
+        }
+        for m in manifests
+    ]
+    return {
+        "snapshots": snapshots,
+        "rows": sum(s["rows"] for s in snapshots),
+        "train_examples": train_examples,
+    }
 
 
 def communication_options() -> Any:
