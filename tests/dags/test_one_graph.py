@@ -84,7 +84,8 @@ def _shape(dag) -> dict:
             sorted(t.downstream_task_ids),
             str(t.trigger_rule.value),
             t.retries,
-            t.pool,
+            # training waits in the runner's pool: one per GPU tier on a cluster
+            "training" if t.pool.startswith("trainyard_training") else t.pool,
             t.execution_timeout,
             sorted(getattr(o, "name", str(o)) for o in t.outlets or []),
         )
