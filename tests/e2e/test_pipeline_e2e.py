@@ -143,3 +143,21 @@ def test_contract_violation_stops_the_run(tmp_path: Path) -> None:
     assert "ValidationFailed" in text
     assert "row" in text.lower()
     assert not (proj.volume_root / "_models" / "digits" / "versions").exists()
+
+
+def test_tier_pools_import_into_airflow(project: Project, tmp_path: Path) -> None:
+    pools = project.trainyard(
+        "pools",
+        "--runner",
+        "kubernetes",
+        "--profile",
+        str(ROOT / "deploy" / "cluster_profile.yaml"),
+    )
+    assert pools.returncode == 0, pools.stderr
+    path = tmp_path / "pools.json"
+    path.write_text(pools.stdout)
+    imported = project.airflow("pools", "import", str(path))
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    listed = project.airflow("pools", "list", "--output", "json")
+    slots = {p["pool"]: int(p["slots"]) for p in json.loads(listed.stdout)}
+    assert slots["trainyard_training_high"] == 2 and slots["trainyard_training_low"] == 4
