@@ -277,7 +277,7 @@ def summary_line(results: Mapping[str, Any]) -> str:
     if dep and dep.get("version") is not None:
         parts.append(f"serving v{dep['version']}")
     else:
-        champion = ev.get("champion_version")
+        champion = ev.get("champion", ev.get("champion_version"))
         parts.append(f"serving unchanged (v{champion})" if champion else "serving unchanged")
     line = " · ".join(parts).replace("\n", " ")
     return line if len(line) <= NOTE_MAX else line[: NOTE_MAX - 1] + "…"

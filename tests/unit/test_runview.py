@@ -1,0 +1,160 @@
+"""The UI plugin's pages and file route, on real files: what a run did, read from the volume."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from trainyard import runview
+from trainyard.orchestration.ui import confined_file
+
+SNAP = "88fa3acafa0854bd"
+RUN = "manual__2026-11-24T10:00:00+00:00"
+
+
+def _write(path: Path, obj: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Path:
+    """A volume with one snapshot (a failed warning rule) and two versions, v1 champion."""
+    root = tmp_path / "volumes"
+    snap = root / "digits" / "snapshots" / SNAP
+    _write(
+        snap / "manifest.json",
+        {
+            "rows": 1797,
+            "bytes": 10,
+            "interval": {"start": "2026-11-24", "end": "2026-11-24"},
+            "shards": [{"role": "data"}, {"role": "index"}],
+        },
+    )
+    rule = {"rule": "in_set", "column": "label", "severity": "warning", "success": False}
+    rule |= {"unexpected_count": 2, "samples": ["<script>alert(1)</script>"], "reason": "x"}
+    _write(
+        snap / "validation" / "summary.json",
+        {"success": True, "rows": 1797, "batches": 1, "rules": [rule], "warnings": ["x"]},
+    )
+    _write(snap / "validation" / "data_docs" / "index.html", "<html>docs</html>")
+    models = root / "_models" / "digits"
+    for v, verdict in ((1, "promote"), (2, "reject")):
+        vdir = models / "versions" / str(v)
+        meta = {"dataset": "digits", "snapshot_id": SNAP, "run_id": f"run{v}"}
+        _write(vdir / "metadata.json", meta | {"registered_at": f"2026-11-2{v}"})
+        _write(vdir / "metrics.json", {"accuracy": 0.9, "loss": 0.3, "model": "small_cnn"})
+        _write(
+            vdir / "history.json",
+            {"epochs": [{"epoch": 0, "loss": 1.5, "accuracy": 0.5}, {"epoch": 1, "loss": 0.3}]},
+        )
+        _write(
+            vdir / "gate.json",
+            {
+                "verdict": verdict,
+                "reason": f"{verdict} because accuracy",
+                "version": v,
+                "candidate_metrics": {"accuracy": 0.9 - v / 10, "loss": 0.3},
+                "champion_metrics": {"accuracy": 0.8, "loss": 0.3} if v == 2 else None,
+                "champion_version": 1 if v == 2 else None,
+            },
+        )
+    event = {"event": "promote", "version": 1, "from": None, "at": "t", "actor": "a"}
+    _write(models / "champion.json", {"version": 1, "previous": [], "event": event})
+    _write(models / "history.jsonl", json.dumps(event) + "\n")
+    return root
+
+
+def test_run_story_and_page_show_what_the_run_did(volume: Path) -> None:
+    story = runview.run_story(volume, "digits", "run2")
+    assert story["version"]["version"] == 2 and story["gate"]["verdict"] == "reject"
+    assert story["snapshot"]["shards"] == 1 and story["snapshot"]["data_docs"] is True
+    page = runview.render_run(story, "/docs/index.html", "/pipe")
+    assert 'class="gate-reason">reject because accuracy<' in page
+    assert "champion v1" in page and "candidate v2" in page
+    assert "<svg" in page and "<polyline" in page
+    assert 'href="/docs/index.html"' in page
+    assert "<script>" not in page and "&lt;script&gt;" in page  # data is escaped
+
+
+def test_pipeline_page_lists_versions_champion_and_history(volume: Path) -> None:
+    story = runview.pipeline_story(volume, "digits")
+    page = runview.render_pipeline(story, lambda r: f"/runs/{r}")
+    assert [v["version"] for v in story["versions"]] == [1, 2]
+    assert "champion" in page and "<svg" in page and 'href="/runs/run1"' in page
+    assert "serving now: <b" in page
+
+
+def test_unknown_runs_and_foreign_dags_are_one_clear_not_found(volume: Path) -> None:
+    with pytest.raises(runview.NotFound, match="no record of run"):
+        runview.run_story(volume, "digits", RUN)
+    with pytest.raises(runview.NotFound, match="not a trainyard pipeline"):
+        runview.pipeline_of("example_bash_operator")
+    with pytest.raises(runview.NotFound, match="not a safe name"):
+        runview.pipeline_of("trainyard_..")
+
+
+def test_summary_line_says_snapshot_metrics_decision_and_serving() -> None:
+    stage = {"snapshot_id": SNAP, "reused": True, "rows": 1797}
+    ev = {"verdict": "reject", "reason": "accuracy 0.1 < 0.85", "champion": 1}
+    ev |= {"metrics": {"accuracy": 0.1, "loss": 2.3}}
+    line = runview.summary_line(
+        {"stage": stage, "validate": {"success": True}, "register": {"version": 2}, "evaluate": ev}
+    )
+    assert line == (
+        f"snapshot {SNAP} (reused, 1797 rows) · validation passed · v2 accuracy=0.1000, "
+        "loss=2.3000 · gate reject: accuracy 0.1 < 0.85 · serving unchanged (v1)"
+    )
+    long = runview.summary_line({"evaluate": {"verdict": "reject", "reason": "x" * 5000}})
+    assert len(long) == runview.NOTE_MAX and "\n" not in long
+
+
+def test_line_chart_draws_series_and_says_when_empty() -> None:
+    svg = runview.line_chart("loss", {"loss": [(1, 0.5), (2, float("nan")), (3, 0.2)]}, "epoch")
+    assert svg.startswith("<svg") and svg.count("<circle") == 2
+    assert "nothing recorded" in runview.line_chart("loss", {"loss": []})
+
+
+def test_confined_file_serves_only_regular_files_inside_the_report(tmp_path: Path) -> None:
+    root = tmp_path / "volumes"
+    base = root / "digits" / "snapshots" / SNAP / "validation"
+    _write(base / "data_docs" / "index.html", "<html/>")
+    _write(base.parent / "manifest.json", {})
+    _write(tmp_path / "secret.json", {})
+    _write(base / "tool.exe", "x")
+    os.symlink(tmp_path / "secret.json", base / "out_of_root.json")
+    os.symlink(base.parent / "manifest.json", base / "out_of_report.json")
+    os.symlink(base / "data_docs" / "index.html", base / "alias.html")
+
+    assert confined_file(root, base, "data_docs/index.html") == base / "data_docs" / "index.html"
+    assert confined_file(root, base, "alias.html") == base / "data_docs" / "index.html"
+    for bad in (
+        "",
+        "/etc/passwd",
+        "../manifest.json",
+        "data_docs/../../manifest.json",
+        "data_docs//index.html",
+        "./data_docs/index.html",
+        "out_of_root.json",
+        "out_of_report.json",
+        "data_docs",
+        "tool.exe",
+        "missing.html",
+        "data_docs\\index.html",
+    ):
+        with pytest.raises(FileNotFoundError):
+            confined_file(root, base, bad)
+
+
+def test_a_report_folder_linked_out_of_the_volume_serves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "volumes"
+    elsewhere = tmp_path / "elsewhere"
+    _write(elsewhere / "data_docs" / "index.html", "<html/>")
+    snap = root / "digits" / "snapshots" / SNAP
+    snap.mkdir(parents=True)
+    os.symlink(elsewhere, snap / "validation")
+    with pytest.raises(FileNotFoundError):
+        confined_file(root, snap / "validation", "data_docs/index.html")
