@@ -550,6 +550,27 @@ def _champion_check(
     return Check(name, metric, cand, champ, threshold, passed, note)
 
 
+def _time_check(candidate: str | None, champion: str | None) -> Check:
+    """The candidate's newest data must not be older than the champion's."""
+    from trainyard.volumes import _instant
+
+    name, rule = "time:data", "newest data >= champion's"
+    if candidate is None or champion is None:
+        whose = "candidate's" if candidate is None else "champion's"
+        return Check(name, "data_until", None, None, rule, True, f"{whose} data time unknown")
+    try:
+        older = _instant(candidate) < _instant(champion)
+    except ValueError as e:
+        return Check(name, "data_until", None, None, rule, False, f"unreadable data time: {e}")
+    if older:
+        note = (
+            f"trained on data up to {candidate}, older than the champion's (up to {champion}): "
+            "not promoted unless forced with a reason"
+        )
+        return Check(name, "data_until", None, None, rule, False, note)
+    return Check(name, "data_until", None, None, rule, True, f"{candidate} vs {champion}")
+
+
 def decide(
     gate: GateConfig,
     candidate: Mapping[str, Any],
@@ -558,8 +579,13 @@ def decide(
     *,
     candidate_error: str | None = None,
     champion_error: str | None = None,
+    data_times: tuple[str | None, str | None] | None = None,
 ) -> GateDecision:
     """Apply a gate to the candidate's (and the champion's) metrics. Pure: no I/O.
+
+    With ``data_times`` the gate also checks time: a candidate whose newest data (the
+    latest interval of its training window) is older than the champion's fails the
+    ``time:data`` check, so it is not promoted unless forced (with a reason).
 
     Args:
         gate: The pipeline's gate.
@@ -570,6 +596,8 @@ def decide(
         candidate_error: Why the candidate could not be evaluated (rejects).
         champion_error: Why the champion could not be evaluated (rejects: the gate cannot
             decide), e.g. an unreadable champion pointer.
+        data_times: ``(candidate's newest data, champion's newest data)`` as ISO times
+            (None where unknown); the champion's is ignored when there is no champion.
 
     Returns:
         The decision with every check.
@@ -617,6 +645,8 @@ def decide(
                 )
     if champion is not None and gate.champion is not None and not champion_error:
         checks.append(_champion_check(gate, candidate, champion))
+    if data_times is not None and (champion is not None or champion_error):
+        checks.append(_time_check(*data_times))
 
     failed = [c for c in checks if not c.passed]
     if not checks:
@@ -669,6 +699,7 @@ def run_gate(
     force: ForceRequest | None = None,
     smoke_rows: int = 8,
     champion_error: str | None = None,
+    data_times: tuple[str | None, str | None] | None = None,
 ) -> GateDecision:
     """Evaluate candidate and champion on the same examples, then ``decide``.
 
@@ -685,6 +716,7 @@ def run_gate(
         force: A force-promote request.
         smoke_rows: How many leading rows' predicted class ids to keep for the smoke test.
         champion_error: A champion that could not even be located (passed through).
+        data_times: Candidate's and champion's newest data (see :func:`decide`).
 
     Returns:
         The decision, with ``smoke`` set when the candidate ran.
@@ -723,6 +755,7 @@ def run_gate(
         force,
         candidate_error=candidate_error,
         champion_error=champion_error,
+        data_times=data_times,
     )
     return dataclasses.replace(decision, smoke=smoke, timings=timings)
 
@@ -767,6 +800,29 @@ def _slice_values(
                 f"{snapshot_dir}: holdout key {e} has no row in the table view"
             ) from e
     return values
+
+
+def newest_data(meta: Mapping[str, Any]) -> str | None:
+    """The newest data a registered version was trained on (its ``data_until``).
+
+    Versions registered before training windows name one snapshot: its interval start
+    (or creation time) from the manifest, if the snapshot still exists.
+    """
+    from trainyard import volumes
+
+    if meta.get("data_until"):
+        return str(meta["data_until"])
+    read = [s for s in meta.get("snapshots") or [] if isinstance(s, dict)]
+    if read and volumes.data_until(read):
+        return volumes.data_until(read)
+    try:
+        manifest = volumes.read_manifest(
+            volumes.snapshot_dir(str(meta["dataset"]), str(meta["snapshot_id"]))
+        )
+    except (KeyError, TrainyardError):
+        return None
+    start = (manifest.interval or {}).get("start")
+    return start or manifest.created_at
 
 
 def window_dirs(meta: Mapping[str, Any]) -> list[Path]:
@@ -820,6 +876,13 @@ def evaluate_and_decide(
         champion_version = registry.champion()
     except TrainyardError as e:
         champion_error = f"champion unreadable: {e}"
+    champion_time = None
+    if champion_version is not None and champion_version != version:
+        try:
+            champion_time = newest_data(registry.metadata(champion_version))
+        except TrainyardError as e:
+            log.warning("champion v%s: data time unknown: %s", champion_version, e)
+    data_times = (newest_data(meta), champion_time)
     try:
         snap, contract, examples = _holdout(cfg, meta)
         slice_values = _slice_values(snap, contract, examples, cfg.gate.slices)
@@ -834,6 +897,7 @@ def evaluate_and_decide(
             force,
             candidate_error=f"holdout data unavailable: {type(e).__name__}: {e}",
             champion_error=champion_error,
+            data_times=data_times,
         )
     else:
         champion_dir = (
@@ -848,6 +912,7 @@ def evaluate_and_decide(
             force,
             cfg.serving.smoke_rows,
             champion_error,
+            data_times,
         )
     decision = dataclasses.replace(decision, version=version, champion_version=champion_version)
     for name, data in decision.report_files().items():

@@ -321,20 +321,10 @@ def register(
 
 
 def data_until(snapshots: list[dict[str, Any]]) -> str | None:
-    """The newest data a model read: the latest interval start of its snapshots.
+    """The newest data a model read (:func:`trainyard.volumes.data_until`)."""
+    from trainyard.volumes import data_until as newest
 
-    Snapshots without an interval count by their creation time (``created_at``).
-    """
-    times = []
-    for s in snapshots:
-        iv = s.get("interval") or [None]
-        times.append(iv[0] or s.get("created_at"))
-    times = [t for t in times if t]
-    if not times:
-        return None
-    from trainyard.volumes import _instant
-
-    return max(times, key=_instant)
+    return newest(snapshots)
 
 
 def evaluate(

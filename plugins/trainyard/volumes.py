@@ -612,6 +612,25 @@ def training_window(
     return [*others, {**own, "interval": mine["interval"]} if mine else own]
 
 
+def data_until(snapshots: Sequence[dict[str, Any]]) -> str | None:
+    """The newest data a model read: the latest interval start of its snapshots.
+
+    Snapshots without an interval count by their creation time (``created_at``).
+
+    Args:
+        snapshots: Window entries (``interval``: ``[start, end]`` or None, ``created_at``).
+
+    Returns:
+        The ISO time, or None when no snapshot says.
+    """
+    times = []
+    for snap in snapshots:
+        iv = snap.get("interval") or [None]
+        times.append(iv[0] or snap.get("created_at"))
+    known = [t for t in times if t]
+    return max(known, key=_instant) if known else None
+
+
 @contextmanager
 def lease_window(
     dataset: str,
