@@ -33,9 +33,19 @@ print(env.get("AIRFLOW__API__HOST"), get_parser().parse_args(["api-server"]).hos
 
 
 def _project_env(airflow_home: Path, **given: str) -> dict[str, str]:
-    """This environment without any API setting, plus ``given``, with its own Airflow home."""
+    """This environment without any API setting, plus ``given``, with its own Airflow home.
+
+    Its metadata database is SQLite in that home (one process here, the api-server), not
+    the project's PostgreSQL that ``scripts/env.sh`` names by default.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__API__")}
-    return {**env, "AIRFLOW_HOME": str(airflow_home), **given}
+    db = f"sqlite:///{airflow_home / 'airflow.db'}"
+    return {
+        **env,
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db,
+        **given,
+    }
 
 
 def _in_project_env(command: list[str], env: dict[str, str], **kw) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
