@@ -41,7 +41,7 @@ stop:
 test: $(STAMP) native
 	bash scripts/system_deps.sh
 	$(ENV) ruff check . && ruff format --check .
-	$(ENV) python -m trainyard contracts check
+	$(ENV) python -m trainyard contracts check && python -m trainyard pipelines check
 	$(ENV) pytest
 
 lint: $(STAMP)

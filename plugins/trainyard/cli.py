@@ -28,6 +28,11 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "list | show | verify | mirror | gc dataset snapshots.",
     ),
     "contracts": ("trainyard.contracts", "cli_main", "check data contracts (JSON schema)."),
+    "pipelines": (
+        "trainyard.config",
+        "cli_main",
+        "check pipeline configs (schema, models, contracts, metrics); print their JSON schema.",
+    ),
     "models": (
         "trainyard.steps",
         "models_main",

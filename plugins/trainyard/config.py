@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +25,7 @@ from pydantic import (
 )
 
 from trainyard.errors import ConfigError
-from trainyard.fsutil import load_yaml
+from trainyard.fsutil import YamlWhere, load_yaml, yaml_line_index
 from trainyard.settings import get_settings
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -248,11 +249,33 @@ class PipelineConfig(_Strict):
         return str(get_settings().project_dir / url)
 
 
-def _format_error(path: Path, err: ValidationError) -> str:
+def _fields_at(loc: tuple[Any, ...]) -> list[str] | None:
+    """The fields the model at a location (a key path of the YAML) accepts, if it is one."""
+    model: Any = PipelineConfig
+    for key in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(key))
+        if field is None:
+            return None
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return sorted(model.model_fields)
+    return None
+
+
+def _format_error(path: Path, err: ValidationError, where: YamlWhere) -> str:
     lines = [f"{path}: invalid pipeline config"]
     for item in err.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "<root>"
-        lines.append(f"  {where}: {item['msg']}")
+        loc = tuple(k for k in item["loc"] if isinstance(k, int) or "[" not in str(k))
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            known = _fields_at(loc[:-1])
+            message = "unknown field" + (f" (known: {', '.join(known)})" if known else "")
+        lines.append(f"  {where(loc, message)}")
     return "\n".join(lines)
 
 
@@ -266,23 +289,93 @@ def parse_pipeline(path: Path) -> PipelineConfig:
         The typed config.
 
     Raises:
-        ConfigError: If the file is missing, not YAML, or breaks the schema (names file and
-            field), or if its ``name`` differs from the file's stem.
+        ConfigError: If the file is missing, not YAML, has a key twice or breaks the schema
+            (each problem as ``file:line: field: message``), or if its ``name`` differs from
+            the file's stem.
     """
     try:
-        raw: Any = load_yaml(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: pipeline config not found") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{at}: not valid YAML: {getattr(e, 'problem', None) or e}") from e
+    where = YamlWhere(path, lines)
+    if duplicates:
+        raise ConfigError(
+            f"{path}: invalid pipeline config\n"
+            + "\n".join(f"  {where(d, 'key given twice')}" for d in duplicates)
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_error(path, e)) from e
+        raise ConfigError(_format_error(path, e, where)) from e
     if cfg.name != path.stem:
-        raise ConfigError(f"{path}: name {cfg.name!r} must equal the file name {path.stem!r}")
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"{path}: cannot read the pipeline config: {e}") from e
+    try:
+        raw: Any = load_yaml(text, path)
+        lines, duplicates = yaml_line_index(text)
+        raise ConfigError(where(("name",), f"{cfg.name!r} must equal the file name {path.stem!r}"))
+    return cfg
+
+
+def check_pipeline(path: Path) -> PipelineConfig:
+    """Parse a pipeline and check what the schema cannot: names it refers to must exist.
+
+    The training model must be registered, the dataset must have a data contract whose
+    source format is the pipeline's, and gate metrics must be ones evaluation computes.
+    Run by ``python -m trainyard pipelines check`` and before ``stage`` reads anything.
+
+    Raises:
+        ConfigError: Every problem as ``file:line: field: message``.
+    """
+    from trainyard.contracts import load_contract
+    from trainyard.errors import ContractError
+    from trainyard.evaluation import KNOWN_METRICS
+    from trainyard.training.worker.architectures import MODELS
+
+    cfg = parse_pipeline(path)
+    lines, _ = yaml_line_index(path.read_text(encoding="utf-8"))
+    where = YamlWhere(path, lines)
+    problems = []
+    if cfg.training.model not in MODELS:
+        known = ", ".join(sorted(MODELS))
+        problems.append(
+            where(("training", "model"), f"unknown model {cfg.training.model!r} (known: {known})")
+        )
+    try:
+        contract = load_contract(cfg.dataset)
+    except ContractError as e:
+        problems.append(where(("dataset",), f"no usable data contract: {e}"))
+    else:
+        if contract.source.format != cfg.source.format:
+            problems.append(
+                where(
+                    ("source", "format"),
+                    f"{cfg.source.format!r}, but the contract of {cfg.dataset!r} says "
+                    f"{contract.source.format!r}",
+                )
+            )
+    named = [("gate", "metrics", i) for i in range(len(cfg.gate.metrics))]
+    metrics = list(cfg.gate.metrics)
+    named += [("gate", "thresholds", m) for m in cfg.gate.thresholds]
+    metrics += list(cfg.gate.thresholds)
+    if cfg.gate.champion is not None:
+        named.append(("gate", "champion", "metric"))
+        metrics.append(cfg.gate.champion.metric)
+    for keys, metric in zip(named, metrics, strict=True):
+        if metric not in KNOWN_METRICS:
+            problems.append(
+                where(keys, f"unknown metric {metric!r} (known: {', '.join(KNOWN_METRICS)})")
+            )
+    if problems:
+        raise ConfigError(
+            f"{path}: invalid pipeline config\n" + "\n".join(f"  {p}" for p in problems)
+        )
     return cfg
 
 
@@ -292,8 +385,60 @@ def pipeline_files(pipelines_dir: Path | None = None) -> list[Path]:
     return sorted(folder.glob("*.yaml"))
 
 
-def load_pipeline(name: str) -> PipelineConfig:
+def load_pipeline(name: str, check: bool = False) -> PipelineConfig:
     """Load a pipeline by name.
+
+def cli_main(argv: list[str]) -> int:
+    """``python -m trainyard pipelines check [FILE ...]`` (default: every pipeline).
+
+    Args:
+        argv: Arguments after ``pipelines``.
+
+    Returns:
+        0 if every pipeline is valid, 1 if any is not, 2 on usage errors.
+    """
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m trainyard pipelines")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="check pipeline configs (default: every pipeline)")
+    check.add_argument("files", nargs="*", type=Path)
+    sub.add_parser("schema", help="print the pipeline config's JSON schema")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if args.command == "schema":
+        sys.stdout.write(pipeline_json_schema() + "\n")
+        return 0
+    files = args.files or pipeline_files()
+    if not files:
+        sys.stderr.write(f"no pipelines found in {get_settings().pipelines_dir}\n")
+        return 1
+    failed = 0
+    for path in files:
+        try:
+            cfg = check_pipeline(path)
+        except ConfigError as e:
+            failed += 1
+            sys.stderr.write(f"FAIL {e}\n")
+        else:
+            sys.stdout.write(f"ok   {path} ({cfg.dataset}, model {cfg.training.model})\n")
+    if failed:
+        sys.stderr.write(f"{failed} of {len(files)} pipeline(s) invalid\n")
+    return 1 if failed else 0
+
+
+def pipeline_json_schema() -> str:
+    """The pipeline config's JSON schema (``dags/pipelines/pipeline.schema.json``)."""
+    import json
+
+    schema = PipelineConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://trainyard.dev/schemas/pipeline.schema.json"
+    return json.dumps(schema, indent=2, sort_keys=True)
+
 
     Args:
         name: The pipeline name (file stem in the pipelines folder).
@@ -306,9 +451,23 @@ def load_pipeline(name: str) -> PipelineConfig:
     """
     if not NAME_RE.match(name):
         raise ConfigError(f"invalid pipeline name {name!r}")
+        check: Also check the names it refers to (:func:`check_pipeline`).
     folder = get_settings().pipelines_dir
     path = folder / f"{name}.yaml"
     if not path.exists():
         known = ", ".join(p.stem for p in pipeline_files(folder)) or "none"
         raise ConfigError(f"unknown pipeline {name!r} (known: {known}; looked in {folder})")
-    return parse_pipeline(path)
+    return check_pipeline(path) if check else parse_pipeline(path)
+
+
+TRAINING_POOL = "trainyard_training"
+"""The Airflow pool of training tasks on the local runner (one slot on a laptop)."""
+
+
+def training_pool_name(runner: str, tier: str) -> str:
+    """The Airflow pool a training task of ``tier`` waits in on ``runner``.
+
+    Locally every training shares one pool (one machine); on a cluster each tier has its
+    own, sized by the profile (:func:`training_pools`).
+    """
+    return TRAINING_POOL if runner == "local" else f"{TRAINING_POOL}_{tier}"

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from trainyard.errors import ContractError
+from trainyard.fsutil import YamlWhere as _Where
 from trainyard.fsutil import load_yaml
+from trainyard.fsutil import yaml_line_index as _line_index
 from trainyard.settings import get_settings
 
 if TYPE_CHECKING:
@@ -203,51 +205,6 @@ def _schema_validator() -> Any:
     schema = json.loads(path.read_text(encoding="utf-8"))
     # the shipped schema itself is checked against its meta-schema by the tests
     return jsonschema.validators.validator_for(schema)(schema)
-
-
-def _line_index(text: str) -> tuple[dict[tuple[Any, ...], int], list[tuple[Any, ...]]]:
-    """Map each key path of a YAML document to its 1-based line; list duplicated keys."""
-    lines: dict[tuple[Any, ...], int] = {}
-    duplicates: list[tuple[Any, ...]] = []
-
-    def walk(node: yaml.Node, path: tuple[Any, ...]) -> None:
-        lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key, value in node.value:
-                sub = (*path, key.value)
-                if key.value in seen:
-                    duplicates.append(sub)
-                seen.add(key.value)
-                lines[sub] = key.start_mark.line + 1
-                walk(value, sub)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, (*path, i))
-
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    if root is not None:
-        walk(root, ())
-    return lines, duplicates
-
-
-class _Where:
-    """Formats ``file:line: field: message`` for a key path of the document."""
-
-    def __init__(self, path: Path, lines: dict[tuple[Any, ...], int]) -> None:
-        self.path = path
-        self.lines = lines
-
-    def __call__(self, keys: Sequence[Any], message: str) -> str:
-        keys = tuple(keys)
-        line = None
-        for n in range(len(keys), -1, -1):
-            if keys[:n] in self.lines:
-                line = self.lines[keys[:n]]
-                break
-        where = f"{self.path}:{line}" if line else str(self.path)
-        dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
-        return f"{where}: {dotted or '<root>'}: {message}"
 
 
 def _schema_errors(raw: Any, where: _Where) -> list[str]:

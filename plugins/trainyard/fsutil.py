@@ -14,7 +14,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -304,3 +304,59 @@ _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 def redact_text(text: str) -> str:
     """``text`` with every URL in it passed through :func:`redact_url` (for messages)."""
     return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+
+
+def yaml_line_index(text: str) -> tuple[dict[tuple[Any, ...], int], list[tuple[Any, ...]]]:
+    """Map each key path of a YAML document to its 1-based line; list duplicated keys.
+
+    Args:
+        text: The YAML text (composed, not constructed: no aliases are expanded).
+
+    Returns:
+        ``(lines, duplicates)``: key path → line, and the key paths given twice.
+
+    Raises:
+        yaml.YAMLError: If the text is not YAML.
+    """
+    lines: dict[tuple[Any, ...], int] = {}
+    duplicates: list[tuple[Any, ...]] = []
+
+    def walk(node: yaml.Node, path: tuple[Any, ...]) -> None:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key, value in node.value:
+                sub = (*path, key.value)
+                if key.value in seen:
+                    duplicates.append(sub)
+                seen.add(key.value)
+                lines[sub] = key.start_mark.line + 1
+                walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, (*path, i))
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, ())
+    return lines, duplicates
+
+
+class YamlWhere:
+    """Formats ``file:line: field: message`` for a key path of the document."""
+
+    def __init__(self, path: Path, lines: dict[tuple[Any, ...], int]) -> None:
+        self.path = path
+        self.lines = lines
+
+    def __call__(self, keys: Sequence[Any], message: str) -> str:
+        """``file:line: dotted.key: message`` for the nearest key path that has a line."""
+        keys = tuple(keys)
+        line = None
+        for n in range(len(keys), -1, -1):
+            if keys[:n] in self.lines:
+                line = self.lines[keys[:n]]
+                break
+        where = f"{self.path}:{line}" if line else str(self.path)
+        dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
+        return f"{where}: {dotted or '<root>'}: {message}"

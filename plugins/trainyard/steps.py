@@ -104,7 +104,8 @@ def stage(
     """
     from trainyard.staging import stage as stage_source
 
-    cfg = load_pipeline(pipeline)
+    # names the config refers to (model, contract, metrics) are checked before any read
+    cfg = load_pipeline(pipeline, check=True)
     if snapshot_id:
         path = _snapshot_path(cfg, snapshot_id)
         return {

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainyard.config import dns_subdomain
+from trainyard.config import TRAINING_POOL, dns_subdomain, training_pool_name
 from trainyard.errors import ConfigError
 
 DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -237,19 +237,6 @@ class ClusterProfile(_Strict):
         except KeyError:
             known = ", ".join(sorted(self.tiers))
             raise ConfigError(f"unknown priority tier {name!r} (known: {known})") from None
-
-
-TRAINING_POOL = "trainyard_training"
-"""The Airflow pool of training tasks on the local runner (one slot on a laptop)."""
-
-
-def training_pool_name(runner: str, tier: str) -> str:
-    """The Airflow pool a training task of ``tier`` waits in on ``runner``.
-
-    Locally every training shares one pool (one machine); on a cluster each tier has its
-    own, sized by the profile (:func:`training_pools`).
-    """
-    return TRAINING_POOL if runner == "local" else f"{TRAINING_POOL}_{tier}"
 
 
 def training_pools(profile: ClusterProfile | None) -> dict[str, dict[str, Any]]:

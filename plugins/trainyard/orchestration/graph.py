@@ -28,9 +28,14 @@ from typing import Any
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from trainyard.config import PipelineConfig, TrainingConfig, parse_pipeline, pipeline_files
+from trainyard.config import (
+    PipelineConfig,
+    TrainingConfig,
+    parse_pipeline,
+    pipeline_files,
+    training_pool_name,
+)
 from trainyard.errors import ConfigError
-from trainyard.k8s.profile import training_pool_name
 from trainyard.orchestration.inputs import FromParam, FromRun, FromXCom, Results
 from trainyard.settings import Settings, get_settings
 

@@ -1,0 +1,110 @@
+"""Pipeline configs are a documented, checked format: schema, README, check command."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from trainyard.config import check_pipeline, parse_pipeline, pipeline_json_schema
+from trainyard.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINES = ROOT / "dags" / "pipelines"
+NEGATIVE = sorted((ROOT / "tests" / "fixtures" / "pipelines" / "negative").glob("*.yaml"))
+SHIPPED = sorted(PIPELINES.glob("*.yaml"))
+
+
+def _expect(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), path
+    return first.removeprefix("# expect: ")
+
+
+@pytest.mark.parametrize("path", NEGATIVE, ids=[p.stem for p in NEGATIVE])
+def test_negative_fixture_fails_with_file_line_and_field(path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        check_pipeline(path)
+    text = str(exc.value)
+    assert _expect(path) in text, text
+    assert str(path) in text
+    if path.stem not in ("not_a_mapping",):
+        assert re.search(rf"{re.escape(str(path))}:\d+", text), text  # a line number
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_pipelines_pass_the_check_and_the_json_schema(path: Path) -> None:
+    check_pipeline(path)
+    schema = json.loads((PIPELINES / "pipeline.schema.json").read_text())
+    jsonschema.validate(
+        json.loads(json.dumps(yaml.safe_load(path.read_text()), default=str)), schema
+    )
+
+
+def test_json_schema_file_is_the_config_models_schema() -> None:
+    shipped = (PIPELINES / "pipeline.schema.json").read_text().strip()
+    assert shipped == pipeline_json_schema(), (
+        "dags/pipelines/pipeline.schema.json is stale: "
+        "python -m trainyard pipelines schema > dags/pipelines/pipeline.schema.json"
+    )
+    jsonschema.validators.validator_for(json.loads(shipped)).check_schema(json.loads(shipped))
+
+
+def _fields(schema: dict, defs: dict, prefix: str = "") -> set[str]:
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].split("/")[-1]]
+    found: set[str] = set()
+    for key in ("anyOf", "oneOf", "allOf"):
+        for sub in schema.get(key, []):
+            found |= _fields(sub, defs, prefix)
+    for name, sub in schema.get("properties", {}).items():
+        path = f"{prefix}.{name}" if prefix else name
+        found |= {path} | _fields(sub, defs, path)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        found |= _fields(extra, defs, f"{prefix}.<name>")
+    return found
+
+
+def test_readme_documents_every_field() -> None:
+    schema = json.loads(pipeline_json_schema())
+    fields = _fields(schema, schema.get("$defs", {}))
+    readme = (PIPELINES / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
+    assert fields - documented == set(), "fields missing from dags/pipelines/README.md"
+    assert documented - fields == set(), "README documents fields the config does not have"
+
+
+def test_check_command_names_every_problem_and_exits_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        (ROOT / "tests/fixtures/pipelines/negative/unknown_model.yaml")
+        .read_text()
+        .replace("unknown_model", "bad")
+        .replace("format: image_folder", "format: csv")
+    )
+    env = {"PYTHONPATH": str(ROOT / "plugins"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-m", "trainyard", "pipelines", "check", str(bad), *map(str, SHIPPED)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode == 1, out
+    assert f"{bad}:9: training.model: unknown model 'resnet'" in out.stderr
+    assert f"{bad}:7: source.format: 'csv'" in out.stderr
+    assert "1 of 3 pipeline(s) invalid" in out.stderr
+    assert all(f"ok   {p}" in out.stdout for p in SHIPPED)
+
+
+def test_parse_alone_stays_cheap_and_does_not_read_contracts(tmp_path: Path) -> None:
+    # DAG parsing uses parse_pipeline only: an unknown model is the check's business
+    path = tmp_path / "unknown_model.yaml"
+    path.write_text((NEGATIVE[0].parent / "unknown_model.yaml").read_text())
+    assert parse_pipeline(path).training.model == "resnet"
