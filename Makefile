@@ -1,5 +1,6 @@
 # trainyard: `make run` sets everything up and runs the digits pipeline end to end on the
-# embedded default (Airflow on SQLite, local TensorFlow workers); `make test` runs the tests.
+# embedded default (Airflow on the project's own PostgreSQL in .trainyard/postgres, local
+# TensorFlow workers); `make test` runs the tests.
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed
 ENV := . scripts/env.sh &&
 PIPELINE ?= digits
 
-.PHONY: run setup native airflow-init test lint bench standalone stop clean
+.PHONY: run setup native postgres airflow-init test lint bench standalone stop clean
 
 run: airflow-init native
 	$(ENV) airflow dags test trainyard_$(PIPELINE) > .trainyard/last_dags_test.log 2>&1 \
@@ -27,7 +28,12 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	$(VENV)/bin/pip install --quiet -r requirements-dev.txt -c constraints.txt
 	touch $(STAMP)
 
-airflow-init: $(STAMP)
+# Airflow's metadata database: PostgreSQL in .trainyard/postgres, made on first use, reused
+# after (plugins/trainyard/metadb.py); it keeps running until `make stop`
+postgres: $(STAMP)
+	@$(ENV) python -m trainyard.metadb start
+
+airflow-init: $(STAMP) postgres
 	@mkdir -p .trainyard
 	$(ENV) airflow db migrate > .trainyard/airflow_init.log 2>&1 || { tail -n 40 .trainyard/airflow_init.log; exit 1; }
 	$(ENV) airflow pools set trainyard_training 1 "one distributed training at a time on this machine" >> .trainyard/airflow_init.log 2>&1
@@ -37,6 +43,7 @@ standalone: airflow-init native
 
 stop:
 	$(ENV) python -c "from trainyard.serving.deploy import stop_local_server; from trainyard.settings import get_settings; stop_local_server(get_settings().serving_root)"
+	$(ENV) python -m trainyard.metadb stop
 
 test: $(STAMP) native
 	bash scripts/system_deps.sh
@@ -51,4 +58,5 @@ bench: $(STAMP) native
 	$(ENV) for b in benchmarks/*.py; do python $$b || exit 1; done
 
 clean:
+	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.metadb stop
 	rm -rf .trainyard

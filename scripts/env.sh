@@ -1,10 +1,16 @@
-# Source me: the project's Airflow home on SQLite, inside the checkout (no global state).
+# Source me: the project's Airflow home and its metadata database, PostgreSQL in
+# .trainyard/postgres (`make postgres` starts it, `make stop` stops it), inside the
+# checkout (no global state).
 # Usage: . scripts/env.sh
 _root="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
 export TRAINYARD_PROJECT_DIR="$_root"
 export TRAINYARD_VOLUME_ROOT="${TRAINYARD_VOLUME_ROOT:-$_root/.trainyard/volumes}"
 export TRAINYARD_RUNNER="${TRAINYARD_RUNNER:-local}"
 export AIRFLOW_HOME="${AIRFLOW_HOME:-$_root/.trainyard/airflow}"
+# the project's PostgreSQL (plugins/trainyard/metadb.py), reached over its Unix socket
+# in that folder; a caller's own database URL wins
+export TRAINYARD_POSTGRES_DIR="${TRAINYARD_POSTGRES_DIR:-$_root/.trainyard/postgres}"
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-postgresql+psycopg2://airflow@/airflow?host=$TRAINYARD_POSTGRES_DIR}"
 export AIRFLOW__CORE__DAGS_FOLDER="$_root/dags"
 export AIRFLOW__CORE__PLUGINS_FOLDER="$_root/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False

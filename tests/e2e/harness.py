@@ -1,4 +1,9 @@
-"""An isolated trainyard + Airflow home for end-to-end tests (real Airflow on SQLite)."""
+"""An isolated trainyard + Airflow home for end-to-end tests (real Airflow).
+
+Its metadata database is the project's own PostgreSQL (``trainyard.metadb``, a cluster in
+the test's folder) wherever a scheduler runs, and SQLite in the test's folder where a
+single process runs (``airflow dags test``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from trainyard.metadb import Cluster, ensure_running, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +34,17 @@ class Project:
     home: Path
     env: dict[str, str]
     port: int
+    postgres: Cluster | None = None
+
+    def start_postgres(self) -> None:
+        """Start this project's PostgreSQL (made on first use), if it has one."""
+        if self.postgres is not None:
+            ensure_running(self.postgres)
+
+    def stop_postgres(self) -> None:
+        """Stop this project's PostgreSQL, if it has one and it runs."""
+        if self.postgres is not None:
+            stop(self.postgres)
 
     @property
     def volume_root(self) -> Path:
@@ -81,6 +99,7 @@ def make_project(
     pipeline_overrides: dict | None = None,
     api_port: int | None = None,
     extra_pipelines: dict[str, dict] | None = None,
+    database: str | None = None,
 ) -> Project:
     """Write a pipelines folder (the real pipelines with test overrides) and an env.
 
@@ -90,6 +109,9 @@ def make_project(
         api_port: Port of the Airflow API server (standalone tests).
         extra_pipelines: More pipelines by name: ``{"name": {"from": "transactions",
             ...updates}}`` copies a real pipeline config and applies the updates.
+        database: ``"postgres"`` (a cluster in ``tmp/postgres``, the default with an API
+            server, i.e. where a scheduler runs) or ``"sqlite"`` (``tmp/airflow/airflow.db``,
+            the default otherwise).
 
     Returns:
         The project handle; call ``init_airflow`` before running DAGs.
@@ -117,17 +139,27 @@ def make_project(
         PYTHONPATH=str(ROOT / "plugins"),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
+    database = database or ("postgres" if api_port else "sqlite")
+    postgres = None
+    if database == "postgres":
+        postgres = Cluster(tmp / "postgres")
+        env["TRAINYARD_POSTGRES_DIR"] = str(postgres.root)
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = postgres.url()
+    else:  # explicit: the calling shell's env.sh names the project's PostgreSQL
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{tmp / 'airflow' / 'airflow.db'}"
+    env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC", None)
     if api_port:
         env.update(
             AIRFLOW__API__HOST="127.0.0.1",
             AIRFLOW__API__PORT=str(api_port),
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{api_port}/execution/",
         )
-    return Project(home=tmp, env=env, port=port)
+    return Project(home=tmp, env=env, port=port, postgres=postgres)
 
 
 def init_airflow(project: Project) -> None:
-    """Migrate the SQLite metadata DB and create the training pool."""
+    """Start the project's database server if it has one, migrate, create the pool."""
+    project.start_postgres()
     out = project.airflow("db", "migrate", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     out = project.airflow("pools", "set", "trainyard_training", "1", "training", timeout=120)
