@@ -297,6 +297,11 @@ def parse_pipeline(path: Path) -> PipelineConfig:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: pipeline config not found") from e
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"{path}: cannot read the pipeline config: {e}") from e
+    try:
+        raw: Any = load_yaml(text, path)
+        lines, duplicates = yaml_line_index(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark else ""
@@ -314,11 +319,6 @@ def parse_pipeline(path: Path) -> PipelineConfig:
     except ValidationError as e:
         raise ConfigError(_format_error(path, e, where)) from e
     if cfg.name != path.stem:
-    except (OSError, UnicodeError) as e:
-        raise ConfigError(f"{path}: cannot read the pipeline config: {e}") from e
-    try:
-        raw: Any = load_yaml(text, path)
-        lines, duplicates = yaml_line_index(text)
         raise ConfigError(where(("name",), f"{cfg.name!r} must equal the file name {path.stem!r}"))
     return cfg
 
@@ -379,15 +379,6 @@ def check_pipeline(path: Path) -> PipelineConfig:
     return cfg
 
 
-def pipeline_files(pipelines_dir: Path | None = None) -> list[Path]:
-    """Pipeline YAML files, sorted so DAG generation is deterministic."""
-    folder = pipelines_dir or get_settings().pipelines_dir
-    return sorted(folder.glob("*.yaml"))
-
-
-def load_pipeline(name: str, check: bool = False) -> PipelineConfig:
-    """Load a pipeline by name.
-
 def cli_main(argv: list[str]) -> int:
     """``python -m trainyard pipelines check [FILE ...]`` (default: every pipeline).
 
@@ -440,8 +431,18 @@ def pipeline_json_schema() -> str:
     return json.dumps(schema, indent=2, sort_keys=True)
 
 
+def pipeline_files(pipelines_dir: Path | None = None) -> list[Path]:
+    """Pipeline YAML files, sorted so DAG generation is deterministic."""
+    folder = pipelines_dir or get_settings().pipelines_dir
+    return sorted(folder.glob("*.yaml"))
+
+
+def load_pipeline(name: str, check: bool = False) -> PipelineConfig:
+    """Load a pipeline by name.
+
     Args:
         name: The pipeline name (file stem in the pipelines folder).
+        check: Also check the names it refers to (:func:`check_pipeline`).
 
     Returns:
         The typed config.
@@ -451,7 +452,6 @@ def pipeline_json_schema() -> str:
     """
     if not NAME_RE.match(name):
         raise ConfigError(f"invalid pipeline name {name!r}")
-        check: Also check the names it refers to (:func:`check_pipeline`).
     folder = get_settings().pipelines_dir
     path = folder / f"{name}.yaml"
     if not path.exists():
