@@ -49,7 +49,9 @@ for dag_id in {DAG_IDS!r}:
 DAYS = 7  # runs per backfill
 
 
-def _airflow(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _airflow(
+    env: dict[str, str], *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(Path(sys.executable).with_name("airflow")), *args],
         env=env,
@@ -59,7 +61,7 @@ def _airflow(env: dict[str, str], *args: str, timeout: float = 300) -> subproces
     )
 
 
-def _start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
+def _start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [str(Path(sys.executable).with_name("airflow")), *args],
         env=env,
@@ -69,7 +71,7 @@ def _start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     )
 
 
-def _end(proc: subprocess.Popen) -> None:
+def _end(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -92,7 +94,7 @@ def _rows(cluster: Cluster, sql: str) -> list[tuple]:
 @pytest.fixture(scope="module")
 def airflow_on_postgres(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Cluster, dict[str, str], Path, subprocess.Popen]]:
+) -> Iterator[tuple[Cluster, dict[str, str], Path, subprocess.Popen[bytes]]]:
     tmp = tmp_path_factory.mktemp("pgbackfill")
     (tmp / "dags").mkdir()
     (tmp / "dags" / "probe_dags.py").write_text(DAG_FILE)
@@ -142,7 +144,7 @@ def airflow_on_postgres(
 
 
 def test_backfills_are_created_while_the_scheduler_runs(
-    airflow_on_postgres: tuple[Cluster, dict[str, str], Path, subprocess.Popen],
+    airflow_on_postgres: tuple[Cluster, dict[str, str], Path, subprocess.Popen[bytes]],
 ) -> None:
     cluster, env, tmp, scheduler = airflow_on_postgres
     created: dict[str, float] = {}

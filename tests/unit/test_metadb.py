@@ -262,14 +262,16 @@ def test_env_sh_names_the_projects_cluster(monkeypatch: pytest.MonkeyPatch) -> N
     assert default_cluster() == expected
 
 
-def test_make_stop_stops_the_database_after_the_model_server() -> None:
-    plan = subprocess.run(
-        ["make", "-n", "stop", "postgres", "airflow-init"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert plan.returncode == 0, plan.stderr
-    assert "python -m trainyard.metadb stop" in plan.stdout
-    assert "python -m trainyard.metadb start" in plan.stdout
+def test_make_starts_the_database_before_migrating_and_stop_stops_it() -> None:
+    def plan(target: str) -> list[str]:
+        out = subprocess.run(
+            ["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    init = plan("airflow-init")
+    start = next(i for i, line in enumerate(init) if "python -m trainyard.metadb start" in line)
+    migrate = next(i for i, line in enumerate(init) if "airflow db migrate" in line)
+    assert start < migrate
+    assert any("python -m trainyard.metadb stop" in line for line in plan("stop"))
