@@ -135,7 +135,7 @@ def test_airflow_image_builds_the_c_staging_module() -> None:
     assert froms[0] == "python:3.11-bookworm AS native"  # same CPython ABI as the final base
     assert any("build_native.py" in i.args for i in ins if i.op == "RUN")
     copied = [i.args for i in ins if i.op == "COPY" and i.args.startswith("--from=native")]
-    for package in ("staging", "serving"):
+    for package in ("staging", "serving", "training"):
         assert any(f"/opt/airflow/plugins/trainyard/{package}/" in c for c in copied), package
     sources = [p.relative_to(ROOT).as_posix() for p in (ROOT / "plugins").rglob("*.c")]
     assert sorted(sources) == sorted(
