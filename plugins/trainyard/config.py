@@ -57,11 +57,20 @@ class SourceConfig(_Strict):
     it may contain ``{ds}`` (interval start date, ``YYYY-MM-DD``) for dated partitions.
     ``bootstrap`` names a bundled generator that writes the raw source when it is missing
     (the demo's stand-in for a data lake).
+
+    ``when_missing`` says what a run does when its partition (the URL for its interval)
+    does not exist: ``fail`` (default) fails the stage task without retry; ``skip`` skips
+    it and everything after it (the run shows skipped, not failed); ``wait`` waits for it
+    before staging (a ``wait_for_source`` sensor in reschedule mode, checking every
+    ``wait_poke_s`` seconds from the Airflow worker, failing after ``wait_timeout_s``).
     """
 
     url: str
     format: Literal["csv", "parquet", "jsonl", "image_folder"]
     bootstrap: str | None = None
+    when_missing: Literal["wait", "skip", "fail"] = "fail"
+    wait_timeout_s: float = Field(default=6 * 3600, gt=0)
+    wait_poke_s: float = Field(default=300, gt=0)
 
 
 class StagingConfig(_Strict):

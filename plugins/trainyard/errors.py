@@ -19,6 +19,24 @@ class StagingError(TrainyardError):
     """A source cannot be staged (missing, empty, corrupt, changed while read)."""
 
 
+class SourceMissing(StagingError):
+    """The source (the interval's partition) does not exist (``source.when_missing`` decides)."""
+
+
+class SourceInvalid(StagingError):
+    """The source's content breaks the contract: no retry fixes it.
+
+    A missing or undeclared column, a value that does not cast, a malformed row or file.
+    """
+
+
+class StepSkipped(TrainyardError):
+    """A step has nothing to do for this run: the task and what depends on it skip.
+
+    A missing partition with ``source.when_missing: skip``; the message is the reason.
+    """
+
+
 class SnapshotError(TrainyardError):
     """A snapshot is missing, incomplete or does not match its manifest."""
 

@@ -116,7 +116,14 @@ def stage(
             "given": True,
             "checked": "snapshot given by the run (trigger form or Asset event): nothing staged",
         }
-    result = stage_source(cfg, interval_start, interval_end)
+    from trainyard.errors import SourceMissing, StepSkipped
+
+    try:
+        result = stage_source(cfg, interval_start, interval_end)
+    except SourceMissing as e:
+        if cfg.source.when_missing == "skip":
+            raise StepSkipped(f"{e}: nothing to stage (source.when_missing: skip)") from e
+        raise
     out = {
         "snapshot_id": result.snapshot_id,
         "dataset": result.dataset,
@@ -595,6 +602,9 @@ EXIT_USAGE = 2
 EXIT_DETERMINISTIC = 3
 """A step failed in a way no retry fixes (bad config or data, a rejection, a damaged
 snapshot): the orchestrator fails the task without retrying."""
+EXIT_SKIPPED = 4
+"""A step had nothing to do (a missing partition with ``source.when_missing: skip``): the
+orchestrator skips the task and what depends on it, with the step's reason."""
 
 ArgKind = Literal["str", "int", "float", "bool", "json"]
 
@@ -820,6 +830,8 @@ def deterministic(error: BaseException) -> bool:
         ConfigError,
         DeployError,
         GateRejected,
+        SourceInvalid,
+        SourceMissing,
         TrainingError,
         ValidationFailed,
     )
@@ -827,7 +839,14 @@ def deterministic(error: BaseException) -> bool:
     if isinstance(error, TrainingError):
         return not getattr(error, "retryable", True)
     return isinstance(
-        error, ConfigError | ValidationFailed | GateRejected | SnapshotError | DeployError
+        error,
+        ConfigError
+        | ValidationFailed
+        | GateRejected
+        | SnapshotError
+        | DeployError
+        | SourceInvalid
+        | SourceMissing,
     )
 
 
@@ -862,12 +881,15 @@ def run_step(name: str, argv: list[str]) -> int:
     Returns:
         The exit code.
     """
-    from trainyard.errors import TrainyardError
+    from trainyard.errors import StepSkipped, TrainyardError
 
     step = STEPS[name]
     kwargs = step.parse(argv)
     try:
         result = step.fn(**kwargs)
+    except StepSkipped as e:
+        _report_error(f"trainyard {name}: skipped: {e}")
+        return EXIT_SKIPPED
     except TrainyardError as e:
         _report_error(f"trainyard {name}: {type(e).__name__}: {e}")
         return EXIT_DETERMINISTIC if deterministic(e) else EXIT_FAILED

@@ -414,6 +414,10 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         retries=2,
         execution_timeout=dt.timedelta(hours=2),
     )
+    if cfg.source.when_missing == "wait":
+        from trainyard.orchestration.sensors import SourcePartitionSensor
+
+        SourcePartitionSensor(task_id="wait_for_source", pipeline=cfg) >> stage
     validate = step(
         "validate",
         # the training window ends at the interval staged (none for a given snapshot)

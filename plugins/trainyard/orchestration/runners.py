@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from trainyard.errors import ConfigError, TrainingError
 from trainyard.orchestration.inputs import Source, resolve, resolve_all
@@ -55,15 +55,17 @@ JOB_POLL_S = 10.0
 
 
 class StepFailed(Exception):
-    """A step's pod or process failed.
+    """A step's pod or process failed, or had nothing to do.
 
     Attributes:
         deterministic: No retry can fix it (exit code 3).
+        skipped: The step had nothing to do (exit code 4): the task skips.
     """
 
-    def __init__(self, message: str, deterministic: bool) -> None:
+    def __init__(self, message: str, deterministic: bool, skipped: bool = False) -> None:
         super().__init__(message)
         self.deterministic = deterministic
+        self.skipped = skipped
 
 
 class Runner(Protocol):
@@ -138,6 +140,8 @@ class StepOperator(BaseOperator):
         try:
             result = self._runner.run_step(self.pipeline, self.step, values, context)
         except StepFailed as e:
+            if e.skipped:
+                raise AirflowSkipException(str(e)) from None
             if e.deterministic:
                 raise AirflowFailException(str(e)) from None
             raise AirflowException(str(e)) from None
@@ -337,7 +341,7 @@ def run_pod_locally(
     import shlex
 
     from trainyard.k8s.local import TERMINATION_LOG, XCOM_PATH, local_process
-    from trainyard.steps import EXIT_DETERMINISTIC
+    from trainyard.steps import EXIT_DETERMINISTIC, EXIT_SKIPPED
 
     with tempfile.TemporaryDirectory(prefix="trainyard-pod-") as scratch:
         proc = local_process(
@@ -371,7 +375,8 @@ def run_pod_locally(
             message = proc.local(TERMINATION_LOG)
             text = message.read_text(encoding="utf-8").strip() if message.is_file() else ""
             text = text or next((t for t in reversed(tail) if t.strip()), f"exit code {code}")
-            raise StepFailed(text, deterministic=code == EXIT_DETERMINISTIC)
+            final = code in (EXIT_DETERMINISTIC, EXIT_SKIPPED)
+            raise StepFailed(text, deterministic=final, skipped=code == EXIT_SKIPPED)
         result_file = proc.local(XCOM_PATH)
         if not result_file.is_file():
             raise StepFailed(f"pod {pod.metadata.name} wrote no result ({XCOM_PATH})", False)
@@ -487,12 +492,13 @@ def step_pod_operator(pod: V1Pod, profile: ClusterProfile, task_id: str) -> Any:
     """The KubernetesPodOperator that submits a step pod and returns its XCom.
 
     A container that exits :data:`~trainyard.steps.EXIT_DETERMINISTIC` fails the task
-    without retry, with the step's one-line error (its termination message).
+    without retry, with the step's one-line error (its termination message); one that
+    exits :data:`~trainyard.steps.EXIT_SKIPPED` skips it with the step's reason.
     """
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
     from trainyard import k8s
-    from trainyard.steps import EXIT_DETERMINISTIC
+    from trainyard.steps import EXIT_DETERMINISTIC, EXIT_SKIPPED
 
     class StepPodOperator(KubernetesPodOperator):
         def cleanup(self, pod: Any, remote_pod: Any, *args: Any, **kwargs: Any) -> None:
@@ -502,6 +508,8 @@ def step_pod_operator(pod: V1Pod, profile: ClusterProfile, task_id: str) -> Any:
                 state = _terminated(remote_pod)
                 if state is not None and state.exit_code == EXIT_DETERMINISTIC:
                     raise AirflowFailException(state.message or str(e)) from None
+                if state is not None and state.exit_code == EXIT_SKIPPED:
+                    raise AirflowSkipException(state.message or str(e)) from None
                 raise
 
     container = pod.spec.containers[0]

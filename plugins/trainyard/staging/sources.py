@@ -19,7 +19,7 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any, NamedTuple
 
-from trainyard.errors import StagingError
+from trainyard.errors import SourceMissing, StagingError
 from trainyard.fsutil import redact_url
 from trainyard.settings import get_settings
 from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
@@ -572,7 +572,7 @@ def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
         raise StagingError(f"{redact_url(url)}: cannot open source ({e})") from None
     root = root.rstrip("/") or "/"
     if not fs.exists(root):
-        raise StagingError(f"{redact_url(url)}: source does not exist")
+        raise SourceMissing(f"{redact_url(url)}: source does not exist")
     if fmt == "image_folder":
         extensions: tuple[str, ...] | None = (
             (f".{extension.lower()}",) if extension else IMAGE_EXTENSIONS

@@ -19,7 +19,7 @@ from typing import Any
 
 import blake3
 
-from trainyard.errors import StagingError
+from trainyard.errors import SourceInvalid, StagingError
 from trainyard.staging.sources import ContractInfo, Source, SourceFile, contract_schema
 from trainyard.volumes import ShardInfo
 
@@ -165,7 +165,7 @@ def _cast_batch(batch: Any, schema: Any, where: str) -> Any:
     names = set(batch.schema.names)
     missing = [f.name for f in schema if f.name not in names]
     if missing:
-        raise StagingError(f"{where}: column {missing[0]!r} of the contract is missing")
+        raise SourceInvalid(f"{where}: column {missing[0]!r} of the contract is missing")
     arrays = []
     for f in schema:
         col = batch.column(f.name)
@@ -173,7 +173,7 @@ def _cast_batch(batch: Any, schema: Any, where: str) -> Any:
             try:
                 col = pc.cast(col, f.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise StagingError(
+                raise SourceInvalid(
                     f"{where}: column {f.name!r}: cannot cast {col.type} to contract type "
                     f"{f.type}: {e}"
                 ) from e
@@ -185,15 +185,15 @@ def _csv_header(src: Source, f: SourceFile) -> list[str]:
     with src.fs.open(f.path, "rb") as fh:
         line = next(_bounded_lines(fh), b"")
     if line is None:
-        raise StagingError(f"{f.path}: row 1 (header): {_TOO_LONG}")
+        raise SourceInvalid(f"{f.path}: row 1 (header): {_TOO_LONG}")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise StagingError(f"{f.path}: row 1 (header): not UTF-8 text ({e.reason})") from e
+        raise SourceInvalid(f"{f.path}: row 1 (header): not UTF-8 text ({e.reason})") from e
     try:
         return next(csv.reader([text]), [])
     except csv.Error as e:
-        raise StagingError(f"{f.path}: row 1 (header): not valid CSV ({e})") from None
+        raise SourceInvalid(f"{f.path}: row 1 (header): not valid CSV ({e})") from None
 
 
 def _bounded_lines(fh: Any, limit: int = MAX_ROW_BYTES) -> Iterator[bytes | None]:
@@ -229,7 +229,7 @@ def _check_extra(columns: list[str], schema: Any, allow_extra: bool, where: str)
         return
     extra = [c for c in columns if c not in set(schema.names)]
     if extra:
-        raise StagingError(
+        raise SourceInvalid(
             f"{where}: column {extra[0]!r} is not in the contract (allow_extra_columns is "
             "false: declare it, or set allow_extra_columns: true to drop it)"
         )
@@ -318,7 +318,7 @@ def _read_csv(
     header = _csv_header(src, f)
     missing = [n for n in schema.names if n not in header]
     if missing:
-        raise StagingError(
+        raise SourceInvalid(
             f"{f.path}: row 1 (header): column {missing[0]!r} of the contract is missing "
             f"(header: {', '.join(header)})"
         )
@@ -334,7 +334,7 @@ def _read_csv(
         )
         yield from _batches(reader, stream, f, schema, advance)
     except (pa.ArrowException, UnicodeDecodeError) as e:
-        raise StagingError(_diagnose_csv(src, f, header, str(e))) from e
+        raise SourceInvalid(_diagnose_csv(src, f, header, str(e))) from e
     finally:
         stream.close()
 
@@ -357,7 +357,7 @@ def _read_jsonl(
         )
         yield from _batches(reader, stream, f, schema, advance)
     except pa.ArrowException as e:
-        raise StagingError(_diagnose_jsonl(src, f, schema, allow_extra, str(e))) from e
+        raise SourceInvalid(_diagnose_jsonl(src, f, schema, allow_extra, str(e))) from e
     finally:
         stream.close()
 
@@ -373,18 +373,18 @@ def _read_parquet(
         try:
             pf = pq.ParquetFile(stream)
         except (pa.ArrowException, OSError) as e:
-            raise StagingError(f"{f.path}: not a readable Parquet file: {e}") from e
+            raise SourceInvalid(f"{f.path}: not a readable Parquet file: {e}") from e
         names = set(pf.schema_arrow.names)
         missing = [n for n in schema.names if n not in names]
         if missing:
-            raise StagingError(f"{f.path}: column {missing[0]!r} of the contract is missing")
+            raise SourceInvalid(f"{f.path}: column {missing[0]!r} of the contract is missing")
         _check_extra(pf.schema_arrow.names, schema, allow_extra, f.path)
         per_group = f.size // max(pf.metadata.num_row_groups, 1)
         for i in range(pf.metadata.num_row_groups):
             try:
                 table = pf.read_row_group(i, columns=schema.names)
             except (pa.ArrowException, OSError) as e:
-                raise StagingError(f"{f.path}: row group {i} is corrupt: {e}") from e
+                raise SourceInvalid(f"{f.path}: row group {i} is corrupt: {e}") from e
             for batch in table.to_batches():
                 yield _cast_batch(batch, schema, f"{f.path} (row group {i})")
             advance(per_group)
@@ -466,7 +466,7 @@ def stage_table(
             raise StagingError(f"{where}: cannot write shard: {err}") from err
         raise StagingError(f"{where}: writing shards failed: {err}") from err
     if not writer.shards or sum(s.rows for s in writer.shards) == 0:
-        raise StagingError(f"{src.url}: source has no data rows")
+        raise SourceInvalid(f"{src.url}: source has no data rows")
     return writer.shards, schema
 
 

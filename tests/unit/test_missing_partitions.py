@@ -1,0 +1,132 @@
+"""Missing partitions are a state (``source.when_missing``), and data that breaks the
+contract at staging fails without retry: the real ``python -m trainyard stage`` command,
+its exit code and its termination message, on daily CSV files generated here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.daily_csv import pipeline as pipeline_dict
+from tests.daily_csv import read_csv, write_contract, write_csv, write_days
+from trainyard.config import PipelineConfig
+from trainyard.steps import EXIT_DETERMINISTIC, EXIT_FAILED, EXIT_OK, EXIT_SKIPPED
+
+DAY = "2026-11-03"
+
+
+@pytest.fixture
+def env(tmp_path: Path, volume_root: Path) -> dict[str, str]:
+    write_days(tmp_path / "raw", [DAY])
+    write_contract(tmp_path / "contracts")
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    for mode in ("fail", "skip", "wait"):
+        cfg = pipeline_dict(tmp_path / "raw", source={"when_missing": mode})
+        (pipelines / f"cancer_{mode}.yaml").write_text(
+            json.dumps({**cfg, "name": f"cancer_{mode}"})
+        )
+    return {
+        **os.environ,
+        "TRAINYARD_PIPELINES_DIR": str(pipelines),
+        "TRAINYARD_CONTRACTS_DIR": str(tmp_path / "contracts"),
+        "TRAINYARD_TERMINATION_LOG": str(tmp_path / "termination.log"),
+    }
+
+
+def _stage(env: dict[str, str], pipeline: str, day: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "trainyard", "stage", "--pipeline", pipeline]
+    argv += ["--interval-start", day, "--interval-end", day]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _termination(env: dict[str, str]) -> str:
+    return Path(env["TRAINYARD_TERMINATION_LOG"]).read_text()
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "code", "says"),
+    [
+        ("cancer_fail", EXIT_DETERMINISTIC, "SourceMissing"),
+        ("cancer_skip", EXIT_SKIPPED, "skipped"),
+        ("cancer_wait", EXIT_DETERMINISTIC, "SourceMissing"),  # the sensor waited already
+    ],
+)
+def test_a_missing_partition_is_a_state(env, pipeline: str, code: int, says: str) -> None:
+    out = _stage(env, pipeline, "2026-11-04")
+    assert out.returncode == code, out.stderr
+    message = _termination(env)
+    assert says in message and "2026-11-04.csv: source does not exist" in message
+    assert out.returncode != EXIT_FAILED  # never "a retry may fix it"
+
+
+def test_the_partition_present_stages(env) -> None:
+    for mode in ("fail", "skip", "wait"):
+        out = _stage(env, f"cancer_{mode}", DAY)
+        assert out.returncode == EXIT_OK, out.stderr
+        assert json.loads(out.stdout)["rows"] == 569
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ("drop a column", "column 'mean_radius' of the contract is missing"),
+        ("add a column", "column 'surprise' is not in the contract"),
+        ("a value that does not cast", "row 4"),
+    ],
+)
+def test_data_that_breaks_the_contract_fails_without_retry(
+    env, tmp_path: Path, change: str, says: str
+) -> None:
+    path = tmp_path / "raw" / f"{DAY}.csv"
+    rows = read_csv(path)
+    if change == "drop a column":
+        rows = [{k: v for k, v in r.items() if k != "mean_radius"} for r in rows]
+    elif change == "add a column":
+        rows = [{**r, "surprise": "1"} for r in rows]
+    else:
+        rows[2]["mean_area"] = "a lot"
+    write_csv(path, rows)
+    out = _stage(env, "cancer_fail", DAY)
+    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
+    message = _termination(env)
+    assert "SourceInvalid" in message and says in message
+
+
+def test_when_missing_is_checked_and_defaults_to_fail(tmp_path: Path) -> None:
+    cfg = PipelineConfig.model_validate(pipeline_dict(tmp_path))
+    assert cfg.source.when_missing == "fail"
+    with pytest.raises(ValueError, match="when_missing"):
+        PipelineConfig.model_validate(pipeline_dict(tmp_path, source={"when_missing": "later"}))
+    with pytest.raises(ValueError, match="wait_timeout_s"):
+        PipelineConfig.model_validate(pipeline_dict(tmp_path, source={"wait_timeout_s": 0}))
+
+
+def test_only_wait_adds_a_sensor_before_staging(tmp_path: Path) -> None:
+    from trainyard.orchestration.graph import build_dag
+    from trainyard.orchestration.sensors import SourcePartitionSensor, source_present
+
+    for mode in ("fail", "skip"):
+        dag = build_dag(
+            PipelineConfig.model_validate(
+                pipeline_dict(tmp_path / "raw", source={"when_missing": mode})
+            )
+        )
+        assert "wait_for_source" not in dag.task_dict
+    spec = pipeline_dict(
+        tmp_path / "raw", source={"when_missing": "wait", "wait_timeout_s": 60, "wait_poke_s": 5}
+    )
+    cfg = PipelineConfig.model_validate(spec)
+    dag = build_dag(cfg)
+    sensor = dag.task_dict["wait_for_source"]
+    assert isinstance(sensor, SourcePartitionSensor)
+    assert sensor.mode == "reschedule" and sensor.timeout == 60 and sensor.poke_interval == 5
+    assert dag.task_dict["stage"].upstream_task_ids == {"wait_for_source"}
+    assert not source_present(cfg, DAY)
+    write_days(tmp_path / "raw", [DAY])
+    assert source_present(cfg, DAY)
