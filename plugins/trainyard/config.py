@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from trainyard.errors import ConfigError
@@ -205,6 +206,62 @@ class ServingConfig(_Strict):
     replicas: int = Field(default=2, ge=1)
 
 
+STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+class StreamConfig(_Strict):
+    """The streams a pipeline's scorer reads and writes (``scoring.stream``).
+
+    ``engine`` is ``redis`` (Redis Streams; the project's own server unless ``url`` or
+    ``TRAINYARD_REDIS_URL`` names another) or ``kafka`` (``bootstrap_servers``; on a
+    cluster the scorer Deployment runs ``partitions`` replicas, one per partition of
+    ``input``). ``group`` is the consumer group (default ``trainyard-<pipeline>``).
+    """
+
+    engine: Literal["redis", "kafka"] = "redis"
+    input: str
+    output: str
+    dead_letter: str
+    group: str | None = None
+    url: str | None = None
+    bootstrap_servers: str | None = None
+    partitions: int = Field(default=1, ge=1, le=1024)
+
+    @field_validator("input", "output", "dead_letter", "group")
+    @classmethod
+    def _stream_name(cls, value: str | None) -> str | None:
+        if value is not None and not STREAM_NAME_RE.match(value):
+            raise ValueError(f"{value!r}: use 1 to 200 of A-Z a-z 0-9 . _ - (a Kafka topic name)")
+        return value
+
+    @model_validator(mode="after")
+    def _engine_fields(self) -> StreamConfig:
+        if self.engine == "kafka" and not self.bootstrap_servers:
+            raise ValueError("engine kafka needs bootstrap_servers (host:port[,host:port])")
+        if self.engine == "redis" and self.bootstrap_servers:
+            raise ValueError("bootstrap_servers is for engine kafka; redis takes url")
+        if len({self.input, self.output, self.dead_letter}) != 3:
+            raise ValueError("input, output and dead_letter must be three different streams")
+        return self
+
+
+class ScoringConfig(_Strict):
+    """Stream scoring with the served champion (``python -m trainyard score-stream``).
+
+    Without ``stream`` nothing is scored. The scorer reads micro-batches of up to
+    ``batch_size`` records (waiting at most ``max_wait_ms`` for the first), keeps at most
+    ``max_in_flight`` batches at the model server, and claims records a dead scorer left
+    unacknowledged for ``claim_idle_s``.
+    """
+
+    stream: StreamConfig | None = None
+    batch_size: int = Field(default=256, ge=1, le=65536)
+    max_wait_ms: int = Field(default=20, ge=1, le=60_000)
+    max_in_flight: int = Field(default=2, ge=1, le=64)
+    claim_idle_s: float = Field(default=60, gt=0)
+    request_timeout_s: float = Field(default=30, gt=0)
+
+
 class PipelineConfig(_Strict):
     """One pipeline: one DAG, one dataset, one model.
 
@@ -230,6 +287,7 @@ class PipelineConfig(_Strict):
     training: TrainingConfig
     gate: GateConfig = GateConfig()
     serving: ServingConfig
+    scoring: ScoringConfig = ScoringConfig()
 
     @field_validator("name", "dataset")
     @classmethod

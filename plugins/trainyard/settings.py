@@ -29,6 +29,10 @@ class Settings:
         pipelines_dir: Folder of pipeline YAML files.
         contracts_dir: Folder of data contract YAML files.
         cluster_profile: Cluster profile YAML (GPU pools, tiers, images).
+        redis_dir: The embedded default's Redis server (stream scoring): its data, socket,
+            pid and log files (``TRAINYARD_REDIS_DIR``, default ``.trainyard/redis``).
+        redis_url: A Redis server to use instead of that one (``TRAINYARD_REDIS_URL``,
+            e.g. ``redis://host:6379/0`` or ``unix:///path/redis.sock``), or None.
     """
 
     project_dir: Path
@@ -37,6 +41,8 @@ class Settings:
     pipelines_dir: Path
     contracts_dir: Path
     cluster_profile: Path
+    redis_dir: Path = _DEFAULT_PROJECT_DIR / ".trainyard" / "redis"
+    redis_url: str | None = None
 
     @property
     def models_root(self) -> Path:
@@ -85,4 +91,6 @@ def get_settings() -> Settings:
         cluster_profile=Path(
             os.environ.get("TRAINYARD_CLUSTER_PROFILE", project / "deploy" / "cluster_profile.yaml")
         ),
+        redis_dir=Path(os.environ.get("TRAINYARD_REDIS_DIR", project / ".trainyard" / "redis")),
+        redis_url=os.environ.get("TRAINYARD_REDIS_URL") or None,
     )
