@@ -238,7 +238,7 @@ def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bo
             f"backfill run with {later_runs_queued} later interval(s) still queued: "
             "training happens once, in the backfill's last run"
         )
-    return True, "last run of the backfill: training on its snapshot"
+    return True, "last run of the backfill: training on the window as of its interval"
 
 
 FORM_OVERRIDES = ("epochs", "workers", "strategy", "priority")
