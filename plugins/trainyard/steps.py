@@ -499,7 +499,7 @@ def format_summary(record: dict[str, Any]) -> str:
         f"validation    {'passed' if val.get('success') else 'not run' if not val else 'failed'}"
         + (f", {val.get('warnings')} warnings" if val.get("warnings") else ""),
         f"training      version {tr.get('version', '-')}, attempts {tr.get('attempts', '-')}, "
-        f"{_fmt_seconds(tr.get('seconds'))}",
+        f"{_fmt_seconds(tr.get('seconds'))}" + _fmt_window(tr.get("window") or val.get("window")),
         f"metrics       {_fmt_metrics(gate.get('metrics') or {})}",
         f"champion      {_fmt_metrics(gate.get('champion_metrics') or {}) or 'none (first run)'}",
         f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}",
@@ -510,6 +510,15 @@ def format_summary(record: dict[str, Any]) -> str:
     else:
         lines.append("served        unchanged (nothing deployed)")
     return "\n".join(lines)
+
+
+def _fmt_window(window: Any) -> str:
+    """``, on N snapshots (R rows)`` for a training window of more than one snapshot."""
+    entries = [e for e in window or [] if isinstance(e, dict)]
+    if len(entries) < 2:
+        return ""
+    rows = sum(int(e.get("rows") or 0) for e in entries)
+    return f", on {len(entries)} snapshots ({rows} rows)"
 
 
 def _fmt_staged(staged: dict[str, Any]) -> str:

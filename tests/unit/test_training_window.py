@@ -260,3 +260,19 @@ def test_the_tf_input_reads_the_union_of_the_window(staged) -> None:
         np.testing.assert_allclose(radius, expected.features["mean_radius"])
     single = SnapshotInput(dirs[-1], contract, "train")
     assert single.spec.num_examples < inp.spec.num_examples
+
+
+def test_the_run_summary_says_what_the_model_trained_on() -> None:
+    from trainyard.steps import format_summary
+
+    window = [{"snapshot_id": "a", "rows": 114}, {"snapshot_id": "b", "rows": 113}]
+    record = {
+        "pipeline": "cancer",
+        "run_id": "r",
+        "validate": {"success": True, "window": window},
+        "register": {"version": 3, "attempts": 1, "seconds": 2.0},
+    }
+    line = format_summary(record).splitlines()[3]
+    assert line == "training      version 3, attempts 1, 2.0 s, on 2 snapshots (227 rows)"
+    record["validate"]["window"] = window[:1]
+    assert format_summary(record).splitlines()[3].endswith("2.0 s")
