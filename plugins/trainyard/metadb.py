@@ -251,27 +251,28 @@ def _read_pid(cluster: Cluster) -> int | None:
         return None
 
 
+def _works_in(proc: psutil.Process, cluster: Cluster) -> bool:
+    """``proc`` is a live (not zombie) PostgreSQL process of this cluster's data directory."""
+    try:
+        if not proc.name().startswith("postgres") or proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        data = {str(cluster.data), str(cluster.data.resolve())}
+        return proc.cwd() in data or bool(data & set(proc.cmdline()))
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def _server_processes(cluster: Cluster) -> list[psutil.Process]:
-    """Live (non-zombie) PostgreSQL processes working in this cluster's data directory."""
-    data = str(cluster.data.resolve())
-    given = str(cluster.data)
-    found: list[psutil.Process] = []
-    for proc in psutil.process_iter(["name", "status"]):
-        try:
-            if not str(proc.info["name"] or "").startswith("postgres"):
-                continue
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if proc.cwd() == data or {data, given} & set(proc.cmdline()):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+    """Live PostgreSQL processes working in this cluster's data directory."""
+    return [proc for proc in psutil.process_iter() if _works_in(proc, cluster)]
 
 
 def _is_postmaster(pid: int, cluster: Cluster) -> bool:
     """``pid`` is alive (not a zombie) and is this data directory's postmaster."""
-    return any(proc.pid == pid for proc in _server_processes(cluster))
+    try:
+        return _works_in(psutil.Process(pid), cluster)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def status(cluster: Cluster) -> Status:
