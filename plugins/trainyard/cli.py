@@ -39,6 +39,11 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "list | show | promote | rollback versions (serving follows the champion).",
     ),
     "serve": ("trainyard.serving.server", "cli_main", "Run the TF-Serving-compatible server."),
+    "score-stream": (
+        "trainyard.streaming.scorer",
+        "cli_main",
+        "Score a pipeline's input stream with the served champion (scoring.stream).",
+    ),
     "render": ("trainyard.pods", "cli_main", "Render a pipeline's Kubernetes objects as YAML."),
     "pools": (
         "trainyard.k8s.profile",

@@ -1,0 +1,443 @@
+"""One stream interface, two back-ends: Redis Streams (embedded default) and Kafka (cluster).
+
+The scorer sees a :class:`StreamEngine`: ``read`` new records as a member of a consumer
+group, ``claim`` records a dead member read but never acknowledged, ``commit`` scores and
+dead letters *then* acknowledge the records they came from, ``lag`` and ``produce``.
+
+* **Redis Streams** (:class:`RedisStreams`): ``XREADGROUP`` (the group is created at the
+  stream's start with ``MKSTREAM``, so records produced before the first scorer count),
+  ``XAUTOCLAIM`` of entries idle longer than the claim time, and ``commit`` as one Lua
+  script, which Redis runs atomically: the ``XADD`` of every score and dead letter, then
+  the ``XACK`` of their inputs. A killed scorer therefore leaves a batch either written and
+  acknowledged, or neither (pending, claimed by the next scorer).
+* **Kafka** (:class:`KafkaStreams`, confluent-kafka): a consumer group with auto commit
+  off; ``commit`` produces every output (idempotent producer, ``acks=all``), waits for
+  each delivery, then commits the next offset of each partition synchronously. A kill
+  between the two re-delivers the batch to the partition's next owner (rebalance does
+  what ``XAUTOCLAIM`` does for Redis), so outputs may repeat: they are keyed by record id
+  and carry the input's position (``source``), so a duplicate is recognisable.
+
+Records are JSON objects: the Redis entry field ``value`` (an optional ``key`` field), the
+Kafka message value (the message key is optional). Outputs are JSON too: a Redis entry
+``key`` + ``value``, a Kafka message with the record id as key.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from trainyard.errors import TrainyardError
+
+log = logging.getLogger("trainyard.streaming")
+
+
+class StreamError(TrainyardError):
+    """A stream engine failed (the message names the engine, stream and reason)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """A record read from the input stream.
+
+    Attributes:
+        id: Its position: a Redis entry id, or ``<topic>/<partition>/<offset>``.
+        value: The record (JSON bytes).
+        key: The message key, when the producer gave one.
+        partition: Kafka partition (None for Redis).
+        offset: Kafka offset (None for Redis).
+    """
+
+    id: str
+    value: bytes
+    key: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+
+@dataclass(frozen=True)
+class Output:
+    """A record for an output stream: keyed by the record id, the document as JSON."""
+
+    key: str
+    doc: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Streams:
+    """The three streams (Redis stream keys or Kafka topics) and the consumer group."""
+
+    input: str
+    output: str
+    dead_letter: str
+    group: str
+
+
+class StreamEngine(abc.ABC):
+    """What the scorer needs from a stream engine."""
+
+    name: str = "?"
+
+    def __init__(self, streams: Streams, consumer: str | None = None) -> None:
+        """Remember the streams and this member's name (default ``<host>-<pid>``)."""
+        import os
+
+        self.streams = streams
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
+
+    @abc.abstractmethod
+    def read(self, count: int, block_ms: int) -> list[Message]:
+        """Up to ``count`` new records for this member, waiting up to ``block_ms`` for one."""
+
+    @abc.abstractmethod
+    def claim(self, min_idle_ms: int, count: int) -> list[Message]:
+        """Records other members read and did not acknowledge for ``min_idle_ms``, now ours."""
+
+    @abc.abstractmethod
+    def commit(self, scores: Sequence[Output], dead: Sequence[Output], done: Sequence[Message]):
+        """Write ``scores`` and ``dead`` letters, then acknowledge ``done`` (never before)."""
+
+    @abc.abstractmethod
+    def lag(self) -> dict[str, int | None]:
+        """``lag`` (records not yet read by the group) and ``pending`` (read, not acked)."""
+
+    @abc.abstractmethod
+    def produce(self, records: Sequence[tuple[str | None, bytes]], stream: str | None = None):
+        """Append ``(key, value)`` records to ``stream`` (default: the input stream)."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release connections."""
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# Scores and dead letters are added, then their inputs acknowledged, in one script: Redis
+# runs a script atomically (and logs its effects to the append-only file as one
+# transaction), so a killed scorer leaves a batch either written and acknowledged, or
+# neither. One command per batch also spares the client from packing one per record.
+_COMMIT_LUA = """
+local group, n, m = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local i = 4
+for _ = 1, n do
+  redis.call('XADD', KEYS[2], '*', 'key', ARGV[i], 'value', ARGV[i + 1])
+  i = i + 2
+end
+for _ = 1, m do
+  redis.call('XADD', KEYS[3], '*', 'key', ARGV[i], 'value', ARGV[i + 1])
+  i = i + 2
+end
+while i <= #ARGV do
+  local last = math.min(i + 999, #ARGV)
+  redis.call('XACK', KEYS[1], group, unpack(ARGV, i, last))
+  i = last + 1
+end
+return n + m
+"""
+
+
+class RedisStreams(StreamEngine):
+    """Redis Streams through redis-py (hiredis parser)."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        streams: Streams,
+        consumer: str | None = None,
+        socket_timeout_s: float = 30.0,
+    ) -> None:
+        """Connect and create the consumer group at the input stream's start if missing.
+
+        Raises:
+            StreamError: If the server does not answer or refuses the group.
+        """
+        import redis
+
+        super().__init__(streams, consumer)
+        self.url = url
+        self._redis = redis
+        self.r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s)
+        try:
+            self.r.xgroup_create(streams.input, streams.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise StreamError(f"redis {url}: cannot create group {streams.group}: {e}") from e
+        except redis.RedisError as e:
+            raise StreamError(f"redis {url}: {type(e).__name__}: {e}") from e
+        self._claim_from = "0-0"
+        self._commit = self.r.register_script(_COMMIT_LUA)
+
+    @staticmethod
+    def _messages(entries: Any) -> list[Message]:
+        out = []
+        for entry_id, fields in entries or ():
+            if fields is None:  # deleted while pending
+                continue
+            key = fields.get(b"key")
+            out.append(
+                Message(
+                    id=_s(entry_id),
+                    value=fields.get(b"value", b""),
+                    key=None if key is None else _s(key),
+                )
+            )
+        return out
+
+    def read(self, count: int, block_ms: int) -> list[Message]:
+        """``XREADGROUP GROUP <g> <me> COUNT n BLOCK ms STREAMS <in> >``."""
+        got = self.r.xreadgroup(
+            self.streams.group,
+            self.consumer,
+            {self.streams.input: ">"},
+            count=count,
+            block=max(1, block_ms),
+        )
+        return self._messages(got[0][1]) if got else []
+
+    def claim(self, min_idle_ms: int, count: int) -> list[Message]:
+        """``XAUTOCLAIM`` from where the last call stopped; deleted entries are acked."""
+        nxt, entries, deleted = self.r.xautoclaim(
+            self.streams.input,
+            self.streams.group,
+            self.consumer,
+            min_idle_time=min_idle_ms,
+            start_id=self._claim_from,
+            count=count,
+        )
+        self._claim_from = _s(nxt)
+        if deleted:
+            log.warning("%d pending entries were deleted from %s", len(deleted), self.streams.input)
+            self.r.xack(self.streams.input, self.streams.group, *deleted)
+        if self._claim_from == "0-0":
+            self._forget_idle_members(min_idle_ms)
+        return self._messages(entries)
+
+    def _forget_idle_members(self, min_idle_ms: int) -> None:
+        for c in self.r.xinfo_consumers(self.streams.input, self.streams.group):
+            name = _s(c["name"])
+            if name != self.consumer and c["pending"] == 0 and c["idle"] > min_idle_ms:
+                self.r.xgroup_delconsumer(self.streams.input, self.streams.group, name)
+
+    def commit(
+        self, scores: Sequence[Output], dead: Sequence[Output], done: Sequence[Message]
+    ) -> None:
+        """One atomic script: ``XADD`` every output, then ``XACK`` the inputs."""
+        args: list[Any] = [self.streams.group, len(scores), len(dead)]
+        for o in scores:
+            args += (o.key, orjson.dumps(o.doc))
+        for o in dead:
+            args += (o.key, orjson.dumps(o.doc))
+        args += [m.id for m in done]
+        self._commit(
+            keys=[self.streams.input, self.streams.output, self.streams.dead_letter], args=args
+        )
+
+    def lag(self) -> dict[str, int | None]:
+        """From ``XINFO GROUPS`` (Redis 7: ``lag``, ``pending``)."""
+        for g in self.r.xinfo_groups(self.streams.input):
+            if _s(g["name"]) == self.streams.group:
+                lag = g.get("lag")
+                return {"lag": None if lag is None else int(lag), "pending": int(g["pending"])}
+        return {"lag": None, "pending": None}
+
+    def produce(
+        self, records: Sequence[tuple[str | None, bytes]], stream: str | None = None
+    ) -> list[str]:
+        """``XADD`` each record (fields ``value`` and, if given, ``key``); the entry ids."""
+        pipe = self.r.pipeline(transaction=False)
+        for key, value in records:
+            fields: dict[str, Any] = {"value": value}
+            if key is not None:
+                fields["key"] = key
+            pipe.xadd(stream or self.streams.input, fields)
+        return [_s(i) for i in pipe.execute()]
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.r.close()
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+def kafka_consumer_config(bootstrap: str, group: str, client_id: str) -> dict[str, Any]:
+    """confluent-kafka consumer settings: group member, manual commits, from the start."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "client.id": client_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "max.poll.interval.ms": 300_000,
+        "session.timeout.ms": 45_000,
+    }
+
+
+def kafka_producer_config(bootstrap: str, client_id: str) -> dict[str, Any]:
+    """confluent-kafka producer settings: idempotent, every in-sync replica acknowledges."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "client.id": client_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "lz4",
+    }
+
+
+def next_offsets(done: Sequence[Message]) -> dict[int, int]:
+    """Per partition, the offset to commit after ``done``: one past the highest offset.
+
+    Raises:
+        StreamError: If a message has no partition/offset (not read from Kafka).
+    """
+    out: dict[int, int] = {}
+    for m in done:
+        if m.partition is None or m.offset is None:
+            raise StreamError(f"message {m.id}: no Kafka partition/offset to commit")
+        out[m.partition] = max(out.get(m.partition, -1), m.offset + 1)
+    return out
+
+
+class KafkaStreams(StreamEngine):
+    """Kafka through confluent-kafka (librdkafka): a consumer group, manual commits."""
+
+    name = "kafka"
+
+    def __init__(
+        self,
+        bootstrap: str,
+        streams: Streams,
+        consumer: str | None = None,
+        delivery_timeout_s: float = 30.0,
+    ) -> None:
+        """Create the consumer (subscribed to the input topic) and the producer.
+
+        Nothing connects until the first ``read``/``commit``/``produce``.
+        """
+        import confluent_kafka
+
+        super().__init__(streams, consumer)
+        self._ck = confluent_kafka
+        self.bootstrap = bootstrap
+        self.delivery_timeout_s = delivery_timeout_s
+        self.consumer_ = confluent_kafka.Consumer(
+            kafka_consumer_config(bootstrap, streams.group, self.consumer)
+        )
+        self.consumer_.subscribe([streams.input])
+        self.producer = confluent_kafka.Producer(kafka_producer_config(bootstrap, self.consumer))
+        self._errors: list[str] = []
+        self._lock = threading.Lock()
+
+    def message(self, m: Any) -> Message:
+        """A confluent-kafka message as a :class:`Message`."""
+        key = m.key()
+        return Message(
+            id=f"{m.topic()}/{m.partition()}/{m.offset()}",
+            value=m.value() or b"",
+            key=None if key is None else _s(key),
+            partition=m.partition(),
+            offset=m.offset(),
+        )
+
+    def read(self, count: int, block_ms: int) -> list[Message]:
+        """``consume`` up to ``count`` messages; a fatal client error raises."""
+        out = []
+        for m in self.consumer_.consume(num_messages=count, timeout=block_ms / 1000):
+            err = m.error()
+            if err is None:
+                out.append(self.message(m))
+            elif err.fatal():
+                raise StreamError(f"kafka {self.bootstrap}: {err.str()}")
+            else:
+                log.warning("kafka %s: %s", self.bootstrap, err.str())
+        return out
+
+    def claim(self, min_idle_ms: int, count: int) -> list[Message]:
+        """Nothing: Kafka hands a dead member's uncommitted offsets over on rebalance."""
+        return []
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            with self._lock:
+                self._errors.append(f"{msg.topic()}: {err.str()}")
+
+    def commit(
+        self, scores: Sequence[Output], dead: Sequence[Output], done: Sequence[Message]
+    ) -> None:
+        """Produce every output, wait for all deliveries, then commit the inputs' offsets.
+
+        Raises:
+            StreamError: If an output was not delivered (nothing is committed then, so the
+                records are read again).
+        """
+        for topic, outs in ((self.streams.output, scores), (self.streams.dead_letter, dead)):
+            for o in outs:
+                self._send(topic, o.key, orjson.dumps(o.doc))
+        self._flush()
+        offsets = next_offsets(done)
+        if offsets:
+            tp = self._ck.TopicPartition
+            self.consumer_.commit(
+                offsets=[tp(self.streams.input, p, o) for p, o in sorted(offsets.items())],
+                asynchronous=False,
+            )
+
+    def _send(self, topic: str, key: str | None, value: bytes) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value, on_delivery=self._delivered)
+                return
+            except BufferError:  # local queue full: let deliveries drain
+                self.producer.poll(0.1)
+
+    def _flush(self) -> None:
+        left = self.producer.flush(self.delivery_timeout_s)
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if left or errors:
+            why = errors[0] if errors else f"{left} messages not delivered"
+            raise StreamError(
+                f"kafka {self.bootstrap}: outputs not delivered within "
+                f"{self.delivery_timeout_s:g}s ({why}); nothing committed"
+            )
+
+    def lag(self) -> dict[str, int | None]:
+        """High watermark minus position over the assigned partitions (cached watermarks)."""
+        total = 0
+        try:
+            assigned = self.consumer_.assignment()
+            for tp in self.consumer_.position(assigned):
+                _, high = self.consumer_.get_watermark_offsets(tp, cached=True)
+                if high >= 0 and tp.offset >= 0:
+                    total += high - tp.offset
+        except self._ck.KafkaException:
+            return {"lag": None, "pending": None}
+        return {"lag": total, "pending": None}
+
+    def produce(
+        self, records: Sequence[tuple[str | None, bytes]], stream: str | None = None
+    ) -> None:
+        """Produce each record and wait for delivery."""
+        for key, value in records:
+            self._send(stream or self.streams.input, key, value)
+        self._flush()
+
+    def close(self) -> None:
+        """Leave the group (commits nothing) and drop the producer."""
+        self.consumer_.close()

@@ -1,0 +1,180 @@
+"""Check streamed records against the dataset's contract, one record at a time.
+
+A record is a JSON object whose fields are contract columns. It must carry the key and
+every feature; any other contract column it carries (the label, descriptive columns) is
+checked too; a field the contract does not know is refused unless the contract allows
+extra columns. Each column's ``error`` rules apply (type, null, bounds, allowed values,
+regex, length); ``warn`` rules and dataset-level rules (uniqueness, row counts, drift,
+all values present) do not apply to a single record. A failing record gets one reason
+naming the field and the rule, which the scorer writes to the dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+
+from trainyard.contracts import Column, Contract, feature_spec
+from trainyard.errors import ConfigError
+
+Check = Callable[[Any], str | None]
+
+
+def _type_check(col: Column) -> Check:
+    if col.type == "string":
+
+        def check(v: Any) -> str | None:
+            return None if isinstance(v, str) else f"expected a string, got {_show(v)}"
+
+    elif col.type in ("int32", "int64"):
+
+        def check(v: Any) -> str | None:
+            if isinstance(v, bool) or not isinstance(v, int):
+                if isinstance(v, float) and v.is_integer():
+                    return None
+                return f"expected an integer, got {_show(v)}"
+            return None
+
+    elif col.type in ("float32", "float64"):
+
+        def check(v: Any) -> str | None:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return f"expected a number, got {_show(v)}"
+            if isinstance(v, float) and not math.isfinite(v):
+                return f"expected a finite number, got {v}"
+            return None
+
+    elif col.type == "bool":
+
+        def check(v: Any) -> str | None:
+            return None if isinstance(v, bool) else f"expected true or false, got {_show(v)}"
+
+    else:  # date, timestamp, binary...: a string in JSON
+
+        def check(v: Any) -> str | None:
+            return None if isinstance(v, str) else f"expected a {col.type} string, got {_show(v)}"
+
+    return check
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _column_checks(col: Column) -> list[Check]:
+    """The column's blocking rules as checks of a non-null value (type first)."""
+    checks = [_type_check(col)]
+
+    def blocking(rule: str) -> bool:
+        return col.severity_of(rule) == "error"
+
+    if col.min is not None and blocking("min"):
+        lo, excl = col.min, col.min_exclusive
+        checks.append(
+            lambda v: (
+                f"{_show(v)} is below the minimum {lo:g}{' (exclusive)' if excl else ''}"
+                if (v <= lo if excl else v < lo)
+                else None
+            )
+        )
+    if col.max is not None and blocking("max"):
+        hi, excl_hi = col.max, col.max_exclusive
+        checks.append(
+            lambda v: (
+                f"{_show(v)} is above the maximum {hi:g}{' (exclusive)' if excl_hi else ''}"
+                if (v >= hi if excl_hi else v > hi)
+                else None
+            )
+        )
+    if col.allowed_values is not None and blocking("allowed_values"):
+        allowed = set(col.allowed_values)
+        checks.append(lambda v: None if v in allowed else f"{_show(v)} is not an allowed value")
+    if col.regex is not None and blocking("regex"):
+        pattern = re.compile(col.regex)
+        checks.append(
+            lambda v: None if pattern.search(v) else f"{_show(v)} does not match {col.regex!r}"
+        )
+    if col.min_length is not None and blocking("min_length"):
+        n = col.min_length
+        checks.append(lambda v: None if len(v) >= n else f"shorter than {n} characters")
+    if col.max_length is not None and blocking("max_length"):
+        m = col.max_length
+        checks.append(lambda v: None if len(v) <= m else f"longer than {m} characters")
+    return checks
+
+
+class RecordChecker:
+    """A contract's per-record rules, compiled once.
+
+    Attributes:
+        key: The key column (the record id).
+        features: The model's feature columns, in contract order.
+    """
+
+    def __init__(self, contract: Contract) -> None:
+        """Compile the contract's rules.
+
+        Raises:
+            ConfigError: If the contract's model takes an image (stream scoring scores
+                table datasets: one JSON record per row).
+        """
+        if contract.image is not None:
+            raise ConfigError(
+                f"dataset {contract.dataset!r}: stream scoring takes table records; its "
+                f"contract's feature {contract.image.column!r} is an image"
+            )
+        self.contract = contract
+        self.key = contract.roles.key
+        self.features = list(contract.roles.features)
+        self.spec = feature_spec(contract)
+        self._required = [self.key, *self.features]
+        self._checks: dict[str, tuple[bool, list[Check]]] = {
+            c.name: (c.nullable or c.severity_of("nullable") == "warn", _column_checks(c))
+            for c in contract.columns
+        }
+        self._extra_ok = contract.allow_extra_columns
+
+    def check(self, record: Any) -> str | None:
+        """The reason ``record`` fails the contract, or None if it passes."""
+        if not isinstance(record, dict):
+            return f"not a JSON object ({type(record).__name__})"
+        for name in self._required:
+            if name not in record:
+                return f"{name}: missing (the key and every feature are required)"
+        for name, value in record.items():
+            spec = self._checks.get(name)
+            if spec is None:
+                if self._extra_ok:
+                    continue
+                return f"{name}: unknown field (not a column of the contract)"
+            nullable, checks = spec
+            if value is None:
+                if nullable and name not in self._required:
+                    continue
+                return f"{name}: null"
+            for check in checks:
+                reason = check(value)
+                if reason is not None:
+                    return f"{name}: {reason}"
+        return None
+
+    def parse(self, raw: bytes) -> tuple[Any, str | None]:
+        """Decode one record's bytes and check it: ``(record, reason or None)``."""
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            return None, f"not JSON: {e}"
+        return record, self.check(record)
+
+    def columns(self, records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+        """The model's inputs for checked records: feature → float32 array (batch first)."""
+        return {
+            name: np.fromiter((r[name] for r in records), dtype=np.float32, count=len(records))
+            for name in self.features
+        }

@@ -1,0 +1,771 @@
+"""The stream scorer: ``python -m trainyard score-stream --pipeline P``.
+
+It reads the pipeline's input stream as a member of its consumer group, checks every
+record against the dataset's contract (:class:`~trainyard.streaming.records.RecordChecker`;
+failures go to the dead-letter stream with the reason), scores the rest in micro-batches
+through the serving REST API and writes ``{id, score, class_id, version, source}`` per
+record to the output stream, keyed by the record id. Inputs are acknowledged only with or
+after their outputs (:meth:`StreamEngine.commit`): at least once.
+
+**Which model.** Before a batch the scorer asks the server which version the ``stable``
+label names (``GET /v1/models/<m>/labels/stable``, cached for ``version_ttl_s``; without
+labels: the highest AVAILABLE version) and sends the batch to
+``/v1/models/<m>/versions/<n>:predict``. The version written with a score is therefore the
+version that computed it (a plain ``:predict`` response does not say which answered).
+After a promotion or rollback the old version is unloaded; its 404 makes the scorer read
+the label again and resend the batch, so outputs follow the registry.
+
+**Back-pressure.** At most ``max_in_flight`` batches are at the server; while they are,
+the scorer reads nothing more, so memory stays bounded and unread records wait in the
+stream. A failing server (connection refused, 5xx, time-out) is retried with exponential
+back-off (0.1 s doubling to 5 s) for as long as it fails; records it refuses with 400 are
+scored one by one and those it still refuses are dead-lettered with its message. Lag
+(records the group has not read) and pending records are logged every ``report_s`` and
+written to ``--status-file``.
+
+**Kills.** Records a killed scorer read but did not commit stay pending in the group;
+every scorer claims entries idle for ``claim_idle_s`` (``XAUTOCLAIM``) when it starts and
+every ``claim_idle_s / 2`` after; on Kafka the next owner of the partition reads from the
+last committed offset. SIGTERM stops reading, finishes and commits what is in flight, and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures as cf
+import http.client
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from trainyard.config import PipelineConfig, load_pipeline
+from trainyard.errors import ConfigError, TrainyardError
+from trainyard.fsutil import atomic_write_json
+from trainyard.serving.client import ServingClient
+from trainyard.settings import get_settings
+from trainyard.streaming.engines import (
+    KafkaStreams,
+    Message,
+    Output,
+    RedisStreams,
+    StreamEngine,
+    Streams,
+)
+from trainyard.streaming.records import RecordChecker
+
+log = logging.getLogger("trainyard.streaming")
+
+MAX_BACKOFF_S = 5.0
+
+
+class Stopped(Exception):
+    """The scorer was asked to stop while a batch waited for the server."""
+
+
+class ServerRefused(TrainyardError):
+    """The model server answered 400 for a batch: some record is not scorable."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def streams_of(cfg: PipelineConfig) -> Streams:
+    """The pipeline's streams and group.
+
+    Raises:
+        ConfigError: If the pipeline has no ``scoring.stream``.
+    """
+    s = cfg.scoring.stream
+    if s is None:
+        raise ConfigError(f"pipeline {cfg.name!r} has no scoring.stream: nothing to score")
+    return Streams(s.input, s.output, s.dead_letter, s.group or f"trainyard-{cfg.name}")
+
+
+def open_engine(cfg: PipelineConfig, consumer: str | None = None) -> StreamEngine:
+    """The pipeline's stream engine.
+
+    Redis: ``url``, ``TRAINYARD_REDIS_URL`` or the project's own server (started if it is
+    not running); Kafka: ``bootstrap_servers``.
+    """
+    s = cfg.scoring.stream
+    streams = streams_of(cfg)
+    assert s is not None
+    if s.engine == "kafka":
+        assert s.bootstrap_servers is not None
+        return KafkaStreams(s.bootstrap_servers, streams, consumer)
+    url = s.url or get_settings().redis_url
+    if url is None:
+        from trainyard.streaming import redis_server
+
+        url = redis_server.ensure_running()
+    return RedisStreams(url, streams, consumer)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class ModelEndpoint:
+    """The served model: which version ``stable`` names, and ``:predict`` on exactly it.
+
+    Thread-safe: each thread gets its own keep-alive connection.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        model: str,
+        *,
+        timeout_s: float = 30.0,
+        version_ttl_s: float = 0.25,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Remember where the server is; nothing connects yet."""
+        self.host, self.port, self.model = host, port, model
+        self.timeout_s = timeout_s
+        self.version_ttl_s = version_ttl_s
+        self.stop = stop or threading.Event()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._version_at = 0.0
+        self.failing: str | None = None  # the last server failure while retrying
+
+    def _client(self) -> ServingClient:
+        c = getattr(self._local, "client", None)
+        if c is None:
+            c = self._local.client = ServingClient(self.host, self.port, timeout=self.timeout_s)
+        return c
+
+    def _get(self, path: str) -> tuple[int, Any]:
+        status, data = self._client().request("GET", path)
+        try:
+            return status, orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return status, {"error": data[:300].decode("utf-8", "replace")}
+
+    def resolve(self, refresh: bool = False) -> int:
+        """The version ``stable`` names (cached ``version_ttl_s``), or the highest AVAILABLE.
+
+        Raises:
+            LookupError: If the model serves no AVAILABLE version.
+            OSError, http.client.HTTPException: If the server does not answer.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if (
+                not refresh
+                and self._version is not None
+                and now - self._version_at < self.version_ttl_s
+            ):
+                return self._version
+        status, doc = self._get(f"/v1/models/{self.model}/labels/stable")
+        if status == 404:  # no labels (a server without a model config): the newest
+            status, doc = self._get(f"/v1/models/{self.model}")
+        entries = doc.get("model_version_status") if status == 200 else None
+        available = [int(e["version"]) for e in entries or () if e.get("state") == "AVAILABLE"]
+        if not available:
+            raise LookupError(f"model {self.model}: no AVAILABLE version ({str(doc)[:200]})")
+        version = max(available)
+        with self._lock:
+            if version != self._version:
+                log.info("model %s: scoring with version %d", self.model, version)
+            self._version, self._version_at = version, time.monotonic()
+        return version
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> tuple[int, dict[str, Any]]:
+        """Score one batch on the version ``stable`` names; retried until the server answers.
+
+        Returns:
+            ``(version that answered, columnar outputs)``.
+
+        Raises:
+            ServerRefused: On HTTP 400 (the batch is not scorable as it is).
+            Stopped: If :attr:`stop` is set while retrying.
+        """
+        body = orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY)
+        delay = 0.1
+        refresh = False
+        unloaded = 0
+        while True:
+            try:
+                version = self.resolve(refresh)
+                status, data = self._client().request(
+                    "POST", f"/v1/models/{self.model}/versions/{version}:predict", body
+                )
+                if status == 200:
+                    self.failing = None
+                    return version, orjson.loads(data)["outputs"]
+                message = _error_of(data)
+                if status == 400:
+                    raise ServerRefused(message)
+                refresh = True
+                if status == 404 and unloaded < 3:
+                    # the version was unloaded (a promotion or rollback): ask again now
+                    unloaded += 1
+                    continue
+                why = f"version {version}: HTTP {status}: {message}"
+            except (OSError, http.client.HTTPException, LookupError) as e:
+                self._client().close()
+                why = f"{type(e).__name__}: {e}"
+                refresh = True
+            if self.failing != why:
+                log.warning("model server %s:%d: %s; retrying", self.host, self.port, why)
+            self.failing = why
+            if self.stop.wait(delay):
+                raise Stopped()
+            delay = min(delay * 2, MAX_BACKOFF_S)
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        c = getattr(self._local, "client", None)
+        if c is not None:
+            c.close()
+
+
+def _error_of(data: bytes) -> str:
+    try:
+        return str(orjson.loads(data).get("error"))[:300]
+    except (orjson.JSONDecodeError, AttributeError):
+        return data[:300].decode("utf-8", "replace")
+
+
+def scores_of(outputs: dict[str, Any], rows: int) -> tuple[list[float], list[int | None]]:
+    """Per row, the score and the class id.
+
+    The score is the probability of class 1 for two classes, of the predicted class
+    otherwise; for a model without ``probabilities``, its first output.
+    """
+    probs = outputs.get("probabilities")
+    classes = outputs.get("class_id")
+    if probs is not None:
+        p = np.asarray(probs, dtype=np.float64).reshape(rows, -1)
+        c = (
+            np.asarray(classes, dtype=np.int64).reshape(rows)
+            if classes is not None
+            else p.argmax(axis=1)
+        )
+        s = p[:, 1] if p.shape[1] == 2 else p[np.arange(rows), c]
+        return s.tolist(), c.tolist()
+    first = next(iter(outputs.values()))
+    values = np.asarray(first, dtype=np.float64).reshape(rows, -1)[:, 0]
+    return values.tolist(), [None] * rows
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class _Batch:
+    messages: list[Message]
+    dead: list[Output]
+    keys: list[str]
+    sources: list[str]
+    records: list[dict[str, Any]]
+    future: cf.Future[Any] | None = None
+
+
+@dataclass
+class Stats:
+    """What the scorer did so far (logged and written to the status file)."""
+
+    started: float = field(default_factory=time.time)
+    read: int = 0
+    scored: int = 0
+    dead: int = 0
+    claimed: int = 0
+    batches: int = 0
+    version: int | None = None
+    lag: int | None = None
+    pending: int | None = None
+
+    def doc(self) -> dict[str, Any]:
+        """As JSON."""
+        up = max(time.time() - self.started, 1e-9)
+        return {
+            "pid": os.getpid(),
+            "updated_at": time.time(),
+            "uptime_s": round(up, 1),
+            "read": self.read,
+            "scored": self.scored,
+            "dead_lettered": self.dead,
+            "claimed": self.claimed,
+            "batches": self.batches,
+            "records_per_s": round(self.scored / up, 1),
+            "version": self.version,
+            "lag": self.lag,
+            "pending": self.pending,
+        }
+
+
+class Scorer:
+    """Consume, check, score, write, acknowledge: see the module docstring."""
+
+    def __init__(
+        self,
+        engine: StreamEngine,
+        checker: RecordChecker,
+        endpoint: ModelEndpoint,
+        *,
+        batch_size: int = 256,
+        max_wait_ms: int = 20,
+        max_in_flight: int = 2,
+        claim_idle_s: float = 60.0,
+        report_s: float = 5.0,
+        status_file: Path | None = None,
+    ) -> None:
+        """Wire the parts; nothing is read until :meth:`run`."""
+        self.engine = engine
+        self.checker = checker
+        self.endpoint = endpoint
+        self.batch_size = batch_size
+        self.max_wait_ms = max_wait_ms
+        self.max_in_flight = max_in_flight
+        self.claim_idle_ms = int(claim_idle_s * 1000)
+        self.report_s = report_s
+        self.status_file = status_file
+        self.stop = endpoint.stop
+        self.stats = Stats()
+        self._pool = cf.ThreadPoolExecutor(max_in_flight, thread_name_prefix="score")
+        self._next_claim = 0.0
+        self._inflight_ids: set[str] = set()
+        self._next_report = time.monotonic() + report_s
+
+    # -- one batch
+
+    def _prepare(self, messages: list[Message]) -> _Batch:
+        batch = _Batch(messages, [], [], [], [])
+        for m in messages:
+            record, reason = self.checker.parse(m.value)
+            key = record.get(self.checker.key) if isinstance(record, dict) else None
+            if reason is not None:
+                batch.dead.append(
+                    Output(
+                        str(key) if isinstance(key, str) else m.id,
+                        {
+                            "id": key if isinstance(key, str) else None,
+                            "source": m.id,
+                            "reason": reason,
+                            "value": m.value[:65536].decode("utf-8", "replace"),
+                        },
+                    )
+                )
+            else:
+                batch.keys.append(key)
+                batch.sources.append(m.id)
+                batch.records.append(record)
+        if batch.records:
+            inputs = self.checker.columns(batch.records)
+            batch.future = self._pool.submit(self._score, inputs, len(batch.records))
+        return batch
+
+    def _score(self, inputs: dict[str, np.ndarray], rows: int) -> list[tuple[Any, ...]]:
+        """Per row ``(version, score, class_id)`` or ``(None, reason)`` if the server refuses."""
+        try:
+            version, outputs = self.endpoint.predict(inputs)
+        except ServerRefused as e:
+            if rows == 1:
+                return [(None, f"model server refused the record: {e.message}")]
+            out: list[tuple[Any, ...]] = []
+            for i in range(rows):  # find the record(s) it refuses
+                out.extend(self._score({k: v[i : i + 1] for k, v in inputs.items()}, 1))
+            return out
+        scores, classes = scores_of(outputs, rows)
+        return [(version, s, c) for s, c in zip(scores, classes, strict=True)]
+
+    def _finish(self, batch: _Batch) -> None:
+        scores: list[Output] = []
+        dead = list(batch.dead)
+        if batch.future is not None:
+            while not batch.future.done():  # the server is slow or down: keep reporting
+                cf.wait([batch.future], timeout=self.report_s / 2)
+                self._maybe_report()
+            results = batch.future.result()
+            for key, src, res in zip(batch.keys, batch.sources, results, strict=True):
+                if res[0] is None:
+                    dead.append(Output(key, {"id": key, "source": src, "reason": res[1]}))
+                    continue
+                version, score, class_id = res
+                scores.append(
+                    Output(
+                        key,
+                        {
+                            "id": key,
+                            "score": score,
+                            "class_id": class_id,
+                            "version": version,
+                            "source": src,
+                        },
+                    )
+                )
+                self.stats.version = version
+        self.engine.commit(scores, dead, batch.messages)
+        self._inflight_ids.difference_update(m.id for m in batch.messages)
+        self.stats.scored += len(scores)
+        self.stats.dead += len(dead)
+        self.stats.batches += 1
+
+    # -- the loop
+
+    def _fetch(self) -> list[Message]:
+        now = time.monotonic()
+        if now >= self._next_claim:
+            # our own batches still at the server may be idle that long too: not again
+            claimed = [
+                m
+                for m in self.engine.claim(self.claim_idle_ms, self.batch_size)
+                if m.id not in self._inflight_ids
+            ]
+            if claimed:
+                self.stats.claimed += len(claimed)
+                log.info("claimed %d records another scorer left pending", len(claimed))
+                return claimed
+            self._next_claim = now + self.claim_idle_ms / 2000
+        return self.engine.read(self.batch_size, self.max_wait_ms)
+
+    def _maybe_report(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_report:
+            self.report()
+            self._next_report = now + self.report_s
+
+    def report(self, final: bool = False) -> dict[str, Any]:
+        """Log progress and lag; write the status file."""
+        try:
+            self.stats.lag, self.stats.pending = self.engine.lag().values()
+        except Exception as e:  # lag is best effort; scoring goes on
+            log.debug("lag: %s", e)
+        doc = self.stats.doc()
+        doc["server"] = self.endpoint.failing or "ok"
+        doc["state"] = "stopped" if final else "running"
+        log.info(
+            "scored %d (%.0f/s), dead-lettered %d, claimed %d, lag %s, pending %s, version %s%s",
+            self.stats.scored,
+            doc["records_per_s"],
+            self.stats.dead,
+            self.stats.claimed,
+            self.stats.lag,
+            self.stats.pending,
+            self.stats.version,
+            f", server failing: {self.endpoint.failing}" if self.endpoint.failing else "",
+        )
+        if self.status_file is not None:
+            atomic_write_json(self.status_file, doc)
+        return doc
+
+    def run(self, max_records: int | None = None, exit_when_idle_s: float | None = None) -> Stats:
+        """Score until stopped (SIGTERM, :attr:`stop`), ``max_records`` read, or idle.
+
+        Args:
+            max_records: Stop after reading this many records (tests, benchmarks).
+            exit_when_idle_s: Stop once nothing was read for this long and nothing is
+                pending in flight.
+
+        Returns:
+            The final statistics.
+        """
+        inflight: collections.deque[_Batch] = collections.deque()
+        idle_since = time.monotonic()
+        self.report()
+        try:
+            while not self.stop.is_set():
+                while inflight and (
+                    len(inflight) >= self.max_in_flight
+                    or inflight[0].future is None
+                    or inflight[0].future.done()
+                ):
+                    self._finish(inflight.popleft())
+                if max_records is not None and self.stats.read >= max_records:
+                    break
+                messages = self._fetch()
+                now = time.monotonic()
+                self._maybe_report()
+                if not messages:
+                    if inflight:
+                        self._finish(inflight.popleft())
+                    elif exit_when_idle_s is not None and now - idle_since > exit_when_idle_s:
+                        break
+                    continue
+                idle_since = now
+                self.stats.read += len(messages)
+                self._inflight_ids.update(m.id for m in messages)
+                inflight.append(self._prepare(messages))
+            while inflight:  # finish and commit what is in flight
+                self._finish(inflight.popleft())
+        except Stopped:
+            log.info("stopped with %d batches in flight (left pending)", len(inflight))
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self.report(final=True)
+        return self.stats
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def build_scorer(
+    pipeline: str,
+    consumer: str | None = None,
+    status_file: Path | None = None,
+    report_s: float = 5.0,
+) -> Scorer:
+    """A :class:`Scorer` for a pipeline, from its config and contract."""
+    from trainyard.contracts import load_contract
+
+    cfg = load_pipeline(pipeline)
+    sc = cfg.scoring
+    streams_of(cfg)  # one clear error when there is nothing to score
+    checker = RecordChecker(load_contract(cfg.dataset))
+    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    endpoint = ModelEndpoint(
+        host, cfg.serving.port, cfg.serving.model_name, timeout_s=sc.request_timeout_s
+    )
+    engine = open_engine(cfg, consumer)
+    return Scorer(
+        engine,
+        checker,
+        endpoint,
+        batch_size=sc.batch_size,
+        max_wait_ms=sc.max_wait_ms,
+        max_in_flight=sc.max_in_flight,
+        claim_idle_s=sc.claim_idle_s,
+        report_s=report_s,
+        status_file=status_file,
+    )
+
+
+def cli_main(argv: list[str]) -> int:
+    """``python -m trainyard score-stream --pipeline P [...]``.
+
+    Returns:
+        0 when stopped (SIGTERM) or done; 1 on a trainyard error (the message names it).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m trainyard score-stream",
+        description="Score a pipeline's input stream with its served champion.",
+    )
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--consumer", help="member name in the group (default host-pid)")
+    parser.add_argument("--status-file", type=Path, help="write progress and lag here (JSON)")
+    parser.add_argument("--report-s", type=float, default=5.0, help="report every N seconds")
+    parser.add_argument("--max-records", type=int, help="stop after reading N records")
+    parser.add_argument(
+        "--exit-when-idle", type=float, metavar="S", help="stop after S seconds with nothing read"
+    )
+    parser.add_argument(
+        "--supervise",
+        action="store_true",
+        help="run the scorer as a child process, restarting it when it dies",
+    )
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if args.supervise:
+        child = [a for a in argv if a != "--supervise"]
+        return supervise([sys.executable, "-m", "trainyard", "score-stream", *child])
+    scorer = build_scorer(args.pipeline, args.consumer, args.status_file, args.report_s)
+
+    def _term(signum: int, _frame: Any) -> None:
+        log.info("signal %d: finishing what is in flight, then exiting", signum)
+        scorer.stop.set()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    log.info(
+        "scoring %s: %s %s -> %s (dead letters %s), group %s as %s, model %s at %s:%d",
+        args.pipeline,
+        scorer.engine.name,
+        scorer.engine.streams.input,
+        scorer.engine.streams.output,
+        scorer.engine.streams.dead_letter,
+        scorer.engine.streams.group,
+        scorer.engine.consumer,
+        scorer.endpoint.model,
+        scorer.endpoint.host,
+        scorer.endpoint.port,
+    )
+    try:
+        scorer.run(args.max_records, args.exit_when_idle)
+    finally:
+        scorer.engine.close()
+    return 0
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def supervise(cmd: list[str], max_backoff_s: float = 30.0) -> int:
+    """Run ``cmd`` and start it again whenever it exits other than by our SIGTERM.
+
+    The child dies with the supervisor (``PR_SET_PDEATHSIG``); SIGTERM to the supervisor
+    is passed on, waited for, and ends it with 0. Restarts back off from 1 s to
+    ``max_backoff_s`` (reset after a run of a minute).
+    """
+    import subprocess
+
+    stopping = threading.Event()
+    proc: subprocess.Popen[bytes] | None = None
+
+    def _term(signum: int, _frame: Any) -> None:
+        stopping.set()
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    backoff = 1.0
+    while not stopping.is_set():
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, preexec_fn=_pdeathsig)
+        code = proc.wait()
+        if stopping.is_set():
+            break
+        if time.monotonic() - started > 60:
+            backoff = 1.0
+        log.warning("scorer exited with %s; restarting in %.0f s", code, backoff)
+        if stopping.wait(backoff):
+            break
+        backoff = min(backoff * 2, max_backoff_s)
+    return 0
+
+
+# --------------------------------------------------------------------------- local process
+
+PID_FILE = "scorer.pid"
+LOG_FILE = "scorer.log"
+STATUS_FILE = "status.json"
+
+
+def scorer_dir(pipeline: str) -> Path:
+    """Where a pipeline's local scorer keeps its pid, log and status files."""
+    return get_settings().volume_root / "_scoring" / pipeline
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def _ours(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"score-stream" in cmdline
+
+
+def local_scorer_pid(pipeline: str) -> int | None:
+    """The running local scorer's (supervisor's) pid, or None."""
+    try:
+        pid = int((scorer_dir(pipeline) / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) and _ours(pid) else None
+
+
+def stop_local_scorer(pipeline: str, timeout_s: float = 30.0) -> bool:
+    """SIGTERM the pipeline's local scorer (it commits what is in flight), then SIGKILL.
+
+    Returns:
+        True if one was running.
+    """
+    folder = scorer_dir(pipeline)
+    pid = local_scorer_pid(pipeline)
+    if pid is None:
+        (folder / PID_FILE).unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+    (folder / PID_FILE).unlink(missing_ok=True)
+    return True
+
+
+def stop_all_local_scorers() -> list[str]:
+    """Stop every local scorer of this volume root (``make stop``); the pipelines stopped."""
+    root = get_settings().volume_root / "_scoring"
+    stopped = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else ():
+        if folder.is_dir() and stop_local_scorer(folder.name):
+            stopped.append(folder.name)
+    return stopped
+
+
+def start_local_scorer(pipeline: str, timeout_s: float = 60.0) -> int:
+    """Start (or restart) the pipeline's scorer as a detached, supervised process.
+
+    ``python -m trainyard score-stream --pipeline P --supervise`` in a session of its own,
+    its pid in ``<volume root>/_scoring/<P>/scorer.pid``, its log in ``scorer.log``, its
+    progress in ``status.json``. A running one is stopped first (it commits what it has
+    in flight), so the new one reads the current config.
+
+    Returns:
+        The supervisor's pid.
+
+    Raises:
+        ConfigError: If the pipeline has no ``scoring.stream``.
+        TrainyardError: If it exits or reports nothing within ``timeout_s`` (with its log).
+    """
+    import subprocess
+
+    import trainyard
+
+    cfg = load_pipeline(pipeline)
+    streams_of(cfg)
+    folder = scorer_dir(pipeline)
+    folder.mkdir(parents=True, exist_ok=True)
+    stop_local_scorer(pipeline)
+    status = folder / STATUS_FILE
+    status.unlink(missing_ok=True)
+    plugins_dir = str(Path(trainyard.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (plugins_dir, env.get("PYTHONPATH")) if p)
+    cmd = [
+        sys.executable, "-m", "trainyard", "score-stream", "--pipeline", pipeline,
+        "--supervise", "--status-file", str(status),
+    ]  # fmt: skip
+    log_path = folder / LOG_FILE
+    with open(log_path, "ab") as fh:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+    (folder / PID_FILE).write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise TrainyardError(f"scorer of {pipeline} exited ({proc.returncode}); log {log_path}")
+        if status.is_file():
+            return proc.pid
+        time.sleep(0.1)
+    raise TrainyardError(
+        f"scorer of {pipeline} reported nothing in {timeout_s:.0f}s; log {log_path}"
+    )

@@ -1,0 +1,146 @@
+"""A small stream-scoring project for tests and the benchmark: contract, pipeline, models.
+
+The dataset ``events`` has a string key ``id``, two float features ``a`` and ``b`` (``a``
+within [0, 100]) and a label; the models are ``serving_support.build_table_model``'s
+(class 1 when a > b) and its mirror image (class 1 when a < b), so a test can tell from a
+score which version computed it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+CONTRACT = """\
+dataset: events
+version: 1.0.0
+owner: tests@example.com
+source: {format: jsonl}
+columns:
+  - {name: id, type: string, nullable: false, regex: "^ev-[0-9]+$", max_length: 32}
+  - {name: a, type: float64, nullable: false, min: 0, max: 100}
+  - {name: b, type: float64, nullable: false}
+  - {name: label, type: int64, nullable: true, allowed_values: [0, 1]}
+roles: {key: id, label: label, features: [a, b], num_classes: 2}
+split: {holdout_fraction: 0.2, by: id}
+"""
+
+PIPELINE = """\
+name: events
+dataset: events
+start_date: 2026-11-01
+source: {{url: events.jsonl, format: jsonl}}
+training: {{model: mlp}}
+serving: {{model_name: events, port: {port}}}
+scoring:
+  stream: {{input: events.in, output: events.scores, dead_letter: events.dead}}
+  batch_size: {batch_size}
+  max_in_flight: {max_in_flight}
+  claim_idle_s: {claim_idle_s}
+"""
+
+SPEC = {"a": ("float32", (None,)), "b": ("float32", (None,))}
+
+
+def write_project(
+    root: Path,
+    port: int,
+    *,
+    batch_size: int = 256,
+    max_in_flight: int = 2,
+    claim_idle_s: float = 2.0,
+) -> dict[str, str]:
+    """Write the contract and pipeline below ``root``; the environment that points at them."""
+    (root / "contracts").mkdir(parents=True, exist_ok=True)
+    (root / "pipelines").mkdir(parents=True, exist_ok=True)
+    (root / "contracts" / "events.yaml").write_text(CONTRACT)
+    (root / "pipelines" / "events.yaml").write_text(
+        PIPELINE.format(
+            port=port,
+            batch_size=batch_size,
+            max_in_flight=max_in_flight,
+            claim_idle_s=claim_idle_s,
+        )
+    )
+    import shutil
+
+    schema = Path(__file__).resolve().parents[1] / "data_contracts" / "contract.schema.json"
+    shutil.copy(schema, root / "contracts" / "contract.schema.json")
+    return {
+        "TRAINYARD_CONTRACTS_DIR": str(root / "contracts"),
+        "TRAINYARD_PIPELINES_DIR": str(root / "pipelines"),
+        "TRAINYARD_VOLUME_ROOT": str(root / "volumes"),
+        "TRAINYARD_REDIS_DIR": str(root / "redis"),
+    }
+
+
+def build_mirror_model(path: Path) -> Path:
+    """Like ``build_table_model`` but class 1 when a < b."""
+    import tensorflow as tf
+
+    class Model(tf.Module):
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.float32, name="a"),
+                tf.TensorSpec([None], tf.float32, name="b"),
+            ]
+        )
+        def serve(self, a: tf.Tensor, b: tf.Tensor) -> dict[str, tf.Tensor]:
+            logits = tf.stack([a - b, b - a], axis=1)
+            probs = tf.nn.softmax(logits)
+            return {"probabilities": probs, "class_id": tf.argmax(probs, axis=1)}
+
+    m = Model()
+    tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})
+    return path
+
+
+def build_models(folder: Path) -> tuple[Path, Path]:
+    """Both SavedModels, built in a child process (keeps TensorFlow out of the test's)."""
+    code = (
+        "import sys; sys.path[:0] = [sys.argv[1]]\n"
+        "from pathlib import Path\n"
+        "from serving_support import build_table_model\n"
+        "from stream_support import build_mirror_model\n"
+        "build_table_model(Path(sys.argv[2]) / 'gt')\n"
+        "build_mirror_model(Path(sys.argv[2]) / 'lt')\n"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(folder)],
+        check=True,
+        env=env,
+    )
+    return folder / "gt", folder / "lt"
+
+
+def make_records(n: int, bad_every: int = 0, seed: int = 0) -> tuple[list[bytes], set[str]]:
+    """``n`` JSON records ``ev-<i>``; every ``bad_every``-th breaks the contract.
+
+    Returns:
+        The records and the ids of the bad ones.
+    """
+    import orjson
+
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(0, 100, n)
+    b = rng.uniform(0, 100, n)
+    out, bad = [], set()
+    breakers = [
+        lambda r: r.update(a=-5.0),  # below the minimum
+        lambda r: r.pop("b"),  # missing feature
+        lambda r: r.update(b="high"),  # wrong type
+        lambda r: r.update(label=7),  # not an allowed value
+        lambda r: r.update(colour="red"),  # unknown field
+    ]
+    for i in range(n):
+        rec = {"id": f"ev-{i}", "a": float(a[i]), "b": float(b[i]), "label": int(a[i] > b[i])}
+        if bad_every and i % bad_every == bad_every - 1:
+            breakers[(i // bad_every) % len(breakers)](rec)
+            bad.add(rec["id"])
+        out.append(orjson.dumps(rec))
+    return out, bad
