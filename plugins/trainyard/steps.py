@@ -99,8 +99,9 @@ def stage(
     Returns:
         ``snapshot_id``, ``dataset``, ``reused``, ``rows``, ``bytes``, ``shards``, ``seconds``,
         ``given`` (True when ``snapshot_id`` was passed in), ``checked`` (what was actually
-        listed or read, one sentence) and ``replaced`` (the snapshot a changed source
-        replaced for this interval, or None).
+        listed or read, one sentence), ``replaced`` (the snapshot a changed source
+        replaced for this interval, or None) and ``manifest_hash`` (BLAKE3 of its
+        ``manifest.json``).
     """
     from trainyard.staging import stage as stage_source
 
@@ -112,6 +113,7 @@ def stage(
             "snapshot_id": snapshot_id,
             "dataset": cfg.dataset,
             "path": str(path),
+            "manifest_hash": _manifest_hash(path),
             "reused": True,
             "given": True,
             "checked": "snapshot given by the run (trigger form or Asset event): nothing staged",
@@ -128,6 +130,7 @@ def stage(
         "snapshot_id": result.snapshot_id,
         "dataset": result.dataset,
         "path": str(result.path),
+        "manifest_hash": _manifest_hash(result.path),
         "reused": result.reused,
         "rows": result.rows,
         "bytes": result.bytes,
@@ -149,6 +152,26 @@ def stage(
     return out
 
 
+def _manifest_hash(snapshot: Path) -> str:
+    """BLAKE3 of a snapshot's ``manifest.json`` (what lineage names the snapshot's content by)."""
+    from trainyard import volumes
+
+    return volumes.hash_file(Path(snapshot) / volumes.MANIFEST)
+
+
+RULE_KEYS = ("rule", "column", "severity", "success", "unexpected_count", "element_count", "reason")
+"""What ``validate``'s result keeps of each rule outcome (the report has samples and rows),
+with ``observed`` when it is one value (a row count, a drift figure, a timestamp)."""
+
+
+def _rule_result(outcome: dict[str, Any]) -> dict[str, Any]:
+    out = {k: outcome.get(k) for k in RULE_KEYS}
+    observed = outcome.get("observed")
+    if isinstance(observed, str | int | float | bool):
+        out["observed"] = observed
+    return out
+
+
 def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None) -> dict[str, Any]:
     """Validate a snapshot against its dataset's contract; raises ``ValidationFailed``.
 
@@ -165,7 +188,8 @@ def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None)
     Returns:
         ``success``, ``snapshot_id``, ``report_dir``, ``warnings``, ``window`` (the
         snapshots to train on, oldest first: ``dataset``, ``snapshot_id``, ``interval``,
-        ``rows``).
+        ``rows``), ``rows`` (validated) and ``rules`` (every rule's outcome:
+        :data:`RULE_KEYS` and ``observed``).
     """
     from trainyard import volumes
     from trainyard.validation import validate as run_validation
@@ -189,6 +213,8 @@ def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None)
         "report_dir": str(result.report_dir),
         "warnings": len(result.warnings),
         "window": entries,
+        "rows": result.rows,
+        "rules": [_rule_result(r) for r in result.summary.get("rules", [])],
     }
 
 
@@ -274,7 +300,8 @@ def register(
         attempts: Training attempts used.
 
     Returns:
-        ``version``, ``metrics``, ``attempts``, ``seconds``.
+        ``version``, ``metrics``, ``attempts``, ``seconds``, ``snapshots`` (the ids it
+        was trained on).
     """
     import shutil
 
@@ -325,7 +352,13 @@ def register(
         inputs.get("rows", "?"),
         ", ".join(str(s.get("snapshot_id")) for s in read),
     )
-    return {"version": version, "metrics": metrics, "attempts": attempts, "seconds": seconds}
+    return {
+        "version": version,
+        "metrics": metrics,
+        "attempts": attempts,
+        "seconds": seconds,
+        "snapshots": [str(s.get("snapshot_id")) for s in read],
+    }
 
 
 def data_until(snapshots: list[dict[str, Any]]) -> str | None:
@@ -375,7 +408,8 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     the champion pointer only moves after the new version answered correctly.
 
     Returns:
-        ``version``, ``url``, ``sample_prediction``, ``smoke_rows``, ``previous``.
+        ``version``, ``url``, ``sample_prediction``, ``smoke_rows``, ``previous``,
+        ``scorer`` (the stream scorer it started or restarted: :func:`roll_scorer`).
     """
     from trainyard import evaluation
     from trainyard.contracts import feature_spec, load_contract
@@ -426,7 +460,27 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         "sample_prediction": result.sample_prediction,
         "sample_key": smoke.keys[0] if len(smoke.keys) else None,
         "smoke_rows": result.smoke_rows,
+        "scorer": roll_scorer(cfg, local=host == cfg.serving.host),
     }
+
+
+def roll_scorer(cfg: PipelineConfig, local: bool) -> str | None:
+    """Start or restart the pipeline's stream scorer (``scoring.stream``), if it has one.
+
+    Locally a supervised detached process (``trainyard.streaming.scorer``); on a cluster
+    the scorer Deployment (``render --step scorer``) is the runner's to roll.
+
+    Returns:
+        One line saying what runs, or None when the pipeline scores no stream.
+    """
+    if cfg.scoring.stream is None:
+        return None
+    if not local:
+        return "scorer: the cluster's scorer Deployment follows the stable label"
+    from trainyard.streaming.scorer import start_local_scorer
+
+    pid = start_local_scorer(cfg.name)
+    return f"scorer running (pid {pid}) on {cfg.scoring.stream.engine} {cfg.scoring.stream.input}"
 
 
 def follow_registry(pipeline: str) -> str:
@@ -747,7 +801,17 @@ STEPS: dict[str, Step] = {
                 Arg("interval_end", help="data interval end (YYYY-MM-DD)"),
                 Arg("snapshot_id", help="use this existing snapshot instead of staging"),
             ),
-            ("snapshot_id", "dataset", "path", "reused", "rows", "bytes", "shards", "given"),
+            (
+                "snapshot_id",
+                "dataset",
+                "path",
+                "manifest_hash",
+                "reused",
+                "rows",
+                "bytes",
+                "shards",
+                "given",
+            ),
             "Stage a pipeline's raw source into a dataset snapshot.",
             writes_dataset=True,
         ),
@@ -759,7 +823,7 @@ STEPS: dict[str, Step] = {
                 Arg("snapshot_id", required=True, help="the snapshot to check"),
                 Arg("interval_start", help="the run's interval start (ends the training window)"),
             ),
-            ("success", "snapshot_id", "report_dir", "warnings", "window"),
+            ("success", "snapshot_id", "report_dir", "warnings", "window", "rows", "rules"),
             "Validate a snapshot against its data contract.",
             # the report goes into the snapshot; validated.json is updated
             writes_dataset=True,
@@ -774,7 +838,7 @@ STEPS: dict[str, Step] = {
                 Arg("overrides", "json", help="JSON object of training overrides"),
                 Arg("window", "json", help="snapshots to train on (validate's window, JSON)"),
             ),
-            ("version", "metrics", "attempts", "seconds"),
+            ("version", "metrics", "attempts", "seconds", "snapshots"),
             "Train a candidate (the run's training Jobs as local processes) and register it.",
         ),
         Step(
@@ -788,7 +852,7 @@ STEPS: dict[str, Step] = {
                 Arg("seconds", "float", help="training wall-clock time"),
                 Arg("attempts", "int", help="training attempts used"),
             ),
-            ("version", "metrics", "attempts", "seconds"),
+            ("version", "metrics", "attempts", "seconds", "snapshots"),
             "Register a finished training run's output as a numbered model version.",
         ),
         Step(
@@ -812,7 +876,15 @@ STEPS: dict[str, Step] = {
                 Arg("version", "int", required=True, help="the version to serve"),
                 Arg("actor", help="who asked"),
             ),
-            ("version", "previous", "url", "sample_prediction", "sample_key", "smoke_rows"),
+            (
+                "version",
+                "previous",
+                "url",
+                "sample_prediction",
+                "sample_key",
+                "smoke_rows",
+                "scorer",
+            ),
             "Publish a gated version to serving, smoke-test it, make it the champion.",
         ),
         Step(

@@ -130,6 +130,7 @@ class StepOperator(BaseOperator):
         self.pipeline = pipeline
         self.inputs = dict(inputs)
         self._runner: Runner | None = None
+        self._lineage: tuple[dict[str, Any], dict[str, Any], str] | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Render the step's pod for this run and launch it with this runner."""
@@ -150,7 +151,15 @@ class StepOperator(BaseOperator):
                 "pipeline": self.pipeline.name,
                 **{k: result[k] for k in ("version", "snapshot_id") if k in result},
             }
+        self._lineage = (values, result, context["run_id"])
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The step's OpenLineage datasets and facets (:mod:`.lineage`), from its result."""
+        from trainyard.orchestration.lineage import step_lineage
+
+        values, result, run_id = self._lineage or ({}, {}, None)
+        return step_lineage(self.step, self.pipeline, values, result, run_id)
 
     def on_kill(self) -> None:
         """Stop the step's process or pod."""
@@ -187,6 +196,7 @@ class TrainingOperator(BaseOperator):
         self.snapshot_id = snapshot_id
         self.window = window
         self._runner: Runner | None = None
+        self._result: dict[str, Any] | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Render this run's training objects and run them to completion."""
@@ -236,7 +246,7 @@ class TrainingOperator(BaseOperator):
             if e.deterministic:
                 raise AirflowFailException(str(e)) from None
             raise AirflowException(str(e)) from None
-        return {
+        self._result = {
             "training": training.model_dump(),
             "snapshot_id": snapshot,
             "window": entries or ids,
@@ -244,6 +254,13 @@ class TrainingOperator(BaseOperator):
             "seconds": round(out.get("seconds", time.monotonic() - t0), 3),
             "attempts": out.get("attempts", 1),
         }
+        return self._result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The snapshots the training read, as OpenLineage inputs (:mod:`.lineage`)."""
+        from trainyard.orchestration.lineage import training_lineage
+
+        return training_lineage(self.pipeline, self._result)
 
     def on_kill(self) -> None:
         """Stop the training processes or delete the training objects."""
