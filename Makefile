@@ -42,7 +42,9 @@ standalone: airflow-init native
 	$(ENV) airflow standalone
 
 stop:
+	$(ENV) python -c "from trainyard.streaming.scorer import stop_all_local_scorers; stop_all_local_scorers()"
 	$(ENV) python -c "from trainyard.serving.deploy import stop_local_server; from trainyard.settings import get_settings; stop_local_server(get_settings().serving_root)"
+	$(ENV) python -m trainyard.streaming.redis_server stop
 	$(ENV) python -m trainyard.metadb stop
 
 test: $(STAMP) native
@@ -59,4 +61,6 @@ bench: $(STAMP) native
 
 clean:
 	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.metadb stop
+	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -c "from trainyard.streaming.scorer import stop_all_local_scorers; stop_all_local_scorers()"
+	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.streaming.redis_server stop
 	rm -rf .trainyard

@@ -205,3 +205,55 @@ def test_scorer_waits_for_a_server_that_is_down(project, tmp_path: Path) -> None
     assert proc.returncode == 0, out.decode()[-2000:]
     assert engine.r.xlen("down.scores") == 0
     assert engine.r.xpending("down.in", "trainyard-events")["pending"] == doc["read"]
+
+
+def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
+    project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy step's ``roll_scorer``: a detached supervised process with pid/log/status."""
+    from trainyard import steps
+    from trainyard.config import load_pipeline
+    from trainyard.streaming import scorer as scoring
+
+    for k, v in project["env"].items():
+        if k.startswith("TRAINYARD_"):
+            monkeypatch.setenv(k, v)
+    cfg = load_pipeline("events")
+    folder = scoring.scorer_dir("events")
+    line = steps.roll_scorer(cfg, local=True)
+    assert line is not None and "scorer running" in line and "redis events.in" in line
+    first = scoring.local_scorer_pid("events")
+    assert first and (folder / scoring.LOG_FILE).is_file()
+
+    def children(pid: int) -> list[int]:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        return [int(c) for c in text.split()]
+
+    _wait(lambda: len(children(first)) == 1, 30, "the supervised scorer")
+    # the deploy of the next version restarts it
+    steps.roll_scorer(cfg, local=True)
+    second = scoring.local_scorer_pid("events")
+    assert second and second != first and not scoring._alive(first)
+    _wait(lambda: len(children(second)) == 1, 30, "the supervised scorer")
+    # a scorer that dies is started again by its supervisor, and scores
+    (child,) = children(second)
+    os.kill(child, signal.SIGKILL)
+    _wait(lambda: children(second) not in ([], [child]), 30, "a restarted scorer")
+    engine = RedisStreams(project["url"], STREAMS, consumer="test-producer")
+    before = engine.r.xlen(STREAMS.output)
+    records, _ = make_records(300, seed=9)
+    engine.produce([(None, v) for v in records])
+    _wait(lambda: engine.r.xlen(STREAMS.output) >= before + 300, 60, "scores")
+    status_file = folder / scoring.STATUS_FILE
+    # the status file (every 5 s) says what runs: scored, lag, the version that scores
+    _wait(lambda: orjson.loads(status_file.read_bytes()).get("scored", 0) >= 300, 30, "status")
+    status = orjson.loads(status_file.read_bytes())
+    assert status["state"] == "running" and status["version"] == 2 and status["lag"] == 0
+    # make stop
+    (new_child,) = children(second)
+    assert scoring.stop_all_local_scorers() == ["events"]
+    assert not scoring._alive(second) and not scoring._alive(new_child)
+    assert not (folder / scoring.PID_FILE).exists()
+    assert orjson.loads(status_file.read_bytes())["state"] == "stopped"
+    # a pipeline without scoring.stream starts nothing
+    assert steps.roll_scorer(cfg.model_copy(update={"scoring": type(cfg.scoring)()}), True) is None
