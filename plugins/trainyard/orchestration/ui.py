@@ -27,8 +27,8 @@ Nothing heavy is imported when the plugin loads (every Airflow process loads plu
 FastAPI app is built on its first request.
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: FastAPI reads the route functions' annotations,
+# which name classes imported inside build_app()
 import logging
 import mimetypes
 from functools import cache
@@ -49,9 +49,11 @@ PAGE_CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
     "frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
 )
-DOCS_CSP = "sandbox allow-scripts allow-popups; frame-ancestors 'self'"
+DOCS_CSP = "sandbox allow-scripts allow-popups"
 """Data Docs embed values from the data: served sandboxed (an opaque origin without
-Airflow's cookies), their own scripts allowed so the page renders."""
+Airflow's cookies), their own scripts allowed so the page renders. No ``frame-ancestors``:
+a sandboxed document's ``'self'`` matches no ancestor, and the page opens in the UI's
+iframe."""
 
 
 def confined_file(root: Path, base: Path, relative: str) -> Path:
