@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -33,6 +34,16 @@ from typing import Any
 
 from aiohttp import web
 
+from trainyard.serving.http_guard import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_KEEPALIVE_TIMEOUT,
+    ConnectionGuard,
+    GuardedRequestHandler,
+    close_after_response,
+    default_max_connections,
+)
+from trainyard.serving.memory import MemoryReleaser, use_mmap_for_large_blocks
 from trainyard.serving.schema import (
     InvalidRequest,
     decode_predict_request,
@@ -44,6 +55,7 @@ from trainyard.serving.versions import LoadedVersion, ModelNotFound, ModelReposi
 log = logging.getLogger("trainyard.serving")
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_ROWS = 65536
 # Decoding a 256-row image batch (~370 KB) takes about 1 ms; an executor hop costs more than
 # it overlaps, so only bodies beyond this size are decoded off the event loop.
 _INLINE_PARSE_BYTES = 1024 * 1024
@@ -55,6 +67,8 @@ _POST_RE = re.compile(rf"^/v1/models/(?P<name>[^/:]+){_WHICH}:(?P<verb>[A-Za-z]+
 REPO_KEY: web.AppKey[ModelRepository] = web.AppKey("repository", ModelRepository)
 MAX_ROWS_KEY: web.AppKey[int] = web.AppKey("max_rows", int)
 MAX_BODY_KEY: web.AppKey[int] = web.AppKey("max_body_bytes", int)
+BODY_TIMEOUT_KEY: web.AppKey[float] = web.AppKey("body_timeout", float)
+RELEASER_KEY: web.AppKey[MemoryReleaser] = web.AppKey("memory_releaser", MemoryReleaser)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -151,9 +165,22 @@ async def _predict(
     limit = request.app[MAX_BODY_KEY]
     if length is not None and length > limit:
         return _error(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
-    body = await _read_body(request, limit)
+    deadline = request.app[BODY_TIMEOUT_KEY]
+    try:
+        async with asyncio.timeout(deadline):
+            body = await _read_body(request, limit)
+    except TimeoutError:
+        close_after_response(request)
+        return _error(408, f"request body not received within {deadline:g} s")
     if body is None:
         return _error(413, f"request body exceeds the limit of {limit} bytes")
+    try:
+        return await _answer(request, lv, body)
+    finally:
+        request.app[RELEASER_KEY].after_request(len(body))
+
+
+async def _answer(request: web.Request, lv: LoadedVersion, body: bytes) -> web.Response:
     max_rows = request.app[MAX_ROWS_KEY]
     loop = asyncio.get_running_loop()
     if len(body) > _INLINE_PARSE_BYTES:
@@ -195,7 +222,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes | None:
 def create_app(
     repository: ModelRepository,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    max_rows: int = 65536,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
 ) -> web.Application:
     """The aiohttp application serving a model repository.
 
@@ -203,6 +231,8 @@ def create_app(
         repository: The models to serve.
         max_body_bytes: Larger request bodies get 413.
         max_rows: Larger batches get 400.
+        body_timeout: Seconds a request body may take to arrive; then 408 and the
+            connection is closed.
 
     Returns:
         The application (routes every path; unknown ones get TF Serving's 404 shape).
@@ -211,12 +241,21 @@ def create_app(
     app[REPO_KEY] = repository
     app[MAX_ROWS_KEY] = max_rows
     app[MAX_BODY_KEY] = max_body_bytes
+    app[BODY_TIMEOUT_KEY] = body_timeout
+    app[RELEASER_KEY] = MemoryReleaser()
     app.router.add_route("*", "/{tail:.*}", _handle)
     return app
 
 
 class ServingServer:
-    """A running server: the HTTP listener plus the base-path watcher."""
+    """A running server: the HTTP listener plus the base-path watcher.
+
+    The listener closes connections whose request head takes longer than
+    ``header_timeout`` seconds, answers 408 and closes when a body takes longer than
+    ``body_timeout``, and keeps at most ``max_connections`` open (default: below the open
+    file limit), closing the longest idle one for each connection beyond
+    (:mod:`trainyard.serving.http_guard`).
+    """
 
     def __init__(
         self,
@@ -231,6 +270,11 @@ class ServingServer:
         inter_op_threads: int = 0,
         config_file: Path | None = None,
         grpc_port: int | None = None,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT,
+        keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT,
+        max_connections: int | None = None,
     ) -> None:
         self.grpc_port = grpc_port
         self._grpc: Any = None
@@ -245,8 +289,19 @@ class ServingServer:
         )
         self.host = host
         self.port = port
-        self._app = create_app(self.repository, max_body_bytes=max_body_bytes)
+        self._app = create_app(
+            self.repository,
+            max_body_bytes=max_body_bytes,
+            max_rows=max_rows,
+            body_timeout=body_timeout,
+        )
+        self.guard = ConnectionGuard(
+            max_connections if max_connections is not None else default_max_connections(),
+            header_timeout,
+        )
+        self.keepalive_timeout = keepalive_timeout
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.AbstractServer | None = None
         self._stop = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
 
@@ -258,9 +313,18 @@ class ServingServer:
         """
         self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=10.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        protocol = functools.partial(
+            GuardedRequestHandler,
+            self._runner.server,
+            self.guard,
+            loop=asyncio.get_running_loop(),
+            access_log=None,
+            keepalive_timeout=self.keepalive_timeout,
+        )
+        self._listener = await asyncio.get_running_loop().create_server(
+            protocol, self.host, self.port, backlog=128, reuse_address=True
+        )
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         log.info("serving %s on http://%s:%d", self.repository.base_path, self.host, self.port)
         if self.grpc_port is not None:
             from trainyard.serving.grpc_api import start_grpc_server
@@ -279,6 +343,8 @@ class ServingServer:
             await self._grpc.stop(grace=5)
         if self._watcher is not None:
             await self._watcher
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
         await asyncio.get_running_loop().run_in_executor(None, self.repository.close)
@@ -336,6 +402,38 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
     parser.add_argument("--max-batch-rows", type=int, default=1024, help="largest merged batch")
     parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=DEFAULT_MAX_ROWS,
+        help="most rows one predict request may hold (more: 400)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT,
+        help="seconds a connection may take to send a complete request head (line and "
+        "headers) before it is closed",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT,
+        help="seconds a request body may take to arrive (then 408 and the connection closes)",
+    )
+    parser.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=DEFAULT_KEEPALIVE_TIMEOUT,
+        help="seconds an idle keep-alive connection stays open",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="open connections allowed; each one beyond closes the longest idle (default: "
+        "the open file limit less a quarter, at least 256 less)",
+    )
+    parser.add_argument(
         "--model-threads", type=int, default=2, help="model calls that may run at once"
     )
     parser.add_argument(
@@ -359,6 +457,7 @@ def cli_main(argv: list[str]) -> int:
         args.inter_op_threads = max(1, (cores or os.cpu_count() or 1) - 1)
     base = args.base_path or get_settings().serving_root
     base.mkdir(parents=True, exist_ok=True)
+    use_mmap_for_large_blocks()
     server = ServingServer(
         base,
         host=args.host,
@@ -371,6 +470,11 @@ def cli_main(argv: list[str]) -> int:
         inter_op_threads=args.inter_op_threads,
         config_file=args.model_config_file,
         grpc_port=args.grpc_port,
+        max_rows=args.max_rows,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        max_connections=args.max_connections,
     )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve_until_signalled(server))

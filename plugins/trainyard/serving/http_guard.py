@@ -1,0 +1,200 @@
+"""Connection hardening for the REST listener: a request head deadline and a connection cap.
+
+Left to itself, aiohttp keeps a connection that never completes a request head until its
+keep-alive timer fires (3630 s by default), and accepts connections until the process runs
+out of file descriptors, after which ``accept()`` fails and good clients are turned away.
+:class:`GuardedRequestHandler` (aiohttp's protocol, one per connection) adds:
+
+* a head deadline: the request line and headers must be complete within ``header_timeout``
+  seconds of the connection opening (its first request) or of the first byte of a later
+  request on a keep-alive connection; otherwise the connection is closed;
+* a connection cap (:class:`ConnectionGuard`): beyond ``max_connections`` open connections,
+  each new one closes the connection that has been idle longest (no request in progress:
+  a fresh, half-open or keep-alive one), or itself when every other one is busy, so the
+  process stays below its file descriptor limit and a flood of idle connections only
+  displaces itself;
+* :func:`close_after_response`, which the request handler calls after a body deadline so
+  the connection closes as soon as the 408 answer is sent, instead of lingering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+
+log = logging.getLogger("trainyard.serving")
+
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 60.0
+DEFAULT_KEEPALIVE_TIMEOUT = 75.0
+# Descriptors kept free below RLIMIT_NOFILE: model files, the gRPC listener, logs, and the
+# connections one event loop turn accepts (up to the listen backlog) before any is evicted.
+_MIN_FD_RESERVE = 256
+
+
+def default_max_connections() -> int:
+    """The connection cap that keeps the process below its open file limit.
+
+    Returns:
+        The soft ``RLIMIT_NOFILE`` less a reserve of a quarter of it (at least 256 file
+        descriptors), and at least 16.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
+        soft = 1 << 20
+    return max(16, soft - max(_MIN_FD_RESERVE, soft // 4))
+
+
+class ConnectionGuard:
+    """The open connections of one listener, idle ones in the order they became idle.
+
+    Args:
+        max_connections: Open connections allowed; one more evicts the longest idle.
+        header_timeout: Seconds a request head may take (see the module docstring).
+    """
+
+    def __init__(self, max_connections: int, header_timeout: float) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        if header_timeout <= 0:
+            raise ValueError(f"header_timeout must be positive, got {header_timeout}")
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self._open: set[GuardedRequestHandler] = set()
+        self._idle: dict[GuardedRequestHandler, None] = {}
+        self.evicted = 0
+        self.timed_out = 0
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open and not being closed by the guard."""
+        return len(self._open)
+
+    def opened(self, handler: GuardedRequestHandler) -> None:
+        """Count a new (idle) connection; beyond the cap, close the longest idle one."""
+        self._open.add(handler)
+        self._idle[handler] = None
+        if len(self._open) <= self.max_connections:
+            return
+        victim = next(iter(self._idle))  # the new connection itself if all others are busy
+        self.evicted += 1
+        if self.evicted == 1 or self.evicted % 1000 == 0:
+            log.warning(
+                "%d connections open (the limit is %d): closing the longest idle "
+                "(%d closed so far)",
+                len(self._open),
+                self.max_connections,
+                self.evicted,
+            )
+        victim.shut("connection limit reached")
+
+    def closed(self, handler: GuardedRequestHandler) -> None:
+        """Forget a connection that is closed or being closed."""
+        self._open.discard(handler)
+        self._idle.pop(handler, None)
+
+    def busy(self, handler: GuardedRequestHandler) -> None:
+        """A request head arrived on ``handler``: it may not be evicted until it is answered."""
+        self._idle.pop(handler, None)
+
+    def idle(self, handler: GuardedRequestHandler) -> None:
+        """``handler`` answered its requests: it is now the most recently idle connection."""
+        if handler in self._open:
+            self._idle.pop(handler, None)
+            self._idle[handler] = None
+
+
+class GuardedRequestHandler(RequestHandler):
+    """aiohttp's HTTP protocol with a request head deadline, under a :class:`ConnectionGuard`.
+
+    Args:
+        manager: The aiohttp low-level server (``AppRunner.server``).
+        guard: The listener's guard, shared by all its connections.
+        **kwargs: Passed to :class:`aiohttp.web_protocol.RequestHandler`.
+    """
+
+    __slots__ = ("_busy", "_close_after_response", "_guard", "_handled", "_head_timer")
+
+    def __init__(self, manager: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self._head_timer: asyncio.TimerHandle | None = None
+        # A request head arrived and its response is not finished yet.
+        self._busy = False
+        self._handled = 0
+        self._close_after_response = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Start the head deadline and count the connection (which may evict another)."""
+        super().connection_made(transport)
+        self._start_head_timer()
+        self._guard.opened(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        """Stop the head deadline and uncount the connection."""
+        self._cancel_head_timer()
+        self._guard.closed(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Parse ``data``; a first byte starts the head deadline, a complete head ends it."""
+        if not self._busy and data and self._head_timer is None:
+            self._start_head_timer()
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads and not self._busy:
+            self._busy = True
+            self._cancel_head_timer()
+            self._guard.busy(self)
+
+    async def _handle_request(self, request: BaseRequest, *args: Any) -> tuple[Any, bool]:
+        try:
+            return await super()._handle_request(request, *args)
+        finally:
+            self._handled += 1
+            if self._handled >= self._request_count:
+                self._busy = False
+                self._guard.idle(self)
+
+    async def finish_response(
+        self, request: BaseRequest, resp: StreamResponse, start_time: float | None
+    ) -> tuple[StreamResponse, bool]:
+        """Send the response, then close the connection if :func:`close_after_response` said so."""
+        result = await super().finish_response(request, resp, start_time)
+        if self._close_after_response:
+            self.force_close()  # the transport sends what it holds, then closes
+        return result
+
+    def shut(self, reason: str) -> None:
+        """Close the connection now (no response), removing it from the guard."""
+        log.debug("closing connection from %s: %s", self.peername, reason)
+        self._guard.closed(self)
+        self._cancel_head_timer()
+        self.force_close()
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = self._loop.call_later(self._guard.header_timeout, self._head_late)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self._busy:
+            self._guard.timed_out += 1
+            self.shut(f"no complete request head within {self._guard.header_timeout:g} s")
+
+
+def close_after_response(request: BaseRequest) -> None:
+    """Close ``request``'s connection once its response is sent (no lingering read)."""
+    protocol = request.protocol
+    if isinstance(protocol, GuardedRequestHandler):
+        protocol._close_after_response = True

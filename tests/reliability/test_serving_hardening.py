@@ -1,0 +1,270 @@
+"""The serving server under hostile clients: a real ``trainyard serve`` process, real sockets.
+
+* A connection that never completes its request head (silent, partial, or one byte at a
+  time) is closed after ``--header-timeout``; a body that does not arrive within
+  ``--body-timeout`` gets 408 and its connection is closed; good requests, and idle
+  keep-alive connections, are unaffected.
+* Under ``ulimit -n 1024``, 1,100 half-open connections (and more arriving) do not keep
+  good requests from being answered: the server keeps its connections below the limit by
+  closing the longest idle one (the head deadline is set long here so that the cap alone
+  has to do it).
+* One in-limit 50,000-row request leaves the server's resident memory near its baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serving_support import IMAGE_SPEC, build_image_model, free_port
+
+import trainyard
+from trainyard.serving.client import ServingClient
+from trainyard.serving.deploy import publish_version
+
+PLUGINS = Path(trainyard.__file__).resolve().parents[1]
+PREDICT = "/v1/models/digits:predict"
+GOOD_BODY = json.dumps({"instances": np.zeros((2, 8, 8, 1)).tolist()}).encode()
+
+
+class ServerProcess:
+    """``python -m trainyard serve`` on a free port, serving digits v1, stopped on exit."""
+
+    def __init__(self, root: Path, model: Path, *flags: str, nofile: int | None = None) -> None:
+        self.base = root / "serving"
+        publish_version(model, self.base, "digits", 1, IMAGE_SPEC)
+        self.port = free_port()
+        self.log = root / "server.log"
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+
+        def limit_open_files() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        cmd = [
+            sys.executable, "-m", "trainyard", "serve", "--base-path", str(self.base),
+            "--port", str(self.port), "--poll-interval", "2", *flags,
+        ]  # fmt: skip
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=limit_open_files
+            )
+        deadline = time.monotonic() + 120
+        with ServingClient("127.0.0.1", self.port, timeout=10) as client:
+            while True:
+                assert self.proc.poll() is None, self.log.read_text()[-3000:]
+                with contextlib.suppress(Exception):
+                    if client.status("digits")[0]["state"] == "AVAILABLE":
+                        break
+                assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+                time.sleep(0.3)
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_image_model(tmp_path_factory.mktemp("model") / "digits")
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[ServerProcess]:
+    """A server with a 1 s head deadline and a 3 s body deadline."""
+    server = ServerProcess(
+        tmp_path_factory.mktemp("strict"), model, "--header-timeout", "1", "--body-timeout", "3"
+    )
+    yield server
+    server.stop()
+
+
+def good_request(port: int, timeout: float = 10.0) -> tuple[int, float]:
+    """One predict on a fresh connection: (status, seconds)."""
+    start = time.monotonic()
+    with ServingClient("127.0.0.1", port, timeout=timeout) as client:
+        status, data = client.request("POST", PREDICT, GOOD_BODY)
+    if status == 200:
+        assert len(json.loads(data)["predictions"]) == 2
+    return status, time.monotonic() - start
+
+
+def closed_after(sock: socket.socket, within: float) -> float | None:
+    """Seconds until the server closes ``sock`` (reading and discarding), None if it does not."""
+    start = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - start < within:
+        try:
+            if sock.recv(65536) == b"":
+                return time.monotonic() - start
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return time.monotonic() - start
+    return None
+
+
+def test_incomplete_request_heads_are_closed_after_the_header_timeout(strict: ServerProcess):
+    port = strict.port
+    keepalive = ServingClient("127.0.0.1", port, timeout=10)
+    assert keepalive.predict("digits", instances=np.zeros((1, 8, 8, 1)).tolist())
+    silent = socket.create_connection(("127.0.0.1", port))
+    partial = socket.create_connection(("127.0.0.1", port))
+    partial.sendall(b"POST /v1/models/digits:predict HTTP/1.1\r\nHost: x\r\n")
+    drip = socket.create_connection(("127.0.0.1", port))
+    stop = threading.Event()
+
+    def drip_head() -> None:  # a byte every 0.2 s: active, but never a complete head
+        for byte in b"GET /v1/models/digits HTTP/1.1\r\nX-Slow: " + b"a" * 1000:
+            if stop.wait(0.2):
+                return
+            with contextlib.suppress(OSError):
+                drip.send(bytes([byte]))
+
+    dripper = threading.Thread(target=drip_head, daemon=True)
+    dripper.start()
+    try:
+        for _ in range(3):
+            status, seconds = good_request(port)
+            assert status == 200
+            assert seconds < 5
+        for sock in (silent, partial, drip):
+            waited = closed_after(sock, within=8)
+            assert waited is not None, "an incomplete request head was not closed in 8 s"
+        # A keep-alive connection idle past the head deadline still works.
+        assert keepalive.predict("digits", instances=np.zeros((1, 8, 8, 1)).tolist())
+    finally:
+        stop.set()
+        for sock in (silent, partial, drip):
+            sock.close()
+        keepalive.close()
+        dripper.join(5)
+
+
+def test_slow_body_gets_408_and_its_connection_is_closed(strict: ServerProcess):
+    port = strict.port
+    slow = socket.create_connection(("127.0.0.1", port))
+    slow.sendall(
+        b"POST /v1/models/digits:predict HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n" + GOOD_BODY[:20]
+    )
+    stop = threading.Event()
+
+    def drip_body() -> None:
+        while not stop.wait(0.3):
+            with contextlib.suppress(OSError):
+                slow.send(b" ")
+
+    dripper = threading.Thread(target=drip_body, daemon=True)
+    dripper.start()
+    start = time.monotonic()
+    try:
+        status, seconds = good_request(port)
+        assert status == 200
+        assert seconds < 5
+        slow.settimeout(10)
+        received = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := slow.recv(65536):
+                received += chunk
+        elapsed = time.monotonic() - start
+        assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+        assert b"request body not received within 3 s" in received
+        assert elapsed < 8, f"the slow body's connection stayed open {elapsed:.1f} s"
+        assert good_request(port)[0] == 200
+    finally:
+        stop.set()
+        slow.close()
+        dripper.join(5)
+
+
+@pytest.mark.slow
+def test_half_open_flood_does_not_starve_good_requests(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 3000:
+        pytest.skip(f"the flood needs ~1,500 open files in the test process (hard limit {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 3000), hard))
+    try:
+        # The head deadline is longer than the test: the connection cap alone must hold.
+        server = ServerProcess(tmp_path, model, "--header-timeout", "120", nofile=1024)
+        flood: list[socket.socket] = []
+        try:
+
+            def open_half(n: int) -> None:
+                for i in range(n):
+                    s = socket.socket()
+                    s.settimeout(0.5)
+                    with contextlib.suppress(OSError):
+                        s.connect(("127.0.0.1", server.port))
+                        if i % 2:
+                            s.send(b"POST /v1/models/digits:predict HTTP/1.1\r\nHost: x\r\n")
+                    flood.append(s)
+
+            open_half(1100)
+            time.sleep(1.0)
+            latencies = []
+            for _ in range(10):
+                open_half(50)  # the flood goes on between the good requests
+                status, seconds = good_request(server.port, timeout=15)
+                assert status == 200
+                latencies.append(seconds)
+            assert max(latencies) < 5, f"good request latencies {latencies}"
+            assert server.proc.poll() is None
+            log = server.log.read_text()
+            assert "Too many open files" not in log
+            assert "closing the longest idle" in log
+        finally:
+            for s in flood:
+                s.close()
+            server.stop()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
+    rows = 50_000
+    images = np.round(np.random.default_rng(5).random((rows, 8, 8, 1)), 2)
+    body = json.dumps({"instances": images.tolist()}).encode()
+    assert len(body) < 32 * 2**20  # within the default body limit
+    with ServingClient("127.0.0.1", strict.port, timeout=60) as client:
+        for _ in range(5):
+            client.predict("digits", instances=images[:4].tolist())
+        time.sleep(1.0)
+        baseline = strict.rss_mb()
+        status, data = client.request("POST", PREDICT, body)
+        assert status == 200
+        assert len(json.loads(data)["predictions"]) == rows
+        del data
+        deadline = time.monotonic() + 10
+        while (after := strict.rss_mb()) > baseline + 20 and time.monotonic() < deadline:
+            time.sleep(0.5)
+    assert after - baseline < 20, (
+        f"RSS {baseline:.0f} MB before, {after:.0f} MB after one {rows}-row request"
+    )
