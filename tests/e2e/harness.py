@@ -11,6 +11,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,3 +166,96 @@ def init_airflow(project: Project) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     out = project.airflow("pools", "set", "trainyard_training", "1", "training", timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def wait_http(url: str, deadline_s: float) -> None:
+    """Wait until ``url`` answers 200."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} did not answer within {deadline_s} s")
+
+
+@contextmanager
+def standalone(project: Project, api_port: int, log_path: Path) -> Iterator[str]:
+    """Run ``airflow standalone`` for ``project`` (made with ``api_port``); yield its URL.
+
+    Starts the project's PostgreSQL first if it has one. Stops it all (standalone's whole
+    process group, the LocalExecutor's workers, the model server, PostgreSQL) on exit.
+    """
+    import signal
+    import time
+
+    project.start_postgres()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("airflow")), "standalone"],
+            env=project.env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        base = f"http://127.0.0.1:{api_port}"
+        try:
+            wait_http(f"{base}/api/v2/monitor/health", 240)
+            pool = project.airflow("pools", "set", "trainyard_training", "1", "training")
+            assert pool.returncode == 0, pool.stderr[-2000:]
+            yield base
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(1)
+            project.stop_server()
+            project.stop_postgres()
+
+
+def admin_password(project: Project) -> str:
+    """The ``admin`` password standalone generated (simple auth manager)."""
+    import json
+    import time
+
+    path = Path(project.env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+    for _ in range(60):
+        if path.exists():
+            break
+        time.sleep(1)
+    return json.loads(path.read_text())["admin"]
+
+
+def api_token(base: str, password: str, username: str = "admin") -> str:
+    """A JWT for Airflow's API (``POST /auth/token``)."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{base}/auth/token",
+        data=json.dumps({"username": username, "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())["access_token"]
