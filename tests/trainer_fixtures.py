@@ -161,3 +161,18 @@ def write_table_contract(folder: Path) -> Path:
     path = folder / "blobs.yaml"
     path.write_text(TABLE_CONTRACT)
     return path
+
+
+def publish_fixture(made: Path, volume_root: Path, dataset: str) -> str:
+    """Move a fixture snapshot to ``<volume_root>/<dataset>/snapshots/<its id>``; its id.
+
+    Snapshot ids are content-addressed: readers check the folder name against the manifest.
+    """
+    import json
+    import shutil
+
+    snapshot_id = json.loads((made / "manifest.json").read_text())["snapshot_id"]
+    folder = volume_root / dataset / "snapshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.move(made, folder / snapshot_id)
+    return str(snapshot_id)

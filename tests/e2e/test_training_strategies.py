@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer_fixtures import (
     make_files_snapshot,
     make_table_snapshot,
+    publish_fixture,
     write_table_contract,
 )
 
@@ -70,7 +71,9 @@ def test_strategy_trains_and_exports(
 ) -> None:  # fmt: skip
     pipeline = parse_pipeline(ROOT / "dags" / "pipelines" / "digits.yaml")
     if data == "digits_files":
-        make_files_snapshot(volume_root / "digits" / "snapshots" / "s1", n=None, shards=4)
+        snap = publish_fixture(
+            make_files_snapshot(volume_root / "incoming", n=None, shards=4), volume_root, "digits"
+        )
         expected_inputs = {"image": [None, 8, 8, 1]}
     else:
         contracts = tmp_path / "contracts"
@@ -78,10 +81,12 @@ def test_strategy_trains_and_exports(
         write_table_contract(contracts)
         monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
         pipeline = pipeline.model_copy(update={"dataset": "blobs"})
-        make_table_snapshot(volume_root / "blobs" / "snapshots" / "s1", n=1200, parts=3)
+        snap = publish_fixture(
+            make_table_snapshot(volume_root / "incoming", n=1200, parts=3), volume_root, "blobs"
+        )
         expected_inputs = {"x1": [None], "x2": [None], "x3": [None]}
     lines: list[str] = []
-    result = run_training(pipeline, params, "s1", run_id="r1", log=lines.append)
+    result = run_training(pipeline, params, snap, run_id="r1", log=lines.append)
 
     assert result.attempts == 1
     assert result.tf_config_roles == roles

@@ -14,7 +14,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer_fixtures import make_files_snapshot, make_table_snapshot, write_table_contract
+from trainer_fixtures import (
+    make_files_snapshot,
+    make_table_snapshot,
+    publish_fixture,
+    write_table_contract,
+)
 
 from trainyard.config import TrainingConfig, parse_pipeline
 from trainyard.errors import TrainingError
@@ -36,13 +41,15 @@ def _no_children_left() -> None:
 def test_killed_worker_restarts_all_and_resumes_from_checkpoint(
     volume_root: Path, tmp_path: Path
 ) -> None:
-    make_files_snapshot(volume_root / "digits" / "snapshots" / "s1", n=640, shards=2)
+    snap = publish_fixture(
+        make_files_snapshot(volume_root / "incoming", n=640, shards=2), volume_root, "digits"
+    )
     params = TrainingConfig(
         **FAST, epochs=3, max_attempts=3, start_deadline_s=60, attempt_timeout_s=240
     )
     lines: list[str] = []
     result = run_training(
-        PIPELINE, params, "s1", run_id="kill", log=lines.append,
+        PIPELINE, params, snap, run_id="kill", log=lines.append,
         env={"TRAINYARD_FAULT": "kill_mid_epoch:1:worker:1"},
     )  # fmt: skip
     assert result.attempts == 2
@@ -65,14 +72,16 @@ def test_killed_worker_restarts_all_and_resumes_from_checkpoint(
 def test_worker_that_never_starts_fails_at_deadline_and_retries_end_in_one_error(
     volume_root: Path, tmp_path: Path
 ) -> None:
-    make_files_snapshot(volume_root / "digits" / "snapshots" / "s1", n=200, shards=2)
+    snap = publish_fixture(
+        make_files_snapshot(volume_root / "incoming", n=200, shards=2), volume_root, "digits"
+    )
     params = TrainingConfig(
         **FAST, epochs=1, max_attempts=2, start_deadline_s=25, attempt_timeout_s=120
     )
     t0 = time.monotonic()
     with pytest.raises(TrainingError) as err:
         run_training(
-            PIPELINE, params, "s1", run_id="hang", log=lambda _l: None,
+            PIPELINE, params, snap, run_id="hang", log=lambda _l: None,
             env={"TRAINYARD_FAULT": "hang_before_ready:0:worker:1:1,hang_before_ready:0:worker:1:2"},  # noqa: E501
         )  # fmt: skip
     elapsed = time.monotonic() - t0
@@ -94,14 +103,16 @@ def test_nan_loss_stops_without_retry(
     write_table_contract(contracts)
     monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
     pipeline = PIPELINE.model_copy(update={"dataset": "blobs"})
-    make_table_snapshot(volume_root / "blobs" / "snapshots" / "s1", n=400, parts=1)
+    snap = publish_fixture(
+        make_table_snapshot(volume_root / "incoming", n=400, parts=1), volume_root, "blobs"
+    )
     # a learning rate this large overflows the logits in the first steps: a genuinely NaN loss
     params = TrainingConfig(
         model="mlp", workers=1, epochs=3, batch_size=32, learning_rate=1e35, max_attempts=3
     )
     lines: list[str] = []
     with pytest.raises(TrainingError, match=r"loss became NaN .* no model was exported"):
-        run_training(pipeline, params, "s1", run_id="nan", log=lines.append)
+        run_training(pipeline, params, snap, run_id="nan", log=lines.append)
     assert not any(line.startswith("attempt 2") for line in lines)
     assert not list(volume_root.glob("_checkpoints/*/*/output/model"))
     _no_children_left()
@@ -116,16 +127,19 @@ from trainyard.training.launcher import run_training
 p = parse_pipeline(Path({pipeline!r}))
 params = TrainingConfig(model="small_cnn", workers=2, epochs=50, batch_size=32)
 log = lambda line: print(line, flush=True)
-run_training(p, params, "s1", run_id="term", log=log)
+run_training(p, params, {snap!r}, run_id="term", log=log)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_killed_launcher_leaves_no_worker(sig: int, volume_root: Path, tmp_path: Path) -> None:
-    make_files_snapshot(volume_root / "digits" / "snapshots" / "s1", n=200, shards=2)
+    snap = publish_fixture(
+        make_files_snapshot(volume_root / "incoming", n=200, shards=2), volume_root, "digits"
+    )
     code = DRIVER.format(
         plugins=str(ROOT / "plugins"), pipeline=str(ROOT / "dags" / "pipelines" / "digits.yaml"),
+        snap=snap,
     )  # fmt: skip
     launcher = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
