@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from trainyard.config import PipelineConfig
     from trainyard.k8s.profile import ClusterProfile
 
-RENDER_STEPS = ("storage", *STEPS, "all")
+RENDER_STEPS = ("storage", *STEPS, "scorer", "all")
 
 
 def step_pod(
@@ -127,6 +127,12 @@ def render_objects(
                 ),
                 objects.models_pvc(profile),
             ]
+            continue
+        if s == "scorer":  # a pipeline that scores a stream: its scorer Deployment
+            if pipeline.scoring.stream is not None or step == s:
+                from trainyard.k8s.scoring import scorer_deployment
+
+                out.append(scorer_deployment(profile, pipeline))
             continue
         if s == "train":
             snap = fill(s, "{snapshot}")

@@ -1,0 +1,257 @@
+"""Stream scoring without a broker: contract checks, the Kafka engine, the scorer Deployment.
+
+The Kafka back-end is covered here for everything that runs without a Kafka broker (none
+runs on this machine): its client settings, the offsets it commits, message conversion,
+and a real confluent-kafka producer failing clearly when no broker answers. The Redis
+back-end runs for real in ``tests/reliability/test_stream_scoring.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from kubernetes import client as k
+
+from trainyard import k8s
+from trainyard.config import PipelineConfig
+from trainyard.contracts import parse_contract_text
+from trainyard.errors import ConfigError
+from trainyard.k8s.scoring import scorer_deployment, scorer_name
+from trainyard.streaming.engines import (
+    KafkaStreams,
+    Message,
+    Output,
+    StreamError,
+    Streams,
+    kafka_consumer_config,
+    kafka_producer_config,
+    next_offsets,
+)
+from trainyard.streaming.records import RecordChecker
+from trainyard.streaming.scorer import scores_of
+
+ROOT = Path(__file__).resolve().parents[2]
+STREAMS = Streams("txn.in", "txn.scores", "txn.dead", "trainyard-transactions")
+
+
+@pytest.fixture(scope="module")
+def checker() -> RecordChecker:
+    path = ROOT / "data_contracts" / "transactions.yaml"
+    return RecordChecker(parse_contract_text(path.read_text(), path))
+
+
+GOOD = {"txn_id": "t-1", "amount": 12.5, "hour": 3, "customer_age": 40}
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({}, None),
+        ({"merchant_category": "fuel", "is_fraud": 0}, None),
+        ({"customer_age": 95}, None),  # max is a warn rule: scored
+        ({"amount": 0}, "amount: 0 is below the minimum 0 (exclusive)"),
+        ({"amount": 2e6}, "amount: 2000000.0 is above the maximum 1e+06"),
+        ({"amount": float("nan")}, "amount: expected a finite number, got nan"),
+        ({"amount": True}, "amount: expected a number, got True"),
+        ({"hour": 3.5}, "hour: expected an integer, got 3.5"),
+        ({"hour": 24}, "hour: 24 is above the maximum 23"),
+        ({"hour": None}, "hour: null"),
+        ({"txn_id": "t 1"}, "txn_id: 't 1' does not match '^[A-Za-z0-9_-]+$'"),
+        ({"txn_id": 7}, "txn_id: expected a string, got 7"),
+        ({"merchant_category": "toys"}, "merchant_category: 'toys' is not an allowed value"),
+        ({"is_fraud": 2}, "is_fraud: 2 is not an allowed value"),
+        ({"colour": "red"}, "colour: unknown field (not a column of the contract)"),
+    ],
+)
+def test_record_rules(checker: RecordChecker, change: dict[str, Any], reason: str | None) -> None:
+    assert checker.check({**GOOD, **change}) == reason
+
+
+def test_record_shape(checker: RecordChecker) -> None:
+    missing = {k: v for k, v in GOOD.items() if k != "hour"}
+    assert checker.check(missing) == "hour: missing (the key and every feature are required)"
+    assert checker.check([1, 2]) == "not a JSON object (list)"
+    assert checker.parse(b"{not json")[1].startswith("not JSON: ")
+    record, reason = checker.parse(orjson.dumps(GOOD))
+    assert reason is None
+    cols = checker.columns([record, {**GOOD, "amount": 1.0}])
+    assert list(cols) == ["amount", "hour", "customer_age"]
+    assert cols["amount"].dtype.name == "float32" and cols["amount"].tolist() == [12.5, 1.0]
+
+
+def test_image_datasets_are_refused_naming_the_feature() -> None:
+    path = ROOT / "data_contracts" / "digits.yaml"
+    with pytest.raises(ConfigError, match=r"stream scoring takes table records.*'image'"):
+        RecordChecker(parse_contract_text(path.read_text(), path))
+
+
+def test_scores_of_binary_multiclass_and_plain_outputs() -> None:
+    s, c = scores_of({"probabilities": [[0.9, 0.1], [0.2, 0.8]], "class_id": [0, 1]}, 2)
+    assert s == pytest.approx([0.1, 0.8]) and c == [0, 1]
+    s, c = scores_of({"probabilities": [[0.1, 0.7, 0.2]], "class_id": [1]}, 1)
+    assert s == pytest.approx([0.7]) and c == [1]
+    s, c = scores_of({"value": [[3.5], [1.0]]}, 2)
+    assert s == [3.5, 1.0] and c == [None, None]
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+def test_kafka_client_settings_are_manual_commit_group_members() -> None:
+    c = kafka_consumer_config("b1:9092,b2:9092", "g", "me")
+    assert c["group.id"] == "g" and c["bootstrap.servers"] == "b1:9092,b2:9092"
+    assert c["enable.auto.commit"] is False and c["enable.auto.offset.store"] is False
+    assert c["auto.offset.reset"] == "earliest"
+    p = kafka_producer_config("b1:9092", "me")
+    assert p["enable.idempotence"] is True and p["acks"] == "all"
+
+
+def test_next_offsets_commit_one_past_the_highest_per_partition() -> None:
+    done = [
+        Message("t/0/5", b"", partition=0, offset=5),
+        Message("t/1/9", b"", partition=1, offset=9),
+        Message("t/0/7", b"", partition=0, offset=7),
+        Message("t/0/6", b"", partition=0, offset=6),
+    ]
+    assert next_offsets(done) == {0: 8, 1: 10}
+    with pytest.raises(StreamError, match="message 1-0: no Kafka partition/offset"):
+        next_offsets([Message("1-0", b"")])
+
+
+class _FakeKafkaMessage:
+    """The accessor surface of ``confluent_kafka.Message`` (not constructible in Python)."""
+
+    def __init__(self, key: bytes | None, value: bytes, partition: int, offset: int) -> None:
+        self._k, self._v, self._p, self._o = key, value, partition, offset
+
+    def key(self) -> bytes | None:
+        return self._k
+
+    def value(self) -> bytes:
+        return self._v
+
+    def topic(self) -> str:
+        return "txn.in"
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+
+def test_kafka_engine_without_a_broker() -> None:
+    """Real confluent-kafka clients; nothing listens on the port, so nothing is delivered."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connection refused
+    engine = KafkaStreams(f"127.0.0.1:{port}", STREAMS, consumer="t", delivery_timeout_s=1.0)
+    try:
+        m = engine.message(_FakeKafkaMessage(b"t-1", b'{"a": 1}', 3, 41))
+        assert m == Message("txn.in/3/41", b'{"a": 1}', key="t-1", partition=3, offset=41)
+        assert engine.read(10, 100) == []  # no broker: nothing, no exception
+        assert engine.claim(1000, 10) == []  # rebalancing hands over uncommitted offsets
+        with pytest.raises(StreamError, match=r"not delivered within 1s.*nothing committed"):
+            engine.commit([Output("t-1", {"id": "t-1", "score": 0.5})], [], [m])
+    finally:
+        engine.close()
+
+
+# --------------------------------------------------------------------------- Deployment
+
+
+def _pipeline(stream: dict[str, Any] | None) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "name": "transactions",
+            "dataset": "transactions",
+            "start_date": "2026-11-01",
+            "source": {"url": "x/{ds}.csv", "format": "csv"},
+            "training": {"model": "mlp"},
+            "serving": {"model_name": "transactions"},
+            "scoring": {"stream": stream} if stream else {},
+        }
+    )
+
+
+KAFKA = {
+    "engine": "kafka",
+    "input": "txn.in",
+    "output": "txn.scores",
+    "dead_letter": "txn.dead",
+    "bootstrap_servers": "kafka.data.svc:9092",
+    "partitions": 6,
+}
+
+
+def test_scorer_deployment_is_restricted_on_the_cpu_pool_scaled_by_partitions() -> None:
+    profile = k8s.load_cluster_profile(ROOT / "deploy" / "cluster_profile.yaml")
+    dep = scorer_deployment(profile, _pipeline(KAFKA))
+    assert isinstance(dep, k.V1Deployment)
+    assert k8s.validate_object(dep) == []
+    assert dep.metadata.name == scorer_name("transactions") == "scorer-transactions"
+    assert dep.spec.replicas == 6
+    assert dep.spec.strategy.rolling_update.max_surge == 0
+    pod = dep.spec.template.spec
+    (c,) = pod.containers
+    assert c.command == ["python", "-m", "trainyard", "score-stream"]
+    assert c.args[:2] == ["--pipeline", "transactions"]
+    assert c.image == profile.images.steps
+    assert c.security_context.read_only_root_filesystem is True
+    assert c.security_context.capabilities.drop == ["ALL"]
+    assert pod.security_context.run_as_non_root is True
+    assert pod.node_selector == (dict(profile.cpu_pool.node_labels) or None)
+    env = {e.name: e.value for e in c.env}
+    assert env["TRAINYARD_SERVING_HOST"] == f"serving-transactions.{profile.namespace}.svc"
+    # the scorer's command line is one the CLI accepts
+    from trainyard.streaming.scorer import cli_main
+
+    assert cli_main([*c.args, "--help"]) == 0
+    # a changed config rolls the pods
+    other = _pipeline({**KAFKA, "partitions": 3})
+    assert (
+        scorer_deployment(profile, other).spec.template.metadata.annotations
+        != dep.spec.template.metadata.annotations
+    )
+
+
+def test_scorer_deployment_refuses_what_cannot_run_on_a_cluster() -> None:
+    profile = k8s.load_cluster_profile(ROOT / "deploy" / "cluster_profile.yaml")
+    with pytest.raises(ConfigError, match=r"has no scoring\.stream"):
+        scorer_deployment(profile, _pipeline(None))
+    local = {"input": "a", "output": "b", "dead_letter": "c"}
+    with pytest.raises(ConfigError, match="project's own server on this machine"):
+        scorer_deployment(profile, _pipeline(local))
+    remote = scorer_deployment(profile, _pipeline({**local, "url": "redis://redis.data:6379/0"}))
+    assert k8s.validate_object(remote) == [] and remote.spec.replicas == 1
+
+
+def test_render_scorer_step() -> None:
+    from trainyard.pods import render_objects
+
+    profile = k8s.load_cluster_profile(ROOT / "deploy" / "cluster_profile.yaml")
+    (dep,) = render_objects(profile, _pipeline(KAFKA), "scorer")
+    assert dep.metadata.name == "scorer-transactions"
+    assert render_objects(profile, _pipeline(None), "all", snapshot="s", version=1)
+
+
+@pytest.mark.parametrize(
+    ("stream", "message"),
+    [
+        ({"engine": "kafka", "input": "a", "output": "b", "dead_letter": "c"}, "bootstrap_servers"),
+        ({"input": "a", "output": "a", "dead_letter": "c"}, "three different streams"),
+        ({"input": "a b", "output": "b", "dead_letter": "c"}, "'a b': use 1 to 200 of"),
+        (
+            {"input": "a", "output": "b", "dead_letter": "c", "bootstrap_servers": "k:9092"},
+            "bootstrap_servers is for engine kafka",
+        ),
+    ],
+)
+def test_stream_config_errors(stream: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _pipeline(stream)
