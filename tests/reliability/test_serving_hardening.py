@@ -96,9 +96,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[ServerProcess]:
-    """A server with a 1 s head deadline and a 3 s body deadline."""
+    """A server with a 1 s head deadline, a 3 s body deadline and at most 50,000 rows."""
     server = ServerProcess(
-        tmp_path_factory.mktemp("strict"), model, "--header-timeout", "1", "--body-timeout", "3"
+        tmp_path_factory.mktemp("strict"),
+        model,
+        *("--header-timeout", "1", "--body-timeout", "3", "--max-rows", "50000"),
     )
     yield server
     server.stop()
@@ -248,6 +250,7 @@ def test_half_open_flood_does_not_starve_good_requests(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.slow
 def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
     rows = 50_000
     images = np.round(np.random.default_rng(5).random((rows, 8, 8, 1)), 2)
@@ -268,3 +271,14 @@ def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
     assert after - baseline < 20, (
         f"RSS {baseline:.0f} MB before, {after:.0f} MB after one {rows}-row request"
     )
+
+
+def test_max_rows_flag_limits_the_rows_of_one_request(strict: ServerProcess):
+    row = b"[" + b",".join([b"[" + b",".join([b"[0]"] * 8) + b"]"] * 8) + b"]"
+    with ServingClient("127.0.0.1", strict.port, timeout=60) as client:
+        body = b'{"instances":[' + b",".join([row] * 50_001) + b"]}"
+        status, data = client.request("POST", PREDICT, body)
+        assert status == 400
+        assert "request has 50001 rows, at most 50000 are allowed" in json.loads(data)["error"]
+        status, data = client.request("POST", PREDICT, b'{"instances":[' + row + b"]}")
+        assert status == 200
