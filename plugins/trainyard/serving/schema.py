@@ -101,8 +101,17 @@ def spec_to_json(spec: FeatureSpec) -> dict[str, list[Any]]:
     return {name: [dtype, list(shape)] for name, (dtype, shape) in spec.items()}
 
 
-def _reject_constant(name: str) -> float:
-    raise InvalidRequest(f"non-finite number {name} is not allowed in a request")
+def _finite_float(text: str) -> float:
+    """A JSON number; one beyond double range (``1e400``) is refused, not read as inf."""
+    value = float(text)
+    if math.isinf(value):
+        raise InvalidRequest(f"number {text[:32]} out of range")
+    return value
+
+
+def _nonfinite_constant(name: str) -> float:
+    """``NaN``, ``Infinity``, ``-Infinity``: accepted, as TF Serving's parser does."""
+    return float(name)
 
 
 def _fmt_shape(shape: tuple[int | None, ...]) -> str:
@@ -147,17 +156,24 @@ def _to_array(
         return arr
     if kind == "b" or any(type(v) is bool for v in _flat_items(values)):
         raise InvalidRequest(f"{where}: expected {dtype} numbers, got booleans")
-    if (
-        kind == "f"
-        and dtype not in ("float16", "float32", "float64")
-        and not np.all(arr == np.round(arr))
-    ):
-        raise InvalidRequest(f"{where}: expected integers ({dtype}), got fractional numbers")
+    if kind == "f" and dtype not in ("float16", "float32", "float64"):
+        if not np.all(np.isfinite(arr)):
+            raise InvalidRequest(f"{where}: expected integers ({dtype}), got NaN or Infinity")
+        if not np.all(arr == np.round(arr)):
+            raise InvalidRequest(f"{where}: expected integers ({dtype}), got fractional numbers")
     if np.issubdtype(np.dtype(dtype), np.integer) and arr.size:
         info = np.iinfo(np.dtype(dtype))
         if arr.min() < info.min or arr.max() > info.max:
             raise InvalidRequest(f"{where}: value out of range for {dtype}")
-    return arr.astype(dtype, copy=False)
+    with np.errstate(over="ignore"):
+        out = arr.astype(dtype, copy=False)
+    if out.dtype.kind == "f" and arr.size:
+        # a finite number beyond the dtype's range (1e39 as float32) is refused, not inf
+        overflow = np.isinf(out) & np.isfinite(arr)
+        if overflow.any():
+            value = float(arr.reshape(-1)[int(np.flatnonzero(overflow.reshape(-1))[0])])
+            raise InvalidRequest(f"{where}: value {value!r} out of range for {dtype}")
+    return out
 
 
 def _flat_items(values: Any) -> list[Any]:
@@ -442,11 +458,17 @@ def _fast_decode(body: bytes, spec: FeatureSpec) -> tuple[dict[str, np.ndarray],
         if got is None:
             return None
         data, rows = got
-        return {name: np.frombuffer(data, np.float32).reshape(rows, *row_shape)}, rows, columnar
+        arr = np.frombuffer(data, np.float32).reshape(rows, *row_shape)
+        if not np.isfinite(arr).all():  # an overflow to inf: the json path names it
+            return None
+        return {name: arr}, rows, columnar
     values = _parse_number_rows(body, start, end + 1, row_shape)  # type: ignore[arg-type]
     if values is None:
         return None
-    return {name: values.astype(dtype)}, values.shape[0], columnar
+    cast = values.astype(dtype)
+    if not np.isfinite(cast).all():
+        return None
+    return {name: cast}, values.shape[0], columnar
 
 
 def decode_predict_request(
@@ -473,7 +495,7 @@ def decode_predict_request(
             raise InvalidRequest(f"request has {fast[1]} rows, at most {max_rows} are allowed")
         return fast
     try:
-        doc = json.loads(body, parse_constant=_reject_constant)
+        doc = json.loads(body, parse_constant=_nonfinite_constant, parse_float=_finite_float)
     except InvalidRequest:
         raise
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -482,11 +504,7 @@ def decode_predict_request(
         raise InvalidRequest("malformed JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidRequest("request body must be a JSON object with 'instances' or 'inputs'")
-    unknown = sorted(set(doc) - {"instances", "inputs", "signature_name"})
-    if unknown:
-        raise InvalidRequest(
-            f"unknown request field {unknown[0]!r} (expected 'instances' or 'inputs')"
-        )
+    # other top-level keys are ignored, as TF Serving does
     sig = doc.get("signature_name", "serving_default")
     if sig not in ("serving_default", ""):
         raise InvalidRequest(f"unknown signature_name {sig!r} (this model has 'serving_default')")
@@ -557,9 +575,7 @@ def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     missing = [n for n in names if n not in inputs]
     if missing:
         raise InvalidRequest(f"inputs: missing feature {missing[0]!r}")
-    extra = sorted(k for k in inputs if k not in spec)
-    if extra:
-        raise InvalidRequest(f"inputs: unknown feature {extra[0]!r} (expected {names})")
+    # inputs the signature does not take are ignored, as TF Serving does
     out: dict[str, np.ndarray] = {}
     rows: int | None = None
     for name in names:
@@ -582,24 +598,50 @@ def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     return out
 
 
+_NONFINITE = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
+
+
+def _dump_array(arr: np.ndarray) -> bytes:
+    """One numeric array as JSON text, floats at their own precision.
+
+    orjson prints a non-finite float as ``null``; those are put back as TF Serving writes
+    them (``NaN``, ``Infinity``, ``-Infinity``, rapidjson's spelling), in order, so the
+    other values keep orjson's shortest text.
+    """
+    text = orjson.dumps(np.ascontiguousarray(arr), option=orjson.OPT_SERIALIZE_NUMPY)
+    if arr.dtype.kind != "f" or np.isfinite(arr).all():
+        return text
+    flat = arr.reshape(-1)
+    tokens = [_NONFINITE[str(float(flat[i]))] for i in np.flatnonzero(~np.isfinite(flat))]
+    pieces = text.split(b"null")
+    out = [pieces[0]]
+    for token, piece in zip(tokens, pieces[1:], strict=True):
+        out += [token, piece]
+    return b"".join(out)
+
+
+def _text(v: Any) -> Any:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+
 def _jsonable(arr: np.ndarray) -> Any:
-    if arr.dtype.kind == "f" and arr.size and not np.all(np.isfinite(arr)):
-        return (
-            [_jsonable(a) for a in arr]
-            if arr.ndim > 1
-            else [v if math.isfinite(v) else str(v) for v in arr.astype(np.float64).tolist()]
-        )
     if arr.dtype.kind in "SO":
-        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in arr.tolist()]
-    return arr.tolist()
+        return [_text(v) for v in arr.tolist()] if arr.ndim else _text(arr.item())
+    if arr.ndim == 0:
+        return orjson.Fragment(_dump_array(arr.reshape(1))[1:-1])
+    return orjson.Fragment(_dump_array(arr))
+
+
+def _row_values(arr: np.ndarray) -> list[Any]:
+    """One JSON value per row (batch entry) of an output."""
+    if arr.dtype.kind in "SO":
+        return [_jsonable(np.asarray(row, dtype=object)) for row in arr]
+    return [orjson.Fragment(_dump_array(arr[i : i + 1])[1:-1]) for i in range(len(arr))]
 
 
 def _orjson_can_encode(arr: np.ndarray) -> bool:
-    """Whether orjson prints ``arr`` as TF Serving would (finite numbers and booleans)."""
-    kind = arr.dtype.kind
-    if arr.ndim == 0 or kind not in "fiub":
-        return False
-    return kind != "f" or bool(np.isfinite(arr).all())
+    """Whether an output is numeric (printed from numpy), not text or a scalar."""
+    return arr.ndim > 0 and arr.dtype.kind in "fiub"
 
 
 def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -> bytes:
@@ -623,9 +665,10 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -
         return _encode_with_json(arrays, names, columnar)
     arrays = {n: np.ascontiguousarray(a) for n, a in arrays.items()}
     if columnar:
-        payload: Any = {"outputs": arrays[names[0]] if len(names) == 1 else arrays}
+        frags = {n: orjson.Fragment(_dump_array(a)) for n, a in arrays.items()}
+        payload: Any = {"outputs": frags[names[0]] if len(names) == 1 else frags}
     elif len(names) == 1:
-        payload = {"predictions": arrays[names[0]]}
+        payload = {"predictions": orjson.Fragment(_dump_array(arrays[names[0]]))}
     elif all(a.size for a in arrays.values()):
         return _encode_row_objects(arrays, names)
     else:
@@ -647,7 +690,7 @@ def _encode_row_objects(arrays: Mapping[str, np.ndarray], names: list[str]) -> b
     depths = [arrays[n].ndim - 1 for n in names]
     parts: list[bytes] = [b""] * (2 * len(names) * rows)
     for i, (name, depth) in enumerate(zip(names, depths, strict=True)):
-        text = orjson.dumps(arrays[name], option=orjson.OPT_SERIALIZE_NUMPY)
+        text = _dump_array(arrays[name])
         values = text[1 + depth : -1 - depth].split(b"]" * depth + b"," + b"[" * depth)
         # Before each value: the end of the previous one (or of the previous row's object).
         before = b"]" * depths[i - 1] + b"," if i else b"]" * depths[-1] + b"},{"
@@ -658,12 +701,16 @@ def _encode_row_objects(arrays: Mapping[str, np.ndarray], names: list[str]) -> b
 
 
 def _encode_with_json(arrays: Mapping[str, np.ndarray], names: list[str], columnar: bool) -> bytes:
-    cols = {n: _jsonable(arrays[n]) for n in names}
-    if columnar:
-        payload: Any = {"outputs": cols[names[0]] if len(names) == 1 else cols}
-    elif len(names) == 1:
-        payload = {"predictions": cols[names[0]]}
+    """Text outputs (or scalars) among the outputs: each value as orjson prints it."""
+    if columnar or len(names) == 1:
+        cols = {n: _jsonable(arrays[n]) for n in names}
+        if columnar:
+            payload: Any = {"outputs": cols[names[0]] if len(names) == 1 else cols}
+        else:
+            payload = {"predictions": cols[names[0]]}
     else:
-        rows = zip(*(cols[n] for n in names), strict=True)
-        payload = {"predictions": [dict(zip(names, r, strict=True)) for r in rows]}
-    return json.dumps(payload, separators=(",", ":")).encode()
+        rows = [_row_values(arrays[n]) for n in names]
+        payload = {
+            "predictions": [dict(zip(names, r, strict=True)) for r in zip(*rows, strict=True)]
+        }
+    return orjson.dumps(payload)

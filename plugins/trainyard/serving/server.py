@@ -131,7 +131,7 @@ async def _handle(request: web.Request) -> web.Response:
         if request.method == "GET":
             m = _GET_RE.match(path)
             if not m:
-                return _error(404, f"Malformed request: GET {path}")
+                return _error(400, f"Malformed request: GET {path}")
             name, version = m["name"], _which(repo, m)
             if m["meta"]:
                 return _json(_metadata(repo.get(name, version)))
@@ -139,7 +139,7 @@ async def _handle(request: web.Request) -> web.Response:
         if request.method == "POST":
             m = _POST_RE.match(path)
             if not m:
-                return _error(404, f"Malformed request: POST {path}")
+                return _error(400, f"Malformed request: POST {path}")
             if m["verb"] != "predict":
                 return _error(400, f"unsupported method {m['verb']!r}: only ':predict' is served")
             return await _predict(request, repo, m["name"], _which(repo, m))
