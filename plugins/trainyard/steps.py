@@ -164,7 +164,8 @@ RULE_KEYS = ("rule", "column", "severity", "success", "unexpected_count", "eleme
 with ``observed`` when it is one value (a row count, a drift figure, a timestamp)."""
 
 
-def _rule_result(outcome: dict[str, Any]) -> dict[str, Any]:
+def rule_result(outcome: dict[str, Any]) -> dict[str, Any]:
+    """One rule outcome of a validation report, as ``validate``'s result keeps it."""
     out = {k: outcome.get(k) for k in RULE_KEYS}
     observed = outcome.get("observed")
     if isinstance(observed, str | int | float | bool):
@@ -214,7 +215,7 @@ def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None)
         "warnings": len(result.warnings),
         "window": entries,
         "rows": result.rows,
-        "rules": [_rule_result(r) for r in result.summary.get("rules", [])],
+        "rules": [rule_result(r) for r in result.summary.get("rules", [])],
     }
 
 

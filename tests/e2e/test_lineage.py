@@ -81,18 +81,9 @@ def _facets(event: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
                     yield f"{side}:{ds['name']}:{group}", key, facet
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """One real run of the digits DAG with the provider's file transport on."""
-    tmp = tmp_path_factory.mktemp("lineage")
-    project: Project = make_project(
-        tmp,
-        {
-            "training": {"epochs": 2},
-            # the gate must pass for a served version to exist; its figures are checked below
-            "gate": {"thresholds": {"accuracy": {"min": 0.1}}},
-        },
-    )
+def _lineage_project(tmp: Path, overrides: dict[str, Any]) -> tuple[Project, Path]:
+    """A project whose Airflow writes OpenLineage events to a file (the provider's transport)."""
+    project = make_project(tmp, overrides)
     events_file = tmp / "openlineage" / "events.jsonl"
     events_file.parent.mkdir()
     project.env.update(
@@ -102,12 +93,30 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         AIRFLOW__OPENLINEAGE__NAMESPACE=OL_NAMESPACE,
         AIRFLOW__OPENLINEAGE__DISABLED="False",
     )
+    return project, events_file
+
+
+def _read_events(events_file: Path) -> list[dict[str, Any]]:
+    assert events_file.is_file(), "the provider wrote no OpenLineage event"
+    return [json.loads(line) for line in events_file.read_text().splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One real run of the digits DAG with the provider's file transport on."""
+    project, events_file = _lineage_project(
+        tmp_path_factory.mktemp("lineage"),
+        {
+            "training": {"epochs": 2},
+            # the gate must pass for a served version to exist; its figures are checked below
+            "gate": {"thresholds": {"accuracy": {"min": 0.1}}},
+        },
+    )
     init_airflow(project)
     try:
         out = project.airflow("dags", "test", DAG_ID)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-        assert events_file.is_file(), "the provider wrote no OpenLineage event"
-        events = [json.loads(line) for line in events_file.read_text().splitlines() if line]
+        events = _read_events(events_file)
         last = json.loads(
             (project.volume_root / "_models" / "digits" / "last_run.json").read_text()
         )
@@ -127,8 +136,9 @@ def _one_complete(events: list[dict[str, Any]], task: str) -> dict[str, Any]:
     return found[0]
 
 
-def test_every_event_and_facet_is_valid_openlineage(run: dict[str, Any]) -> None:
-    events = run["events"]
+def _assert_valid(events: list[dict[str, Any]]) -> None:
+    """Every event against the spec's schema, every facet against its ``_schemaURL``."""
+    assert events
     registry, airflow = _registry()
     event_validator = Draft202012Validator({"$ref": SPEC_EVENT}, registry=registry)
     unknown = set()
@@ -147,6 +157,11 @@ def test_every_event_and_facet_is_valid_openlineage(run: dict[str, Any]) -> None
             errors = list(validator.iter_errors(facet))
             assert not errors, (event["job"]["name"], where, key, [e.message for e in errors])
     assert not unknown, f"facets whose schema is neither the spec's nor the provider's: {unknown}"
+
+
+def test_every_event_and_facet_is_valid_openlineage(run: dict[str, Any]) -> None:
+    events = run["events"]
+    _assert_valid(events)
     kinds = {(e["job"]["name"], e.get("eventType")) for e in events}
     for task in ("stage", "validate", "train", "register", "evaluate", "deploy", "summary"):
         assert (f"{DAG_ID}.{task}", "START") in kinds, task
@@ -287,3 +302,42 @@ def test_lineage_graph_snapshot_to_model_to_served_version(run: dict[str, Any]) 
     # the raw source leads to it too, through stage
     sources = [n for n, out in edges.items() if any(d == snapshot for d, _ in out)]
     assert [n[0] for n in sources] == ["file"]
+
+
+def test_a_rejected_snapshot_fails_with_its_assertions(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A blocking rule fails validate: its FAIL event still names the snapshot and the rules."""
+    import shutil
+
+    import yaml
+
+    tmp = tmp_path_factory.mktemp("lineage-rejected")
+    contracts = tmp / "contracts"
+    shutil.copytree(ROOT / "data_contracts", contracts)
+    contract = yaml.safe_load((contracts / "digits.yaml").read_text())
+    contract["rules"]["row_count"] = {"min": 100_000}  # the 1,797 digits are too few
+    (contracts / "digits.yaml").write_text(yaml.safe_dump(contract, sort_keys=False))
+    project, events_file = _lineage_project(tmp, {})
+    project.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
+    init_airflow(project)
+    out = project.airflow("dags", "test", DAG_ID)
+    assert out.returncode != 0, "the run should fail at validate"
+    events = _read_events(events_file)
+    _assert_valid(events)
+    (failed,) = [
+        e for e in events if e["job"]["name"] == f"{DAG_ID}.validate" and e["eventType"] == "FAIL"
+    ]
+    (snapshot,) = failed["inputs"]
+    sid = snapshot["facets"]["trainyard_snapshot"]["snapshotId"]
+    assert snapshot["name"] == f"digits/snapshots/{sid}"
+    assert snapshot["facets"]["trainyard_validation"]["success"] is False
+    assertions = snapshot["inputFacets"]["dataQualityAssertions"]["assertions"]
+    (row_count,) = [a for a in assertions if a["assertion"] == "row_count"]
+    assert row_count["success"] is False and row_count["actual"] == "1797"
+    assert row_count["severity"] == "error"
+    assert all(a["success"] for a in assertions if a["assertion"] != "row_count")
+    assert "errorMessage" in failed["run"]["facets"]
+    assert not [
+        e for e in events if e["job"]["name"] == f"{DAG_ID}.train" and e["eventType"] == "COMPLETE"
+    ]

@@ -559,6 +559,62 @@ _BUILDERS = {
 }
 
 
+def failed_step_lineage(
+    step: str,
+    cfg: PipelineConfig,
+    values: Mapping[str, Any] | None,
+    settings: Settings | None = None,
+) -> OperatorLineage:
+    """The lineage of a failed step: for ``validate``, the rejected snapshot's assertions.
+
+    A blocking rule fails the step before it returns a result, so the assertions come from
+    the report it wrote next to the snapshot (``validation/summary.json``), where this
+    process can read the volume (the local runner); otherwise the snapshot is named without
+    them.
+
+    Args:
+        step: The step that failed.
+        cfg: The pipeline config.
+        values: The step's resolved arguments.
+        settings: Locations (defaults to the environment's).
+
+    Returns:
+        The operator lineage (empty for other steps).
+    """
+    from trainyard.settings import get_settings
+
+    settings = settings or get_settings()
+    values = values or {}
+    sid = values.get("snapshot_id")
+    if step != "validate" or not isinstance(sid, str) or not sid:
+        return OperatorLineage()
+    summary: dict[str, Any] = {}
+    try:
+        from trainyard import volumes
+        from trainyard.fsutil import read_json
+
+        report = volumes.snapshot_dir(cfg.dataset, sid, settings.volume_root) / "validation"
+        if (report / "summary.json").is_file():
+            summary = read_json(report / "summary.json")
+            summary["report_dir"] = str(report)
+    except Exception as e:  # lineage never fails a task
+        log.warning("lineage: no validation report for %s: %s", sid, e)
+    if summary.get("snapshot_id") not in (None, sid):
+        summary = {}
+    from trainyard.steps import rule_result
+
+    rules = [rule_result(r) for r in summary.get("rules") or []]
+    result = {
+        "snapshot_id": sid,
+        "success": bool(summary.get("success", False)),
+        "rows": summary.get("rows"),
+        "warnings": len(summary.get("warnings") or []) if summary else None,
+        "report_dir": summary.get("report_dir"),
+        "rules": rules,
+    }
+    return _validate(settings, cfg, values, result, None)
+
+
 def training_lineage(
     cfg: PipelineConfig,
     result: Mapping[str, Any] | None,

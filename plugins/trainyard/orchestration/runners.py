@@ -137,6 +137,7 @@ class StepOperator(BaseOperator):
         from trainyard.settings import get_settings
 
         values = resolve_all(self.inputs, context)
+        self._lineage = (values, {}, context["run_id"])
         self._runner = runner_for(get_settings())
         try:
             result = self._runner.run_step(self.pipeline, self.step, values, context)
@@ -160,6 +161,13 @@ class StepOperator(BaseOperator):
 
         values, result, run_id = self._lineage or ({}, {}, None)
         return step_lineage(self.step, self.pipeline, values, result, run_id)
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        """What a failed step read (a rejected snapshot with its assertions, :mod:`.lineage`)."""
+        from trainyard.orchestration.lineage import failed_step_lineage
+
+        values, _, _ = self._lineage or ({}, {}, None)
+        return failed_step_lineage(self.step, self.pipeline, values)
 
     def on_kill(self) -> None:
         """Stop the step's process or pod."""
