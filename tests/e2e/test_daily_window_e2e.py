@@ -1,0 +1,156 @@
+"""A dataset the project does not ship, over time, through real Airflow (``dags test``).
+
+scikit-learn's breast cancer data as one CSV per day (generated here) and a pipeline that
+trains on the last 5 validated intervals. Days 1-4 stage and validate (dry runs); day 3's
+file breaks the contract, is rejected, fixed, and then passes; day 5 trains once on the
+whole window (5 snapshots, every row of the five days) and is served; re-running day 2
+trains on the data up to day 2 and does not replace the champion trained up to day 5.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.daily_csv import pipeline as pipeline_dict
+from tests.daily_csv import read_csv, write_contract, write_csv, write_days
+from tests.e2e.harness import ROOT, Project, init_airflow, make_project
+
+# each test runs a few whole DAG runs; on a shared 2-core machine one takes minutes
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+DAYS = [f"2026-11-0{i}" for i in range(1, 6)]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    tmp = tmp_path_factory.mktemp("daily")
+    proj = make_project(tmp)
+    raw = tmp / "raw"
+    proj.rows = write_days(raw, DAYS)  # type: ignore[attr-defined]
+    proj.raw = raw  # type: ignore[attr-defined]
+    contracts = tmp / "contracts"
+    contracts.mkdir()
+    for path in (ROOT / "data_contracts").iterdir():
+        (contracts / path.name).write_bytes(path.read_bytes())
+    write_contract(contracts)
+    proj.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
+    cfg = pipeline_dict(
+        raw,
+        training={"window": {"intervals": 5}, "epochs": 3, "workers": 1},
+        gate={
+            "metrics": ["accuracy", "loss"],
+            "thresholds": {"accuracy": {"min": 0.5}},
+            # metrics may even regress a lot: only time may keep a candidate out here
+            "champion": {"metric": "accuracy", "max_regression": 0.5},
+        },
+        serving={"model_name": "cancer", "port": proj.port},
+    )
+    (tmp / "pipelines" / "cancer.yaml").write_text(yaml.safe_dump(cfg))
+    init_airflow(proj)
+    yield proj
+    proj.stop_server()
+
+
+def _run(project: Project, day: str, conf: dict | None = None):
+    # a run at 03:00 of the next day covers ``day`` (the cron's data interval)
+    nxt = f"2026-11-{int(day[-2:]) + 1:02d}T03:00:00+00:00"
+    args = ["dags", "test", "trainyard_cancer", nxt]
+    if conf:
+        args += ["--conf", json.dumps(conf)]
+    return project.airflow(*args)
+
+
+def _last(project: Project) -> dict:
+    return json.loads((project.volume_root / "_models" / "cancer" / "last_run.json").read_text())
+
+
+def _interval_record(project: Project, day: str) -> dict:
+    (path,) = (project.volume_root / "cancer" / "intervals").glob(f"{day}__*.json")
+    return json.loads(path.read_text())
+
+
+def test_days_are_staged_and_validated_without_training(project: Project) -> None:
+    for day in DAYS[:2]:
+        out = _run(project, day, {"dry_run": True})
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        run = _last(project)
+        assert run["stage"]["interval"][0].startswith(day)
+        assert run["validate"]["success"] is True and "train" not in run
+
+
+def test_a_rejected_day_is_fixed_then_passes(project: Project) -> None:
+    path = project.raw / f"{DAYS[2]}.csv"
+    good = read_csv(path)
+    bad = [dict(r) for r in good]
+    bad[5]["mean_radius"] = "-3.0"
+    write_csv(path, bad)
+    out = _run(project, DAYS[2], {"dry_run": True})
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "ValidationFailed" in text and "mean_radius" in text
+    rejected = _interval_record(project, DAYS[2])["snapshot_id"]
+    listed = project.trainyard("snapshots", "list", "cancer")
+    line = next(t for t in listed.stdout.splitlines() if rejected in t)
+    assert "REJECTED" in line and "mean_radius" in line
+    write_csv(path, good)  # the upstream fix
+    out = _run(project, DAYS[2], {"dry_run": True})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run = _last(project)
+    assert run["validate"]["success"] is True
+    assert run["stage"]["replaced"] == rejected
+    assert f"snapshot {rejected} was rejected" in run["stage"]["checked"]
+    assert _interval_record(project, DAYS[2])["snapshot_id"] == run["stage"]["snapshot_id"]
+
+
+def test_the_last_day_trains_on_the_whole_window(project: Project) -> None:
+    out = _run(project, DAYS[3], {"dry_run": True})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "train" not in _last(project)
+
+    out = _run(project, DAYS[4])
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    run = _last(project)
+    assert len(run["validate"]["window"]) == 5
+    assert run["evaluate"]["verdict"] == "promote", run["evaluate"]["reason"]
+    assert run["deploy"]["version"] == 1
+    version_dir = project.volume_root / "_models" / "cancer" / "versions" / "1"
+    meta = json.loads((version_dir / "metadata.json").read_text())
+    read = meta["snapshots"]
+    assert len(read) == 5
+    assert [s["interval"][0][:10] for s in read] == DAYS
+    assert [s["rows"] for s in read] == [project.rows[d] for d in DAYS]
+    assert meta["rows"] == sum(project.rows.values()) == 569
+    assert meta["rows"] > max(project.rows.values())
+    assert meta["window"] == {"intervals": 5}
+    assert meta["data_until"].startswith(DAYS[4])
+    inputs = json.loads((version_dir / "inputs.json").read_text())
+    assert inputs["train_examples"] > max(project.rows.values())
+    # every snapshot of the window is kept while the version names it
+    gc = project.trainyard("snapshots", "gc", "cancer", "--keep", "1", "--dry-run")
+    assert gc.returncode == 0 and "would delete 1:" in gc.stdout  # only the rejected one
+    summary = project.trainyard("summary", "--pipeline", "cancer")
+    assert "served        version 1" in summary.stdout
+
+
+def test_an_old_day_rerun_does_not_replace_the_newer_champion(project: Project) -> None:
+    out = _run(project, DAYS[1])
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    run = _last(project)
+    assert "not re-read" in run["stage"]["checked"]
+    assert [e["interval"][0][:10] for e in run["validate"]["window"]] == DAYS[:2]
+    assert run["register"]["version"] == 2
+    assert run["evaluate"]["verdict"] == "reject"
+    assert "older than the champion's" in run["evaluate"]["reason"]
+    assert "deploy" not in run
+    champion = json.loads(
+        (project.volume_root / "_models" / "cancer" / "champion.json").read_text()
+    )
+    assert champion["version"] == 1
+    gate_md = project.volume_root / "_models" / "cancer" / "versions" / "2" / "gate.md"
+    assert "time:data" in gate_md.read_text() and "older than the champion's" in gate_md.read_text()
+    meta = json.loads(Path(gate_md.parent / "metadata.json").read_text())
+    assert len(meta["snapshots"]) == 2 and meta["data_until"].startswith(DAYS[1])
