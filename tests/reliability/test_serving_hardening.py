@@ -8,6 +8,8 @@
   good requests from being answered: the server keeps its connections below the limit by
   closing the longest idle one (the head deadline is set long here so that the cap alone
   has to do it).
+* Beyond ``--max-connections``, the longest idle connection is closed, never one whose
+  request is in progress.
 * One in-limit 50,000-row request leaves the server's resident memory near its baseline.
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serving_support import IMAGE_SPEC, build_image_model, free_port
+from serving_support import IMAGE_SPEC, ThreadedServer, build_image_model, free_port
 
 import trainyard
 from trainyard.serving.client import ServingClient
@@ -248,6 +250,46 @@ def test_half_open_flood_does_not_starve_good_requests(
             server.stop()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_connection_cap_closes_the_longest_idle_and_never_a_request_in_progress(
+    tmp_path: Path, model: Path
+):
+    base = tmp_path / "serving"
+    publish_version(model, base, "digits", 1, IMAGE_SPEC)
+    srv = ThreadedServer(base, poll_interval=3600, max_connections=4, header_timeout=60)
+    sockets: list[socket.socket] = []
+    try:
+        srv.sync()
+        busy = socket.create_connection(("127.0.0.1", srv.port))
+        sockets.append(busy)
+        busy.sendall(
+            b"POST /v1/models/digits:predict HTTP/1.1\r\nHost: x\r\n"
+            + f"Content-Length: {len(GOOD_BODY)}\r\n\r\n".encode()
+            + GOOD_BODY[:10]
+        )
+        idle = []
+        for _ in range(6):
+            time.sleep(0.2)  # the server sees them in this order
+            idle.append(socket.create_connection(("127.0.0.1", srv.port)))
+        sockets.extend(idle)
+        time.sleep(0.2)
+        status, _ = good_request(srv.port)
+        assert status == 200
+        # 4 allowed: each of idle[3], idle[4], idle[5] and the good request's connection
+        # closed the longest idle one in turn; the request in progress stayed.
+        for sock in idle[:4]:
+            assert closed_after(sock, within=3) is not None
+        for sock in idle[4:]:
+            assert closed_after(sock, within=0.5) is None
+        busy.sendall(GOOD_BODY[10:])
+        busy.settimeout(10)
+        assert busy.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert srv.server.guard.evicted == 4
+    finally:
+        for sock in sockets:
+            sock.close()
+        srv.stop()
 
 
 @pytest.mark.slow
