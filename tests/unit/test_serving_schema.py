@@ -456,3 +456,10 @@ def test_hostile_numbers_decode_as_json_does(number, decoder, monkeypatch):
     got = decode_predict_request(body, SCALAR)[0]["x"]
     want = np.asarray(json.loads(body)["inputs"], np.float64).astype(np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_feature_key_that_is_not_utf8_is_a_400_on_every_path(monkeypatch):
+    monkeypatch.setattr(schema, "FAST_DECODE_MIN_BYTES", 0)
+    body = b'{"inputs": {"\xac\xff": [' + b"1," * 300 + b"1]}}"
+    with pytest.raises(InvalidRequest, match="malformed JSON"):
+        decode_predict_request(body, SCALAR)

@@ -450,7 +450,8 @@ def _fast_decode(body: bytes, spec: FeatureSpec) -> tuple[dict[str, np.ndarray],
     if head is None or tail is None or (head[2] is None) != (tail[1] is None):
         return None
     columnar = head[1] == b"inputs"
-    if head[2] is not None and (not columnar or head[2].decode() != name):
+    # bytes, not text: a key that is not UTF-8 is the json path's to refuse (400)
+    if head[2] is not None and (not columnar or head[2] != name.encode()):
         return None
     if dtype == "float32" and _decode is not None and type(body) is bytes:
         # one pass in C, bit-identical to the json path; None: the json path decides
