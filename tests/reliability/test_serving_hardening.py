@@ -3,7 +3,8 @@
 * A connection that never completes its request head (silent, partial, or one byte at a
   time) is closed after ``--header-timeout``; a body that does not arrive within
   ``--body-timeout`` gets 408 and its connection is closed; good requests, and idle
-  keep-alive connections, are unaffected.
+  keep-alive connections, are unaffected; a client that stops reading its response is
+  closed after ``--send-timeout``.
 * Under ``ulimit -n 1024``, 1,100 half-open connections (and more arriving) do not keep
   good requests from being answered: the server keeps its connections below the limit by
   closing the longest idle one (the head deadline is set long here so that the cap alone
@@ -98,11 +99,12 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[ServerProcess]:
-    """A server with a 1 s head deadline, a 3 s body deadline and at most 50,000 rows."""
+    """A server with 1 s head, 3 s body and 3 s send deadlines and at most 50,000 rows."""
     server = ServerProcess(
         tmp_path_factory.mktemp("strict"),
         model,
-        *("--header-timeout", "1", "--body-timeout", "3", "--max-rows", "50000"),
+        *("--header-timeout", "1", "--body-timeout", "3", "--send-timeout", "3"),
+        *("--max-rows", "50000"),
     )
     yield server
     server.stop()
@@ -315,8 +317,37 @@ def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
     )
 
 
+ZERO_ROW = b"[" + b",".join([b"[" + b",".join([b"[0]"] * 8) + b"]"] * 8) + b"]"
+
+
+def test_client_that_stops_reading_is_closed_after_the_send_timeout(strict: ServerProcess):
+    body = b'{"instances":[' + b",".join([ZERO_ROW] * 50_000) + b"]}"  # an 8 MB answer
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.connect(("127.0.0.1", strict.port))
+    try:
+        reader.sendall(
+            b"POST /v1/models/digits:predict HTTP/1.1\r\nHost: x\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(10)  # reads nothing: the server gives up 3 s after the answer is ready
+        assert good_request(strict.port)[0] == 200
+        reader.settimeout(10)
+        received = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := reader.recv(1 << 20):
+                received += chunk
+    finally:
+        reader.close()
+    head, _, rest = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head[:200]
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    assert len(rest) < length, "the whole answer waited for a client that stopped reading"
+
+
 def test_max_rows_flag_limits_the_rows_of_one_request(strict: ServerProcess):
-    row = b"[" + b",".join([b"[" + b",".join([b"[0]"] * 8) + b"]"] * 8) + b"]"
+    row = ZERO_ROW
     with ServingClient("127.0.0.1", strict.port, timeout=60) as client:
         body = b'{"instances":[' + b",".join([row] * 50_001) + b"]}"
         status, data = client.request("POST", PREDICT, body)

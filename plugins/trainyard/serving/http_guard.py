@@ -8,6 +8,8 @@ out of file descriptors, after which ``accept()`` fails and good clients are tur
 * a head deadline: the request line and headers must be complete within ``header_timeout``
   seconds of the connection opening (its first request) or of the first byte of a later
   request on a keep-alive connection; otherwise the connection is closed;
+* a send deadline: a response must be taken by the client within ``send_timeout`` seconds,
+  else the connection is closed (a client that stops reading holds no request forever);
 * a connection cap (:class:`ConnectionGuard`): beyond ``max_connections`` open connections,
   each new one closes the connection that has been idle longest (no request in progress:
   a fresh, half-open or keep-alive one), or itself when every other one is busy, so the
@@ -32,6 +34,7 @@ log = logging.getLogger("trainyard.serving")
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 60.0
+DEFAULT_SEND_TIMEOUT = 60.0
 DEFAULT_KEEPALIVE_TIMEOUT = 75.0
 # Descriptors kept free below RLIMIT_NOFILE: model files, the gRPC listener, logs, and the
 # connections one event loop turn accepts (up to the listen backlog) before any is evicted.
@@ -57,15 +60,24 @@ class ConnectionGuard:
     Args:
         max_connections: Open connections allowed; one more evicts the longest idle.
         header_timeout: Seconds a request head may take (see the module docstring).
+        send_timeout: Seconds the client may take to receive a response.
     """
 
-    def __init__(self, max_connections: int, header_timeout: float) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        header_timeout: float,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT,
+    ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         if header_timeout <= 0:
             raise ValueError(f"header_timeout must be positive, got {header_timeout}")
+        if send_timeout <= 0:
+            raise ValueError(f"send_timeout must be positive, got {send_timeout}")
         self.max_connections = max_connections
         self.header_timeout = header_timeout
+        self.send_timeout = send_timeout
         self._open: set[GuardedRequestHandler] = set()
         self._idle: dict[GuardedRequestHandler, None] = {}
         self.evicted = 0
@@ -165,8 +177,13 @@ class GuardedRequestHandler(RequestHandler):
     async def finish_response(
         self, request: BaseRequest, resp: StreamResponse, start_time: float | None
     ) -> tuple[StreamResponse, bool]:
-        """Send the response, then close the connection if :func:`close_after_response` said so."""
-        result = await super().finish_response(request, resp, start_time)
+        """Send the response (closing if it is not taken in time), then close if asked to."""
+        try:
+            async with asyncio.timeout(self._guard.send_timeout):
+                result = await super().finish_response(request, resp, start_time)
+        except TimeoutError:
+            self.shut(f"response not taken within {self._guard.send_timeout:g} s")
+            return resp, True  # aiohttp's "connection reset": it stops serving this one
         if self._close_after_response:
             self.force_close()  # the transport sends what it holds, then closes
         return result
@@ -176,6 +193,8 @@ class GuardedRequestHandler(RequestHandler):
         log.debug("closing connection from %s: %s", self.peername, reason)
         self._guard.closed(self)
         self._cancel_head_timer()
+        if self.transport is not None:
+            self.transport.abort()  # close() would first wait to send what is buffered
         self.force_close()
 
     def _start_head_timer(self) -> None:

@@ -38,6 +38,7 @@ from trainyard.serving.http_guard import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_KEEPALIVE_TIMEOUT,
+    DEFAULT_SEND_TIMEOUT,
     ConnectionGuard,
     GuardedRequestHandler,
     close_after_response,
@@ -252,7 +253,8 @@ class ServingServer:
 
     The listener closes connections whose request head takes longer than
     ``header_timeout`` seconds, answers 408 and closes when a body takes longer than
-    ``body_timeout``, and keeps at most ``max_connections`` open (default: below the open
+    ``body_timeout``, closes when a response is not taken within ``send_timeout``, and
+    keeps at most ``max_connections`` open (default: below the open
     file limit), closing the longest idle one for each connection beyond
     (:mod:`trainyard.serving.http_guard`).
     """
@@ -275,6 +277,7 @@ class ServingServer:
         body_timeout: float = DEFAULT_BODY_TIMEOUT,
         keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT,
         max_connections: int | None = None,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT,
     ) -> None:
         self.grpc_port = grpc_port
         self._grpc: Any = None
@@ -298,6 +301,7 @@ class ServingServer:
         self.guard = ConnectionGuard(
             max_connections if max_connections is not None else default_max_connections(),
             header_timeout,
+            send_timeout,
         )
         self.keepalive_timeout = keepalive_timeout
         self._runner: web.AppRunner | None = None
@@ -421,6 +425,12 @@ def cli_main(argv: list[str]) -> int:
         help="seconds a request body may take to arrive (then 408 and the connection closes)",
     )
     parser.add_argument(
+        "--send-timeout",
+        type=float,
+        default=DEFAULT_SEND_TIMEOUT,
+        help="seconds a client may take to receive a response before its connection closes",
+    )
+    parser.add_argument(
         "--keepalive-timeout",
         type=float,
         default=DEFAULT_KEEPALIVE_TIMEOUT,
@@ -475,6 +485,7 @@ def cli_main(argv: list[str]) -> int:
         body_timeout=args.body_timeout,
         keepalive_timeout=args.keepalive_timeout,
         max_connections=args.max_connections,
+        send_timeout=args.send_timeout,
     )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve_until_signalled(server))
