@@ -78,6 +78,11 @@ def test_status_metadata_and_predict_formats(served):
     ]
     assert set(sig["outputs"]) == {"probabilities", "class_id"}
     assert sig["outputs"]["class_id"]["dtype"] == "DT_INT64"
+    # as TF Serving prints it: the graph's own tensor names, empty fields included
+    assert sig["outputs"]["class_id"]["name"].startswith("StatefulPartitionedCall:")
+    assert sig["inputs"]["image"]["name"] == "serving_default_image:0"
+    assert sig["inputs"]["image"]["tensor_shape"]["unknown_rank"] is False
+    assert sig["defaults"] == {} and sig["method_name"] == "tensorflow/serving/predict"
 
     want = expected_classes(IMAGES, seed=0).tolist()
     rows = client.predict("digits", instances=IMAGES.tolist())
@@ -348,3 +353,25 @@ def test_serves_savedmodels_exported_by_the_trainer(tmp_path, model_name, spec, 
         np.testing.assert_allclose(got["probabilities"], want["probabilities"].numpy(), rtol=1e-6)
     finally:
         srv.stop()
+
+
+def test_metadata_is_the_saved_models_signature_defs(served, tmp_path):
+    """TF Serving's GetModelMetadata (REST) prints the bundle's SignatureDefs.
+
+    Compared with the SavedModel's own protos, printed with every field (as
+    http_rest_api_handler_test.cc's expected metadata shows ``"unknown_rank": false``).
+    """
+    from google.protobuf import json_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    base, _, client = served
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((base / "digits" / "1" / "saved_model.pb").read_bytes())
+    want = {
+        k: json_format.MessageToDict(
+            v, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+        )
+        for k, v in saved.meta_graphs[0].signature_def.items()
+    }
+    meta = client.metadata("digits")
+    assert meta["metadata"]["signature_def"]["signature_def"] == want

@@ -115,7 +115,6 @@ class _Servicer:
             get_model_status_pb2,
             predict_pb2,
         )
-        self._signature_defs: dict[tuple[str, int], Any] = {}
 
     async def _call(self, context: Any, fn: Any, *args: Any) -> Any:
         try:
@@ -186,30 +185,10 @@ class _Servicer:
         response.model_spec.name = name
         response.model_spec.version.value = lv.version
         defs = self.meta_pb.SignatureDefMap()
-        for key, sig in self._signature_def_map(lv).items():
+        for key, sig in lv.signature_defs().items():
             defs.signature_def[key].CopyFrom(sig)
         response.metadata["signature_def"].Pack(defs)
         return response
-
-    def _signature_def_map(self, lv: LoadedVersion) -> Any:
-        key = (lv.model, lv.version)
-        if key not in self._signature_defs:
-            from tensorflow.core.protobuf import saved_model_pb2
-
-            saved = saved_model_pb2.SavedModel()
-            saved.ParseFromString((lv.path / "saved_model.pb").read_bytes())
-            self._signature_defs = {
-                k: v for k, v in self._signature_defs.items() if self._is_loaded(*k)
-            }
-            self._signature_defs[key] = saved.meta_graphs[0].signature_def
-        return self._signature_defs[key]
-
-    def _is_loaded(self, model: str, version: int) -> bool:
-        try:
-            self.repo.get(model, version)
-        except ModelNotFound:
-            return False
-        return True
 
     # ---- ModelService ---------------------------------------------------------------
 

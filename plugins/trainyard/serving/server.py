@@ -49,7 +49,6 @@ from trainyard.serving.schema import (
     InvalidRequest,
     decode_predict_request,
     encode_predict_response,
-    tf_dtype_name,
 )
 from trainyard.serving.versions import LoadedVersion, ModelNotFound, ModelRepository
 
@@ -93,35 +92,22 @@ def _version(raw: str | None) -> int | None:
 
 
 def _metadata(lv: LoadedVersion) -> dict[str, Any]:
-    def tensor(name: str, dtype: str, shape: tuple[int | None, ...], prefix: str) -> dict[str, Any]:
-        return {
-            "dtype": tf_dtype_name(dtype),
-            "tensor_shape": {
-                "dim": [{"size": str(-1 if d is None else d), "name": ""} for d in shape],
-                "unknown_rank": False,
-            },
-            "name": f"{prefix}{name}:0",
-        }
+    """TF Serving's REST metadata: the SavedModel's own SignatureDefs, printed as it does.
 
+    Every signature (``__saved_model_init_op`` too), the graph's tensor names, empty
+    fields included (``"defaults": {}``, ``"unknown_rank": false``), from ``saved_model.pb``.
+    """
+    from google.protobuf import json_format
+
+    defs = {
+        key: json_format.MessageToDict(
+            sig, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+        )
+        for key, sig in lv.signature_defs().items()
+    }
     return {
         "model_spec": {"name": lv.model, "signature_name": "", "version": str(lv.version)},
-        "metadata": {
-            "signature_def": {
-                "signature_def": {
-                    "serving_default": {
-                        "inputs": {
-                            n: tensor(n, d, s, "serving_default_")
-                            for n, (d, s) in lv.feature_spec.items()
-                        },
-                        "outputs": {
-                            n: tensor(n, d, s, "StatefulPartitionedCall:")
-                            for n, (d, s) in lv.output_spec.items()
-                        },
-                        "method_name": "tensorflow/serving/predict",
-                    }
-                }
-            }
-        },
+        "metadata": {"signature_def": {"signature_def": defs}},
     }
 
 

@@ -98,6 +98,20 @@ class LoadedVersion:
     fn: Any
     batcher: Batcher = field(init=False, repr=False)
     saved_model: Any = field(default=None, repr=False)
+    _signature_defs: Any = field(default=None, init=False, repr=False)
+
+    def signature_defs(self) -> Any:
+        """The SavedModel's ``SignatureDef`` protos (name → proto), as TF Serving reports them.
+
+        Read from ``saved_model.pb`` once, on first use (metadata requests only).
+        """
+        if self._signature_defs is None:
+            from tensorflow.core.protobuf import saved_model_pb2
+
+            saved = saved_model_pb2.SavedModel()
+            saved.ParseFromString((self.path / "saved_model.pb").read_bytes())
+            self._signature_defs = saved.meta_graphs[0].signature_def
+        return self._signature_defs
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the signature on numpy inputs (blocking; call from a worker thread)."""
