@@ -459,7 +459,7 @@ def _validate(
         sid,
         InputDataset,
         facets,
-        inputFacets={"dataQualityAssertions": assertions_facet(rules)},
+        inputFacets={"dataQualityAssertions": assertions_facet(rules)} if rules else {},
     )
     return OperatorLineage(inputs=[snapshot])
 
@@ -568,9 +568,9 @@ def failed_step_lineage(
     """The lineage of a failed step: for ``validate``, the rejected snapshot's assertions.
 
     A blocking rule fails the step before it returns a result, so the assertions come from
-    the report it wrote next to the snapshot (``validation/summary.json``), where this
-    process can read the volume (the local runner); otherwise the snapshot is named without
-    them.
+    the rejection report it wrote next to the snapshot (``validation/rejected.json``), where
+    this process can read the volume (the local runner); otherwise (or after a crash of the
+    validator, which writes no rejection) the snapshot is named without them.
 
     Args:
         step: The step that failed.
@@ -594,8 +594,9 @@ def failed_step_lineage(
         from trainyard.fsutil import read_json
 
         report = volumes.snapshot_dir(cfg.dataset, sid, settings.volume_root) / "validation"
-        if (report / "summary.json").is_file():
-            summary = read_json(report / "summary.json")
+        # written only when a blocking rule failed (an image that does not decode too)
+        if (report / "rejected.json").is_file():
+            summary = read_json(report / "rejected.json")
             summary["report_dir"] = str(report)
     except Exception as e:  # lineage never fails a task
         log.warning("lineage: no validation report for %s: %s", sid, e)
