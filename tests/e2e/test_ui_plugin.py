@@ -1,0 +1,315 @@
+"""trainyard in the Airflow UI, for real: one ``airflow standalone`` runs the digits pipeline
+twice (a promotion, then a 0-epoch candidate the gate rejects) and every test looks at it.
+
+* The plugin's pages in headless Chromium, logged in through Airflow's login: the run page
+  (gate reason, candidate vs champion metrics, the training curves as ``<svg>``, the Data
+  Docs link, which opens) and the pipeline page (versions, champion, chart); also the
+  plugin's tab inside Airflow's own run view. Screenshots go to ``<tmp>/screenshots``.
+* The plugin's API: refused without credentials (401) or with a forged token (403), served
+  with a real JWT from ``/auth/token``; its file route serves nothing outside the snapshot's
+  report (``..``, encoded ``..``, links out of the folder and out of the volume root).
+* Run state: the rejected run's ``gate`` task is ``skipped`` with the reason in its log and
+  ``deploy`` skipped; each run's note is its one-line summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from tests.e2e.harness import (
+    BROWSER_ARGS,
+    Project,
+    admin_password,
+    api_token,
+    free_port,
+    make_project,
+    standalone,
+)
+
+# one standalone and two pipeline runs are set up for the first test
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+CHROMIUM = "/usr/bin/chromium"
+DAG = "trainyard_digits"
+
+
+class Env:
+    """The running standalone, its admin credentials and the two runs."""
+
+    def __init__(self, project: Project, base: str, password: str) -> None:
+        self.project, self.base, self.password = project, base, password
+        self.token = api_token(base, password)
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    def get(self, path: str, token: str | None = "default") -> tuple[int, bytes, Any]:
+        """GET ``path``; ``token=None`` sends no credentials. Returns status, body, headers."""
+        headers = {}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {self.token if token == 'default' else token}"
+        req = urllib.request.Request(f"{self.base}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, resp.read(), resp.headers
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), e.headers
+
+    def api(self, path: str, method: str = "GET", body: dict | None = None) -> Any:
+        req = urllib.request.Request(
+            f"{self.base}{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
+
+    def trigger_and_wait(self, conf: dict, deadline_s: float = 900) -> dict[str, Any]:
+        run = self.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": conf})
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            run = self.api(f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}")
+            if run["state"] in ("success", "failed"):
+                return run
+            time.sleep(5)
+        raise TimeoutError(f"run {run['dag_run_id']} still {run['state']}")
+
+    def task_states(self, run_id: str) -> dict[str, str]:
+        tis = self.api(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+        return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    tmp = tmp_path_factory.mktemp("ui")
+    api_port = free_port()
+    project = make_project(tmp, {"training": {"epochs": 2}, "schedule": None}, api_port=api_port)
+    project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    with standalone(project, api_port, tmp / "standalone.log") as base:
+        e = Env(project, base, admin_password(project))
+        end = time.monotonic() + 240  # the dag-processor parses the DAG file after start
+        while e.get(f"/api/v2/dags/{DAG}")[0] != 200:
+            assert time.monotonic() < end, "the digits DAG never appeared"
+            time.sleep(2)
+        e.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
+        e.runs["promoted"] = e.trigger_and_wait({})
+        e.runs["rejected"] = e.trigger_and_wait({"epochs": 0})
+        yield e
+
+
+def _run_id(env: Env, which: str) -> str:
+    run = env.runs[which]
+    assert run["state"] == "success", f"{which} run ended {run['state']}; see {env.project.home}"
+    return run["dag_run_id"]
+
+
+def _snapshot(env: Env) -> str:
+    last = env.project.volume_root / "_models" / "digits" / "last_run.json"
+    return json.loads(last.read_text())["stage"]["snapshot_id"]
+
+
+# ----------------------------------------------------------------------------- run state
+
+
+def test_gate_rejection_shows_as_skipped_with_the_reason(env: Env) -> None:
+    promoted, rejected = _run_id(env, "promoted"), _run_id(env, "rejected")
+    states = env.task_states(promoted)
+    assert states["gate"] == "success" and states["deploy"] == "success", states
+    states = env.task_states(rejected)
+    assert states["gate"] == "skipped", states
+    assert states["deploy"] == "skipped", states
+    assert states["summary"] == "success", states
+    log = env.api(
+        f"/api/v2/dags/{DAG}/dagRuns/{quote(rejected, safe='')}/taskInstances/gate/logs/1"
+    )
+    text = json.dumps(log)
+    assert "gate rejected the candidate" in text and "accuracy" in text
+
+
+def test_each_run_note_is_its_summary(env: Env) -> None:
+    snapshot = _snapshot(env)
+    notes = {}
+    for which in ("promoted", "rejected"):
+        run_id = _run_id(env, which)
+        end = time.monotonic() + 30
+        while True:
+            run = env.api(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}")
+            if run.get("note") or time.monotonic() > end:
+                break
+            time.sleep(1)
+        notes[which] = run.get("note") or ""
+    promoted, rejected = notes["promoted"], notes["rejected"]
+    assert promoted.startswith("trainyard: snapshot " + snapshot), promoted
+    assert "validation passed" in promoted and " v1 " in promoted, promoted
+    assert "accuracy=" in promoted and "loss=" in promoted, promoted
+    assert "gate promote" in promoted and promoted.endswith("serving v1"), promoted
+    assert "(reused, 1797 rows)" in rejected and " v2 " in rejected, rejected
+    assert "gate reject" in rejected and rejected.endswith("serving unchanged (v1)"), rejected
+
+
+# ----------------------------------------------------------------------------- API + auth
+
+
+def test_plugin_api_refuses_anonymous_and_forged_requests(env: Env) -> None:
+    run = quote(_run_id(env, "rejected"), safe="")
+    paths = [
+        f"/trainyard/api/pipelines/{DAG}",
+        f"/trainyard/api/runs/{DAG}/{run}",
+        f"/trainyard/runs/{DAG}/{run}",
+        f"/trainyard/pipelines/{DAG}",
+        f"/trainyard/datadocs/{DAG}/{_snapshot(env)}/data_docs/index.html",
+    ]
+    forged = env.token[:-6] + ("AAAAAA" if not env.token.endswith("AAAAAA") else "BBBBBB")
+    for path in paths:
+        status, body, _ = env.get(path, token=None)
+        assert status == 401, (path, status, body[:200])
+        status, body, _ = env.get(path, token=forged)
+        assert status == 403, (path, status, body[:200])
+
+
+def test_plugin_api_serves_an_authenticated_user(env: Env) -> None:
+    rejected = _run_id(env, "rejected")
+    status, body, _ = env.get(f"/trainyard/api/runs/{DAG}/{quote(rejected, safe='')}")
+    assert status == 200, body[:500]
+    story = json.loads(body)
+    assert story["gate"]["verdict"] == "reject"
+    assert "accuracy" in story["gate"]["reason"]
+    assert story["gate"]["champion_version"] == 1
+    assert story["version"]["version"] == 2
+    assert story["snapshot"]["reused"] is True and story["snapshot"]["data_docs"] is True
+    assert story["champion"]["version"] == 1
+    status, body, _ = env.get(f"/trainyard/api/pipelines/{DAG}")
+    assert status == 200
+    pipe = json.loads(body)
+    assert [v["version"] for v in pipe["versions"]] == [1, 2]
+    assert [e["event"] for e in pipe["history"]] == ["promote"]
+    # not a trainyard DAG, or a run it never recorded: one clear 404
+    status, body, _ = env.get("/trainyard/api/pipelines/example_bash_operator")
+    assert status == 404 and b"not a trainyard pipeline" in body
+    status, body, _ = env.get(f"/trainyard/api/runs/{DAG}/manual__nope")
+    assert status == 404 and b"no record of run" in body
+
+
+def test_plugin_serves_files_only_from_inside_the_report(env: Env) -> None:
+    snapshot = _snapshot(env)
+    root = env.project.volume_root
+    report = root / "digits" / "snapshots" / snapshot / "validation"
+    docs = f"/trainyard/datadocs/{DAG}/{snapshot}"
+    status, body, headers = env.get(f"{docs}/data_docs/index.html")
+    assert status == 200 and b"<html" in body.lower()
+    assert headers["Content-Security-Policy"].startswith("sandbox")
+    status, body, _ = env.get(f"{docs}/summary.json")
+    assert status == 200 and json.loads(body)["snapshot_id"] == snapshot
+
+    outside = env.project.home / "secret.json"
+    outside.write_text('{"secret": true}')
+    (report / "data_docs" / "out_of_root.json").symlink_to(outside)
+    (report / "data_docs" / "out_of_report.json").symlink_to(report.parent / "manifest.json")
+    os.symlink(report.parent, report / "data_docs" / "up")
+    try:
+        for path, expected in [
+            (f"{docs}/../manifest.json", (404,)),
+            (f"{docs}/data_docs/..%2F..%2Fmanifest.json", (404,)),
+            (f"{docs}/%2E%2E/%2E%2E/%2E%2E/_models/digits/champion.json", (404,)),
+            (f"{docs}/data_docs/out_of_root.json", (404,)),
+            (f"{docs}/data_docs/out_of_report.json", (404,)),
+            (f"{docs}/data_docs/up/manifest.json", (404,)),
+            (f"/trainyard/datadocs/{DAG}/..%2F..%2F_models/champion.json", (400, 404)),
+            (f"/trainyard/datadocs/{DAG}/%2E%2E/digits/snapshots", (400, 404)),
+        ]:
+            status, body, _ = env.get(path)
+            assert status in expected, (path, status, body[:300])
+            assert b"secret" not in body and b"shards" not in body, path
+    finally:
+        for name in ("out_of_root.json", "out_of_report.json", "up"):
+            (report / "data_docs" / name).unlink()
+
+
+# ----------------------------------------------------------------------------- browser
+
+
+def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
+    from playwright.sync_api import sync_playwright
+
+    promoted, rejected = _run_id(env, "promoted"), _run_id(env, "rejected")
+    shots = env.project.home / "screenshots"
+    shots.mkdir(exist_ok=True)
+    base = env.base
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{base}/")
+        page.get_by_label("Username").fill("admin")
+        page.get_by_label("Password").fill(env.password)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(f"{base}/", timeout=30_000)
+
+        # the rejected run: reason, both models' metrics, curves, Data Docs
+        page.goto(f"{base}/trainyard/runs/{DAG}/{quote(rejected, safe='')}")
+        assert page.locator(".verdict").first.inner_text() == "reject"
+        reason = page.locator(".gate-reason").inner_text()
+        assert "accuracy" in reason, reason
+        metrics = page.locator("table.gate-metrics").inner_text()
+        assert "candidate v2" in metrics and "champion v1" in metrics, metrics
+        assert "accuracy" in metrics and "loss" in metrics
+        assert page.locator("table.snapshot").inner_text().count("reused") == 1
+        assert "no per-epoch history recorded" in page.inner_text("body")  # 0 epochs
+        assert "serving now: version 1" in page.inner_text("body")
+        link = page.locator("a.datadocs")
+        assert link.get_attribute("href", timeout=5_000).endswith("/data_docs/index.html")
+        page.screenshot(path=str(shots / "run_rejected.png"), full_page=True)
+        link.click()
+        page.wait_for_load_state("domcontentloaded")
+        assert "/datadocs/" in page.url
+        assert "expectation" in page.content().lower()
+        page.screenshot(path=str(shots / "data_docs.png"))
+
+        # the promoted run: reason, metrics, its training curves drawn, Data Docs link
+        page.goto(f"{base}/trainyard/runs/{DAG}/{quote(promoted, safe='')}")
+        assert page.locator(".verdict").first.inner_text() == "promote"
+        assert "first run" in page.locator(".gate-reason").inner_text()
+        metrics = page.locator("table.gate-metrics").inner_text()
+        assert "candidate v1" in metrics and "accuracy" in metrics, metrics
+        assert "accuracy" in page.locator("table.train-metrics").inner_text()
+        assert page.locator("svg.chart").count() == 2  # loss, accuracy per epoch
+        assert page.locator("svg.chart polyline").count() == 2
+        assert page.locator("a.datadocs").count() == 1
+        assert "this run deployed version 1" in page.inner_text("body")
+        page.screenshot(path=str(shots / "run_promoted.png"), full_page=True)
+
+        # the pipeline page
+        page.goto(f"{base}/trainyard/pipelines/{DAG}")
+        versions = page.locator("table.versions").inner_text()
+        assert "champion" in versions and "reject" in versions and "promote" in versions
+        assert _snapshot(env) in versions
+        assert page.locator("svg.chart").count() >= 1
+        page.screenshot(path=str(shots / "pipeline.png"), full_page=True)
+
+        # the plugin's tab in Airflow's own run view (an iframe of the run page): the grid
+        # shows gate and deploy skipped, the header the run's note
+        page.goto(f"{base}/dags/{DAG}/runs/{quote(rejected, safe='')}")
+        page.get_by_role("link", name="trainyard run").click()
+        frame = page.frame_locator("iframe")
+        frame.locator(".gate-reason").wait_for(timeout=30_000)
+        assert "accuracy" in frame.locator(".gate-reason").inner_text()
+        assert page.get_by_text("trainyard: snapshot").count() >= 1
+        page.screenshot(path=str(shots / "airflow_run_tab.png"))
+        frame.locator("a.datadocs").click()
+        frame.get_by_text("Expectation Validation Result").wait_for(timeout=30_000)
+        page.screenshot(path=str(shots / "airflow_run_tab_data_docs.png"))
+
+        # the pipeline's tab in Airflow's DAG view
+        page.goto(f"{base}/dags/{DAG}")
+        page.get_by_role("link", name="trainyard versions").click()
+        page.frame_locator("iframe").locator("table.versions").wait_for(timeout=30_000)
+        page.screenshot(path=str(shots / "airflow_dag_tab.png"))
+        browser.close()
+    assert all((shots / n).stat().st_size > 0 for n in ("run_rejected.png", "pipeline.png"))
+    print(f"screenshots: {shots}")
