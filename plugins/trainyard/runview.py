@@ -375,8 +375,8 @@ def line_chart(
                     "</title></circle>"
                 )
         out.append(
-            f'<text x="{left + 8 + 110 * i}" y="{top + 12}" class="lg" fill="{color}">'
-            f"{html.escape(name)}</text>"
+            f'<text x="{left + pw - 4 - 110 * i}" y="16" class="lg" fill="{color}" '
+            f'text-anchor="end">{html.escape(name)}</text>'
         )
     out.append("</svg>")
     return "".join(out)
