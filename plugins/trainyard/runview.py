@@ -141,26 +141,36 @@ def snapshot_info(root: Path, dataset: str, snapshot_id: str) -> dict[str, Any]:
     }
 
 
-def run_story(root: Path, pipeline: str, run_id: str) -> dict[str, Any]:
+def run_story(
+    root: Path, pipeline: str, run_id: str, results: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Everything one run did, from the files its steps wrote.
 
     Args:
         root: The volume root.
         pipeline: The pipeline.
         run_id: The Airflow run id.
+        results: The steps' results so far (their XComs), used while the run has no
+            record: a run still going, or one that stopped before its summary (e.g. a
+            snapshot validation rejected).
 
     Returns:
-        ``record`` (the summary step's record or None), ``snapshot``, ``version`` (its
-        metadata, metrics, curves and gate), ``champion``, ``history``, ``served``.
+        ``record`` (the summary step's record, else the results so far, or None),
+        ``summarised`` (whether the summary wrote the record), ``snapshot``, ``version``
+        (its metadata, metrics, curves and gate), ``gate``, ``deploy``, ``champion``,
+        ``history``.
 
     Raises:
-        NotFound: If neither a run record nor a version of this run exists.
+        NotFound: If there is no record, no result and no version of this run.
     """
     layout = Layout(root)
     try:
         record = _read(layout.run_record(pipeline, run_id))
     except ConfigError as e:
         raise NotFound(str(e)) from e
+    summarised = record is not None
+    if record is None and results:
+        record = {"pipeline": pipeline, "run_id": run_id, **results}
     versions = _versions(root, pipeline)
     reg_version = ((record or {}).get("register") or {}).get("version")
     mine = [
@@ -196,6 +206,7 @@ def run_story(root: Path, pipeline: str, run_id: str) -> dict[str, Any]:
         "pipeline": pipeline,
         "run_id": run_id,
         "record": record,
+        "summarised": summarised,
         "snapshot": snapshot,
         "version": version,
         "gate": gate or None,
@@ -492,8 +503,9 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
         f'<p><a href="{_e(pipeline_url)}">pipeline: versions over time</a>'
         + (
             f" · finished {_e(rec.get('finished_at'))}"
-            if rec
-            else " · <span class='warn'>no summary yet</span>"
+            if story.get("summarised")
+            else " · <span class='warn summary-state'>not summarised (still running, or "
+            "stopped before its summary): the steps' results so far</span>"
         )
         + "</p>",
         "<h2>Snapshot</h2>",
@@ -629,7 +641,7 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
             f"<p>this run deployed version {_e(dep.get('version'))} at "
             f"<code>{_e(dep.get('url'))}</code></p>"
         )
-    elif rec:
+    elif story.get("summarised"):
         out.append("<p>this run deployed nothing</p>")
     out.append(_served(story.get("champion")))
     out.append("<h3>promotions and rollbacks</h3>")

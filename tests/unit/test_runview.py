@@ -158,3 +158,22 @@ def test_a_report_folder_linked_out_of_the_volume_serves_nothing(tmp_path: Path)
     os.symlink(elsewhere, snap / "validation")
     with pytest.raises(FileNotFoundError):
         confined_file(root, snap / "validation", "data_docs/index.html")
+
+
+def test_a_run_stopped_by_validation_shows_the_rejection_from_its_results(volume: Path) -> None:
+    bad = "badbadbadbadbad1"
+    snap = volume / "digits" / "snapshots" / bad
+    _write(snap / "manifest.json", {"rows": 5, "shards": [{"role": "data"}]})
+    rule = {"rule": "row_count", "column": None, "severity": "error", "success": False}
+    rule |= {"unexpected_count": None, "samples": [], "reason": "5 rows < 1000"}
+    summary = {"success": False, "rows": 5, "batches": 1, "rules": [rule], "warnings": []}
+    _write(snap / "validation" / "summary.json", summary)
+    _write(snap / "validation" / "rejected.json", summary)
+    story = runview.run_story(
+        volume, "digits", RUN, {"stage": {"snapshot_id": bad, "reused": False, "rows": 5}}
+    )
+    assert story["summarised"] is False and story["version"] is None
+    assert story["snapshot"]["rejected"] is True
+    page = runview.render_run(story, None, "/pipe")
+    assert "REJECTED" in page and "5 rows &lt; 1000" in page and "row_count" in page
+    assert "not summarised" in page and "the gate did not run" in page

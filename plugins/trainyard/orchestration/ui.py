@@ -131,7 +131,8 @@ def build_app() -> Any:
     def story_of_run(dag_id: str, run_id: str) -> tuple[str, Path, dict[str, Any]]:
         root = get_settings().volume_root
         pipeline = runview.pipeline_of(dag_id)
-        return pipeline, root, runview.run_story(root, pipeline, run_id)
+        results = results_from_db(dag_id, run_id)
+        return pipeline, root, runview.run_story(root, pipeline, run_id, results)
 
     @app.exception_handler(runview.NotFound)
     async def not_found(_: Request, exc: runview.NotFound) -> JSONResponse:
@@ -216,19 +217,50 @@ def results_of_run(dag_run: Any) -> dict[str, Any]:
     Returns:
         Step name → result, for the steps that returned one.
     """
-    from airflow.models.xcom import XComModel
-    from sqlalchemy import select
     from sqlalchemy.orm import object_session
-
-    from trainyard.orchestration.graph import STEP_TASKS
 
     session = object_session(dag_run)
     if session is None:
         return {}
+    return step_results(session, dag_run.dag_id, dag_run.run_id)
+
+
+def results_from_db(dag_id: str, run_id: str) -> dict[str, Any]:
+    """The steps' results of a run, read from Airflow's metadata database (API server).
+
+    Args:
+        dag_id: The DAG id.
+        run_id: The run id.
+
+    Returns:
+        Step name → result (empty for an unknown run).
+    """
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return step_results(session, dag_id, run_id)
+
+
+def step_results(session: Any, dag_id: str, run_id: str) -> dict[str, Any]:
+    """Step name → the step task's ``return_value`` XCom, for the steps that returned one.
+
+    Args:
+        session: An Airflow metadata database session.
+        dag_id: The DAG id.
+        run_id: The run id.
+
+    Returns:
+        The results (dicts only).
+    """
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import select
+
+    from trainyard.orchestration.graph import STEP_TASKS
+
     rows = session.scalars(
         select(XComModel).where(
-            XComModel.dag_id == dag_run.dag_id,
-            XComModel.run_id == dag_run.run_id,
+            XComModel.dag_id == dag_id,
+            XComModel.run_id == run_id,
             XComModel.key == "return_value",
             XComModel.map_index == -1,
             XComModel.task_id.in_(STEP_TASKS),
