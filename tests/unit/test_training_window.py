@@ -276,3 +276,23 @@ def test_the_run_summary_says_what_the_model_trained_on() -> None:
     assert line == "training      version 3, attempts 1, 2.0 s, on 2 snapshots (227 rows)"
     record["validate"]["window"] = window[:1]
     assert format_summary(record).splitlines()[3].endswith("2.0 s")
+
+
+@pytest.mark.parametrize(("window", "kept"), [({"intervals": 5}, 5), ("newest", 2)])
+def test_retention_keeps_the_window_a_backfill_will_train_on(
+    tmp_path: Path, volume_root: Path, monkeypatch: pytest.MonkeyPatch, window, kept: int
+) -> None:
+    raw = tmp_path / "raw"
+    write_days(raw, DAYS)
+    write_contract(tmp_path / "contracts")
+    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(tmp_path / "contracts"))
+    spec = pipeline_dict(raw, staging={"retention": 2}, training={"window": window})
+    cfg = PipelineConfig.model_validate(spec)
+    ids = []
+    for day in DAYS:
+        ids.append(stage(cfg, *_interval(day), quiet=True).snapshot_id)
+        validate(cfg, ids[-1])
+    on_disk = {p.name for p in (volume_root / "cancer" / "snapshots").iterdir()}
+    assert len(on_disk & set(ids)) == kept
+    got = volumes.training_window("cancer", window, ids[-1], _interval(DAYS[-1])[0])
+    assert len(got) == (5 if window != "newest" else 1)

@@ -314,13 +314,30 @@ def _stage(
                 replaced = str(before)
                 checked += f"; the interval now points at it instead of {before}"
     try:
-        volumes.gc_snapshots(dataset, pipeline.staging.retention, also_keep={snapshot_id})
+        keep = {snapshot_id} | _window_snapshots(pipeline, snapshot_id, interval_start)
+        volumes.gc_snapshots(dataset, pipeline.staging.retention, also_keep=keep)
     except (SnapshotError, OSError) as e:
         # the snapshot is published; retention that cannot decide deletes nothing
         log.warning("retention of %s skipped, nothing deleted: %s", dataset, e)
     result = _result(manifest, final, reused, t0, checked=checked, replaced=replaced)
     _report(result, quiet)
     return result
+
+
+def _window_snapshots(
+    pipeline: PipelineConfig, snapshot_id: str, interval_start: str | None
+) -> set[str]:
+    """The snapshots the pipeline's training window holds as of this interval.
+
+    Retention keeps them even beyond ``staging.retention`` (a backfill of more days than
+    that must still train on all of them).
+    """
+    if pipeline.training.window == "newest":
+        return set()
+    entries = volumes.training_window(
+        pipeline.dataset, pipeline.training.window, snapshot_id, interval_start
+    )
+    return {e["snapshot_id"] for e in entries}
 
 
 def _kept_without_source(
