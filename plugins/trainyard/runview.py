@@ -254,12 +254,13 @@ def _fmt_metrics(metrics: Mapping[str, Any] | None, limit: int = 3) -> str:
     return ", ".join(f"{k}={v:.4f}" for k, v in items[:limit])
 
 
-def summary_line(results: Mapping[str, Any]) -> str:
+def summary_line(results: Mapping[str, Any], failed: Sequence[str] = ()) -> str:
     """The run's one-line summary (a run note): snapshot, metrics, decision, served version.
 
     Args:
         results: Each step's result keyed by step name (``stage``, ``validate``,
             ``register``, ``evaluate``, ``deploy``), as in the run record.
+        failed: The run's failed tasks (a failed step returns no result).
 
     Returns:
         One line, at most :data:`NOTE_MAX` characters.
@@ -275,8 +276,9 @@ def summary_line(results: Mapping[str, Any]) -> str:
         state = "reused" if stage.get("reused") else "new"
         rows = f", {stage['rows']} rows" if stage.get("rows") is not None else ""
         parts.append(f"snapshot {stage.get('snapshot_id')} ({state}{rows})")
+    val_failed = (val and not val.get("success")) or "validate" in failed
     parts.append(
-        "validation " + ("passed" if val.get("success") else "failed" if val else "not run")
+        "validation " + ("passed" if val.get("success") else "failed" if val_failed else "not run")
     )
     if reg.get("version") is not None:
         metrics = _fmt_metrics(ev.get("metrics"))
@@ -290,6 +292,8 @@ def summary_line(results: Mapping[str, Any]) -> str:
     else:
         champion = ev.get("champion", ev.get("champion_version"))
         parts.append(f"serving unchanged (v{champion})" if champion else "serving unchanged")
+    if failed:
+        parts.append("failed: " + ", ".join(failed))
     line = " · ".join(parts).replace("\n", " ")
     return line if len(line) <= NOTE_MAX else line[: NOTE_MAX - 1] + "…"
 

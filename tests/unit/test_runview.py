@@ -108,6 +108,11 @@ def test_summary_line_says_snapshot_metrics_decision_and_serving() -> None:
         f"snapshot {SNAP} (reused, 1797 rows) · validation passed · v2 accuracy=0.1000, "
         "loss=2.3000 · gate reject: accuracy 0.1 < 0.85 · serving unchanged (v1)"
     )
+    stopped = runview.summary_line({"stage": stage}, failed=["validate"])
+    assert stopped == (
+        f"snapshot {SNAP} (reused, 1797 rows) · validation failed · gate not run · "
+        "serving unchanged · failed: validate"
+    )
     long = runview.summary_line({"evaluate": {"verdict": "reject", "reason": "x" * 5000}})
     assert len(long) == runview.NOTE_MAX and "\n" not in long
 

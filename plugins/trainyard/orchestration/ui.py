@@ -294,7 +294,33 @@ def note_for(dag_run: Any) -> str | None:
     results = results_of_run(dag_run)
     if not results:
         return None
-    return (NOTE_MARK + summary_line(results))[:NOTE_MAX]
+    return (NOTE_MARK + summary_line(results, failed_tasks(dag_run)))[:NOTE_MAX]
+
+
+def failed_tasks(dag_run: Any) -> list[str]:
+    """The run's tasks that failed themselves (not ``upstream_failed``), sorted.
+
+    Args:
+        dag_run: The ORM DagRun, attached to the caller's session.
+
+    Returns:
+        Task ids.
+    """
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import select
+    from sqlalchemy.orm import object_session
+
+    session = object_session(dag_run)
+    if session is None:
+        return []
+    rows = session.scalars(
+        select(TaskInstance.task_id).where(
+            TaskInstance.dag_id == dag_run.dag_id,
+            TaskInstance.run_id == dag_run.run_id,
+            TaskInstance.state == "failed",
+        )
+    ).all()
+    return sorted(rows)
 
 
 class RunNoteListener:
