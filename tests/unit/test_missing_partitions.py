@@ -130,3 +130,26 @@ def test_only_wait_adds_a_sensor_before_staging(tmp_path: Path) -> None:
     assert not source_present(cfg, DAY)
     write_days(tmp_path / "raw", [DAY])
     assert source_present(cfg, DAY)
+
+
+def test_the_rendered_stage_pod_skips_on_the_local_runner(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod the cluster would run, run as a process: exit 4 is a skip, with the reason."""
+    from trainyard.config import load_pipeline
+    from trainyard.k8s.profile import load_cluster_profile
+    from trainyard.orchestration.runners import StepFailed, run_pod_locally
+    from trainyard.pods import step_pod
+    from trainyard.settings import get_settings
+
+    for name in ("TRAINYARD_PIPELINES_DIR", "TRAINYARD_CONTRACTS_DIR"):
+        monkeypatch.setenv(name, env[name])
+    settings = get_settings()
+    profile = load_cluster_profile(settings.cluster_profile)
+    values = {"interval_start": "2026-11-04", "interval_end": "2026-11-05"}
+    for name, skipped in (("cancer_skip", True), ("cancer_fail", False)):
+        pod = step_pod(profile, load_pipeline(name), "stage", values)
+        with pytest.raises(StepFailed) as err:
+            run_pod_locally(pod, settings, log=lambda line: None)
+        assert err.value.skipped is skipped and err.value.deterministic is True
+        assert "2026-11-04.csv: source does not exist" in str(err.value)
