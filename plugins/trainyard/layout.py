@@ -8,6 +8,8 @@ reach outside its folder (``..``, ``.``, ``/``, NUL, over-long)::
 
     <root>/<dataset>/snapshots/<snapshot-id>/    immutable snapshot (manifest.json, shards)
     <root>/<dataset>/intervals/<interval>.json   which snapshot a data interval produced
+    <root>/<dataset>/validated.json              the latest validated snapshot + history
+    <root>/<dataset>/leases/                     snapshots a running training reads
     <root>/<dataset>/.tmp/                       private in-progress writes
     <root>/_models/<pipeline>/versions/<n>/      registered versions
     <root>/_models/<pipeline>/champion.json      the served version
@@ -15,6 +17,8 @@ reach outside its folder (``..``, ``.``, ``/``, NUL, over-long)::
     <root>/_models/<pipeline>/.work/<run>/       a training run's output before register
     <root>/_checkpoints/<pipeline>/<run>/        BackupAndRestore checkpoints of a run
     <root>/_serving/<model-name>/<n>/            TF Serving base path of a model
+    <root>/_serving/<model-name>/model.config    which of its versions are served (labels)
+    <root>/_serving/models.config                every model's entry (TF Serving's file)
 """
 
 from __future__ import annotations
@@ -31,10 +35,16 @@ P = TypeVar("P", bound=PurePath)
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 """A name that may be one path component: starts alphanumeric, no ``/``, at most 100."""
+INTERVAL_KEY = re.compile(r"^[0-9A-Za-z+_-]{1,200}$")
+"""What ``volumes.interval_key`` makes of an interval: no ``/``, no ``.``."""
 MODELS_DIR = "_models"
 SERVING_DIR = "_serving"
 CHECKPOINTS_DIR = "_checkpoints"
 RESERVED = (MODELS_DIR, SERVING_DIR, CHECKPOINTS_DIR)
+VERSIONS_DIR = "versions"
+CHAMPION_FILE = "champion.json"
+HISTORY_FILE = "history.jsonl"
+"""A pipeline's registry folder: ``versions/<n>/``, the champion pointer, its history."""
 """Top-level folders of the models volume; no dataset may be called so."""
 
 
@@ -113,6 +123,20 @@ class Layout(Generic[P]):
         """Interval records of a dataset."""
         return self.dataset(dataset) / "intervals"  # type: ignore[return-value]
 
+    def interval(self, dataset: str, key: str) -> P:
+        """The record of one data interval (``key`` from :func:`interval_key`)."""
+        if not isinstance(key, str) or not INTERVAL_KEY.match(key):
+            raise ConfigError(f"interval key {key!r} is not one interval_key() makes")
+        return self.intervals(dataset) / f"{key}.json"  # type: ignore[return-value]
+
+    def validated(self, dataset: str) -> P:
+        """The dataset's latest validated snapshot and its history."""
+        return self.dataset(dataset) / "validated.json"  # type: ignore[return-value]
+
+    def leases(self, dataset: str) -> P:
+        """Lease files of the snapshots running trainings read."""
+        return self.dataset(dataset) / "leases"  # type: ignore[return-value]
+
     def tmp(self, dataset: str) -> P:
         """Private in-progress writes of a dataset's volume."""
         return self.dataset(dataset) / ".tmp"  # type: ignore[return-value]
@@ -131,7 +155,7 @@ class Layout(Generic[P]):
         """One registered version."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise ConfigError(f"model version {version!r} must be a positive integer")
-        return self.models(pipeline) / "versions" / str(version)  # type: ignore[return-value]
+        return self.models(pipeline) / VERSIONS_DIR / str(version)  # type: ignore[return-value]
 
     def runs(self, pipeline: str) -> P:
         """A pipeline's run records."""

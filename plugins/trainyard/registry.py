@@ -46,6 +46,7 @@ from trainyard.fsutil import (
     read_json,
     remove_stale_tmp_dirs,
 )
+from trainyard.layout import CHAMPION_FILE, HISTORY_FILE, VERSIONS_DIR
 
 #: Files a caller may attach to a published version (written atomically, never the model).
 ATTACHABLE = ("gate.md", "gate.json")
@@ -90,9 +91,9 @@ class Registry:
             raise RegistryError(f"invalid pipeline name {name!r} for the model registry")
         self.pipeline = name
         self.root = Path(models_root) / name
-        self.versions_root = self.root / "versions"
-        self.pointer = self.root / "champion.json"
-        self.history_path = self.root / "history.jsonl"
+        self.versions_root = self.root / VERSIONS_DIR
+        self.pointer = self.root / CHAMPION_FILE
+        self.history_path = self.root / HISTORY_FILE
         self._tmp_root = self.root / ".tmp"
 
     # ----------------------------------------------------------------- locking + hygiene
@@ -483,7 +484,7 @@ def snapshots_in_use(models_root: Path, live_only: bool = False) -> set[tuple[st
     if not Path(models_root).is_dir():
         return used
     for entry in sorted(Path(models_root).iterdir()):
-        if (entry / "versions").is_dir():
+        if (entry / VERSIONS_DIR).is_dir():
             used |= Registry(models_root, entry.name).snapshot_ids_in_use(live_only)
     return used
 

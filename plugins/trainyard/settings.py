@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from trainyard.layout import CHECKPOINTS_DIR, Layout
+
 Runner = Literal["local", "kubernetes"]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -47,17 +49,17 @@ class Settings:
     @property
     def models_root(self) -> Path:
         """Root of the models volume (registry of every pipeline)."""
-        return self.volume_root / "_models"
+        return Layout(self.volume_root).models_root
 
     @property
     def serving_root(self) -> Path:
         """TF Serving model base paths live below this folder, one per model name."""
-        return self.volume_root / "_serving"
+        return Layout(self.volume_root).serving_root
 
     @property
     def checkpoints_root(self) -> Path:
         """Training checkpoints (BackupAndRestore) of every run."""
-        return self.volume_root / "_checkpoints"
+        return self.volume_root / CHECKPOINTS_DIR
 
     @property
     def raw_root(self) -> Path:

@@ -43,6 +43,7 @@ from trainyard.fsutil import (
     redact_url,
     remove_stale_tmp_dirs,
 )
+from trainyard.layout import Layout
 from trainyard.settings import get_settings
 
 HASH_ALGO = "blake3"
@@ -89,8 +90,7 @@ def dataset_dir(dataset: str, volume_root: Path | None = None) -> Path:
     Returns:
         ``<volume_root>/<dataset>``.
     """
-    root = volume_root if volume_root is not None else get_settings().volume_root
-    return root / check_dataset_name(dataset)
+    return _layout(volume_root).dataset(check_dataset_name(dataset))
 
 
 def snapshot_dir(dataset: str, snapshot_id: str, volume_root: Path | None = None) -> Path:
@@ -104,12 +104,18 @@ def snapshot_dir(dataset: str, snapshot_id: str, volume_root: Path | None = None
     Returns:
         ``<volume_root>/<dataset>/snapshots/<snapshot_id>``.
     """
-    return dataset_dir(dataset, volume_root) / "snapshots" / _check_snapshot_id(snapshot_id)
+    return _layout(volume_root).snapshot(
+        check_dataset_name(dataset), _check_snapshot_id(snapshot_id)
+    )
+
+
+def _layout(volume_root: Path | None) -> Layout[Path]:
+    return Layout(volume_root if volume_root is not None else get_settings().volume_root)
 
 
 def tmp_root(dataset: str, volume_root: Path | None = None) -> Path:
     """The private in-progress area of a dataset volume (``<dataset>/.tmp``)."""
-    return dataset_dir(dataset, volume_root) / ".tmp"
+    return _layout(volume_root).tmp(check_dataset_name(dataset))
 
 
 @dataclass(frozen=True)
@@ -283,7 +289,7 @@ def list_snapshots(dataset: str, volume_root: Path | None = None) -> list[Manife
     Returns:
         The manifests, sorted by ``created_at`` then id.
     """
-    folder = dataset_dir(dataset, volume_root) / "snapshots"
+    folder = _layout(volume_root).snapshots(check_dataset_name(dataset))
     if not folder.is_dir():
         return []
     out = []
@@ -318,7 +324,7 @@ def _now() -> str:
 
 def latest_validated(dataset: str, volume_root: Path | None = None) -> str | None:
     """The id of the most recently validated snapshot of a dataset, or None."""
-    path = dataset_dir(dataset, volume_root) / "validated.json"
+    path = _layout(volume_root).validated(check_dataset_name(dataset))
     try:
         data = read_json(path)
     except FileNotFoundError:
@@ -346,7 +352,7 @@ def mark_validated(
     if not (snap / MANIFEST).is_file():
         raise SnapshotError(f"{snap}: cannot mark as validated, no such snapshot")
     folder = dataset_dir(dataset, volume_root)
-    path = folder / "validated.json"
+    path = _layout(volume_root).validated(dataset)
     with _locked(folder / ".validated.lock"):
         try:
             history = list(read_json(path).get("history", []))
@@ -377,7 +383,7 @@ def interval_key(start: str | None, end: str | None) -> str | None:
 
 def read_interval(dataset: str, key: str, volume_root: Path | None = None) -> dict | None:
     """The record of the snapshot an interval produced, or None if not staged yet."""
-    path = dataset_dir(dataset, volume_root) / "intervals" / f"{key}.json"
+    path = _layout(volume_root).interval(check_dataset_name(dataset), key)
     try:
         return read_json(path)
     except FileNotFoundError:
@@ -409,7 +415,7 @@ def record_interval(
     Returns:
         The record now on disk (ours, or the one that was already there).
     """
-    path = dataset_dir(dataset, volume_root) / "intervals" / f"{key}.json"
+    path = _layout(volume_root).interval(check_dataset_name(dataset), key)
     if overwrite:
         atomic_write_json(path, record)
         return record
@@ -450,8 +456,8 @@ def replace_interval(
     Returns:
         The record now on disk.
     """
-    folder = dataset_dir(dataset, volume_root) / "intervals"
-    path = folder / f"{key}.json"
+    path = _layout(volume_root).interval(check_dataset_name(dataset), key)
+    folder = path.parent
     with _locked(folder / f".{key}.lock"):
         try:
             old = read_json(path)
@@ -577,7 +583,7 @@ def training_window(
             f"training window {window!r}: must be 'newest', {{intervals: N}} or {{since: date}}"
         )
     until = _instant(interval_start) if interval_start else None
-    folder = dataset_dir(dataset, volume_root) / "intervals"
+    folder = _layout(volume_root).intervals(check_dataset_name(dataset))
     picked: dict[str, dict[str, Any]] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
@@ -886,7 +892,6 @@ def protected_snapshots(dataset: str, volume_root: Path | None = None) -> dict[s
 
 
 LEASE_TTL_S = 600.0
-_LEASES = "leases"
 
 
 def _gc_lock(dataset: str, volume_root: Path | None) -> Path:
@@ -920,7 +925,7 @@ def active_leases(
     """
     import time
 
-    folder = dataset_dir(dataset, volume_root) / _LEASES
+    folder = _layout(volume_root).leases(check_dataset_name(dataset))
     if not folder.is_dir():
         return {}
     now = time.time()
@@ -982,7 +987,7 @@ def lease_snapshot(
     import uuid
 
     snap = snapshot_dir(dataset, snapshot_id, volume_root)
-    folder = dataset_dir(dataset, volume_root) / _LEASES
+    folder = _layout(volume_root).leases(check_dataset_name(dataset))
     path = folder / f"{snapshot_id}--{HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}.json"
     record = {
         "snapshot_id": snapshot_id,
