@@ -554,6 +554,13 @@ def readable_versions(reg: Registry) -> tuple[list[tuple[int, dict[str, Any]]], 
     return good, problems
 
 
+def _snapshot_cell(meta: Mapping[str, Any]) -> str:
+    """A version's snapshot, and how many more its training window read (``+4``)."""
+    more = len([s for s in meta.get("snapshots") or [] if isinstance(s, dict)]) - 1
+    cell = str(meta.get("snapshot_id", "-"))
+    return f"{cell} +{more}" if more > 0 else cell
+
+
 def _list(reg: Registry) -> str:
     try:
         champion = reg.champion()
@@ -576,7 +583,7 @@ def _list(reg: Registry) -> str:
                 "*" if v == champion else "",
                 str(v),
                 str(meta.get("registered_at", "-")),
-                str(meta.get("snapshot_id", "-")),
+                _snapshot_cell(meta),
                 str(gate.get("verdict", "-")),
                 _fmt_metrics(metrics),
             )

@@ -296,3 +296,24 @@ def test_retention_keeps_the_window_a_backfill_will_train_on(
     assert len(on_disk & set(ids)) == kept
     got = volumes.training_window("cancer", window, ids[-1], _interval(DAYS[-1])[0])
     assert len(got) == (5 if window != "newest" else 1)
+
+
+def test_models_list_shows_how_many_more_snapshots_a_version_read(
+    volume_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainyard.registry import Registry, cli_main
+
+    model = tmp_path / "model"
+    (model / "variables").mkdir(parents=True)
+    (model / "saved_model.pb").write_bytes(b"\x08\x01pb")
+    reg = Registry(volume_root / "_models", "cancer")
+    window = [{"dataset": "cancer", "snapshot_id": f"{i:016x}", "rows": 114} for i in range(5)]
+    reg.register(model, {"dataset": "cancer", "snapshot_id": window[-1]["snapshot_id"]})
+    reg.register(
+        model,
+        {"dataset": "cancer", "snapshot_id": window[-1]["snapshot_id"], "snapshots": window},
+    )
+    assert cli_main(["list", "--pipeline", "cancer"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[1].split()[2] == window[-1]["snapshot_id"]  # one snapshot: no count
+    assert f"{window[-1]['snapshot_id']} +4" in rows[2]
