@@ -64,11 +64,11 @@ def _entries(r, stream: str) -> list[dict]:
     return [orjson.loads(f[b"value"]) for _, f in r.xrange(stream)]
 
 
-def _wait(predicate, timeout: float, what: str) -> None:
+def _wait(predicate, timeout: float, what: str, poll: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        time.sleep(poll)
 
 
 def _stable(port: int) -> tuple[int | None, bool]:
@@ -94,7 +94,7 @@ def test_kill_restart_and_promotion_score_every_record_once(project) -> None:
 
     # the first scorer is killed mid-way: whatever it read and did not commit stays pending
     a = _scorer(project, "a")
-    _wait(lambda: r.xlen(STREAMS.output) >= 1500, 90, "scorer a's first scores")
+    _wait(lambda: r.xlen(STREAMS.output) >= 1000, 90, "scorer a's first scores", poll=0.002)
     a.send_signal(signal.SIGKILL)
     a.wait(10)
     left = r.xpending(STREAMS.input, STREAMS.group)["pending"]

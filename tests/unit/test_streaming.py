@@ -70,6 +70,29 @@ def test_record_rules(checker: RecordChecker, change: dict[str, Any], reason: st
     assert checker.check({**GOOD, **change}) == reason
 
 
+def test_check_batch_answers_as_check_does(checker: RecordChecker) -> None:
+    import random
+
+    rnd = random.Random(4)
+    pool = [None, True, 0, 1, 2, -1, 3.5, 23, 24, 0.0, 2e6, 95, 18, float("inf"), "x", "t-1"]
+    keys = ["txn_id", "amount", "hour", "customer_age", "merchant_category", "is_fraud", "zz"]
+    records: list[Any] = [GOOD, [1], "s", None]
+    for _ in range(3000):
+        r = dict(GOOD)
+        for _ in range(rnd.randint(0, 2)):
+            k = rnd.choice(keys)
+            if rnd.random() < 0.15:
+                r.pop(k, None)
+            else:
+                r[k] = rnd.choice([*pool, "fuel", "toys"])
+        records.append(r)
+    assert checker.check_batch(records) == [checker.check(r) for r in records]
+    raws = [orjson.dumps(GOOD), b"{oops", orjson.dumps({**GOOD, "hour": 99})]
+    recs, reasons = checker.parse_batch(raws)
+    assert reasons[0] is None and reasons[1].startswith("not JSON")
+    assert reasons[2] == "hour: 99 is above the maximum 23" and recs[0] == GOOD
+
+
 def test_record_shape(checker: RecordChecker) -> None:
     missing = {k: v for k, v in GOOD.items() if k != "hour"}
     assert checker.check(missing) == "hour: missing (the key and every feature are required)"

@@ -6,10 +6,10 @@ dead letters *then* acknowledge the records they came from, ``lag`` and ``produc
 
 * **Redis Streams** (:class:`RedisStreams`): ``XREADGROUP`` (the group is created at the
   stream's start with ``MKSTREAM``, so records produced before the first scorer count),
-  ``XAUTOCLAIM`` of entries idle longer than the claim time, and ``commit`` as one Lua
-  script, which Redis runs atomically: the ``XADD`` of every score and dead letter, then
-  the ``XACK`` of their inputs. A killed scorer therefore leaves a batch either written and
-  acknowledged, or neither (pending, claimed by the next scorer).
+  ``XAUTOCLAIM`` of entries idle longer than the claim time, and ``commit`` as one
+  ``MULTI``/``EXEC`` transaction, which Redis runs atomically: the ``XADD`` of every score
+  and dead letter, then the ``XACK`` of their inputs. A killed scorer therefore leaves a
+  batch either written and acknowledged, or neither (pending, claimed by the next scorer).
 * **Kafka** (:class:`KafkaStreams`, confluent-kafka): a consumer group with auto commit
   off; ``commit`` produces every output (idempotent producer, ``acks=all``), waits for
   each delivery, then commits the next offset of each partition synchronously. A kill
@@ -123,28 +123,13 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-# Scores and dead letters are added, then their inputs acknowledged, in one script: Redis
-# runs a script atomically (and logs its effects to the append-only file as one
-# transaction), so a killed scorer leaves a batch either written and acknowledged, or
-# neither. One command per batch also spares the client from packing one per record.
-_COMMIT_LUA = """
-local group, n, m = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local i = 4
-for _ = 1, n do
-  redis.call('XADD', KEYS[2], '*', 'key', ARGV[i], 'value', ARGV[i + 1])
-  i = i + 2
-end
-for _ = 1, m do
-  redis.call('XADD', KEYS[3], '*', 'key', ARGV[i], 'value', ARGV[i + 1])
-  i = i + 2
-end
-while i <= #ARGV do
-  local last = math.min(i + 999, #ARGV)
-  redis.call('XACK', KEYS[1], group, unpack(ARGV, i, last))
-  i = last + 1
-end
-return n + m
-"""
+def resp(*args: bytes | str | int) -> bytes:
+    """One command in Redis's wire protocol (RESP2 array of bulk strings)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        parts.append(b"$%d\r\n%b\r\n" % (len(b), b))
+    return b"".join(parts)
 
 
 class RedisStreams(StreamEngine):
@@ -169,7 +154,7 @@ class RedisStreams(StreamEngine):
         super().__init__(streams, consumer)
         self.url = url
         self._redis = redis
-        self.r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s)
+        self.r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, protocol=2)
         try:
             self.r.xgroup_create(streams.input, streams.group, id="0", mkstream=True)
         except redis.ResponseError as e:
@@ -178,7 +163,7 @@ class RedisStreams(StreamEngine):
         except redis.RedisError as e:
             raise StreamError(f"redis {url}: {type(e).__name__}: {e}") from e
         self._claim_from = "0-0"
-        self._commit = self.r.register_script(_COMMIT_LUA)
+        self._conn: Any = None
 
     @staticmethod
     def _messages(entries: Any) -> list[Message]:
@@ -196,16 +181,47 @@ class RedisStreams(StreamEngine):
             )
         return out
 
+    def _call(self, command: bytes) -> Any:
+        """Send one packed command on the engine's own connection; the raw reply.
+
+        The hot path (read, commit) skips redis-py's per-argument packing and per-entry
+        reply callbacks, which cost more than Redis itself; a broken connection is
+        dropped and reopened on the next call.
+        """
+        if self._conn is None:
+            self._conn = self.r.connection_pool.get_connection()
+        try:
+            self._conn.send_packed_command([command])
+            return self._conn.read_response()
+        except self._redis.ResponseError:
+            raise
+        except BaseException:
+            self._conn.disconnect()
+            self.r.connection_pool.release(self._conn)
+            self._conn = None
+            raise
+
     def read(self, count: int, block_ms: int) -> list[Message]:
         """``XREADGROUP GROUP <g> <me> COUNT n BLOCK ms STREAMS <in> >``."""
-        got = self.r.xreadgroup(
-            self.streams.group,
-            self.consumer,
-            {self.streams.input: ">"},
-            count=count,
-            block=max(1, block_ms),
-        )
-        return self._messages(got[0][1]) if got else []
+        command = resp(
+            "XREADGROUP", "GROUP", self.streams.group, self.consumer, "COUNT", count,
+            "BLOCK", max(1, block_ms), "STREAMS", self.streams.input, ">",
+        )  # fmt: skip
+        got = self._call(command)
+        if not got:
+            return []
+        out = []
+        for entry_id, fields in got[0][1]:
+            if not fields:
+                continue
+            f = dict(zip(fields[::2], fields[1::2], strict=True))
+            key = f.get(b"key")
+            out.append(
+                Message(
+                    entry_id.decode(), f.get(b"value", b""), None if key is None else key.decode()
+                )
+            )
+        return out
 
     def claim(self, min_idle_ms: int, count: int) -> list[Message]:
         """``XAUTOCLAIM`` from where the last call stopped; deleted entries are acked."""
@@ -234,16 +250,57 @@ class RedisStreams(StreamEngine):
     def commit(
         self, scores: Sequence[Output], dead: Sequence[Output], done: Sequence[Message]
     ) -> None:
-        """One atomic script: ``XADD`` every output, then ``XACK`` the inputs."""
-        args: list[Any] = [self.streams.group, len(scores), len(dead)]
-        for o in scores:
-            args += (o.key, orjson.dumps(o.doc))
-        for o in dead:
-            args += (o.key, orjson.dumps(o.doc))
-        args += [m.id for m in done]
-        self._commit(
-            keys=[self.streams.input, self.streams.output, self.streams.dead_letter], args=args
-        )
+        """One ``MULTI``/``EXEC`` sent at once: ``XADD`` every output, then ``XACK``.
+
+        Redis runs the transaction as one (and writes it to the append-only file as one;
+        a transaction cut short by a crash is dropped when the file is loaded), so a
+        killed scorer leaves a batch written and acknowledged, or neither.
+        """
+        parts = [b"*1\r\n$5\r\nMULTI\r\n"]
+        for stream, outs in ((self.streams.output, scores), (self.streams.dead_letter, dead)):
+            head = b"*7\r\n$4\r\nXADD\r\n$%d\r\n%b\r\n$1\r\n*\r\n$3\r\nkey\r\n" % (
+                len(stream.encode()),
+                stream.encode(),
+            )
+            for o in outs:
+                k = o.key.encode()
+                v = orjson.dumps(o.doc)
+                parts.append(
+                    b"%b$%d\r\n%b\r\n$5\r\nvalue\r\n$%d\r\n%b\r\n" % (head, len(k), k, len(v), v)
+                )
+        queued = len(parts) - 1
+        if done:
+            parts.append(
+                resp("XACK", self.streams.input, self.streams.group, *[m.id for m in done])
+            )
+            queued += 1
+        parts.append(b"*1\r\n$4\r\nEXEC\r\n")
+        replies = self._call_many(b"".join(parts), queued + 2)
+        result = replies[-1]
+        if not isinstance(result, list) or len(result) != queued:
+            raise StreamError(f"redis {self.url}: transaction not executed ({replies[-3:]})")
+        for r in result:
+            if isinstance(r, self._redis.ResponseError):
+                raise StreamError(f"redis {self.url}: {r}")
+
+    def _call_many(self, commands: bytes, replies: int) -> list[Any]:
+        """Send packed commands at once; read ``replies`` replies (errors as values)."""
+        if self._conn is None:
+            self._conn = self.r.connection_pool.get_connection()
+        out: list[Any] = []
+        try:
+            self._conn.send_packed_command([commands])
+            for _ in range(replies):
+                try:
+                    out.append(self._conn.read_response())
+                except self._redis.ResponseError as e:
+                    out.append(e)
+        except BaseException:
+            self._conn.disconnect()
+            self.r.connection_pool.release(self._conn)
+            self._conn = None
+            raise
+        return out
 
     def lag(self) -> dict[str, int | None]:
         """From ``XINFO GROUPS`` (Redis 7: ``lag``, ``pending``)."""
@@ -266,7 +323,10 @@ class RedisStreams(StreamEngine):
         return [_s(i) for i in pipe.execute()]
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connections."""
+        if self._conn is not None:
+            self._conn.disconnect()
+            self._conn = None
         self.r.close()
 
 
@@ -336,11 +396,15 @@ class KafkaStreams(StreamEngine):
         self._ck = confluent_kafka
         self.bootstrap = bootstrap
         self.delivery_timeout_s = delivery_timeout_s
+        # librdkafka's own log lines go through Python logging, not straight to stderr
+        klog = logging.getLogger("trainyard.streaming.kafka")
         self.consumer_ = confluent_kafka.Consumer(
-            kafka_consumer_config(bootstrap, streams.group, self.consumer)
+            {**kafka_consumer_config(bootstrap, streams.group, self.consumer), "logger": klog}
         )
         self.consumer_.subscribe([streams.input])
-        self.producer = confluent_kafka.Producer(kafka_producer_config(bootstrap, self.consumer))
+        self.producer = confluent_kafka.Producer(
+            {**kafka_producer_config(bootstrap, self.consumer), "logger": klog}
+        )
         self._errors: list[str] = []
         self._lock = threading.Lock()
 

@@ -109,6 +109,71 @@ def _column_checks(col: Column) -> list[Check]:
     return checks
 
 
+FastCheck = Callable[[list[Any], object], "np.ndarray | None"]
+
+
+def _fast_check(col: Column, required: bool) -> FastCheck:
+    """A vectorised over-approximation of a column's rules.
+
+    It flags (True) every value :meth:`RecordChecker.check` might refuse (and a few it
+    accepts, such as nulls) and never passes one it refuses; None when nothing is flagged.
+    """
+
+    def blocking(rule: str) -> bool:
+        return col.severity_of(rule) == "error"
+
+    lo = col.min if col.min is not None and blocking("min") else None
+    hi = col.max if col.max is not None and blocking("max") else None
+    allowed = (
+        frozenset(col.allowed_values)
+        if col.allowed_values is not None and blocking("allowed_values")
+        else None
+    )
+    if col.type in ("float32", "float64", "int32", "int64"):
+        kinds = (float, int) if col.type.startswith("float") else (int,)
+
+        def fast(values: list[Any], missing: object) -> np.ndarray | None:
+            flags = np.fromiter(
+                (type(v) not in kinds for v in values), dtype=bool, count=len(values)
+            )
+            if not required:  # absent optional columns are fine; nulls go the slow way
+                flags &= np.fromiter((v is not missing for v in values), bool, len(values))
+            try:
+                x = np.fromiter(
+                    (v if type(v) in kinds else 0.0 for v in values), np.float64, len(values)
+                )
+            except OverflowError:  # an integer beyond float64: let check() decide
+                return np.ones(len(values), dtype=bool)
+            with np.errstate(invalid="ignore"):
+                flags |= ~np.isfinite(x)
+                if lo is not None:
+                    flags |= (x <= lo) if col.min_exclusive else (x < lo)
+                if hi is not None:
+                    flags |= (x >= hi) if col.max_exclusive else (x > hi)
+            if allowed is not None:
+                flags |= np.fromiter((v not in allowed for v in values), bool, len(values))
+            if not required:
+                flags &= np.fromiter((v is not missing for v in values), bool, len(values))
+            return flags if flags.any() else None
+
+        return fast
+    checks = _column_checks(col)
+
+    def slow(values: list[Any], missing: object) -> np.ndarray | None:
+        flags = np.fromiter(
+            (
+                (v is not missing or required)
+                and (v is None or v is missing or any(c(v) is not None for c in checks))
+                for v in values
+            ),
+            dtype=bool,
+            count=len(values),
+        )
+        return flags if flags.any() else None
+
+    return slow
+
+
 class RecordChecker:
     """A contract's per-record rules, compiled once.
 
@@ -139,6 +204,11 @@ class RecordChecker:
             for c in contract.columns
         }
         self._extra_ok = contract.allow_extra_columns
+        self._required_keys = frozenset(self._required)
+        self._known_keys = frozenset(self._checks)
+        self._fast = [
+            (c.name, _fast_check(c, c.name in self._required_keys)) for c in contract.columns
+        ]
 
     def check(self, record: Any) -> str | None:
         """The reason ``record`` fails the contract, or None if it passes."""
@@ -164,6 +234,31 @@ class RecordChecker:
                     return f"{name}: {reason}"
         return None
 
+    def check_batch(self, records: list[Any]) -> list[str | None]:
+        """:meth:`check` for many records at once: the same answers, faster.
+
+        A column at a time, the common case (right type, within bounds, allowed) is
+        decided for every record together (bounds in numpy); a record anything looks
+        wrong with goes through :meth:`check`, which gives its reason.
+        """
+        n = len(records)
+        suspect = [type(r) is not dict or not (self._required_keys <= r.keys()) for r in records]
+        if not self._extra_ok:
+            known = self._known_keys
+            suspect = [s or not (r.keys() <= known) for s, r in zip(suspect, records, strict=True)]
+        ok = [i for i in range(n) if not suspect[i]]
+        for name, fast in self._fast:
+            if not ok:
+                break
+            missing = object()
+            values = [records[i].get(name, missing) for i in ok]
+            bad = fast(values, missing)
+            if bad is not None:
+                for j in np.flatnonzero(bad):
+                    suspect[ok[j]] = True
+                ok = [i for i in ok if not suspect[i]]
+        return [self.check(r) if suspect[i] else None for i, r in enumerate(records)]
+
     def parse(self, raw: bytes) -> tuple[Any, str | None]:
         """Decode one record's bytes and check it: ``(record, reason or None)``."""
         try:
@@ -171,6 +266,21 @@ class RecordChecker:
         except orjson.JSONDecodeError as e:
             return None, f"not JSON: {e}"
         return record, self.check(record)
+
+    def parse_batch(self, raws: list[bytes]) -> tuple[list[Any], list[str | None]]:
+        """:meth:`parse` for many records: ``(records, reasons)``, checked together."""
+        records: list[Any] = []
+        errors: dict[int, str] = {}
+        for i, raw in enumerate(raws):
+            try:
+                records.append(orjson.loads(raw))
+            except orjson.JSONDecodeError as e:
+                records.append(None)
+                errors[i] = f"not JSON: {e}"
+        reasons = self.check_batch(records)
+        for i, e in errors.items():
+            reasons[i] = e
+        return records, reasons
 
     def columns(self, records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         """The model's inputs for checked records: feature → float32 array (batch first)."""

@@ -347,8 +347,9 @@ class Scorer:
 
     def _prepare(self, messages: list[Message]) -> _Batch:
         batch = _Batch(messages, [], [], [], [])
-        for m in messages:
-            record, reason = self.checker.parse(m.value)
+        for m, record, reason in zip(
+            messages, *self.checker.parse_batch([m.value for m in messages]), strict=True
+        ):
             key = record.get(self.checker.key) if isinstance(record, dict) else None
             if reason is not None:
                 batch.dead.append(
