@@ -162,6 +162,13 @@ def _every_rendered_object(profile) -> list:
             training = training_params(cfg, {"strategy": strategy, "workers": 3})
             tr = run_training_objects(profile, cfg, training, SNAPSHOT, "manual__2026")
             objs += [tr.service, *tr.jobs]
+        # a training window: one --snapshot-dir per snapshot
+        window = ["20240530-0a0b0c0d", "20240531-1a1b1c1d", SNAPSHOT]
+        tr = run_training_objects(
+            profile, cfg, training_params(cfg, {}), SNAPSHOT, "manual__2026", window=window
+        )
+        assert all(c.args.count("--snapshot-dir") == 3 for c in _containers(tr.jobs))
+        objs += [tr.service, *tr.jobs]
     return objs
 
 
