@@ -621,40 +621,108 @@ def _code_version(package_version: str) -> str:
         return package_version
 
 
-def run_all(pipeline: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def data_intervals(
+    cfg: PipelineConfig, first: dt.date | None = None, last: dt.date | None = None
+) -> list[tuple[str, str]]:
+    """The data intervals the DAG's timetable makes, for ``trainyard run``.
+
+    As Airflow's cron timetable (UTC): an interval runs from one fire of the pipeline's
+    cron to the next, named by its start. A pipeline without a schedule has one interval
+    per day.
+
+    Args:
+        cfg: The pipeline.
+        first: First day whose intervals to return; None: the latest complete interval.
+        last: Last such day (default: ``first``).
+
+    Returns:
+        ``(start, end)`` ISO datetimes, oldest first.
+
+    Raises:
+        ConfigError: If ``last`` is before ``first`` or the range has no interval.
+    """
+    from croniter import croniter
+
+    cron = cfg.schedule or "0 0 * * *"
+    utc = dt.UTC
+    if first is None:
+        now = dt.datetime.now(utc)
+        it = croniter(cron, now)
+        end = it.get_prev(dt.datetime)
+        start = it.get_prev(dt.datetime)
+        return [(start.isoformat(), end.isoformat())]
+    last = last or first
+    if last < first:
+        raise ConfigError(f"--end-ds {last} is before --ds {first}")
+    lo = dt.datetime.combine(first, dt.time(), utc)
+    hi = dt.datetime.combine(last + dt.timedelta(days=1), dt.time(), utc)
+    it = croniter(cron, lo - dt.timedelta(microseconds=1))
+    out = []
+    start = it.get_next(dt.datetime)
+    while start < hi:
+        end = it.get_next(dt.datetime)
+        out.append((start.isoformat(), end.isoformat()))
+        start = end
+    if not out:
+        raise ConfigError(f"schedule {cron!r} has no interval starting from {first} to {last}")
+    return out
+
+
+def run_all(
+    pipeline: str,
+    overrides: dict[str, Any] | None = None,
+    intervals: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
     """Run every step in this process, in order, without Airflow (``trainyard run``).
+
+    Each interval is staged and validated as its DAG run would; as in a backfill, which of
+    them train follows the pipeline's ``backfill_training`` (``last``: the final one, on
+    its training window).
 
     Args:
         pipeline: Pipeline name.
         overrides: Training overrides and ``force_promote`` / ``force_reason``.
+        intervals: ``(start, end)`` data intervals (:func:`data_intervals`); None: the
+            latest complete one.
 
     Returns:
-        The run summary.
+        The run summary of the last interval.
     """
     overrides = overrides or {}
     force = {"force_promote", "force_reason"}
     if overrides.get("force_promote") and not overrides.get("force_reason"):
         raise ConfigError("force_promote needs a force_reason (recorded with who and when)")
     training = {k: v for k, v in overrides.items() if k not in force}
-    training_params(load_pipeline(pipeline), training)  # refuse bad overrides before staging
-    run_id = "cli__" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-    today = dt.date.today().isoformat()
-    results: dict[str, Any] = {}
-    results["stage"] = stage(pipeline, today, today)
-    snap = results["stage"]["snapshot_id"]
-    results["validate"] = validate(pipeline, snap, today)
-    results["train"] = train(pipeline, snap, run_id, training, window=results["validate"]["window"])
-    version = results["train"]["version"]
-    results["evaluate"] = evaluate(
-        pipeline,
-        version,
-        bool(overrides.get("force_promote")),
-        overrides.get("force_reason"),
-        "cli",
-    )
-    if results["evaluate"]["promote"]:
-        results["deploy"] = deploy(pipeline, version, "cli")
-    return summary(pipeline, run_id, results)
+    cfg = load_pipeline(pipeline)
+    training_params(cfg, training)  # refuse bad overrides before staging
+    intervals = intervals or data_intervals(cfg)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    record: dict[str, Any] = {}
+    for i, (start, end) in enumerate(intervals):
+        last = i == len(intervals) - 1
+        trains = cfg.backfill_training == "each" or (cfg.backfill_training == "last" and last)
+        if len(intervals) == 1:
+            trains = True
+        run_id = f"cli__{start[:10]}__{stamp}"
+        results: dict[str, Any] = {}
+        results["stage"] = stage(pipeline, start, end)
+        snap = results["stage"]["snapshot_id"]
+        results["validate"] = validate(pipeline, snap, start)
+        if trains:
+            window = results["validate"]["window"]
+            results["train"] = train(pipeline, snap, run_id, training, window=window)
+            version = results["train"]["version"]
+            results["evaluate"] = evaluate(
+                pipeline,
+                version,
+                bool(overrides.get("force_promote")),
+                overrides.get("force_reason"),
+                "cli",
+            )
+            if results["evaluate"]["promote"]:
+                results["deploy"] = deploy(pipeline, version, "cli")
+        record = summary(pipeline, run_id, results)
+    return record
 
 
 # --------------------------------------------------------------------------- the table
@@ -983,12 +1051,25 @@ def run_step(name: str, argv: list[str]) -> int:
 
 
 def run_cli_main(argv: list[str]) -> int:
-    """``python -m trainyard run --pipeline P [--overrides JSON]``: every step, no Airflow."""
-    p = argparse.ArgumentParser(prog="python -m trainyard run", description=run_all.__doc__)
+    """``python -m trainyard run --pipeline P [--ds DAY [--end-ds DAY]] [--overrides JSON]``."""
+    p = argparse.ArgumentParser(
+        prog="python -m trainyard run",
+        description="Run every step of a pipeline without Airflow, for the data intervals "
+        "its DAG runs would have: the latest complete one, those starting on --ds, or on "
+        "each day from --ds to --end-ds (a backfill: which runs train follows "
+        "backfill_training).",
+    )
     p.add_argument("--pipeline", required=True)
+    p.add_argument("--ds", type=dt.date.fromisoformat, help="interval day (YYYY-MM-DD)")
+    p.add_argument("--end-ds", type=dt.date.fromisoformat, help="last day of a range")
     p.add_argument("--overrides", type=Arg("overrides", "json").parse, default={})
     args = p.parse_args(argv)
-    record = run_all(args.pipeline, args.overrides)
+    if args.end_ds and not args.ds:
+        p.error("--end-ds needs --ds")
+    intervals = (
+        data_intervals(load_pipeline(args.pipeline), args.ds, args.end_ds) if args.ds else None
+    )
+    record = run_all(args.pipeline, args.overrides, intervals)
     sys.stdout.write(format_summary(record) + "\n")
     return EXIT_OK
 
