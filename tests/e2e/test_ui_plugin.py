@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -23,9 +24,11 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import yaml
 
 from tests.e2e.harness import (
     BROWSER_ARGS,
+    ROOT,
     Project,
     admin_password,
     api_token,
@@ -39,6 +42,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mar
 
 CHROMIUM = "/usr/bin/chromium"
 DAG = "trainyard_digits"
+STRICT = "trainyard_digits_strict"
 
 
 class Env:
@@ -71,18 +75,20 @@ class Env:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read())
 
-    def trigger_and_wait(self, conf: dict, deadline_s: float = 900) -> dict[str, Any]:
-        run = self.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": conf})
+    def trigger_and_wait(
+        self, conf: dict, dag: str = DAG, deadline_s: float = 900
+    ) -> dict[str, Any]:
+        run = self.api(f"/api/v2/dags/{dag}/dagRuns", "POST", {"logical_date": None, "conf": conf})
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
-            run = self.api(f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}")
+            run = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run['dag_run_id'], safe='')}")
             if run["state"] in ("success", "failed"):
                 return run
             time.sleep(5)
         raise TimeoutError(f"run {run['dag_run_id']} still {run['state']}")
 
-    def task_states(self, run_id: str) -> dict[str, str]:
-        tis = self.api(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+    def task_states(self, run_id: str, dag: str = DAG) -> dict[str, str]:
+        tis = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run_id, safe='')}/taskInstances")
         return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
 
 
@@ -90,17 +96,33 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     tmp = tmp_path_factory.mktemp("ui")
     api_port = free_port()
-    project = make_project(tmp, {"training": {"epochs": 2}, "schedule": None}, api_port=api_port)
+    # digits_strict: the same images as a dataset whose contract wants a million rows
+    strict = {"from": "digits", "dataset": "digits_strict", "schedule": None}
+    project = make_project(
+        tmp,
+        {"training": {"epochs": 2}, "schedule": None},
+        api_port=api_port,
+        extra_pipelines={"digits_strict": strict},
+    )
+    contracts = tmp / "contracts"
+    shutil.copytree(ROOT / "data_contracts", contracts)
+    contract = yaml.safe_load((contracts / "digits.yaml").read_text())
+    contract["dataset"] = "digits_strict"
+    contract["rules"]["row_count"] = {"min": 1_000_000}
+    (contracts / "digits_strict.yaml").write_text(yaml.safe_dump(contract, sort_keys=False))
+    project.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
     project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
     with standalone(project, api_port, tmp / "standalone.log") as base:
         e = Env(project, base, admin_password(project))
         end = time.monotonic() + 240  # the dag-processor parses the DAG file after start
-        while e.get(f"/api/v2/dags/{DAG}")[0] != 200:
-            assert time.monotonic() < end, "the digits DAG never appeared"
-            time.sleep(2)
-        e.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
+        for dag in (DAG, STRICT):
+            while e.get(f"/api/v2/dags/{dag}")[0] != 200:
+                assert time.monotonic() < end, f"{dag} never appeared"
+                time.sleep(2)
+            e.api(f"/api/v2/dags/{dag}", "PATCH", {"is_paused": False})
         e.runs["promoted"] = e.trigger_and_wait({})
         e.runs["rejected"] = e.trigger_and_wait({"epochs": 0})
+        e.runs["invalid"] = e.trigger_and_wait({}, dag=STRICT)
         yield e
 
 
@@ -152,6 +174,19 @@ def test_each_run_note_is_its_summary(env: Env) -> None:
     assert "gate promote" in promoted and promoted.endswith("serving v1"), promoted
     assert "(reused, 1797 rows)" in rejected and " v2 " in rejected, rejected
     assert "gate reject" in rejected and rejected.endswith("serving unchanged (v1)"), rejected
+
+    run = env.runs["invalid"]
+    assert run["state"] == "failed", run
+    states = env.task_states(run["dag_run_id"], STRICT)
+    assert states["validate"] == "failed" and states["train"] == "upstream_failed", states
+    end = time.monotonic() + 30
+    while not run.get("note") and time.monotonic() < end:
+        time.sleep(1)
+        run = env.api(f"/api/v2/dags/{STRICT}/dagRuns/{quote(run['dag_run_id'], safe='')}")
+    note = run.get("note") or ""
+    assert note.startswith("trainyard: snapshot ") and "(new, 1797 rows)" in note, note
+    assert "validation failed" in note and "gate not run" in note, note
+    assert note.endswith("failed: validate"), note
 
 
 # ----------------------------------------------------------------------------- API + auth
@@ -283,6 +318,16 @@ def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
         assert page.locator("a.datadocs").count() == 1
         assert "this run deployed version 1" in page.inner_text("body")
         page.screenshot(path=str(shots / "run_promoted.png"), full_page=True)
+
+        # a run whose snapshot validation rejected: the failed rule, the Data Docs
+        invalid = env.runs["invalid"]["dag_run_id"]
+        page.goto(f"{base}/trainyard/runs/{STRICT}/{quote(invalid, safe='')}")
+        assert page.locator(".validation").inner_text() == "REJECTED"
+        failed = page.locator("table.failed-rules").inner_text()
+        assert "row_count" in failed, failed
+        assert "not summarised" in page.inner_text("body")
+        assert page.locator("a.datadocs").count() == 1
+        page.screenshot(path=str(shots / "run_validation_rejected.png"), full_page=True)
 
         # the pipeline page
         page.goto(f"{base}/trainyard/pipelines/{DAG}")
