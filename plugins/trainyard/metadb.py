@@ -62,6 +62,8 @@ _SERVER_SETTINGS = {
     # scheduler, dag-processor, triggerer and api-server each keep a pool (5 + 10 overflow,
     # and the api-server an async one too), plus CLI commands and `airflow dags test`
     "max_connections": "200",
+    # a wait for a lock longer than deadlock_timeout (1 s) is logged, with who holds it
+    "log_lock_waits": "on",
 }
 
 
