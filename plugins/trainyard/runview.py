@@ -397,6 +397,65 @@ def line_chart(
     return "".join(out)
 
 
+def bar_chart(
+    title: str, bars: Sequence[tuple[str, float, bool]], width: int = 420, bar_h: int = 18
+) -> str:
+    """An inline SVG horizontal bar chart, failing bars in red.
+
+    Args:
+        title: Shown above the bars.
+        bars: (label, value, passed) per bar; non-finite values are listed, not drawn.
+        width: Width in px.
+        bar_h: Height of one bar in px.
+
+    Returns:
+        ``<svg>`` markup, or a short note when there is nothing to plot.
+    """
+    if not bars:
+        return f'<p class="muted">{html.escape(title)}: nothing recorded</p>'
+    top, label_w, right = 26, 130, 60
+    height = top + len(bars) * (bar_h + 6) + 6
+    peak = max((v for _, v, _ in bars if _finite(v)), default=0.0) or 1.0
+    out = [
+        f'<svg class="chart" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{html.escape(title)}</title>",
+        f'<text x="8" y="16" class="ct">{html.escape(title)}</text>',
+    ]
+    for i, (label, value, passed) in enumerate(bars):
+        y = top + i * (bar_h + 6)
+        color = PALETTE[0] if passed else PALETTE[1]
+        shown = f"{value:.4g}" if _finite(value) else str(value)
+        length = (width - label_w - right) * max(0.0, value) / peak if _finite(value) else 0
+        out.append(
+            f'<text x="{label_w - 6}" y="{y + bar_h - 5}" class="tick" text-anchor="end">'
+            f"{html.escape(label)}</text>"
+            f'<rect x="{label_w}" y="{y}" width="{length:.1f}" height="{bar_h}" fill="{color}">'
+            f"<title>{html.escape(label)}: {html.escape(shown)}</title></rect>"
+            f'<text x="{label_w + length + 4:.1f}" y="{y + bar_h - 5}" class="tick">'
+            f"{html.escape(shown)}</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _drift(val: Mapping[str, Any]) -> str:
+    rules = [r for r in val.get("rules") or [] if str(r.get("rule", "")).startswith("drift:")]
+    if not rules:
+        return ""
+    bars = [
+        (
+            f"{r.get('column')} ({str(r['rule']).split(':', 1)[1]})",
+            r.get("observed"),
+            bool(r.get("success")),
+        )
+        for r in rules
+    ]
+    against = val.get("previous_snapshot_id")
+    title = f"drift per column vs snapshot {against}" if against else "drift per column"
+    return bar_chart(title, bars)
+
+
 # --------------------------------------------------------------------------- HTML
 
 CSS = """
@@ -555,19 +614,29 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
                         _e(r.get("column") or "—"),
                         _e(r.get("unexpected_count")),
                         _e(", ".join(repr(s) for s in (r.get("samples") or [])[:5])),
+                        _e(", ".join(str(i) for i in (r.get("rows") or [])[:5])),
                         _e(r.get("reason")),
                     ]
                     for r in failed
                 ]
                 out.append(
                     _table(
-                        ["severity", "rule", "column", "count", "sample values", "reason"],
+                        [
+                            "severity",
+                            "rule",
+                            "column",
+                            "count",
+                            "sample values",
+                            "sample rows",
+                            "reason",
+                        ],
                         rows,
                         "failed-rules",
                     )
                 )
             else:
                 out.append('<p class="muted">no failed rules</p>')
+            out.append(_drift(val))
         if data_docs_url:
             out.append(
                 f'<p><a class="datadocs" href="{_e(data_docs_url)}">Data Docs</a> '

@@ -36,9 +36,21 @@ def volume(tmp_path: Path) -> Path:
     )
     rule = {"rule": "in_set", "column": "label", "severity": "warning", "success": False}
     rule |= {"unexpected_count": 2, "samples": ["<script>alert(1)</script>"], "reason": "x"}
+    rule |= {"rows": [17, 42]}
+    drift = [
+        {"rule": "drift:psi", "column": "label", "success": True, "observed": 0.01},
+        {"rule": "drift:ks", "column": "width", "success": False, "observed": 0.4},
+    ]
     _write(
         snap / "validation" / "summary.json",
-        {"success": True, "rows": 1797, "batches": 1, "rules": [rule], "warnings": ["x"]},
+        {
+            "success": True,
+            "rows": 1797,
+            "batches": 1,
+            "rules": [rule, *drift],
+            "warnings": ["x"],
+            "previous_snapshot_id": "0123456789abcdef",
+        },
     )
     _write(snap / "validation" / "data_docs" / "index.html", "<html>docs</html>")
     models = root / "_models" / "digits"
@@ -78,6 +90,9 @@ def test_run_story_and_page_show_what_the_run_did(volume: Path) -> None:
     assert "<svg" in page and "<polyline" in page
     assert 'href="/docs/index.html"' in page
     assert "<script>" not in page and "&lt;script&gt;" in page  # data is escaped
+    assert "17, 42" in page  # sample rows of the failed rule
+    assert "drift per column vs snapshot 0123456789abcdef" in page
+    assert page.count("<rect") == 2 and 'fill="#dc2626"' in page  # the failing drift in red
 
 
 def test_pipeline_page_lists_versions_champion_and_history(volume: Path) -> None:
