@@ -164,6 +164,7 @@ class RedisStreams(StreamEngine):
             raise StreamError(f"redis {url}: {type(e).__name__}: {e}") from e
         self._claim_from = "0-0"
         self._conn: Any = None
+        self._reader: Any = None
 
     @staticmethod
     def _messages(entries: Any) -> list[Message]:
@@ -182,24 +183,15 @@ class RedisStreams(StreamEngine):
         return out
 
     def _call(self, command: bytes) -> Any:
-        """Send one packed command on the engine's own connection; the raw reply.
+        """Send one packed command on the engine's own connection; its raw reply.
 
-        The hot path (read, commit) skips redis-py's per-argument packing and per-entry
-        reply callbacks, which cost more than Redis itself; a broken connection is
-        dropped and reopened on the next call.
+        Raises:
+            redis.ResponseError: If Redis answers with an error.
         """
-        if self._conn is None:
-            self._conn = self.r.connection_pool.get_connection()
-        try:
-            self._conn.send_packed_command([command])
-            return self._conn.read_response()
-        except self._redis.ResponseError:
-            raise
-        except BaseException:
-            self._conn.disconnect()
-            self.r.connection_pool.release(self._conn)
-            self._conn = None
-            raise
+        (reply,) = self._call_many(command, 1)
+        if isinstance(reply, Exception):
+            raise self._redis.ResponseError(str(reply))
+        return reply
 
     def read(self, count: int, block_ms: int) -> list[Message]:
         """``XREADGROUP GROUP <g> <me> COUNT n BLOCK ms STREAMS <in> >``."""
@@ -280,21 +272,36 @@ class RedisStreams(StreamEngine):
         if not isinstance(result, list) or len(result) != queued:
             raise StreamError(f"redis {self.url}: transaction not executed ({replies[-3:]})")
         for r in result:
-            if isinstance(r, self._redis.ResponseError):
+            if isinstance(r, Exception):
                 raise StreamError(f"redis {self.url}: {r}")
 
     def _call_many(self, commands: bytes, replies: int) -> list[Any]:
-        """Send packed commands at once; read ``replies`` replies (errors as values)."""
+        """Send packed commands at once and read ``replies`` replies (errors as values).
+
+        The hot path (read, commit) skips redis-py's per-argument packing and per-reply
+        parsing, which cost more than Redis itself: the bytes go out on the engine's own
+        connection and hiredis parses what comes back. A broken connection is dropped
+        and reopened on the next call.
+        """
+        import hiredis
+
         if self._conn is None:
             self._conn = self.r.connection_pool.get_connection()
+            self._reader = hiredis.Reader()
         out: list[Any] = []
         try:
-            self._conn.send_packed_command([commands])
-            for _ in range(replies):
-                try:
-                    out.append(self._conn.read_response())
-                except self._redis.ResponseError as e:
-                    out.append(e)
+            sock = self._conn._sock
+            sock.sendall(commands)
+            reader = self._reader
+            while len(out) < replies:
+                reply = reader.gets()
+                if reply is False:
+                    data = sock.recv(1 << 16)
+                    if not data:
+                        raise ConnectionError(f"redis {self.url}: connection closed")
+                    reader.feed(data)
+                else:
+                    out.append(reply)
         except BaseException:
             self._conn.disconnect()
             self.r.connection_pool.release(self._conn)

@@ -131,8 +131,26 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
     )
     if col.type in ("float32", "float64", "int32", "int64"):
         kinds = (float, int) if col.type.startswith("float") else (int,)
+        kind_set = frozenset(kinds)
 
         def fast(values: list[Any], missing: object) -> np.ndarray | None:
+            if set(map(type, values)) <= kind_set:  # the common case, at C speed
+                try:
+                    x = np.array(values, dtype=np.float64)
+                except OverflowError:
+                    return np.ones(len(values), dtype=bool)
+                with np.errstate(invalid="ignore"):
+                    flags = ~np.isfinite(x)
+                    if lo is not None:
+                        flags |= (x <= lo) if col.min_exclusive else (x < lo)
+                    if hi is not None:
+                        flags |= (x >= hi) if col.max_exclusive else (x > hi)
+                if allowed is not None and not set(values) <= allowed:
+                    flags |= np.fromiter((v not in allowed for v in values), bool, len(values))
+                return flags if flags.any() else None
+            return mixed(values, missing)
+
+        def mixed(values: list[Any], missing: object) -> np.ndarray | None:
             flags = np.fromiter(
                 (type(v) not in kinds for v in values), dtype=bool, count=len(values)
             )
@@ -158,6 +176,24 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
 
         return fast
     checks = _column_checks(col)
+    pattern = re.compile(col.regex) if col.regex is not None and blocking("regex") else None
+    min_len = col.min_length if blocking("min_length") else None
+    max_len = col.max_length if blocking("max_length") else None
+
+    def strings(values: list[Any], missing: object) -> np.ndarray | None:
+        if (
+            col.type == "string"
+            and values
+            and set(map(type, values)) <= {str}
+            and (
+                (pattern is None or all(map(pattern.search, values)))
+                and (min_len is None or min(map(len, values)) >= min_len)
+                and (max_len is None or max(map(len, values)) <= max_len)
+                and (allowed is None or set(values) <= allowed)
+            )
+        ):
+            return None  # every value passes every rule
+        return slow(values, missing)
 
     def slow(values: list[Any], missing: object) -> np.ndarray | None:
         flags = np.fromiter(
@@ -171,7 +207,7 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
         )
         return flags if flags.any() else None
 
-    return slow
+    return strings
 
 
 class RecordChecker:
