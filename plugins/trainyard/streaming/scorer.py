@@ -733,6 +733,7 @@ def start_local_scorer(pipeline: str, timeout_s: float = 60.0) -> int:
 
     Raises:
         ConfigError: If the pipeline has no ``scoring.stream``.
+        RedisServerError, StreamError: If its Redis server cannot be started or reached.
         TrainyardError: If it exits or reports nothing within ``timeout_s`` (with its log).
     """
     import subprocess
@@ -741,6 +742,8 @@ def start_local_scorer(pipeline: str, timeout_s: float = 60.0) -> int:
 
     cfg = load_pipeline(pipeline)
     streams_of(cfg)
+    if cfg.scoring.stream is not None and cfg.scoring.stream.engine == "redis":
+        open_engine(cfg).close()  # the Redis server answers (started if it is ours)
     folder = scorer_dir(pipeline)
     folder.mkdir(parents=True, exist_ok=True)
     stop_local_scorer(pipeline)
