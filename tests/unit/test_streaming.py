@@ -278,3 +278,44 @@ def test_render_scorer_step() -> None:
 def test_stream_config_errors(stream: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _pipeline(stream)
+
+
+def test_kubernetes_runner_creates_then_rolls_the_scorer_after_a_deploy() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from trainyard.k8s.objects import VERSION_ANNOTATION
+    from trainyard.orchestration.runners import ensure_scorer
+
+    class Apps:
+        """The AppsV1Api calls ensure_scorer makes, against a dict."""
+
+        def __init__(self) -> None:
+            self.objects: dict[str, Any] = {}
+            self.patches: list[dict[str, Any]] = []
+
+        def read_namespaced_deployment(self, name: str, ns: str) -> Any:
+            if name not in self.objects:
+                raise ApiException(status=404)
+            return self.objects[name]
+
+        def create_namespaced_deployment(self, ns: str, body: Any) -> Any:
+            self.objects[body.metadata.name] = body
+            return body
+
+        def patch_namespaced_deployment(self, name: str, ns: str, body: Any) -> Any:
+            self.patches.append(body)
+            return self.objects[name]
+
+    profile = k8s.load_cluster_profile(ROOT / "deploy" / "cluster_profile.yaml")
+    apps = Apps()
+    cfg = _pipeline(KAFKA)
+    assert ensure_scorer(apps, profile, cfg, 2) == (
+        "scorer Deployment scorer-transactions created (6 replicas)"
+    )
+    created = apps.objects["scorer-transactions"]
+    assert k8s.validate_object(created) == []
+    assert created.spec.template.metadata.annotations[VERSION_ANNOTATION] == "2"
+    assert ensure_scorer(apps, profile, cfg, 3).endswith("rolled (6 replicas)")
+    (patch,) = apps.patches
+    assert patch["spec"]["replicas"] == 6
+    assert patch["spec"]["template"].metadata.annotations[VERSION_ANNOTATION] == "3"

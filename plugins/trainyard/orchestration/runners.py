@@ -444,6 +444,10 @@ class KubernetesRunner:
         result = op.execute(context)
         if step == "stage":
             self._volume_snapshot(hook, cfg, result)
+        if step == "deploy" and cfg.scoring.stream is not None:
+            result["scorer"] = ensure_scorer(
+                hook.apps_v1_client, self.profile, cfg, result.get("version")
+            )
         return result
 
     def _volume_snapshot(self, hook: Any, cfg: PipelineConfig, staged: dict[str, Any]) -> None:
@@ -786,6 +790,40 @@ def ensure_serving(hook: Any, profile: ClusterProfile, cfg: PipelineConfig) -> s
         log.warning("serving rollout %s: restored the previous spec", state)
         raise StepFailed(f"serving Deployment {dname} rollout {state}", False)
     return f"{sname}.{ns}.svc"
+
+
+def ensure_scorer(
+    apps: Any, profile: ClusterProfile, cfg: PipelineConfig, version: Any = None
+) -> str:
+    """Create the pipeline's scorer Deployment, or roll it to this spec and model version.
+
+    Called after a deploy: the pods restart with the current config (the version
+    annotation changes the pod template), consumer-group members hand their partitions
+    over, and each scores with the version the ``stable`` label names.
+
+    Returns:
+        One line saying what was done.
+    """
+    from trainyard.k8s.apply import ensure_exists
+    from trainyard.k8s.objects import VERSION_ANNOTATION
+    from trainyard.k8s.scoring import scorer_deployment
+
+    deployment = scorer_deployment(profile, cfg)
+    if version is not None:
+        deployment.spec.template.metadata.annotations[VERSION_ANNOTATION] = str(version)
+    ns, name = profile.namespace, deployment.metadata.name
+    _, created = ensure_exists(
+        lambda: apps.create_namespaced_deployment(ns, deployment),
+        lambda: apps.read_namespaced_deployment(name, ns),
+    )
+    if created:
+        return f"scorer Deployment {name} created ({deployment.spec.replicas} replicas)"
+    apps.patch_namespaced_deployment(
+        name,
+        ns,
+        {"spec": {"replicas": deployment.spec.replicas, "template": deployment.spec.template}},
+    )
+    return f"scorer Deployment {name} rolled ({deployment.spec.replicas} replicas)"
 
 
 def replace_training_service(core: CoreV1Api, service: V1Service, run: str = "") -> bool:
