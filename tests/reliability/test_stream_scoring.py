@@ -45,9 +45,18 @@ def project(tmp_path_factory: pytest.TempPathFactory):
     model_config.set_served(serving, "events", [1], {model_config.STABLE: 1})
     ensure_local_server(serving, "127.0.0.1", port)
     url = redis_server.ensure_running(root / "redis")
-    yield {"root": root, "env": {**os.environ, **env}, "port": port, "url": url}
-    stop_local_server(serving)
-    redis_server.stop(root / "redis")
+    try:
+        yield {"root": root, "env": {**os.environ, **env}, "port": port, "url": url}
+    finally:
+        # scorers first: a supervised scorer would start the project's Redis again
+        from unittest import mock
+
+        from trainyard.streaming.scorer import stop_all_local_scorers
+
+        with mock.patch.dict(os.environ, env):
+            stop_all_local_scorers()
+        stop_local_server(serving)
+        redis_server.stop(root / "redis")
 
 
 def _scorer(project, name: str) -> subprocess.Popen[bytes]:
