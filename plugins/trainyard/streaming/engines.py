@@ -217,14 +217,17 @@ class RedisStreams(StreamEngine):
 
     def claim(self, min_idle_ms: int, count: int) -> list[Message]:
         """``XAUTOCLAIM`` from where the last call stopped; deleted entries are acked."""
-        nxt, entries, deleted = self.r.xautoclaim(
-            self.streams.input,
-            self.streams.group,
-            self.consumer,
-            min_idle_time=min_idle_ms,
-            start_id=self._claim_from,
-            count=count,
-        )
+        try:
+            nxt, entries, deleted = self.r.xautoclaim(
+                self.streams.input,
+                self.streams.group,
+                self.consumer,
+                min_idle_time=min_idle_ms,
+                start_id=self._claim_from,
+                count=count,
+            )
+        except self._redis.RedisError as e:
+            raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
         self._claim_from = _s(nxt)
         if deleted:
             log.warning("%d pending entries were deleted from %s", len(deleted), self.streams.input)
@@ -302,10 +305,12 @@ class RedisStreams(StreamEngine):
                     reader.feed(data)
                 else:
                     out.append(reply)
-        except BaseException:
+        except BaseException as e:
             self._conn.disconnect()
             self.r.connection_pool.release(self._conn)
             self._conn = None
+            if isinstance(e, OSError | self._redis.RedisError):
+                raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
             raise
         return out
 
