@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from trainyard.serving.deploy import (  # noqa: E402
     stop_local_server,
     wait_available,
 )
+from trainyard.serving.model_config import set_served  # noqa: E402
 
 SPEC = {"image": ("float32", (None, 8, 8, 1))}
 
@@ -151,8 +153,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     p.add_argument("--batch-clients", type=int, default=2, help="connections posting batches")
     p.add_argument("--rounds", type=int, default=5, help="alternating throughput rounds")
-    p.add_argument("--port", type=int, default=18501)
+    p.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
     args = p.parse_args()
+    if not args.port:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            args.port = int(probe.getsockname()[1])
     seconds = 2.0 if args.quick else args.seconds
     if args.quick:
         args.rounds = 3
@@ -164,6 +170,7 @@ def main() -> None:
         build_model(tmp_path / "model")
         root = tmp_path / "serving"
         publish_version(tmp_path / "model", root, "bench", 1, SPEC)
+        set_served(root, "bench", [1], {"stable": 1})  # as the deploy step serves it
         pid = ensure_local_server(root, "127.0.0.1", args.port)
         try:
             with ServingClient("127.0.0.1", args.port) as c:

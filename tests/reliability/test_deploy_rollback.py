@@ -225,3 +225,17 @@ def test_stop_local_server_shuts_down_gracefully(env):
     assert "model digits version 1 AVAILABLE" in log
     assert "shutting down (finishing in-flight requests)" in log
     assert log.rstrip().endswith("stopped"), log[-500:]
+
+
+def test_a_server_of_another_checkout_on_the_port_is_named_not_waited_for(tmp_path):
+    # a user's other checkout (or an old fresh clone) left its server on the port: the
+    # deploy must say so at once instead of waiting for a version that server never reads
+    other = tmp_path / "other" / "_serving"
+    port = free_port()
+    ensure_local_server(other, "127.0.0.1", port)
+    try:
+        mine = tmp_path / "mine" / "_serving"
+        with pytest.raises(DeployError, match=f"taken by another trainyard server .* {other}"):
+            ensure_local_server(mine, "127.0.0.1", port)
+    finally:
+        stop_local_server(other)

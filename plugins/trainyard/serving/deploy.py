@@ -445,6 +445,13 @@ def ensure_local_server(
                 # restart it so that it follows the model config (and so the registry)
                 stop_local_server(serving_root)
         if _answers(host, port):
+            other = _other_trainyard_server(port, serving_root)
+            if other is not None:
+                raise DeployError(
+                    f"{host}:{port} is taken by another trainyard server (pid {other[0]}) "
+                    f"serving {other[1]}, not {serving_root}: stop it (make stop in its "
+                    "checkout) or give this pipeline another serving.port"
+                )
             return 0
     with contextlib.suppress(OSError):
         probe = socket.create_connection((host, port), timeout=1.0)
@@ -488,6 +495,30 @@ def ensure_local_server(
         f"serving process did not answer on {host}:{port} within {timeout_s:.0f}s:\n"
         + _tail(log_path)
     )
+
+
+def _other_trainyard_server(port: int, serving_root: Path) -> tuple[int, str] | None:
+    """``(pid, base path)`` of a ``trainyard serve`` on ``port`` serving another root."""
+    import psutil
+
+    try:
+        listeners = [
+            c.pid
+            for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+        ]
+    except (psutil.Error, OSError):
+        return None
+    for pid in listeners:
+        try:
+            cmd = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if "serve" in cmd and "--base-path" in cmd and "trainyard" in " ".join(cmd):
+            base = cmd[cmd.index("--base-path") + 1]
+            if Path(base).resolve() != serving_root.resolve():
+                return pid, base
+    return None
 
 
 def _tail(path: Path, lines: int = 20) -> str:
