@@ -6,6 +6,7 @@ path on the same file system, fsync it, then rename it into place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -75,6 +76,52 @@ def read_json(path: Path) -> Any:
 
 HOST = "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
 FOREIGN_TMP_MAX_AGE_S = 24 * 3600
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid runs here; a zombie child of ours counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == 0
+
+
+def cmdline_has(pid: int, *words: bytes) -> bool:
+    """Whether the process's command line (``/proc/<pid>/cmdline``) has every word."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return all(w in cmdline for w in words)
+
+
+def terminate(pid: int, timeout_s: float, *, group: bool = False) -> None:
+    """SIGTERM a process, wait up to ``timeout_s``, then SIGKILL it (its group) and wait.
+
+    Args:
+        pid: The process (a session leader when ``group``).
+        timeout_s: Grace period for a clean exit.
+        group: SIGKILL its whole process group, children included.
+    """
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if process_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL) if group else os.kill(pid, signal.SIGKILL)
+        while process_alive(pid):
+            time.sleep(0.05)
 
 
 def pid_alive(pid: int) -> bool:

@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,14 @@ import numpy as np
 
 import trainyard
 from trainyard.errors import DeployError
-from trainyard.fsutil import atomic_write_json, publish_dir, read_json
+from trainyard.fsutil import (
+    atomic_write_json,
+    cmdline_has,
+    process_alive,
+    publish_dir,
+    read_json,
+    terminate,
+)
 from trainyard.serving import model_config
 from trainyard.serving.client import ServingClient, ServingHTTPError
 from trainyard.serving.schema import FeatureSpec, spec_to_json
@@ -529,25 +535,11 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of this process counts as dead
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
+    return process_alive(pid)
 
 
 def _is_our_server(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"trainyard" in cmdline and b"serve" in cmdline
+    return cmdline_has(pid, b"trainyard", b"serve")
 
 
 def stop_local_server(serving_root: Path, timeout_s: float = 15.0) -> bool:
@@ -564,13 +556,6 @@ def stop_local_server(serving_root: Path, timeout_s: float = 15.0) -> bool:
     if not _alive(pid) or not _is_our_server(pid):
         pid_file.unlink(missing_ok=True)
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
-            time.sleep(0.05)
+    terminate(pid, timeout_s)
     pid_file.unlink(missing_ok=True)
     return True

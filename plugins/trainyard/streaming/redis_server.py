@@ -12,10 +12,8 @@ installs (``make test``); ``TRAINYARD_REDIS_SERVER`` names another binary.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +21,7 @@ import time
 from pathlib import Path
 
 from trainyard.errors import TrainyardError
+from trainyard.fsutil import process_alive, terminate
 from trainyard.settings import get_settings
 
 SOCKET = "redis.sock"
@@ -164,29 +163,13 @@ def stop(redis_dir: Path | None = None, timeout_s: float = 15.0) -> bool:
     if pid is None or not _alive(pid) or not _is_redis(pid):
         (redis_dir / PID_FILE).unlink(missing_ok=True)
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
-            time.sleep(0.05)
+    terminate(pid, timeout_s)
     (redis_dir / PID_FILE).unlink(missing_ok=True)
     return True
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    return True
+    return process_alive(pid)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

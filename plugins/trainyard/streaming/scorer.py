@@ -51,7 +51,7 @@ import orjson
 
 from trainyard.config import PipelineConfig, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
-from trainyard.fsutil import atomic_write_json
+from trainyard.fsutil import atomic_write_json, cmdline_has, process_alive, terminate
 from trainyard.serving.client import ServingClient
 from trainyard.settings import get_settings
 from trainyard.streaming.engines import (
@@ -659,25 +659,11 @@ def scorer_dir(pipeline: str) -> Path:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
+    return process_alive(pid)
 
 
 def _ours(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"score-stream" in cmdline
+    return cmdline_has(pid, b"score-stream")
 
 
 def local_scorer_pid(pipeline: str) -> int | None:
@@ -700,12 +686,7 @@ def stop_local_scorer(pipeline: str, timeout_s: float = 30.0) -> bool:
     if pid is None:
         (folder / PID_FILE).unlink(missing_ok=True)
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
-        os.killpg(pid, signal.SIGKILL)
+    terminate(pid, timeout_s, group=True)
     (folder / PID_FILE).unlink(missing_ok=True)
     return True
 
