@@ -129,3 +129,14 @@ def pipeline(raw: Path, dataset: str = DATASET, **updates: Any) -> dict[str, Any
         else:
             cfg[key] = value
     return cfg
+
+
+def use_contracts(env: dict[str, str], folder: Path, dataset: str = DATASET) -> Path:
+    """A contracts folder with the shipped contracts and this dataset's; set in ``env``."""
+    root = Path(__file__).resolve().parents[1]
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in (root / "data_contracts").iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    write_contract(folder, dataset)
+    env["TRAINYARD_CONTRACTS_DIR"] = str(folder)
+    return folder

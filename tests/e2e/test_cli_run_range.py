@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from tests.daily_csv import pipeline as pipeline_dict
-from tests.daily_csv import write_contract, write_days
-from tests.e2e.harness import ROOT, make_project
+from tests.daily_csv import use_contracts, write_days
+from tests.e2e.harness import make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -27,12 +27,7 @@ def test_a_cli_backfill_trains_once_on_the_whole_window(tmp_path) -> None:
     proj = make_project(tmp_path)
     raw = tmp_path / "raw"
     rows = write_days(raw, DAYS)
-    contracts = tmp_path / "contracts"
-    contracts.mkdir()
-    for path in (ROOT / "data_contracts").iterdir():
-        (contracts / path.name).write_bytes(path.read_bytes())
-    write_contract(contracts)
-    proj.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
+    use_contracts(proj.env, tmp_path / "contracts")
     cfg = pipeline_dict(
         raw,
         training={"window": {"intervals": 30}, "epochs": 2, "workers": 1},

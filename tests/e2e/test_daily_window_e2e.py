@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from tests.daily_csv import pipeline as pipeline_dict
-from tests.daily_csv import read_csv, write_contract, write_csv, write_days
-from tests.e2e.harness import ROOT, Project, init_airflow, make_project
+from tests.daily_csv import read_csv, use_contracts, write_csv, write_days
+from tests.e2e.harness import Project, init_airflow, make_project
 
 # each test runs a few whole DAG runs; on a shared 2-core machine one takes minutes
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -32,12 +32,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     raw = tmp / "raw"
     proj.rows = write_days(raw, DAYS)  # type: ignore[attr-defined]
     proj.raw = raw  # type: ignore[attr-defined]
-    contracts = tmp / "contracts"
-    contracts.mkdir()
-    for path in (ROOT / "data_contracts").iterdir():
-        (contracts / path.name).write_bytes(path.read_bytes())
-    write_contract(contracts)
-    proj.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
+    use_contracts(proj.env, tmp / "contracts")
     cfg = pipeline_dict(
         raw,
         training={"window": {"intervals": 5}, "epochs": 3, "workers": 1},

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.daily_csv import pipeline as pipeline_dict
-from tests.daily_csv import write_contract, write_days
+from tests.daily_csv import use_contracts, write_days
 from tests.e2e.harness import ROOT, Project, init_airflow, make_project
 
 # each test runs a few whole DAG runs; on a shared 2-core machine one takes minutes
@@ -31,12 +31,7 @@ DAY, RUN = "2026-11-02", "2026-11-03T03:00:00+00:00"  # the 03:00 run covers the
 def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     tmp = tmp_path_factory.mktemp("missing")
     proj = make_project(tmp)
-    contracts = tmp / "contracts"
-    contracts.mkdir()
-    for path in (ROOT / "data_contracts").iterdir():
-        (contracts / path.name).write_bytes(path.read_bytes())
-    write_contract(contracts)
-    proj.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
+    use_contracts(proj.env, tmp / "contracts")
     for mode, extra in (("skip", {}), ("wait", {"wait_poke_s": 2, "wait_timeout_s": 600})):
         cfg = pipeline_dict(tmp / f"raw_{mode}", source={"when_missing": mode, **extra})
         cfg["name"] = f"cancer_{mode}"
