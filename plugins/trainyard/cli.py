@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         The process exit code: 0 success, 1 a failure a retry may fix, 2 usage, 3 a
-        failure no retry fixes (steps; tools exit 1 on any trainyard error).
+        failure no retry fixes (steps and tools alike), 130 interrupted (Ctrl-C).
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -129,4 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(importlib.import_module(module), function)(rest))
     except TrainyardError as e:
         sys.stderr.write(f"trainyard {command}: {type(e).__name__}: {e}\n")
-        return 1
+        return steps.EXIT_DETERMINISTIC if steps.deterministic(e) else steps.EXIT_FAILED
+    except KeyboardInterrupt:
+        sys.stderr.write(f"trainyard {command}: interrupted\n")
+        return 130

@@ -334,16 +334,25 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str] | None:
     return None
 
 
-def _format_error(path: Path, err: ValidationError, where: YamlWhere) -> str:
-    lines = [f"{path}: invalid pipeline config"]
+def _schema_problems(err: ValidationError, where: YamlWhere) -> list[str]:
+    lines = []
     for item in err.errors():
         loc = tuple(k for k in item["loc"] if isinstance(k, int) or "[" not in str(k))
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             known = _fields_at(loc[:-1])
             message = "unknown field" + (f" (known: {', '.join(known)})" if known else "")
-        lines.append(f"  {where(loc, message)}")
-    return "\n".join(lines)
+        lines.append(where(loc, message))
+    return lines
+
+
+class _Invalid(ConfigError):
+    """A pipeline config with problems, each ``file:line: field: message``."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.problems = problems
+        listed = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{path}: invalid pipeline config\n{listed}")
 
 
 def parse_pipeline(path: Path) -> PipelineConfig:
@@ -374,19 +383,18 @@ def parse_pipeline(path: Path) -> PipelineConfig:
         at = f":{mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}{at}: not valid YAML: {getattr(e, 'problem', None) or e}") from e
     where = YamlWhere(path, lines)
-    if duplicates:
-        raise ConfigError(
-            f"{path}: invalid pipeline config\n"
-            + "\n".join(f"  {where(d, 'key given twice')}" for d in duplicates)
-        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    # every problem of the file at once: keys given twice, then the schema's
+    problems = [where(d, "key given twice") for d in duplicates]
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_error(path, e, where)) from e
+        raise _Invalid(path, problems + _schema_problems(e, where)) from e
     if cfg.name != path.stem:
-        raise ConfigError(where(("name",), f"{cfg.name!r} must equal the file name {path.stem!r}"))
+        problems.append(where(("name",), f"{cfg.name!r} must equal the file name {path.stem!r}"))
+    if problems:
+        raise _Invalid(path, problems)
     return cfg
 
 
@@ -405,44 +413,57 @@ def check_pipeline(path: Path) -> PipelineConfig:
     from trainyard.evaluation import KNOWN_METRICS
     from trainyard.training.worker.architectures import MODELS
 
-    cfg = parse_pipeline(path)
-    lines, _ = yaml_line_index(path.read_text(encoding="utf-8"))
-    where = YamlWhere(path, lines)
-    problems = []
-    if cfg.training.model not in MODELS:
-        known = ", ".join(sorted(MODELS))
-        problems.append(
-            where(("training", "model"), f"unknown model {cfg.training.model!r} (known: {known})")
-        )
+    problems: list[str] = []
+    cfg: PipelineConfig | None = None
     try:
-        contract = load_contract(cfg.dataset)
-    except ContractError as e:
-        problems.append(where(("dataset",), f"no usable data contract: {e}"))
-    else:
-        if contract.source.format != cfg.source.format:
-            problems.append(
-                where(
-                    ("source", "format"),
-                    f"{cfg.source.format!r}, but the contract of {cfg.dataset!r} says "
-                    f"{contract.source.format!r}",
+        cfg = parse_pipeline(path)
+    except _Invalid as e:  # go on: the names the file refers to are checked too
+        problems = list(e.problems)
+    text = path.read_text(encoding="utf-8")
+    raw: dict[str, Any] = load_yaml(text, path)
+    where = YamlWhere(path, yaml_line_index(text)[0])
+
+    def field(*keys: str) -> Any:
+        value: Any = raw
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    model = field("training", "model")
+    if isinstance(model, str) and model not in MODELS:
+        known = ", ".join(sorted(MODELS))
+        problems.append(where(("training", "model"), f"unknown model {model!r} (known: {known})"))
+    dataset, fmt = field("dataset"), field("source", "format")
+    if isinstance(dataset, str) and NAME_RE.match(dataset):
+        try:
+            contract = load_contract(dataset)
+        except ContractError as e:
+            problems.append(where(("dataset",), f"no usable data contract: {e}"))
+        else:
+            if isinstance(fmt, str) and contract.source.format != fmt:
+                problems.append(
+                    where(
+                        ("source", "format"),
+                        f"{fmt!r}, but the contract of {dataset!r} says {contract.source.format!r}",
+                    )
                 )
-            )
-    named = [("gate", "metrics", i) for i in range(len(cfg.gate.metrics))]
-    metrics = list(cfg.gate.metrics)
-    named += [("gate", "thresholds", m) for m in cfg.gate.thresholds]
-    metrics += list(cfg.gate.thresholds)
-    if cfg.gate.champion is not None:
-        named.append(("gate", "champion", "metric"))
-        metrics.append(cfg.gate.champion.metric)
-    for keys, metric in zip(named, metrics, strict=True):
-        if metric not in KNOWN_METRICS:
+    named: list[tuple[Any, ...]] = []
+    metrics = field("gate", "metrics")
+    if isinstance(metrics, list):
+        named += [(("gate", "metrics", i), m) for i, m in enumerate(metrics)]
+    thresholds = field("gate", "thresholds")
+    if isinstance(thresholds, dict):
+        named += [(("gate", "thresholds", m), m) for m in thresholds]
+    champion = field("gate", "champion", "metric")
+    if champion is not None:
+        named.append((("gate", "champion", "metric"), champion))
+    for keys, metric in named:
+        if isinstance(metric, str) and metric not in KNOWN_METRICS:
             problems.append(
                 where(keys, f"unknown metric {metric!r} (known: {', '.join(KNOWN_METRICS)})")
             )
-    if problems:
-        raise ConfigError(
-            f"{path}: invalid pipeline config\n" + "\n".join(f"  {p}" for p in problems)
-        )
+    if problems or cfg is None:
+        raise _Invalid(path, problems)
     return cfg
 
 

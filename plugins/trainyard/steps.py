@@ -22,13 +22,14 @@ import json
 import logging
 import os
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from trainyard.config import PipelineConfig, TrainingConfig, load_pipeline
-from trainyard.errors import ConfigError, RegistryError, SnapshotError
+from trainyard.errors import ConfigError, DeployError, RegistryError, SnapshotError
 from trainyard.fsutil import atomic_write_json, read_json
 from trainyard.settings import get_settings
 
@@ -424,6 +425,10 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     meta = registry.metadata(version)
     contract = load_contract(cfg.dataset)
     smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
+    gate = registry.read_file(version, "gate.json") or {}
+    if gate.get("verdict") not in ("promote", "forced"):
+        reason = gate.get("reason") or "it has not been evaluated (run the evaluate step first)"
+        raise DeployError(f"{cfg.name} version {version} may not be deployed: {reason}")
     previous = registry.champion()
     spec = feature_spec(contract)
     champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
@@ -696,7 +701,8 @@ def run_all(
     cfg = load_pipeline(pipeline)
     training_params(cfg, training)  # refuse bad overrides before staging
     intervals = intervals or data_intervals(cfg)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    # two runs started in the same second must not share a run id (and its work folders)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     record: dict[str, Any] = {}
     for i, (start, end) in enumerate(intervals):
         last = i == len(intervals) - 1
@@ -1043,6 +1049,9 @@ def run_step(name: str, argv: list[str]) -> int:
     except TrainyardError as e:
         _report_error(f"trainyard {name}: {type(e).__name__}: {e}")
         return EXIT_DETERMINISTIC if deterministic(e) else EXIT_FAILED
+    except KeyboardInterrupt:
+        _report_error(f"trainyard {name}: interrupted")
+        return 130
     if name == "summary" and kwargs.get("run_id") is None:
         sys.stdout.write(format_summary(result) + "\n")
     else:

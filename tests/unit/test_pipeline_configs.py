@@ -108,3 +108,20 @@ def test_parse_alone_stays_cheap_and_does_not_read_contracts(tmp_path: Path) -> 
     path = tmp_path / "unknown_model.yaml"
     path.write_text((NEGATIVE[0].parent / "unknown_model.yaml").read_text())
     assert parse_pipeline(path).training.model == "resnet"
+
+
+def test_every_problem_of_a_file_is_reported_at_once() -> None:
+    # a new user met them in three rounds (keys given twice, then the schema, then names)
+    path = ROOT / "tests" / "fixtures" / "pipelines" / "every_problem_at_once.yaml"
+    with pytest.raises(ConfigError) as exc:
+        check_pipeline(path)
+    text = str(exc.value)
+    for needle in (
+        ":11: training.workers: key given twice",
+        ":7: source.colour: unknown field",
+        ":12: training.epochs: Input should be greater than or equal to 0",
+        ":9: training.model: unknown model 'resnet'",
+        ":6: source.format: 'csv', but the contract of 'digits' says 'image_folder'",
+        ":14: gate.metrics[1]: unknown metric 'f1'",
+    ):
+        assert needle in text, text

@@ -463,3 +463,12 @@ def test_a_feature_key_that_is_not_utf8_is_a_400_on_every_path(monkeypatch):
     body = b'{"inputs": {"\xac\xff": [' + b"1," * 300 + b"1]}}"
     with pytest.raises(InvalidRequest, match="malformed JSON"):
         decode_predict_request(body, SCALAR)
+
+
+def test_integers_beyond_64_bits_are_numbers_not_ragged_lists():
+    # JSON allows them; found by a new user sending 18446744073709551616 (2**64)
+    body = b'{"inputs": [18446744073709551616, 99999999999999999999, 1]}'
+    got = decode_predict_request(body, SCALAR)[0]["x"]
+    np.testing.assert_array_equal(got, np.array([2.0**64, 1e20, 1.0], np.float32))
+    with pytest.raises(InvalidRequest, match="out of range for int64"):
+        decode_predict_request(b'{"inputs": {"a": [1], "n": [18446744073709551616]}}', TABLE)

@@ -283,4 +283,4 @@ def test_cli_list_and_show(volume_root: Path):
     shown = json.loads(cli("show", "ds", sid).stdout)
     assert shown["snapshot_id"] == sid and shown["rows"] == 3
     bad = cli("show", "ds", "nothex")
-    assert bad.returncode == 1 and "invalid snapshot id" in bad.stderr
+    assert bad.returncode == 3 and "invalid snapshot id" in bad.stderr

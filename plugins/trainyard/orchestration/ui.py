@@ -29,8 +29,10 @@ FastAPI app is built on its first request.
 
 # no ``from __future__ import annotations``: FastAPI reads the route functions' annotations,
 # which name classes imported inside build_app()
+import contextlib
 import logging
 import mimetypes
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -323,6 +325,28 @@ def failed_tasks(dag_run: Any) -> list[str]:
     return sorted(rows)
 
 
+@contextlib.contextmanager
+def _attached(dag_run: Any) -> Iterator[Any]:
+    """The run attached to a session: the caller's, or a new one for a detached run.
+
+    The scheduler's DagRun is attached to its session; ``airflow dags test`` hands the
+    listener a detached one, whose note and task instances cannot be loaded there.
+    """
+    from sqlalchemy import inspect as sa_inspect
+    from sqlalchemy import select
+
+    if not sa_inspect(dag_run).detached:
+        yield dag_run
+        return
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        yield session.scalar(
+            select(DagRun).where(DagRun.dag_id == dag_run.dag_id, DagRun.run_id == dag_run.run_id)
+        )
+
+
 class RunNoteListener:
     """Sets a finished trainyard run's note to its one-line summary (in the scheduler)."""
 
@@ -339,10 +363,11 @@ class RunNoteListener:
     @staticmethod
     def _note(dag_run: Any) -> None:
         try:
-            note = note_for(dag_run)
-            if note:
-                dag_run.note = note
-                log.info("run %s: note %s", dag_run.run_id, note)
+            with _attached(dag_run) as run:
+                note = note_for(run) if run is not None else None
+                if note:
+                    run.note = note
+                    log.info("run %s: note %s", run.run_id, note)
         except Exception:  # a note never breaks the scheduler
             log.exception("run %s: could not set the summary note", dag_run.run_id)
 

@@ -143,7 +143,17 @@ def _to_array(
         raise InvalidRequest(f"{where}: ragged nested lists") from None
     kind = arr.dtype.kind
     if kind == "O":
-        if any(v is None for v in _flat_items(values)):
+        flat = _flat_items(values)
+        if flat and all(type(v) in (int, float) for v in flat):
+            # integers beyond 64 bits (JSON allows them): as floats, as TF Serving reads them
+            try:
+                arr = np.asarray(values, dtype=np.float64)
+            except (ValueError, OverflowError):
+                _diagnose_rows(values, shape, field, row_prefix)
+                raise InvalidRequest(f"{where}: ragged nested lists") from None
+            kind = "f"
+    if kind == "O":
+        if any(v is None for v in flat):
             raise InvalidRequest(f"{where}: null values are not allowed (expected {dtype})")
         _diagnose_rows(values, shape, field, row_prefix)
         raise InvalidRequest(f"{where}: ragged nested lists or mixed types (expected {dtype})")
