@@ -726,7 +726,8 @@ def test_cli_render(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monk
         "--pipeline", "digits", "--version", "4", "--actor", "render"
     ]  # fmt: skip
 
-    assert main(["render", "digits", "--step", "train"]) == 1
+    # a config error no retry fixes: 3, as for the steps
+    assert main(["render", "digits", "--step", "train"]) == 3
     assert "render train: --snapshot is required" in capsys.readouterr().err
 
     assert main(["render", "digits", "--snapshot", "s1", "--version", "1"]) == 0
@@ -741,7 +742,7 @@ def test_cli_render_rejects_bad_profile(
 
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(_mutate(raw_profile, "images.serving", "tf/serving:latest")))
-    assert main(["render", "digits", "--step", "storage", "--profile", str(f)]) == 1
+    assert main(["render", "digits", "--step", "storage", "--profile", str(f)]) == 3
     err = capsys.readouterr().err
     assert str(f) in err and "images.serving" in err
 
