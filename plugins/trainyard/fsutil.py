@@ -80,12 +80,8 @@ FOREIGN_TMP_MAX_AGE_S = 24 * 3600
 
 def process_alive(pid: int) -> bool:
     """Whether a process with this pid runs here; a zombie child of ours counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
