@@ -26,33 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ROOT, Project, free_port, make_project
+from tests.e2e.harness import BROWSER_ARGS, ROOT, Project, free_port, make_project, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-BROWSER_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def _wait_http(url: str, deadline_s: float) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} did not answer within {deadline_s} s")
 
 
 def _api(base: str, token: str, path: str) -> dict:
@@ -102,11 +80,11 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Project, str]:
     )
     base = f"http://127.0.0.1:{api_port}"
     try:
-        _wait_http(f"{base}/api/v2/monitor/health", 240)
+        wait_http(f"{base}/api/v2/monitor/health", 240)
         # The execution API builds its versioned routes on its first request, in the
         # api-server's event loop: measured here 5 s to 26 s on a busy 2-core machine,
         # during which no request is answered. The first task would meet it; this does.
-        _wait_http(f"{base}/execution/health", 240)
+        wait_http(f"{base}/execution/health", 240)
         pool = project.airflow("pools", "set", "trainyard_training", "1", "training", timeout=120)
         assert pool.returncode == 0, pool.stderr[-2000:]
         yield project, base
