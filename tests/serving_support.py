@@ -68,9 +68,14 @@ def build_image_model(
     return path
 
 
-def build_table_model(path: Path) -> Path:
-    """Save a model with two scalar float32 inputs ``a`` and ``b`` (class = a > b)."""
+def build_table_model(path: Path, mirror: bool = False) -> Path:
+    """Save a model with two scalar float32 inputs ``a`` and ``b`` (class = a > b).
+
+    ``mirror`` swaps the classes (class = a < b).
+    """
     import tensorflow as tf
+
+    sign = -1.0 if mirror else 1.0
 
     class Model(tf.Module):
         @tf.function(
@@ -80,7 +85,7 @@ def build_table_model(path: Path) -> Path:
             ]
         )
         def serve(self, a: tf.Tensor, b: tf.Tensor) -> dict[str, tf.Tensor]:
-            logits = tf.stack([b - a, a - b], axis=1)
+            logits = sign * tf.stack([b - a, a - b], axis=1)
             probs = tf.nn.softmax(logits)
             return {"probabilities": probs, "class_id": tf.argmax(probs, axis=1)}
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from serving_support import build_table_model
 
 CONTRACT = """\
 dataset: events
@@ -80,23 +81,7 @@ def write_project(
 
 def build_mirror_model(path: Path) -> Path:
     """Like ``build_table_model`` but class 1 when a < b."""
-    import tensorflow as tf
-
-    class Model(tf.Module):
-        @tf.function(
-            input_signature=[
-                tf.TensorSpec([None], tf.float32, name="a"),
-                tf.TensorSpec([None], tf.float32, name="b"),
-            ]
-        )
-        def serve(self, a: tf.Tensor, b: tf.Tensor) -> dict[str, tf.Tensor]:
-            logits = tf.stack([a - b, b - a], axis=1)
-            probs = tf.nn.softmax(logits)
-            return {"probabilities": probs, "class_id": tf.argmax(probs, axis=1)}
-
-    m = Model()
-    tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})
-    return path
+    return build_table_model(path, mirror=True)
 
 
 def build_models(folder: Path) -> tuple[Path, Path]:
