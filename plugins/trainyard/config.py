@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from trainyard.errors import ConfigError
-from trainyard.fsutil import YamlWhere, load_yaml, yaml_line_index
+from trainyard.fsutil import YamlWhere, check_files, load_yaml, yaml_line_index
 from trainyard.settings import get_settings
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -495,18 +495,13 @@ def cli_main(argv: list[str]) -> int:
     if not files:
         sys.stderr.write(f"no pipelines found in {get_settings().pipelines_dir}\n")
         return 1
-    failed = 0
-    for path in files:
-        try:
-            cfg = check_pipeline(path)
-        except ConfigError as e:
-            failed += 1
-            sys.stderr.write(f"FAIL {e}\n")
-        else:
-            sys.stdout.write(f"ok   {path} ({cfg.dataset}, model {cfg.training.model})\n")
-    if failed:
-        sys.stderr.write(f"{failed} of {len(files)} pipeline(s) invalid\n")
-    return 1 if failed else 0
+    return check_files(
+        files,
+        check_pipeline,
+        lambda cfg: f"{cfg.dataset}, model {cfg.training.model}",
+        ConfigError,
+        "pipeline",
+    )
 
 
 def pipeline_json_schema() -> str:

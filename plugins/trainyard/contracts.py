@@ -24,7 +24,7 @@ import yaml
 
 from trainyard.errors import ContractError
 from trainyard.fsutil import YamlWhere as _Where
-from trainyard.fsutil import load_yaml
+from trainyard.fsutil import check_files, load_yaml
 from trainyard.fsutil import yaml_line_index as _line_index
 from trainyard.settings import get_settings
 
@@ -539,15 +539,6 @@ def cli_main(argv: list[str]) -> int:
     if not files:
         sys.stderr.write(f"no contracts found in {get_settings().contracts_dir}\n")
         return 1
-    failed = 0
-    for path in files:
-        try:
-            contract = parse_contract(path)
-        except ContractError as e:
-            failed += 1
-            sys.stderr.write(f"FAIL {e}\n")
-        else:
-            sys.stdout.write(f"ok   {path} ({contract.dataset} {contract.version})\n")
-    if failed:
-        sys.stderr.write(f"{failed} of {len(files)} contract(s) invalid\n")
-    return 1 if failed else 0
+    return check_files(
+        files, parse_contract, lambda c: f"{c.dataset} {c.version}", ContractError, "contract"
+    )

@@ -15,7 +15,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -403,3 +403,38 @@ class YamlWhere:
         where = f"{self.path}:{line}" if line else str(self.path)
         dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".")
         return f"{where}: {dotted or '<root>'}: {message}"
+
+
+def check_files(
+    files: Sequence[Path],
+    check: Callable[[Path], Any],
+    describe: Callable[[Any], str],
+    error: type[Exception],
+    kind: str,
+) -> int:
+    """Check each file, print ``ok   <file> (...)`` or ``FAIL <error>``; the exit code.
+
+    Args:
+        files: The files (in order).
+        check: Parses and checks one file; raises ``error`` when it is invalid.
+        describe: What to say of a valid one (in the parentheses).
+        error: The exception that means "invalid" (anything else propagates).
+        kind: What the files are, for the closing count (``contract``, ``pipeline``).
+
+    Returns:
+        0 if every file is valid, else 1.
+    """
+    import sys
+
+    failed = 0
+    for path in files:
+        try:
+            checked = check(path)
+        except error as e:
+            failed += 1
+            sys.stderr.write(f"FAIL {e}\n")
+        else:
+            sys.stdout.write(f"ok   {path} ({describe(checked)})\n")
+    if failed:
+        sys.stderr.write(f"{failed} of {len(files)} {kind}(s) invalid\n")
+    return 1 if failed else 0
