@@ -86,7 +86,13 @@ def contract(dataset: str = DATASET) -> dict[str, Any]:
                 "allowed_values": [0, 1],
             },
         ],
-        "roles": {"key": KEY, "label": LABEL, "features": names, "num_classes": 2},
+        "roles": {
+            "key": KEY,
+            "label": LABEL,
+            "features": names,
+            "num_classes": 2,
+            "class_names": ["malignant", "benign"],  # scikit-learn's target_names
+        },
         "rules": {"row_count": {"min": 50}},
         "split": {"holdout_fraction": 0.2, "by": KEY},
     }

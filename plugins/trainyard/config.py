@@ -176,8 +176,28 @@ class Threshold(_Strict):
     max: float | None = None
 
 
+#: Every gate metric evaluation computes, and whether a higher value is better.
+HIGHER_IS_BETTER = {
+    "accuracy": True,
+    "auc": True,
+    "loss": False,
+    "rmse": False,
+    "mae": False,
+    "r2": True,
+}
+#: The metrics each task's models can be gated on, and the defaults when none are given.
+TASK_METRICS = {
+    "classification": ("accuracy", "loss", "auc"),
+    "regression": ("rmse", "mae", "r2", "loss"),
+}
+DEFAULT_GATE_METRICS = {"classification": ["accuracy", "loss"], "regression": ["rmse", "mae", "r2"]}
+
+
 class ChampionRule(_Strict):
-    """How the candidate compares with the current champion on one metric."""
+    """How the candidate compares with the current champion on one metric.
+
+    ``higher_is_better`` defaults to the metric's direction (:data:`HIGHER_IS_BETTER`).
+    """
 
     metric: str
     higher_is_better: bool = True
@@ -185,15 +205,29 @@ class ChampionRule(_Strict):
     relative: bool = False
     max_regression: float = 0.0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _direction_of_metric(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "higher_is_better" not in data:
+            metric = str(data.get("metric", "")).split("@", 1)[0]
+            return {**data, "higher_is_better": HIGHER_IS_BETTER.get(metric, True)}
+        return data
+
 
 class GateConfig(_Strict):
     """Declarative evaluation gate."""
 
-    metrics: list[str] = Field(default_factory=lambda: ["accuracy", "loss"])
+    metrics: list[str] | None = None
     thresholds: dict[str, Threshold] = Field(default_factory=dict)
     champion: ChampionRule | None = None
     slices: list[str] = Field(default_factory=list)
     fail_run_on_reject: bool = False
+
+    def for_task(self, task: str) -> GateConfig:
+        """This gate with ``metrics`` set to the task's defaults when none were given."""
+        if self.metrics is not None:
+            return self
+        return self.model_copy(update={"metrics": list(DEFAULT_GATE_METRICS[task])})
 
 
 class ServingConfig(_Strict):
@@ -429,6 +463,7 @@ def check_pipeline(path: Path) -> PipelineConfig:
             value = value.get(key) if isinstance(value, dict) else None
         return value
 
+    task: str | None = None
     model = field("training", "model")
     if isinstance(model, str) and model not in MODELS:
         known = ", ".join(sorted(MODELS))
@@ -440,6 +475,7 @@ def check_pipeline(path: Path) -> PipelineConfig:
         except ContractError as e:
             problems.append(where(("dataset",), f"no usable data contract: {e}"))
         else:
+            task = contract.roles.task
             if isinstance(fmt, str) and contract.source.format != fmt:
                 problems.append(
                     where(
@@ -458,9 +494,21 @@ def check_pipeline(path: Path) -> PipelineConfig:
     if champion is not None:
         named.append((("gate", "champion", "metric"), champion))
     for keys, metric in named:
-        if isinstance(metric, str) and metric not in KNOWN_METRICS:
+        if not isinstance(metric, str):
+            continue
+        base = metric.split("@", 1)[0]
+        if base not in KNOWN_METRICS:
             problems.append(
                 where(keys, f"unknown metric {metric!r} (known: {', '.join(KNOWN_METRICS)})")
+            )
+        elif task is not None and base not in TASK_METRICS[task]:
+            problems.append(
+                where(
+                    keys,
+                    f"metric {metric!r} does not fit a {task} model: the contract of "
+                    f"{dataset!r} says roles.task: {task} (its metrics: "
+                    f"{', '.join(TASK_METRICS[task])})",
+                )
             )
     if problems or cfg is None:
         raise _Invalid(path, problems)

@@ -102,14 +102,29 @@ class Column:
         return self.severity.get(rule, "error")
 
 
+TASKS = ("classification", "regression")
+
+
 @dataclass(frozen=True)
 class Roles:
-    """Which columns are the key, the label and the model's features."""
+    """Which columns are the key, the label and the model's features, and what is learned.
+
+    Attributes:
+        key: The key column.
+        label: The label column: class ids ``0..n-1`` for a classifier, a number for a
+            regressor.
+        features: The model's inputs.
+        task: ``classification`` or ``regression``.
+        num_classes: A classifier's class count (else from the label's allowed values).
+        class_names: A classifier's class names, by class id (served beside the ids).
+    """
 
     key: str
     label: str
     features: list[str]
+    task: str = "classification"
     num_classes: int | None = None
+    class_names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +189,38 @@ class Contract:
     rules: DatasetRules = DatasetRules()
     drift: list[DriftRule] = field(default_factory=list)
     path: Path | None = None
+
+    @property
+    def is_regression(self) -> bool:
+        """Whether the model learns a number (``roles.task: regression``)."""
+        return self.roles.task == "regression"
+
+    def num_classes(self) -> int:
+        """A classifier's class count: ``roles.num_classes``, else the label's allowed values.
+
+        Raises:
+            ContractError: For a regression contract (it has no classes).
+        """
+        if self.is_regression:
+            raise ContractError(f"{self.dataset}: a regression contract has no classes")
+        if self.roles.num_classes is not None:
+            return self.roles.num_classes
+        allowed = self.column(self.roles.label).allowed_values
+        assert allowed is not None, "checked when the contract was parsed"
+        return len(allowed)
+
+    def class_names(self, found: Sequence[str] | None = None) -> list[str]:
+        """A classifier's class names by id.
+
+        ``roles.class_names``, else ``found`` (the class folders staging numbered), else the
+        ids as text.
+        """
+        n = self.num_classes()
+        if self.roles.class_names:
+            return list(self.roles.class_names)
+        if found and len(found) == n:
+            return [str(c) for c in found]
+        return [str(i) for i in range(n)]
 
     def column(self, name: str) -> Column:
         """The column called ``name``.
@@ -304,21 +351,10 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
         if feature in (roles["key"], roles["label"]):
             errs.append(where(["roles", "features", i], f"{feature!r} is also the key or label"))
     label = next((c for c in raw["columns"] if c["name"] == roles["label"]), None)
-    num_classes = roles.get("num_classes")
-    if (
-        label is not None
-        and num_classes is not None
-        and len(label.get("allowed_values", [None] * num_classes)) != num_classes
-    ):
-        errs.append(
-            where(
-                ["roles", "num_classes"],
-                f"{num_classes} classes but label {label['name']!r} allows "
-                f"{len(label['allowed_values'])} values",
-            )
-        )
-    if label is not None and num_classes is not None and label["type"] not in ("int32", "int64"):
-        errs.append(where(["roles", "label"], "a classification label must be an integer column"))
+    if roles.get("task", "classification") == "regression":
+        errs += _regression_errors(raw, label, where)
+    else:
+        errs += _classification_errors(raw, label, where)
     need_column(["split", "by"], raw["split"]["by"])
     for keys, name in ((["roles", "key"], roles["key"]), (["split", "by"], raw["split"]["by"])):
         if types.get(name, "string") != "string":
@@ -341,6 +377,86 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
             errs.append(where(["rules", "freshness", "column"], "needs a timestamp column"))
     for i, rule in enumerate(raw.get("drift", [])):
         need_column(["drift", i, "column"], rule["column"], numeric=rule["method"] != "psi")
+    return errs
+
+
+def _classification_errors(
+    raw: dict[str, Any], label: dict[str, Any] | None, where: _Where
+) -> list[str]:
+    """A classifier's label: integer class ids ``0..n-1``, n from the contract."""
+    roles = raw["roles"]
+    num_classes = roles.get("num_classes")
+    names = roles.get("class_names")
+    errs: list[str] = []
+    if label is None:
+        return errs
+    allowed = label.get("allowed_values")
+    if label["type"] not in ("int32", "int64"):
+        errs.append(
+            where(
+                ["roles", "label"],
+                f"a classification label must be an integer column (class ids), "
+                f"{label['name']!r} is {label['type']}; a numeric target needs "
+                "roles.task: regression",
+            )
+        )
+        return errs
+    if num_classes is None and allowed is None:
+        errs.append(
+            where(
+                ["roles"],
+                f"a classifier needs its class count: roles.num_classes, or allowed_values "
+                f"on the label {label['name']!r} (it is not guessed from the data)",
+            )
+        )
+        return errs
+    if num_classes is not None and allowed is not None and len(allowed) != num_classes:
+        errs.append(
+            where(
+                ["roles", "num_classes"],
+                f"{num_classes} classes but label {label['name']!r} allows {len(allowed)} values",
+            )
+        )
+    n = num_classes if num_classes is not None else len(allowed)
+    ids = [v for v in allowed or [] if isinstance(v, int) and not isinstance(v, bool)]
+    if allowed is not None and len(ids) == len(allowed) and sorted(ids) != list(range(len(ids))):
+        errs.append(
+            where(
+                ["columns", raw["columns"].index(label), "allowed_values"],
+                f"class ids of label {label['name']!r} must be 0..{len(allowed) - 1}, "
+                f"got {allowed}",
+            )
+        )
+    if names is not None and len(names) != n:
+        errs.append(where(["roles", "class_names"], f"{len(names)} class names for {n} classes"))
+    return errs
+
+
+def _regression_errors(
+    raw: dict[str, Any], label: dict[str, Any] | None, where: _Where
+) -> list[str]:
+    """A regressor's label: one numeric column, a table source, no classes."""
+    roles = raw["roles"]
+    errs = [
+        where(["roles", key], f"a regression contract has no {key}")
+        for key in ("num_classes", "class_names")
+        if key in roles
+    ]
+    if "image" in raw:
+        errs.append(
+            where(
+                ["roles", "task"],
+                "regression needs a table source: image labels are class folders",
+            )
+        )
+    if label is not None and label["type"] not in NUMERIC_TYPES:
+        errs.append(
+            where(
+                ["roles", "label"],
+                f"a regression target must be a numeric column, {label['name']!r} is "
+                f"{label['type']}",
+            )
+        )
     return errs
 
 
@@ -369,7 +485,12 @@ def _build(raw: dict[str, Any], path: Path | None) -> Contract:
             )
             for c in raw["columns"]
         ],
-        roles=Roles(**raw["roles"]),
+        roles=Roles(
+            **{k: v for k, v in raw["roles"].items() if k != "class_names"},
+            class_names=tuple(raw["roles"]["class_names"])
+            if "class_names" in raw["roles"]
+            else None,
+        ),
         rules=DatasetRules(
             row_count=RowCountRule(**rules["row_count"]) if "row_count" in rules else None,
             freshness=FreshnessRule(**rules["freshness"]) if "freshness" in rules else None,

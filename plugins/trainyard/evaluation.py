@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
-from trainyard.config import GateConfig, Threshold
+from trainyard.config import DEFAULT_GATE_METRICS, HIGHER_IS_BETTER, GateConfig, Threshold
 from trainyard.errors import ConfigError, EvaluationError, GateRejected, TrainyardError
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainyard.evaluation")
 
-KNOWN_METRICS = ("accuracy", "loss", "auc", "rmse", "mae")
+KNOWN_METRICS = tuple(HIGHER_IS_BETTER)
 _EPS = 1e-7  # probability clip of the cross-entropy, as Keras does
 _TOL = 1e-9  # float slack when comparing a metric with a bound
 _MAX_SLICES = 256
@@ -142,6 +142,10 @@ def compute_metrics(
                 result[m] = math.sqrt(mse) if m == "rmse" else mse
             elif m == "mae":
                 result[m] = float(np.mean(np.abs(err)))
+            elif m == "r2":
+                y = labels.astype(np.float64)
+                total = float(np.sum((y - y.mean()) ** 2))
+                result[m] = 1.0 - float(np.sum(err**2)) / total if total > 0 else math.nan
             else:
                 raise EvaluationError(f"metric {m!r} needs a classifier output 'probabilities'")
         return result
@@ -303,9 +307,24 @@ def _select_slices(
     return {c: np.asarray((slice_values or {})[c]) for c in slices or ()}
 
 
+def gate_metrics(gate: GateConfig) -> list[str]:
+    """The metrics a gate reports: its own, else a classifier's defaults.
+
+    ``evaluate_and_decide`` fills in the defaults of the contract's task first
+    (``GateConfig.for_task``).
+    """
+    return list(
+        gate.metrics if gate.metrics is not None else DEFAULT_GATE_METRICS["classification"]
+    )
+
+
 def required_metrics(gate: GateConfig) -> list[str]:
-    """The base metrics a gate reads: its ``metrics``, thresholds and champion rule."""
-    names = list(gate.metrics)
+    """The base metrics a gate reads: its ``metrics``, thresholds and champion rule.
+
+    A gate whose ``metrics`` were not given (see ``GateConfig.for_task``) reads a
+    classifier's defaults.
+    """
+    names = gate_metrics(gate)
     names += [k.split("@", 1)[0] for k in gate.thresholds]
     if gate.champion:
         names.append(gate.champion.metric.split("@", 1)[0])
@@ -608,7 +627,7 @@ def decide(
     if champion_error:
         checks.append(Check("evaluate:champion", "-", None, None, "-", False, champion_error))
     first_run = champion is None and not champion_error
-    for metric in gate.metrics:
+    for metric in gate_metrics(gate):
         raw = candidate.get(metric)
         value = _finite(raw)
         note = "" if value is not None else ("missing" if raw is None else f"not finite ({raw!r})")
@@ -714,7 +733,8 @@ def run_gate(
         examples: The holdout examples.
         slice_values: Slice column values per example.
         force: A force-promote request.
-        smoke_rows: How many leading rows' predicted class ids to keep for the smoke test.
+        smoke_rows: How many leading rows' predictions (class ids, or a regressor's
+            numbers) to keep for the smoke test.
         champion_error: A champion that could not even be located (passed through).
         data_times: Candidate's and champion's newest data (see :func:`decide`).
 
@@ -731,10 +751,7 @@ def run_gate(
         values = _select_slices(gate.slices, slice_values)
         outputs = _run_model(candidate_dir, examples.features)
         candidate = metrics_with_slices(outputs, examples.labels, examples.keys, metrics, values)
-        if "class_id" in outputs:
-            k = min(smoke_rows, len(examples.keys))
-            ids = np.asarray(outputs["class_id"]).reshape(-1)[:k]
-            smoke = {"keys": list(examples.keys[:k]), "class_ids": [int(i) for i in ids]}
+        smoke = _smoke_record(outputs, examples.keys, smoke_rows)
     except Exception as e:  # any failure means the gate cannot decide: reject with the reason
         log.exception("evaluating candidate %s failed", candidate_dir)
         candidate_error = f"candidate evaluation failed: {type(e).__name__}: {e}"
@@ -758,6 +775,22 @@ def run_gate(
         data_times=data_times,
     )
     return dataclasses.replace(decision, smoke=smoke, timings=timings)
+
+
+#: The output the deploy smoke test compares, and its key in ``gate.json``'s ``smoke``.
+SMOKE_OUTPUTS = {"class_id": "class_ids", "predictions": "predictions"}
+
+
+def _smoke_record(
+    outputs: Mapping[str, np.ndarray], keys: Sequence[str], rows: int
+) -> dict[str, Any] | None:
+    """The leading rows' keys and predictions (``class_ids`` or ``predictions``)."""
+    k = min(rows, len(keys))
+    for output, key in SMOKE_OUTPUTS.items():
+        if output in outputs:
+            values = np.asarray(outputs[output]).reshape(-1)[:k].tolist()
+            return {"keys": list(keys[:k]), key: values}
+    return None
 
 
 def _slice_values(
@@ -869,7 +902,10 @@ def evaluate_and_decide(
     Raises:
         RegistryError: If the candidate version does not exist.
     """
+    from trainyard.contracts import load_contract
+
     meta = registry.metadata(version)
+    gate = cfg.gate.for_task(load_contract(cfg.dataset).roles.task)
     champion_version: int | None = None
     champion_error = None
     try:
@@ -885,13 +921,13 @@ def evaluate_and_decide(
     data_times = (newest_data(meta), champion_time)
     try:
         snap, contract, examples = _holdout(cfg, meta)
-        slice_values = _slice_values(snap, contract, examples, cfg.gate.slices)
+        slice_values = _slice_values(snap, contract, examples, gate.slices)
     except Exception as e:  # no holdout data means no decision: reject with the reason
         log.exception("loading the holdout of %s v%s failed", cfg.name, version)
         if champion_version is not None and champion_error is None:
             champion_error = "not evaluated (no holdout data)"
         decision = decide(
-            cfg.gate,
+            gate,
             {},
             None,
             force,
@@ -904,7 +940,7 @@ def evaluate_and_decide(
             registry.version_dir(champion_version) / "model" if champion_version else None
         )
         decision = run_gate(
-            cfg.gate,
+            gate,
             registry.version_dir(version) / "model",
             champion_dir,
             examples,
@@ -922,11 +958,18 @@ def evaluate_and_decide(
 
 @dataclass(frozen=True)
 class SmokeExamples:
-    """Holdout rows for the deploy smoke test and the class ids the model gave them offline."""
+    """Holdout rows for the deploy smoke test and what the model predicted for them offline.
+
+    Attributes:
+        keys: The rows' keys.
+        features: Feature name → array (batch first).
+        expected: One output's offline values: ``{"class_id": [...]}`` for a classifier,
+            ``{"predictions": [...]}`` for a regressor.
+    """
 
     keys: list[str]
     features: dict[str, np.ndarray]
-    expected_class_ids: list[int]
+    expected: dict[str, list[Any]]
 
 
 def smoke_examples(
@@ -944,7 +987,7 @@ def smoke_examples(
         rows: How many rows.
 
     Returns:
-        Keys, features (numpy, batch first) and expected class ids.
+        Keys, features (numpy, batch first) and expected predictions.
 
     Raises:
         EvaluationError: If the holdout split is empty or the model cannot run.
@@ -958,9 +1001,13 @@ def smoke_examples(
     keys = list(examples.keys[:k])
     features = {name: np.asarray(arr[:k]) for name, arr in examples.features.items()}
     recorded = (registry.read_file(version, "gate.json") or {}).get("smoke") or {}
-    if recorded.get("keys", [])[:k] == keys and len(recorded.get("class_ids", [])) >= k:
-        expected = [int(i) for i in recorded["class_ids"][:k]]
-    else:
-        outputs = _run_model(registry.version_dir(version) / "model", features)
-        expected = [int(i) for i in np.asarray(outputs["class_id"]).reshape(-1)]
-    return SmokeExamples(keys=keys, features=features, expected_class_ids=expected)
+    for output, key in SMOKE_OUTPUTS.items():
+        if recorded.get("keys", [])[:k] == keys and len(recorded.get(key) or []) >= k:
+            return SmokeExamples(keys, features, {output: list(recorded[key][:k])})
+    record = _smoke_record(_run_model(registry.version_dir(version) / "model", features), keys, k)
+    if record is None:
+        raise EvaluationError(
+            f"version {version}: the model has neither a 'class_id' nor a 'predictions' output"
+        )
+    output, key = next((o, f) for o, f in SMOKE_OUTPUTS.items() if f in record)
+    return SmokeExamples(keys, features, {output: record[key]})

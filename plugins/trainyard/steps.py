@@ -449,7 +449,7 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         host=host,
         port=cfg.serving.port,
         smoke_inputs=smoke.features,
-        expected_class_ids=smoke.expected_class_ids,
+        expected=smoke.expected,
         feature_spec=spec,
         previous_version=previous,
         timeout_s=120.0,
@@ -595,7 +595,13 @@ def _fmt_staged(staged: dict[str, Any]) -> str:
 def _fmt_prediction(deployed: dict[str, Any]) -> str:
     pred = deployed.get("sample_prediction") or {}
     probs = pred.get("probabilities")
-    text = f"class {pred.get('class_id')}"
+    if "predictions" in pred and "class_id" not in pred:
+        text = f"value {pred['predictions']:.4g}"
+    else:
+        name = pred.get("class_name")
+        text = f"class {pred.get('class_id')}" + (
+            f" {name!r}" if name not in (None, str(pred.get("class_id"))) else ""
+        )
     if isinstance(probs, list) and probs:
         text += f" (p={max(probs):.3f})"
     if deployed.get("sample_key"):

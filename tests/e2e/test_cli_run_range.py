@@ -52,6 +52,12 @@ def test_a_cli_backfill_trains_once_on_the_whole_window(tmp_path) -> None:
         assert len(meta["snapshots"]) == 3
         assert meta["rows"] > max(rows.values())
         assert "served" in out.stdout
+        # the contract's class names are served beside the ids
+        assert "'malignant'" in out.stdout or "'benign'" in out.stdout, out.stdout
+        assert json.loads((versions[0] / "metrics.json").read_text())["class_names"] == [
+            "malignant",
+            "benign",
+        ]
     finally:
         proj.stop_server()
 

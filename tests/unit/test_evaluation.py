@@ -399,10 +399,10 @@ def test_evaluate_and_decide_on_a_staged_snapshot(
 
     smoke = smoke_examples(cfg, reg, v2, 4)
     assert smoke.keys == second.smoke["keys"]
-    assert smoke.expected_class_ids == second.smoke["class_ids"]
+    assert smoke.expected["class_id"] == second.smoke["class_ids"]
     assert smoke.features["image"].shape == (4, 8, 8, 1)
     flat = smoke.features["image"].reshape(4, 64)
-    assert smoke.expected_class_ids == (flat @ w).argmax(1).tolist()
+    assert smoke.expected["class_id"] == (flat @ w).argmax(1).tolist()
 
     reg.pointer.write_text("{broken")
     third = evaluate_and_decide(cfg, reg, v2)

@@ -337,8 +337,9 @@ def test_serves_savedmodels_exported_by_the_trainer(tmp_path, model_name, spec, 
     from trainyard.training.worker.architectures import ModelSpec, build_model
     from trainyard.training.worker.main import _export
 
-    model = build_model(model_name, ModelSpec(inputs=spec, num_classes=10, seed=3))
-    _export(model, spec, tmp_path / "model")
+    names = [f"class {i} é" for i in range(10)]  # class names are served as UTF-8 text
+    model = build_model(model_name, ModelSpec(inputs=spec, outputs=10, seed=3))
+    _export(model, spec, tmp_path / "model", names)
     base = tmp_path / "serving"
     publish_version(tmp_path / "model", base, "m", 4, spec)
     srv = ThreadedServer(base, poll_interval=3600)
@@ -347,10 +348,46 @@ def test_serves_savedmodels_exported_by_the_trainer(tmp_path, model_name, spec, 
         with ServingClient("127.0.0.1", srv.port) as client:
             assert client.status("m")[0]["state"] == "AVAILABLE"
             got = client.predict("m", inputs={k: v.tolist() for k, v in rows.items()})
+            body = {"instances": [{k: v[0].tolist() for k, v in rows.items()}]}
+            status, data = client.request("POST", "/v1/models/m:predict", json.dumps(body).encode())
+            assert status == 200, data
+            rows_form = json.loads(data)
         fn = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
         want = fn(**{k: tf.constant(v) for k, v in rows.items()})
         assert got["class_id"] == want["class_id"].numpy().tolist()
+        assert got["class_name"] == [names[i] for i in got["class_id"]]
+        assert rows_form["predictions"][0]["class_name"] == names[got["class_id"][0]]
         np.testing.assert_allclose(got["probabilities"], want["probabilities"].numpy(), rtol=1e-6)
+    finally:
+        srv.stop()
+
+
+def test_serves_a_regressor_exported_by_the_trainer(tmp_path):
+    """A regressor's export: one ``predictions`` number per row, in the target's units."""
+    import tensorflow as tf
+
+    from trainyard.training.worker.architectures import ModelSpec, build_model
+    from trainyard.training.worker.main import _export
+
+    spec = {"a": ("float32", (None,)), "b": ("float32", (None,))}
+    rows = {"a": np.arange(5, dtype=np.float32), "b": np.ones(5, np.float32)}
+    model = build_model("mlp", ModelSpec(spec, outputs=1, seed=3, target_stats=(150.0, 5000.0)))
+    _export(model, spec, tmp_path / "model", None)
+    base = tmp_path / "serving"
+    publish_version(tmp_path / "model", base, "r", 1, spec)
+    srv = ThreadedServer(base, poll_interval=3600)
+    try:
+        srv.sync()
+        with ServingClient("127.0.0.1", srv.port) as client:
+            got = client.predict("r", inputs={k: v.tolist() for k, v in rows.items()})
+            meta = client.metadata("r")
+        fn = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
+        want = fn(**{k: tf.constant(v) for k, v in rows.items()})["predictions"].numpy()
+        assert want.shape == (5,)
+        np.testing.assert_allclose(got, want, rtol=1e-6)  # one output: answered bare
+        assert 50 < float(np.mean(want)) < 250  # scaled back to the target's units
+        outputs = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]["outputs"]
+        assert list(outputs) == ["predictions"]
     finally:
         srv.stop()
 

@@ -251,7 +251,7 @@ def test_the_tf_input_reads_the_union_of_the_window(staged) -> None:
     for in_graph in (False, True):
         inp = SnapshotInput(dirs, contract, "train", in_graph=in_graph)
         assert inp.spec.num_examples == len(expected)
-        assert inp.spec.num_classes == 2
+        assert inp.spec.outputs == 2
         ds = inp.dataset(64, shuffle=False, repeat=False, drop_remainder=False)
         labels = np.concatenate([y.numpy() for _, y in ds])
         radius = np.concatenate([x["mean_radius"].numpy() for x, _ in ds])

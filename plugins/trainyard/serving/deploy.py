@@ -206,23 +206,35 @@ def _smoke(
     model: str,
     version: int,
     smoke_inputs: Mapping[str, np.ndarray],
-    expected: Sequence[int],
+    expected: Mapping[str, Sequence[Any]],
 ) -> dict[str, Any]:
+    """Predict the smoke rows over HTTP; the one expected output must match.
+
+    Class ids must be equal; a regressor's numbers equal to float32 precision (the server
+    and the offline evaluation may batch differently).
+    """
+    ((output, want),) = expected.items()
     outputs = client.predict(
         model, inputs={k: np.asarray(v) for k, v in smoke_inputs.items()}, version=version
     )
-    if not isinstance(outputs, dict) or "class_id" not in outputs:
-        raise DeployError(f"smoke test: response has no 'class_id' output: {str(outputs)[:200]}")
-    served = [int(c) for c in outputs["class_id"]]
-    exp = [int(c) for c in expected]
-    if len(served) != len(exp):
-        raise DeployError(f"smoke test: {len(served)} predictions for {len(exp)} rows")
-    diff = [i for i, (s, e) in enumerate(zip(served, exp, strict=True)) if s != e]
-    if diff:
-        i = diff[0]
+    if not isinstance(outputs, dict):  # a model with one output answers it bare
+        outputs = {output: outputs}
+    if output not in outputs:
+        raise DeployError(f"smoke test: response has no {output!r} output: {str(outputs)[:200]}")
+    served = np.asarray(outputs[output], dtype=np.float64).reshape(-1)
+    exp = np.asarray(want, dtype=np.float64).reshape(-1)
+    if served.shape != exp.shape:
+        raise DeployError(f"smoke test: {served.size} predictions for {exp.size} rows")
+    if output == "class_id":
+        same = served == exp
+    else:
+        same = np.isclose(served, exp, rtol=1e-4, atol=1e-5)
+    diff = np.flatnonzero(~same)
+    if diff.size:
+        i = int(diff[0])
         raise DeployError(
-            f"smoke test: {len(diff)} of {len(exp)} holdout rows differ from the offline "
-            f"evaluation (row {i}: served class {served[i]}, expected {exp[i]})"
+            f"smoke test: {diff.size} of {exp.size} holdout rows differ from the offline "
+            f"evaluation (row {i}: served {output} {served[i]:g}, expected {exp[i]:g})"
         )
     return {k: v[0] for k, v in outputs.items()}
 
@@ -270,7 +282,7 @@ def deploy(
     host: str,
     port: int,
     smoke_inputs: Mapping[str, np.ndarray],
-    expected_class_ids: Sequence[int],
+    expected: Mapping[str, Sequence[Any]],
     feature_spec: FeatureSpec,
     previous_version: int | None,
     timeout_s: float = 120.0,
@@ -288,7 +300,8 @@ def deploy(
         host: Server host.
         port: Server port (a server must answer there, see :func:`ensure_local_server`).
         smoke_inputs: Holdout rows, feature name → array (batch first).
-        expected_class_ids: The offline evaluation's class ids for those rows.
+        expected: The offline evaluation's predictions for those rows, of one output
+            (``{"class_id": [...]}`` or ``{"predictions": [...]}``).
         feature_spec: The contract's serving inputs.
         previous_version: The champion served before (restored on failure), or None.
         timeout_s: How long to wait for the version (and for a rollback) to be AVAILABLE.
@@ -306,7 +319,7 @@ def deploy(
     """
     serving_root = Path(serving_root)
     url = f"http://{host}:{port}/v1/models/{model_name}/versions/{version}:predict"
-    rows = len(expected_class_ids)
+    rows = len(next(iter(expected.values())))
     client = ServingClient(host, port)
     ours = False  # the version dir is this deploy's (just published, or same content)
     served = [v for v in (previous_version, version) if v is not None]
@@ -319,7 +332,7 @@ def deploy(
             ours = True
             model_config.set_served(serving_root, model_name, served, labels)
             status = wait_available(client, model_name, version, timeout_s)
-            sample = _smoke(client, model_name, version, smoke_inputs, expected_class_ids)
+            sample = _smoke(client, model_name, version, smoke_inputs, expected)
             if promote is not None:
                 promote()
             model_config.set_served(

@@ -5,9 +5,11 @@ Add a model with :func:`register`::
     @register("my_model")
     def my_model(spec: ModelSpec) -> tf_keras.Model: ...
 
-Every model takes inputs named after ``feature_spec(contract)`` and outputs class
-logits of shape (None, num_classes) (the loss applies the softmax; so does the exported
-serving signature).
+Every model takes inputs named after ``feature_spec(contract)`` and outputs
+``spec.outputs`` units: class logits of shape (None, classes) for a classifier (the loss
+applies the softmax; so does the exported serving signature), or (None, 1) for a regressor,
+to which :func:`build_model` appends the target's scale (so a builder's last layer learns a
+standardised target and serves the real one).
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ class ModelSpec:
 
     Attributes:
         inputs: Feature name → (dtype, shape incl. batch dim None), as ``feature_spec``.
-        num_classes: Output classes.
+        outputs: Output units: classes, or 1 for a regressor.
         feature_stats: Table features: name → (mean, variance) for normalisation.
         seed: Initialiser seed.
+        target_stats: A regressor's target (mean, variance); None for a classifier.
     """
 
     inputs: dict[str, tuple[str, tuple[int | None, ...]]]
-    num_classes: int
+    outputs: int
     feature_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
     seed: int = 0
+    target_stats: tuple[float, float] | None = None
 
 
 Builder = Callable[[ModelSpec], Any]
@@ -68,7 +72,14 @@ def build_model(name: str, spec: ModelSpec) -> Any:
     """
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r} (known: {', '.join(sorted(MODELS))})")
-    return MODELS[name](spec)
+    model = MODELS[name](spec)
+    if spec.target_stats is None:
+        return model
+    import tf_keras as keras
+
+    mean, var = spec.target_stats
+    scaled = keras.layers.Rescaling(scale=max(var, 1e-12) ** 0.5, offset=mean, name="target")
+    return keras.Model(model.inputs, scaled(model.outputs[0]), name=model.name)
 
 
 @register("small_cnn")
@@ -97,7 +108,7 @@ def small_cnn(spec: ModelSpec) -> Any:
         else keras.layers.Flatten()(x)
     )
     x = keras.layers.Dense(64, activation="relu", kernel_initializer=init(spec.seed + 2))(x)
-    out = keras.layers.Dense(spec.num_classes, kernel_initializer=init(spec.seed + 3))(x)
+    out = keras.layers.Dense(spec.outputs, kernel_initializer=init(spec.seed + 3))(x)
     return keras.Model(inp, out, name="small_cnn")
 
 
@@ -121,5 +132,5 @@ def mlp(spec: ModelSpec) -> Any:
     init = keras.initializers.GlorotUniform
     x = keras.layers.Dense(64, activation="relu", kernel_initializer=init(spec.seed))(x)
     x = keras.layers.Dense(32, activation="relu", kernel_initializer=init(spec.seed + 1))(x)
-    out = keras.layers.Dense(spec.num_classes, kernel_initializer=init(spec.seed + 2))(x)
+    out = keras.layers.Dense(spec.outputs, kernel_initializer=init(spec.seed + 2))(x)
     return keras.Model(inputs, out, name="mlp")

@@ -217,7 +217,7 @@ class Examples:
     Attributes:
         features: Feature name → array (images: float32 (n, H, W, C) in [0, 1]; table
             features: float32 (n,)).
-        labels: int64 labels (n,).
+        labels: Labels (n,): int64 class ids, or float32 targets of a regressor.
         keys: Sample keys.
     """
 
@@ -264,6 +264,11 @@ def table_files(snapshot_dir: Path) -> list[Path]:
     return data_shards(Path(snapshot_dir), manifest)
 
 
+def label_dtype(contract: Any) -> type[np.generic]:
+    """The labels' dtype: float32 targets for a regressor, int64 class ids otherwise."""
+    return np.float32 if contract.is_regression else np.int64
+
+
 def _table_columns(snapshot_dir: Path, contract: Any) -> dict[str, np.ndarray | list[str]]:
     roles = contract.roles
     names = [roles.key, roles.label, *roles.features]
@@ -284,7 +289,7 @@ def _table_columns(snapshot_dir: Path, contract: Any) -> dict[str, np.ndarray | 
         if chunked.null_count:
             raise SnapshotError(f"{snapshot_dir}: column {n} has {chunked.null_count} null values")
         try:
-            dtype = np.int64 if n == roles.label else np.float32
+            dtype = label_dtype(contract) if n == roles.label else np.float32
             out[n] = np.asarray(chunked.to_numpy(zero_copy_only=False), dtype=dtype)
         except (ValueError, TypeError) as e:
             raise SnapshotError(f"{snapshot_dir}: column {n} is not numeric: {e}") from e

@@ -39,6 +39,7 @@ from trainyard.errors import TrainingError
 from trainyard.training.worker.data import (
     FileIndex,
     file_index,
+    label_dtype,
     load_window_examples,
     read_manifest,
     select,
@@ -55,14 +56,16 @@ class InputSpec:
     Attributes:
         kind: ``files`` or ``table``.
         num_examples: Examples in the split.
-        num_classes: Classes (from the contract, else max label + 1).
+        outputs: Output units: the contract's class count, or 1 for a regressor.
         feature_stats: Table features: name → (mean, variance) over the split.
+        target_stats: A regressor's label (mean, variance) over the split, else None.
     """
 
     kind: str
     num_examples: int
-    num_classes: int
+    outputs: int
     feature_stats: dict[str, tuple[float, float]]
+    target_stats: tuple[float, float] | None = None
 
 
 class SnapshotInput:
@@ -113,16 +116,22 @@ class SnapshotInput:
             index = FileIndex.concat([file_index(d, contract) for d in self.snapshot_dirs])
             self._index = index.take(select(index.keys, fraction, split))  # type: ignore[arg-type]
             labels = self._index.labels
+            keys = self._index.keys
             stats: dict[str, tuple[float, float]] = {}
         else:
             ex = load_window_examples(self.snapshot_dirs, contract, split)  # type: ignore[arg-type]
-            labels = ex.labels
+            labels, keys = ex.labels, ex.keys
             stats = {f: (float(np.mean(v)), float(np.var(v))) for f, v in ex.features.items()}
             self._table = {**ex.features, "__label__": labels} if in_graph else None
             self._files = [f for d in self.snapshot_dirs for f in table_files(d)]
             self._keep = set(ex.keys) if split != "all" else None
-        num_classes = contract.roles.num_classes or (int(labels.max()) + 1 if len(labels) else 2)
-        self.spec = InputSpec(self.kind, len(labels), int(num_classes), stats)
+        if contract.is_regression:
+            target = (float(np.mean(labels)), float(np.var(labels))) if len(labels) else (0.0, 1.0)
+            self.spec = InputSpec(self.kind, len(labels), 1, stats, target)
+        else:
+            n = contract.num_classes()
+            _check_class_ids(labels, keys, n, contract.roles.label, self.snapshot_dirs)
+            self.spec = InputSpec(self.kind, len(labels), n, stats)
 
     def dataset(
         self,
@@ -342,16 +351,32 @@ class SnapshotInput:
                         f: np.asarray(rb.column(f).to_numpy(zero_copy_only=False), np.float32)[sel]
                         for f in features
                     }
-                    y = np.asarray(rb.column(roles.label).to_numpy(zero_copy_only=False), np.int64)[
-                        sel
-                    ]
-                    yield x, y
+                    y = rb.column(roles.label).to_numpy(zero_copy_only=False)
+                    yield x, np.asarray(y, label_type)[sel]
 
+        label_type = label_dtype(self.contract)
         signature = (
             {f: tf.TensorSpec((None,), tf.float32) for f in features},
-            tf.TensorSpec((None,), tf.int64),
+            tf.TensorSpec((None,), tf.as_dtype(label_type)),
         )
         return tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
+
+
+def _check_class_ids(
+    labels: np.ndarray, keys: Sequence[str], n: int, column: str, dirs: Sequence[Path]
+) -> None:
+    """Every label must be a class id below the contract's class count.
+
+    Raises:
+        TrainingError: Naming the first bad row's key and value, and how many there are.
+    """
+    bad = np.flatnonzero((labels < 0) | (labels >= n))
+    if bad.size:
+        i = int(bad[0])
+        raise TrainingError(
+            f"{', '.join(map(str, dirs))}: key {keys[i]!r}: {column} {labels[i].item()!r} is not "
+            f"a class id in [0, {n}) (the contract's class count; {bad.size} such rows)"
+        )
 
 
 def _decode_jpeg_at_least(data: tf.Tensor, height: int, width: int, channels: int) -> tf.Tensor:

@@ -271,16 +271,18 @@ def _run(
     inputs = feature_spec(contract)
     spec = ModelSpec(
         inputs=inputs,
-        num_classes=inp.spec.num_classes,
+        outputs=inp.spec.outputs,
         feature_stats=inp.spec.feature_stats,
         seed=args.seed,
+        target_stats=inp.spec.target_stats,
     )
     with strategy.scope():
         model = build_model(args.model, spec)
+        loss, metrics = _objective(contract, inp.spec.target_stats)
         model.compile(
             optimizer=keras.optimizers.Adam(args.learning_rate),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
+            loss=loss,
+            metrics=metrics,
             steps_per_execution=min(args.steps_per_execution, steps_per_epoch),
         )
 
@@ -319,15 +321,22 @@ def _run(
     plain.set_weights(model.get_weights())
     if not role.is_chief:
         return 0
-    _export(plain, inputs, args.output_dir / "model")
+    found = next((m.extra.get("classes") for m in reversed(manifests) if m.extra), None)
+    class_names = None if contract.is_regression else contract.class_names(found)
+    _export(plain, inputs, args.output_dir / "model", class_names)
     state = recorder.state
     epochs = state["epochs"]
     last = epochs[-1] if epochs else {}
     atomic_write_json(
         args.output_dir / "metrics.json",
         {
+            "task": contract.roles.task,
             "loss": last.get("loss"),
-            "accuracy": last.get("accuracy"),
+            **{
+                k: last.get(k)
+                for k in (("rmse", "mae") if contract.is_regression else ("accuracy",))
+            },
+            "class_names": class_names,
             "epochs": len(epochs),
             "epochs_this_attempt": recorder.epochs_run,
             "examples_per_s": recorder.epochs_run * steps_per_epoch * global_batch / seconds
@@ -379,8 +388,42 @@ def communication_options() -> Any:
     )
 
 
-def _export(model: Any, inputs: dict[str, tuple[str, tuple[int | None, ...]]], final: Path) -> None:
-    """Write the SavedModel with a ``serving_default`` signature, atomically."""
+def _objective(contract: Any, target_stats: tuple[float, float] | None) -> tuple[Any, list[Any]]:
+    """The loss and the per-epoch metrics of the contract's task.
+
+    A regressor's loss is the mean squared error of the standardised target (the model's
+    last layer scales back, see ``build_model``), so one learning rate fits targets of any
+    scale; its metrics are in the target's units.
+    """
+    import tf_keras as keras
+
+    if not contract.is_regression:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"]
+    var = max((target_stats or (0.0, 1.0))[1], 1e-12)
+
+    def standardised_mse(y_true: Any, y_pred: Any) -> Any:
+        import tensorflow as tf
+
+        y_true = tf.reshape(tf.cast(y_true, y_pred.dtype), tf.shape(y_pred))
+        return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1) / var
+
+    return standardised_mse, [
+        keras.metrics.RootMeanSquaredError(name="rmse"),
+        keras.metrics.MeanAbsoluteError(name="mae"),
+    ]
+
+
+def _export(
+    model: Any,
+    inputs: dict[str, tuple[str, tuple[int | None, ...]]],
+    final: Path,
+    class_names: list[str] | None,
+) -> None:
+    """Write the SavedModel with a ``serving_default`` signature, atomically.
+
+    A classifier serves ``probabilities``, ``class_id`` and ``class_name``; a regressor
+    (``class_names`` None) serves ``predictions``, one number per row.
+    """
     import tensorflow as tf
 
     names = list(inputs)
@@ -388,10 +431,16 @@ def _export(model: Any, inputs: dict[str, tuple[str, tuple[int | None, ...]]], f
 
     @tf.function(input_signature=specs)
     def serve(*tensors: tf.Tensor) -> dict[str, tf.Tensor]:
-        probs = tf.nn.softmax(
-            model(dict(zip(names, tensors, strict=True)), training=False), axis=-1
-        )
-        return {"probabilities": probs, "class_id": tf.argmax(probs, axis=-1, output_type=tf.int64)}
+        out = model(dict(zip(names, tensors, strict=True)), training=False)
+        if class_names is None:
+            return {"predictions": tf.reshape(out, [-1])}
+        probs = tf.nn.softmax(out, axis=-1)
+        class_id = tf.argmax(probs, axis=-1, output_type=tf.int64)
+        return {
+            "probabilities": probs,
+            "class_id": class_id,
+            "class_name": tf.gather(tf.constant(class_names), class_id),
+        }
 
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
