@@ -296,6 +296,40 @@ class ScoringConfig(_Strict):
     request_timeout_s: float = Field(default=30, gt=0)
 
 
+EMAIL_RE = re.compile(r"^[^@\s<>]+@[^@\s<>]+$")
+NOTIFY_EVENTS = ("failure", "rejection", "promotion")
+
+
+class NotifyConfig(_Strict):
+    """E-mail a pipeline's outcomes (``notify:``) through an Airflow SMTP connection.
+
+    ``on`` picks the events: a task that fails for good (after its retries), a gate
+    rejection, a promotion (the deploy served the new champion).
+    """
+
+    email: list[str] = Field(min_length=1)
+    on: list[Literal["failure", "rejection", "promotion"]] = Field(
+        default_factory=lambda: list(NOTIFY_EVENTS), min_length=1
+    )
+    smtp_conn_id: str = "smtp_default"
+    from_email: str = "trainyard@localhost"
+
+    @field_validator("email")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        bad = [a for a in value if not EMAIL_RE.match(a)]
+        if bad:
+            raise ValueError(f"not an e-mail address: {', '.join(map(repr, bad))}")
+        return value
+
+    @field_validator("from_email")
+    @classmethod
+    def _sender(cls, value: str) -> str:
+        if not EMAIL_RE.match(value):
+            raise ValueError(f"not an e-mail address: {value!r}")
+        return value
+
+
 class PipelineConfig(_Strict):
     """One pipeline: one DAG, one dataset, one model.
 
@@ -322,6 +356,7 @@ class PipelineConfig(_Strict):
     gate: GateConfig = GateConfig()
     serving: ServingConfig
     scoring: ScoringConfig = ScoringConfig()
+    notify: NotifyConfig | None = None
 
     @field_validator("name", "dataset")
     @classmethod

@@ -404,19 +404,22 @@ class Registry:
                 event["force_request"] = gate["force"]
             self._move_pointer(version, previous, event)
 
-    def rollback(self, reason: str, actor: str) -> int | None:
+    def rollback(self, reason: str, actor: str, *, unserve: bool = False) -> int | None:
         """Make the previous champion the champion again.
 
         Args:
             reason: Why (required).
             actor: Who (required).
+            unserve: Allow rolling back the first champion, leaving no champion (nothing
+                is served then).
 
         Returns:
             The new champion, or None if the rolled-back version was the first champion
             (then no version is champion any more).
 
         Raises:
-            RegistryError: If there is no champion, or the previous one is missing.
+            RegistryError: If there is no champion, the previous one is missing, or the
+                champion is the first one and ``unserve`` is not set.
         """
         if not reason.strip() or not actor.strip():
             raise RegistryError("rollback needs a non-empty reason and actor")
@@ -426,6 +429,12 @@ class Registry:
             if current is None:
                 raise RegistryError(f"pipeline {self.pipeline!r} has no champion to roll back")
             previous = list(state.get("previous", []))
+            if not previous and not unserve:
+                raise RegistryError(
+                    f"version {current} is {self.pipeline!r}'s first champion: rolling it back "
+                    "leaves no model to serve; promote another version instead, or pass "
+                    "--unserve to take the model offline"
+                )
             target = previous.pop() if previous else None
             if target is not None:
                 self.version_dir(target)
@@ -629,6 +638,12 @@ def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) ->
         if action == "promote":
             p.add_argument("version", type=int)
             p.add_argument("--force", action="store_true", help="override a rejecting gate")
+        if action == "rollback":
+            p.add_argument(
+                "--unserve",
+                action="store_true",
+                help="allow rolling back the first champion: nothing is served afterwards",
+            )
         if action in ("promote", "rollback"):
             p.add_argument("--reason", required=True)
             p.add_argument("--actor", default=os.environ.get("USER") or "cli")
@@ -656,7 +671,7 @@ def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) ->
         reg.promote(args.version, args.reason, args.actor, forced=args.force)
         out.write(f"{reg.pipeline}: version {args.version} is now the champion\n")
     elif args.action == "rollback":
-        target = reg.rollback(args.reason, args.actor)
+        target = reg.rollback(args.reason, args.actor, unserve=args.unserve)
         out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")
     if args.action in ("promote", "rollback") and after_move is not None:
         out.write(after_move(reg.pipeline) + "\n")

@@ -1099,6 +1099,18 @@ def _fmt_bytes(n: float) -> str:
 
 def _cli_list(args: argparse.Namespace) -> int:
     datasets = [args.dataset] if args.dataset else list_datasets()
+    if args.dataset and args.dataset not in list_datasets():
+        from trainyard.contracts import contract_files
+
+        contracts = [p.stem for p in contract_files()]
+        if args.dataset not in contracts:
+            known = sorted({*list_datasets(), *contracts})
+            raise SnapshotError(
+                f"unknown dataset {args.dataset!r}: no data contract and no volume "
+                f"(known: {', '.join(known) or 'none'})"
+            )
+        print(f"{args.dataset}: no snapshots yet (stage one with its pipeline)")
+        return 0
     head = f"{'dataset':<16} {'snapshot':<16} {'kind':<5} {'rows':>10} {'size':>10}"
     print(f"{head}  created / interval / validation")
     for ds in datasets:

@@ -135,7 +135,8 @@ def test_a_stages_own_retention_keeps_a_leased_snapshot(
     contracts.mkdir()
     (contracts / "ds.yaml").write_text(
         "dataset: ds\nversion: 1.0.0\nowner: t@example.com\nsource: {format: csv}\n"
-        "roles: {key: id, label: y, features: [x]}\nsplit: {holdout_fraction: 0.2, by: id}\n"
+        "roles: {key: id, label: y, features: [x], num_classes: 2}\n"
+        "split: {holdout_fraction: 0.2, by: id}\n"
         "columns:\n  - {name: id, type: string}\n  - {name: x, type: float64}\n"
         "  - {name: y, type: int64}\n"
     )

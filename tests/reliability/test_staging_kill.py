@@ -22,7 +22,7 @@ dataset: big
 version: 1.0.0
 owner: tests@example.com
 source: {format: csv}
-roles: {key: name, label: id, features: [value]}
+roles: {key: name, label: id, features: [value], num_classes: 2}
 split: {holdout_fraction: 0.2, by: name}
 columns:
   - {name: id, type: int64}

@@ -36,7 +36,7 @@ dataset: tx
 version: 1.0.0
 owner: tests@example.com
 source: {format: csv}
-roles: {key: id, label: y, features: [x]}
+roles: {key: id, label: y, features: [x], num_classes: 2}
 split: {holdout_fraction: 0.2, by: id}
 columns:
   - {name: id, type: string}

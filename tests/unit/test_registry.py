@@ -146,7 +146,10 @@ def test_promote_rollback_and_history(reg: Registry, tmp_path: Path) -> None:
     assert reg.rollback("smoke test failed", "deploy") == 2
     assert reg.rollback("bad again", "bob") == 1
     assert reg.snapshot_ids_in_use(live_only=True) == {("digits", "snap0")}
-    assert reg.rollback("first one bad too", "bob") is None
+    with pytest.raises(RegistryError, match="first champion: rolling it back leaves no model"):
+        reg.rollback("first one bad too", "bob")
+    assert reg.champion() == 1
+    assert reg.rollback("first one bad too", "bob", unserve=True) is None
     assert reg.champion() is None
     with pytest.raises(RegistryError, match="no champion to roll back"):
         reg.rollback("again", "bob")
@@ -372,6 +375,8 @@ def test_cli_list_show_promote_rollback(
     )
     assert cli(["models", "rollback", "--pipeline", "digits", "--reason", "regression"]) == 0
     assert "champion is now 1" in capsys.readouterr().out
+    assert cli(["models", "rollback", "--pipeline", "digits", "--reason", "bad too"]) == 1
+    assert "--unserve to take the model offline" in capsys.readouterr().err
     assert cli(["models", "show", "--pipeline", "digits", "9"]) == 1
     assert "RegistryError: pipeline 'digits' has no version 9" in capsys.readouterr().err
     assert cli(["models", "history", "--pipeline", "digits"]) == 0

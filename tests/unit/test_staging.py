@@ -29,7 +29,7 @@ dataset: {dataset}
 version: 2.1.0
 owner: tests@example.com
 source: {{format: csv}}
-roles: {{key: txn_id, label: is_fraud, features: [amount]}}
+roles: {{key: txn_id, label: is_fraud, features: [amount], num_classes: 2}}
 split: {{holdout_fraction: 0.2, by: txn_id}}
 columns:
   - {{name: txn_id, type: string, nullable: false}}
@@ -195,7 +195,7 @@ dataset: typed
 version: 1.0.0
 owner: tests@example.com
 source: {format: csv}
-roles: {key: id, label: n, features: [x]}
+roles: {key: id, label: n, features: [x], num_classes: 2}
 split: {holdout_fraction: 0.2, by: id}
 allow_extra_columns: true
 columns:

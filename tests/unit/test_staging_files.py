@@ -31,7 +31,7 @@ version: 3.0.0
 owner: tests@example.com
 source: {format: image_folder, extension: png}
 image: {column: image, height: 8, width: 8, channels: 1}
-roles: {key: key, label: label, features: [image]}
+roles: {key: key, label: label, features: [image], num_classes: 2}
 split: {holdout_fraction: 0.2, by: key}
 columns:
   - {name: key, type: string}

@@ -38,7 +38,7 @@ dataset: pics
 version: 1.0.0
 owner: tests@example.com
 source: {format: image_folder, extension: png}
-roles: {key: key, label: label, features: [width]}
+roles: {key: key, label: label, features: [width], num_classes: 2}
 split: {holdout_fraction: 0.2, by: key}
 columns:
   - {name: key, type: string}
@@ -51,7 +51,7 @@ dataset: tx
 version: 1.0.0
 owner: tests@example.com
 source: {format: %(fmt)s}
-roles: {key: id, label: y, features: [x]}
+roles: {key: id, label: y, features: [x], num_classes: 2}
 split: {holdout_fraction: 0.2, by: id}
 columns:
   - {name: id, type: %(key_type)s}

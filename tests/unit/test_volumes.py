@@ -284,3 +284,12 @@ def test_cli_list_and_show(volume_root: Path):
     assert shown["snapshot_id"] == sid and shown["rows"] == 3
     bad = cli("show", "ds", "nothex")
     assert bad.returncode == 3 and "invalid snapshot id" in bad.stderr
+
+
+def test_cli_list_of_an_unknown_dataset_is_an_error_that_names_the_known_ones(volume_root: Path):
+    make_snapshot(volume_root, "ds", 3, "2026-11-01T00:00:00+00:00")
+    bad = cli("list", "nosuch")
+    assert bad.returncode == 3 and "unknown dataset 'nosuch'" in bad.stderr
+    assert "ds" in bad.stderr and "digits" in bad.stderr  # volumes and contracts
+    empty = cli("list", "digits")  # a contract, nothing staged yet: a state, not an error
+    assert empty.returncode == 0 and "digits: no snapshots yet" in empty.stdout

@@ -37,6 +37,7 @@ from trainyard.config import (
 )
 from trainyard.errors import ConfigError
 from trainyard.orchestration.inputs import FromParam, FromRun, FromXCom, Results
+from trainyard.orchestration.notify import callbacks as notify_callbacks
 from trainyard.settings import Settings, get_settings
 
 log = logging.getLogger("trainyard.orchestration")
@@ -369,6 +370,14 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
     settings = settings or get_settings()
     t = cfg.training
     schedule = pipeline_schedule(cfg, settings)
+    default_args: dict[str, Any] = {
+        "owner": cfg.owner,
+        "retries": 0,
+        "retry_delay": dt.timedelta(seconds=30),
+    }
+    mails = notify_callbacks(cfg.notify, cfg.name)
+    if "failure" in mails:
+        default_args["on_failure_callback"] = mails["failure"]
     dag = DAG(
         dag_id=f"trainyard_{cfg.name}",
         description=cfg.description or None,
@@ -379,7 +388,7 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
         tags=["trainyard", cfg.dataset, *cfg.tags],
         doc_md=_doc_md(cfg),
         params=trigger_params(cfg, _tiers(settings.cluster_profile)),
-        default_args={"owner": cfg.owner, "retries": 0, "retry_delay": dt.timedelta(seconds=30)},
+        default_args=default_args,
         on_failure_callback=_failure_callback(),
         dagrun_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 3600),
     )
@@ -457,7 +466,13 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         execution_timeout=dt.timedelta(hours=1),
     )
 
-    @task.short_circuit(task_id="gate", ignore_downstream_trigger_rules=False)
+    mails = notify_callbacks(cfg.notify, cfg.name)
+
+    @task.short_circuit(
+        task_id="gate",
+        ignore_downstream_trigger_rules=False,
+        on_skipped_callback=mails.get("rejection"),
+    )
     def gate_task(decision: dict[str, Any]) -> bool:
         return gate(decision, cfg.gate.fail_run_on_reject)
 
@@ -466,6 +481,7 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         {"version": version, "actor": FromRun("actor")},
         outlets=[mdl_asset],
         execution_timeout=dt.timedelta(minutes=30),
+        on_success_callback=mails.get("promotion"),
     )
     summary = step(
         "summary",
