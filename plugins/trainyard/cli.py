@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from trainyard.errors import TrainyardError
+from trainyard.lognoise import quiet_libraries
 
 TOOLS: dict[str, tuple[str, str, str]] = {
     "worker": (
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    quiet_libraries()
     steps = _steps()
     if command in steps.STEPS:
         return steps.run_step(command, rest)

@@ -37,6 +37,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from trainyard.errors import ConfigError, TrainingError
+from trainyard.lognoise import is_noise
 from trainyard.orchestration.inputs import Source, resolve, resolve_all
 
 if TYPE_CHECKING:
@@ -389,7 +390,8 @@ def run_pod_locally(
             for raw in child.stdout:
                 line = raw.decode("utf-8", "replace").rstrip()
                 tail = [*tail[-19:], line]
-                log(line)
+                if not is_noise(line):
+                    log(line)
             code = child.wait()
         finally:
             if child.poll() is None:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard.errors import TrainingError, TrainingTerminated
 from trainyard.fsutil import read_json
+from trainyard.lognoise import is_noise
 from trainyard.training import spec
 from trainyard.training.worker.main import EXIT_BAD_INPUT, EXIT_NAN, READY_MARKER
 
@@ -193,7 +194,8 @@ class _Task:
             if READY_MARKER in line:
                 self.ready.set()
             self.tail = [*self.tail[-19:], line]
-            log(f"[{self.name}] {line}")
+            if not is_noise(line):
+                log(f"[{self.name}] {line}")
 
     def kill(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
