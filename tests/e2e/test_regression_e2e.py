@@ -113,9 +113,12 @@ def test_a_regressor_trains_gates_on_rmse_and_serves_numbers(project: Project) -
     out = project.trainyard("run", "--pipeline", "diabetes", "--ds", DAY, timeout=1100)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "gate          promote" in out.stdout, out.stdout
-    # the log says what the run did, not what TensorFlow and GX print on start-up
-    for noise in ("cudart_stub", "cuInit", "great_expectations._docs_decorators"):
-        assert noise not in out.stderr, noise
+    # the workers' streamed output says what they did, not what TensorFlow prints on
+    # start-up; GX's INFO logging about itself is left out
+    streamed = [line for line in out.stderr.splitlines() if "[worker:" in line]
+    assert any("Epoch" in line for line in streamed), streamed[-20:]
+    assert not [line for line in streamed if "cudart_stub" in line or "cuInit" in line]
+    assert "great_expectations._docs_decorators" not in out.stderr
     version = project.volume_root / "_models" / "diabetes" / "versions" / "1"
     metrics = json.loads((version / "metrics.json").read_text())
     assert metrics["task"] == "regression" and metrics["class_names"] is None
