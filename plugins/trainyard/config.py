@@ -480,7 +480,7 @@ def check_pipeline(path: Path) -> PipelineConfig:
     from trainyard.contracts import load_contract
     from trainyard.errors import ContractError
     from trainyard.evaluation import KNOWN_METRICS
-    from trainyard.training.worker.architectures import MODELS
+    from trainyard.training.worker.architectures import MODEL_INPUTS, MODELS
 
     problems: list[str] = []
     cfg: PipelineConfig | None = None
@@ -511,6 +511,16 @@ def check_pipeline(path: Path) -> PipelineConfig:
             problems.append(where(("dataset",), f"no usable data contract: {e}"))
         else:
             task = contract.roles.task
+            kind = "image" if contract.image is not None else "table"
+            if isinstance(model, str) and MODEL_INPUTS.get(model, kind) != kind:
+                fits = ", ".join(sorted(m for m, k in MODEL_INPUTS.items() if k == kind))
+                problems.append(
+                    where(
+                        ("training", "model"),
+                        f"{model!r} reads {MODEL_INPUTS[model]} inputs, but {dataset!r} is a "
+                        f"{kind} dataset (models for it: {fits})",
+                    )
+                )
             if isinstance(fmt, str) and contract.source.format != fmt:
                 problems.append(
                     where(
@@ -536,7 +546,20 @@ def check_pipeline(path: Path) -> PipelineConfig:
             problems.append(
                 where(keys, f"unknown metric {metric!r} (known: {', '.join(KNOWN_METRICS)})")
             )
-        elif task is not None and base not in TASK_METRICS[task]:
+        elif (
+            keys == ("gate", "champion", "metric")
+            and isinstance(direction := field("gate", "champion", "higher_is_better"), bool)
+            and direction != HIGHER_IS_BETTER[base]
+        ):
+            better = "higher" if HIGHER_IS_BETTER[base] else "lower"
+            problems.append(
+                where(
+                    ("gate", "champion", "higher_is_better"),
+                    f"{direction} for {metric!r}, whose {better} values are better: the gate "
+                    "would promote worse models (leave it out: it follows the metric)",
+                )
+            )
+        if base in KNOWN_METRICS and task is not None and base not in TASK_METRICS[task]:
             problems.append(
                 where(
                     keys,

@@ -396,8 +396,12 @@ def _classification_errors(
             where(
                 ["roles", "label"],
                 f"a classification label must be an integer column (class ids), "
-                f"{label['name']!r} is {label['type']}; a numeric target needs "
-                "roles.task: regression",
+                f"{label['name']!r} is {label['type']}"
+                + (
+                    "; a numeric target needs roles.task: regression"
+                    if label["type"] in NUMERIC_TYPES
+                    else ""
+                ),
             )
         )
         return errs
@@ -460,6 +464,22 @@ def _regression_errors(
     return errs
 
 
+def _label_rules(col: dict[str, Any], roles: dict[str, Any]) -> dict[str, Any]:
+    """The label column with the rules its role implies, checked by validation like any.
+
+    Every label is non-null; a classifier's label takes only its class ids
+    (``allowed_values: 0..n-1`` when the contract gives ``num_classes`` alone), so a row
+    outside the class count rejects the snapshot instead of failing training.
+    """
+    if col["name"] != roles["label"]:
+        return col
+    col = {**col, "nullable": False}
+    task = roles.get("task", "classification")
+    if task == "classification" and "allowed_values" not in col and roles.get("num_classes"):
+        col["allowed_values"] = list(range(roles["num_classes"]))
+    return col
+
+
 def _severity_map(col: dict[str, Any]) -> dict[str, Severity]:
     sev = col.get("severity", "error")
     if isinstance(sev, str):
@@ -483,7 +503,7 @@ def _build(raw: dict[str, Any], path: Path | None) -> Contract:
                 allowed_values=tuple(c["allowed_values"]) if "allowed_values" in c else None,
                 severity=_severity_map(c),
             )
-            for c in raw["columns"]
+            for c in (_label_rules(col, raw["roles"]) for col in raw["columns"])
         ],
         roles=Roles(
             **{k: v for k, v in raw["roles"].items() if k != "class_names"},

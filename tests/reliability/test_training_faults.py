@@ -111,8 +111,13 @@ def test_nan_loss_stops_without_retry(
         model="mlp", workers=1, epochs=3, batch_size=32, learning_rate=1e35, max_attempts=3
     )
     lines: list[str] = []
-    with pytest.raises(TrainingError, match=r"loss became NaN .* no model was exported"):
+    with pytest.raises(TrainingError, match=r"loss became NaN .* no model was exported") as err:
         run_training(pipeline, params, snap, run_id="nan", log=lines.append)
+    # and no task retry either: the step exits 3, Airflow fails the task for good
+    assert getattr(err.value, "retryable", True) is False
+    from trainyard.steps import deterministic
+
+    assert deterministic(err.value)
     assert not any(line.startswith("attempt 2") for line in lines)
     assert not list(volume_root.glob("_checkpoints/*/*/output/model"))
     _no_children_left()

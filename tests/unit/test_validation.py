@@ -289,3 +289,44 @@ def test_empty_snapshot_blocks_on_row_count(tmp_path: Path) -> None:
         validate_snapshot(CONTRACT, snap, [])
     summary = json.loads((snap / "validation" / "rejected.json").read_text())
     assert [f["rule"] for f in summary["failures"]] == ["row_count", "all_values_present"]
+
+
+LABEL_CONTRACT = """
+dataset: labels
+version: 1.0.0
+owner: data@example.com
+source: {{format: parquet}}
+columns:
+  - {{name: id, type: string, nullable: false, unique: true}}
+  - {{name: x, type: float64}}
+  - {{name: y, type: {type}}}
+roles: {{key: id, label: y, features: [x], {roles}}}
+split: {{holdout_fraction: 0.5, by: id}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "type_", "roles", "labels", "message"),
+    [
+        # found by a new user: num_classes alone let a label 5 through to training
+        ("class-id-beyond-the-count", "int64", "num_classes: 3", [0, 5, 2], r"not in the allowed"),
+        ("negative-class-id", "int64", "num_classes: 3", [0, -1, 2], r"not in the allowed"),
+        ("null-class-id", "int64", "num_classes: 3", [0, None, 2], r"null"),
+        ("null-regression-target", "float64", "task: regression", [1.5, None, 2.0], r"null"),
+    ],
+)
+def test_the_label_role_implies_its_rules(
+    tmp_path: Path, case: str, type_: str, roles: str, labels: list, message: str
+) -> None:
+    from trainyard.contracts import parse_contract_text
+
+    text = LABEL_CONTRACT.format(type=type_, roles=roles)
+    contract = parse_contract_text(text, tmp_path / "labels.yaml")
+    cols = {"id": ["a", "b", "c"], "x": [1.0, 2.0, 3.0], "y": labels}
+    snap = tmp_path / "snap"
+    files = write_snapshot(snap, cols, shards=1, schema=None)
+    with pytest.raises(ValidationFailed, match=message):
+        validate_snapshot(contract, snap, files)
+    good = {**cols, "y": [0, 1, 2] if type_ == "int64" else [1.5, 2.5, 3.0]}
+    snap2 = tmp_path / "snap2"
+    assert validate_snapshot(contract, snap2, write_snapshot(snap2, good, 1, None)).success

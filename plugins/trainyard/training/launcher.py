@@ -118,7 +118,9 @@ class LaunchSpec:
 
 
 class _NonRetryable(TrainingError):
-    pass
+    """A worker rejected its input or the loss became NaN: no attempt or retry fixes it."""
+
+    retryable = False
 
 
 def loopback_env(log: Callable[[str], None]) -> dict[str, str]:
@@ -383,7 +385,9 @@ def launch(plan: LaunchSpec, log: Callable[[str], None] | None = None) -> int:
             except TrainingTerminated:
                 raise
             except _NonRetryable as e:
-                raise TrainingError(str(e)) from None
+                error = TrainingError(str(e))
+                error.retryable = False  # type: ignore[attr-defined]
+                raise error from None
             except TrainingError as e:
                 _stop_if_terminated(received)
                 failures.append(f"attempt {attempt}: {e}")

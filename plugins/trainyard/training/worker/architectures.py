@@ -2,7 +2,7 @@
 
 Add a model with :func:`register`::
 
-    @register("my_model")
+    @register("my_model", inputs="table")
     def my_model(spec: ModelSpec) -> tf_keras.Model: ...
 
 Every model takes inputs named after ``feature_spec(contract)`` and outputs
@@ -45,13 +45,22 @@ class ModelSpec:
 
 Builder = Callable[[ModelSpec], Any]
 MODELS: dict[str, Builder] = {}
+#: What each model reads: ``image`` (a contract's image feature) or ``table`` (numeric
+#: columns); ``pipelines check`` refuses a model for a dataset of the other kind.
+MODEL_INPUTS: dict[str, str] = {}
 
 
-def register(name: str) -> Callable[[Builder], Builder]:
-    """Decorator adding a builder to the registry under ``name``."""
+def register(name: str, inputs: str) -> Callable[[Builder], Builder]:
+    """Decorator adding a builder to the registry under ``name``.
+
+    Args:
+        name: The registry name (``training.model``).
+        inputs: ``image`` or ``table``.
+    """
 
     def deco(fn: Builder) -> Builder:
         MODELS[name] = fn
+        MODEL_INPUTS[name] = inputs
         return fn
 
     return deco
@@ -82,7 +91,7 @@ def build_model(name: str, spec: ModelSpec) -> Any:
     return keras.Model(model.inputs, scaled(model.outputs[0]), name=model.name)
 
 
-@register("small_cnn")
+@register("small_cnn", inputs="image")
 def small_cnn(spec: ModelSpec) -> Any:
     """A small CNN for one image input of shape (None, H, W, C)."""
     import tf_keras as keras
@@ -112,7 +121,7 @@ def small_cnn(spec: ModelSpec) -> Any:
     return keras.Model(inp, out, name="small_cnn")
 
 
-@register("mlp")
+@register("mlp", inputs="table")
 def mlp(spec: ModelSpec) -> Any:
     """An MLP over numeric table features: one (None,) input each, normalised, concatenated."""
     import tf_keras as keras
