@@ -599,6 +599,7 @@ def decide(
     candidate_error: str | None = None,
     champion_error: str | None = None,
     data_times: tuple[str | None, str | None] | None = None,
+    not_compared: str | None = None,
 ) -> GateDecision:
     """Apply a gate to the candidate's (and the champion's) metrics. Pure: no I/O.
 
@@ -617,16 +618,20 @@ def decide(
             decide), e.g. an unreadable champion pointer.
         data_times: ``(candidate's newest data, champion's newest data)`` as ISO times
             (None where unknown); the champion's is ignored when there is no champion.
+        not_compared: Why a champion exists but its metrics cannot be compared (a model of
+            another task): thresholds (and time) decide, and the reason says so.
 
     Returns:
         The decision with every check.
     """
     checks: list[Check] = []
+    if not_compared:
+        checks.append(Check("champion:comparable", "-", None, None, "-", True, not_compared))
     if candidate_error:
         checks.append(Check("evaluate:candidate", "-", None, None, "-", False, candidate_error))
     if champion_error:
         checks.append(Check("evaluate:champion", "-", None, None, "-", False, champion_error))
-    first_run = champion is None and not champion_error
+    first_run = champion is None and not champion_error and not not_compared
     for metric in gate_metrics(gate):
         raw = candidate.get(metric)
         value = _finite(raw)
@@ -664,7 +669,7 @@ def decide(
                 )
     if champion is not None and gate.champion is not None and not champion_error:
         checks.append(_champion_check(gate, candidate, champion))
-    if data_times is not None and (champion is not None or champion_error):
+    if data_times is not None and (champion is not None or champion_error or not_compared):
         checks.append(_time_check(*data_times))
 
     failed = [c for c in checks if not c.passed]
@@ -682,6 +687,8 @@ def decide(
     if ok:
         verdict: Verdict = "promote"
         first = " (first run: no champion, thresholds only)" if first_run else ""
+        if not_compared:
+            first = f" (champion not compared: {not_compared}; thresholds only)"
         reason = f"All {len(checks)} checks passed{first}{champ_part}."
         if force:
             reason += f" Force promote by {force.actor} was not needed."
@@ -719,6 +726,7 @@ def run_gate(
     smoke_rows: int = 8,
     champion_error: str | None = None,
     data_times: tuple[str | None, str | None] | None = None,
+    not_compared: str | None = None,
 ) -> GateDecision:
     """Evaluate candidate and champion on the same examples, then ``decide``.
 
@@ -737,6 +745,7 @@ def run_gate(
             numbers) to keep for the smoke test.
         champion_error: A champion that could not even be located (passed through).
         data_times: Candidate's and champion's newest data (see :func:`decide`).
+        not_compared: Why the champion is not evaluated at all (see :func:`decide`).
 
     Returns:
         The decision, with ``smoke`` set when the candidate ran.
@@ -773,6 +782,7 @@ def run_gate(
         candidate_error=candidate_error,
         champion_error=champion_error,
         data_times=data_times,
+        not_compared=not_compared,
     )
     return dataclasses.replace(decision, smoke=smoke, timings=timings)
 
@@ -905,7 +915,8 @@ def evaluate_and_decide(
     from trainyard.contracts import load_contract
 
     meta = registry.metadata(version)
-    gate = cfg.gate.for_task(load_contract(cfg.dataset).roles.task)
+    task = load_contract(cfg.dataset).roles.task
+    gate = cfg.gate.for_task(task)
     champion_version: int | None = None
     champion_error = None
     try:
@@ -919,6 +930,20 @@ def evaluate_and_decide(
         except TrainyardError as e:
             log.warning("champion v%s: data time unknown: %s", champion_version, e)
     data_times = (newest_data(meta), champion_time)
+    not_compared = None
+    if champion_version is not None and champion_version != version:
+        # versions trained before task types were all classifiers
+        try:
+            champion_task = (registry.read_file(champion_version, "metrics.json") or {}).get(
+                "task", "classification"
+            )
+        except TrainyardError:  # unreadable: evaluating the champion will say what is wrong
+            champion_task = task
+        if champion_task != task:
+            not_compared = (
+                f"champion v{champion_version} is a {champion_task} model and the "
+                f"contract's task is now {task}"
+            )
     try:
         snap, contract, examples = _holdout(cfg, meta)
         slice_values = _slice_values(snap, contract, examples, gate.slices)
@@ -937,7 +962,9 @@ def evaluate_and_decide(
         )
     else:
         champion_dir = (
-            registry.version_dir(champion_version) / "model" if champion_version else None
+            registry.version_dir(champion_version) / "model"
+            if champion_version and not not_compared
+            else None
         )
         decision = run_gate(
             gate,
@@ -949,6 +976,7 @@ def evaluate_and_decide(
             cfg.serving.smoke_rows,
             champion_error,
             data_times,
+            not_compared,
         )
     decision = dataclasses.replace(decision, version=version, champion_version=champion_version)
     for name, data in decision.report_files().items():

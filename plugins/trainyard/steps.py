@@ -561,7 +561,7 @@ def format_summary(record: dict[str, Any]) -> str:
         f"training      version {tr.get('version', '-')}, attempts {tr.get('attempts', '-')}, "
         f"{_fmt_seconds(tr.get('seconds'))}" + _fmt_window(tr.get("window") or val.get("window")),
         f"metrics       {_fmt_metrics(gate.get('metrics') or {})}",
-        f"champion      {_fmt_metrics(gate.get('champion_metrics') or {}) or 'none (first run)'}",
+        f"champion      {_champion_text(gate)}",
         f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}",
     ]
     if dep:
@@ -590,6 +590,15 @@ def _fmt_staged(staged: dict[str, Any]) -> str:
         state += f", replaces {staged['replaced']} for this interval"
     checked = staged.get("checked")
     return f" ({state}: {checked})" if checked else f" ({state})"
+
+
+def _champion_text(gate: dict[str, Any]) -> str:
+    metrics = _fmt_metrics(gate.get("champion_metrics") or {})
+    if metrics:
+        return metrics
+    if gate.get("champion") is not None and gate.get("champion") != gate.get("version"):
+        return f"v{gate['champion']} (not compared)"
+    return "none (first run)"
 
 
 def _fmt_prediction(deployed: dict[str, Any]) -> str:

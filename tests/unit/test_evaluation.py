@@ -404,6 +404,15 @@ def test_evaluate_and_decide_on_a_staged_snapshot(
     flat = smoke.features["image"].reshape(4, 64)
     assert smoke.expected["class_id"] == (flat @ w).argmax(1).tolist()
 
+    # a champion trained for another task (its metrics.json says so) is not compared
+    reg.promote(v2, "second", "test")
+    (reg.version_dir(v2) / "metrics.json").write_text('{"task": "regression"}')
+    v3 = reg.register(model, meta)
+    other = evaluate_and_decide(cfg, reg, v3)
+    assert (other.verdict, other.first_run, other.champion_version) == ("promote", False, 2)
+    assert "champion v2 is a regression model" in other.reason
+    assert other.champion_metrics is None
+
     reg.pointer.write_text("{broken")
     third = evaluate_and_decide(cfg, reg, v2)
     assert third.verdict == "reject"

@@ -176,3 +176,28 @@ def test_summary_is_json_ready_with_nan_metric() -> None:
     decision = decide(gate(), {"accuracy": 0.9, "loss": math.nan}, None)
     text = json.dumps(decision.summary(), allow_nan=False)
     assert '"loss": null' in text
+
+
+def test_a_champion_of_another_task_is_not_compared_and_does_not_block() -> None:
+    """Found by a new user: after a pipeline's task changed, every candidate was rejected
+    because the old champion could not be evaluated on the new metrics."""
+    regression = GateConfig.model_validate(
+        {"thresholds": {"rmse": {"max": 70}}, "champion": {"metric": "rmse"}}
+    ).for_task("regression")
+    why = "champion v2 is a classification model and the contract's task is now regression"
+    ok = decide(regression, {"rmse": 60.0, "mae": 50.0, "r2": 0.4}, None, not_compared=why)
+    assert ok.verdict == "promote" and not ok.first_run
+    assert f"champion not compared: {why}; thresholds only" in ok.reason
+    bad = decide(regression, {"rmse": 80.0, "mae": 50.0, "r2": 0.4}, None, not_compared=why)
+    assert bad.verdict == "reject" and [c.name for c in bad.checks if not c.passed] == [
+        "threshold:rmse"
+    ]
+    # time still counts: an older candidate is not promoted over the champion
+    old = decide(
+        regression,
+        {"rmse": 60.0, "mae": 50.0, "r2": 0.4},
+        None,
+        data_times=("2026-11-01T00:00:00+00:00", "2026-11-05T00:00:00+00:00"),
+        not_compared=why,
+    )
+    assert old.verdict == "reject" and "time:data" in old.reason
