@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import psutil
 import pytest
 from serving_support import (
     IMAGE_SPEC,
@@ -17,12 +18,11 @@ from trainyard.errors import DeployError
 from trainyard.serving import model_config
 from trainyard.serving.client import ServingClient, ServingHTTPError
 from trainyard.serving.deploy import (
-    LOG_FILE,
-    PID_FILE,
     deploy,
     ensure_local_server,
     publish_version,
     serve_champion,
+    server_pid_file,
     stop_local_server,
 )
 
@@ -55,7 +55,7 @@ def _deploy(env, version, model, expected, previous, **kw):
         "127.0.0.1",
         env["port"],
         {"image": ROWS},
-        expected,
+        {"class_id": list(expected)},
         IMAGE_SPEC,
         previous,
         timeout_s=60,
@@ -98,8 +98,8 @@ def _wait_served(
 
 def test_server_runs_detached_with_pid_and_log_files(env):
     assert env["pid"] > 0
-    assert (env["root"] / PID_FILE).is_file()
-    assert (env["root"] / LOG_FILE).is_file()
+    assert server_pid_file(env["root"], env["port"]).is_file()
+    assert (env["root"] / f".server-{env['port']}.log").is_file()
     assert ensure_local_server(env["root"], "127.0.0.1", env["port"]) == env["pid"]
 
 
@@ -217,11 +217,11 @@ def _wait_served_nothing(env, timeout: float = 30.0) -> None:
 
 def test_stop_local_server_shuts_down_gracefully(env):
     assert stop_local_server(env["root"])
-    assert not (env["root"] / PID_FILE).exists()
+    assert not server_pid_file(env["root"], env["port"]).exists()
     with pytest.raises(OSError):
         ServingClient("127.0.0.1", env["port"], timeout=2).request("GET", "/v1/models/digits")
     assert not stop_local_server(env["root"])
-    log = (env["root"] / LOG_FILE).read_text()
+    log = (env["root"] / f".server-{env['port']}.log").read_text()
     assert "model digits version 1 AVAILABLE" in log
     assert "shutting down (finishing in-flight requests)" in log
     assert log.rstrip().endswith("stopped"), log[-500:]
@@ -239,3 +239,17 @@ def test_a_server_of_another_checkout_on_the_port_is_named_not_waited_for(tmp_pa
             ensure_local_server(mine, "127.0.0.1", port)
     finally:
         stop_local_server(other)
+
+
+def test_stop_stops_the_server_of_every_port(tmp_path) -> None:
+    """Found by a new user: with pipelines on two ports, ``make stop`` stopped one server
+    (one pid file per serving root, overwritten by the second server)."""
+    root = tmp_path / "serving"
+    ports = [free_port(), free_port()]
+    pids = [ensure_local_server(root, "127.0.0.1", p) for p in ports]
+    assert all(pids) and pids[0] != pids[1]
+    assert ensure_local_server(root, "127.0.0.1", ports[0]) == pids[0]  # found, not restarted
+    assert stop_local_server(root)
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    assert not list(root.glob(".server-*.pid"))

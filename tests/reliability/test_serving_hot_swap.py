@@ -132,7 +132,7 @@ def test_hot_swap_and_rollback_under_load_fail_no_request(server, tmp_path: Path
         assert timeline == [1, 2, 3, 2], result
     assert result["total"] > 100, result
     assert states_after_swap == [("2", "AVAILABLE"), ("1", "END")]
-    log = (root / ".server.log").read_text()
+    log = (root / f".server-{port}.log").read_text()
     for v in (1, 2, 3):
         assert f"model digits version {v} AVAILABLE" in log
     client.close()

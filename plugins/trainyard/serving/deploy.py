@@ -44,7 +44,6 @@ from trainyard.serving.schema import FeatureSpec, spec_to_json
 from trainyard.serving.versions import SPEC_FILE
 
 PID_FILE = ".server.pid"
-LOG_FILE = ".server.log"
 
 
 @dataclass(frozen=True)
@@ -429,7 +428,8 @@ def ensure_local_server(
     """Start ``python -m trainyard serve`` detached unless a server already answers.
 
     The process gets its own session (it outlives the caller), its log in
-    ``<serving_root>/.server.log`` and its pid file ``<serving_root>/.server.pid``.
+    ``<serving_root>/.server-<port>.log`` and its pid file ``<serving_root>/.server-<port>.pid``
+    (one server per port; each serves every model of the root's model config).
 
     Args:
         serving_root: The base path to serve.
@@ -447,7 +447,7 @@ def ensure_local_server(
     """
     serving_root = Path(serving_root)
     serving_root.mkdir(parents=True, exist_ok=True)
-    pid_file = serving_root / PID_FILE
+    pid_file = server_pid_file(serving_root, port)
     if _answers(host, port):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             info = read_json(pid_file)
@@ -456,7 +456,7 @@ def ensure_local_server(
                     return int(info["pid"])
                 # started by an older trainyard that served the highest version folder:
                 # restart it so that it follows the model config (and so the registry)
-                stop_local_server(serving_root)
+                stop_local_server(serving_root, port=port)
         if _answers(host, port):
             other = _other_trainyard_server(port, serving_root)
             if other is not None:
@@ -474,7 +474,7 @@ def ensure_local_server(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (plugins_dir, env.get("PYTHONPATH")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    log_path = serving_root / LOG_FILE
+    log_path = serving_root / f".server-{port}.log"
     cmd = [
         sys.executable, "-m", "trainyard", "serve",
         "--base-path", str(serving_root), "--host", host, "--port", str(port),
@@ -549,20 +549,37 @@ def _is_our_server(pid: int) -> bool:
     return cmdline_has(pid, b"trainyard", b"serve")
 
 
-def stop_local_server(serving_root: Path, timeout_s: float = 15.0) -> bool:
-    """Stop the server :func:`ensure_local_server` started (SIGTERM, then SIGKILL).
+def server_pid_file(serving_root: Path, port: int) -> Path:
+    """The pid file of the local server on ``port`` (``<serving_root>/.server-<port>.pid``)."""
+    return Path(serving_root) / f".server-{port}.pid"
+
+
+def stop_local_server(
+    serving_root: Path, timeout_s: float = 15.0, *, port: int | None = None
+) -> bool:
+    """Stop the servers :func:`ensure_local_server` started (SIGTERM, then SIGKILL).
+
+    Args:
+        serving_root: Their base path.
+        timeout_s: How long each may take to exit after SIGTERM.
+        port: Only the server on this port (default: every one of the root).
 
     Returns:
         True if a running server was stopped; False if none was recorded or running.
     """
-    pid_file = Path(serving_root) / PID_FILE
-    try:
-        pid = int(read_json(pid_file)["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    if not _alive(pid) or not _is_our_server(pid):
+    root = Path(serving_root)
+    if port is not None:
+        files = [server_pid_file(root, port)]
+    else:  # PID_FILE: the one pid file of servers started before one per port
+        files = [*sorted(root.glob(".server-*.pid")), root / PID_FILE]
+    stopped = False
+    for pid_file in files:
+        try:
+            pid = int(read_json(pid_file)["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(pid) and _is_our_server(pid):
+            terminate(pid, timeout_s)
+            stopped = True
         pid_file.unlink(missing_ok=True)
-        return False
-    terminate(pid, timeout_s)
-    pid_file.unlink(missing_ok=True)
-    return True
+    return stopped
