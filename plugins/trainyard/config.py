@@ -222,6 +222,8 @@ class GateConfig(_Strict):
     champion: ChampionRule | None = None
     slices: list[str] = Field(default_factory=list)
     fail_run_on_reject: bool = False
+    approval: Literal["none", "required"] = "none"
+    approval_timeout_h: float = Field(default=72.0, gt=0)
 
     def for_task(self, task: str) -> GateConfig:
         """This gate with ``metrics`` set to the task's defaults when none were given."""

@@ -7,7 +7,7 @@ Layout of one pipeline's registry (``<models_root>/<pipeline>/``)::
     versions/<n>/metrics.json    training metrics
     versions/<n>/gate.{md,json}  the evaluation gate's decision (attached after evaluation)
     champion.json                {"version": n, "previous": [...], "event": {...}}
-    history.jsonl                one JSON line per promotion or rollback
+    history.jsonl                one JSON line per promotion, rollback or approval
     .tmp/                        private in-progress copies, never read
     .lock                        ``flock`` serialising numbering and pointer moves
 
@@ -49,13 +49,18 @@ from trainyard.fsutil import (
 from trainyard.layout import CHAMPION_FILE, HISTORY_FILE, VERSIONS_DIR
 
 #: Files a caller may attach to a published version (written atomically, never the model).
-ATTACHABLE = ("gate.md", "gate.json")
+ATTACHABLE = ("gate.md", "gate.json", "approval.json")
 #: Metadata keys every version must carry (the lineage of the model).
 REQUIRED_METADATA = ("dataset", "snapshot_id")
 _TMP_PREFIX = "reg-"
 _FOREIGN_TMP_AGE_S = 24 * 3600
 
 log = logging.getLogger("trainyard.registry")
+
+
+def _event(kind: str, **fields: Any) -> dict[str, Any]:
+    """A history event: a fresh id, its kind, its fields, and when."""
+    return {"id": uuid.uuid4().hex, "event": kind, **fields, "at": _now()}
 
 
 def _now() -> str:
@@ -325,6 +330,25 @@ class Registry:
                 raise RegistryError(f"{self.history_path}:{i}: not a JSON line: {e}") from e
         return events
 
+    def record_approval(self, version: int, approved: bool, actor: str, reason: str) -> None:
+        """Record a person's approval or rejection of a version (``approval.json`` + history).
+
+        Args:
+            version: The version asked about.
+            approved: Their answer.
+            actor: Who answered (``timeout`` when nobody did in time).
+            reason: What they wrote (may be empty).
+
+        Raises:
+            RegistryError: If the version does not exist.
+        """
+        version = int(version)
+        event = _event("approval", approved=approved, version=version, actor=actor, reason=reason)
+        with self._locked():
+            self.version_dir(version)
+            self.attach(version, "approval.json", json.dumps(event, indent=2))
+            self._append_history(event)
+
     def _append_history(self, event: Mapping[str, Any]) -> None:
         line = (json.dumps(dict(event), sort_keys=True) + "\n").encode()
         fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -390,16 +414,14 @@ class Registry:
             previous = list(state.get("previous", []))
             if current is not None and current != version:
                 previous.append(current)
-            event = {
-                "id": uuid.uuid4().hex,
-                "event": "promote",
-                "version": version,
-                "from": current,
-                "actor": actor,
-                "reason": reason,
-                "forced": forced,
-                "at": _now(),
-            }
+            event = _event(
+                "promote",
+                version=version,
+                **{"from": current},
+                actor=actor,
+                reason=reason,
+                forced=forced,
+            )
             if forced and gate and gate.get("force"):
                 event["force_request"] = gate["force"]
             self._move_pointer(version, previous, event)
@@ -438,16 +460,14 @@ class Registry:
             target = previous.pop() if previous else None
             if target is not None:
                 self.version_dir(target)
-            event = {
-                "id": uuid.uuid4().hex,
-                "event": "rollback",
-                "version": target,
-                "from": current,
-                "actor": actor,
-                "reason": reason,
-                "forced": False,
-                "at": _now(),
-            }
+            event = _event(
+                "rollback",
+                version=target,
+                **{"from": current},
+                actor=actor,
+                reason=reason,
+                forced=False,
+            )
             self._move_pointer(target, previous, event)
             return target
 

@@ -259,7 +259,7 @@ def summary_line(results: Mapping[str, Any], failed: Sequence[str] = ()) -> str:
 
     Args:
         results: Each step's result keyed by step name (``stage``, ``validate``,
-            ``register``, ``evaluate``, ``deploy``), as in the run record.
+            ``register``, ``evaluate``, ``approve``, ``deploy``), as in the run record.
         failed: The run's failed tasks (a failed step returns no result).
 
     Returns:
@@ -287,6 +287,13 @@ def summary_line(results: Mapping[str, Any], failed: Sequence[str] = ()) -> str:
         parts.append(f"gate {ev.get('verdict', '?')}: {ev.get('reason', '')}".rstrip(": "))
     else:
         parts.append("gate not run")
+    answer = results.get("approve")
+    if isinstance(answer, dict):
+        said = "approved" if answer.get("approved") else "rejected"
+        parts.append(
+            f"{said} by {answer.get('by')}"
+            + (f": {answer['reason']}" if answer.get("reason") else "")
+        )
     if dep and dep.get("version") is not None:
         parts.append(f"serving v{dep['version']}")
     else:

@@ -401,13 +401,21 @@ def evaluate(
     return decision.summary()
 
 
-def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, Any]:
+def deploy(
+    pipeline: str,
+    version: int,
+    actor: str | None = None,
+    approved_by: str | None = None,
+    approval_reason: str | None = None,
+) -> dict[str, Any]:
     """Publish a gated version to serving, smoke-test it, and make it the champion.
 
     Serving is first put back on the registry's champion (which undoes what a killed
     deploy left), then the version is served as ``canary`` and smoke-tested. On a failed
     smoke test serving rolls back to the previous champion and ``DeployError`` is raised;
-    the champion pointer only moves after the new version answered correctly.
+    the champion pointer only moves after the new version answered correctly. A person's
+    approval (``gate.approval: required``) is recorded first and is the promotion's actor
+    and reason.
 
     Returns:
         ``version``, ``url``, ``sample_prediction``, ``smoke_rows``, ``previous``,
@@ -429,6 +437,11 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     if gate.get("verdict") not in ("promote", "forced"):
         reason = gate.get("reason") or "it has not been evaluated (run the evaluate step first)"
         raise DeployError(f"{cfg.name} version {version} may not be deployed: {reason}")
+    promote_reason = f"deployed after gate on snapshot {meta['snapshot_id']}"
+    if approved_by:
+        registry.record_approval(version, True, approved_by, approval_reason or "")
+        actor = approved_by
+        promote_reason = f"approved by {approved_by}: {approval_reason or '(no reason given)'}"
     previous = registry.champion()
     spec = feature_spec(contract)
     champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
@@ -453,11 +466,7 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         feature_spec=spec,
         previous_version=previous,
         timeout_s=120.0,
-        promote=lambda: registry.promote(
-            version,
-            reason=f"deployed after gate on snapshot {meta['snapshot_id']}",
-            actor=actor or "pipeline",
-        ),
+        promote=lambda: registry.promote(version, reason=promote_reason, actor=actor or "pipeline"),
     )
     return {
         "version": version,
@@ -542,6 +551,13 @@ def summary(
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
         **(results or {}),
     }
+    answer = (results or {}).get("approve")
+    version = ((results or {}).get("register") or {}).get("version")
+    if isinstance(answer, dict) and not answer.get("approved") and version is not None:
+        # a rejection stops the run before deploy: its record is kept here
+        _registry(cfg).record_approval(
+            int(version), False, str(answer.get("by")), str(answer.get("reason") or "")
+        )
     atomic_write_json(layout.run_record(cfg.name, run_id), record)
     atomic_write_json(layout.last_run(cfg.name), record)
     log.info("run summary:\n%s", format_summary(record))
@@ -564,6 +580,12 @@ def format_summary(record: dict[str, Any]) -> str:
         f"champion      {_champion_text(gate)}",
         f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}",
     ]
+    answer = record.get("approve")
+    if isinstance(answer, dict):
+        said = "approved" if answer.get("approved") else "rejected"
+        lines.append(
+            f"approval      {said} by {answer.get('by')}: {answer.get('reason') or '(no reason)'}"
+        )
     if dep:
         lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
         lines.append(f"prediction    {_fmt_prediction(dep)}")
@@ -965,6 +987,8 @@ STEPS: dict[str, Step] = {
                 _pipeline(),
                 Arg("version", "int", required=True, help="the version to serve"),
                 Arg("actor", help="who asked"),
+                Arg("approved_by", help="who approved it (gate.approval: required)"),
+                Arg("approval_reason", help="what the approver wrote"),
             ),
             (
                 "version",

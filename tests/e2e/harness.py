@@ -7,14 +7,20 @@ single process runs (``airflow dags test``).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import yaml
 
@@ -259,3 +265,50 @@ def api_token(base: str, password: str, username: str = "admin") -> str:
     )
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())["access_token"]
+
+
+class StandaloneEnv:
+    """A running standalone's API with admin credentials, and the runs a test made."""
+
+    def __init__(self, project: Project, base: str, password: str) -> None:
+        self.project, self.base, self.password = project, base, password
+        self.token = api_token(base, password)
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    def get(self, path: str, token: str | None = "default") -> tuple[int, bytes, Any]:
+        """GET ``path``; ``token=None`` sends no credentials. Returns status, body, headers."""
+        headers = {}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {self.token if token == 'default' else token}"
+        req = urllib.request.Request(f"{self.base}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, resp.read(), resp.headers
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), e.headers
+
+    def api(self, path: str, method: str = "GET", body: dict | None = None) -> Any:
+        req = urllib.request.Request(
+            f"{self.base}{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
+
+    def trigger_and_wait(
+        self, conf: dict, dag: str = "trainyard_digits", deadline_s: float = 900
+    ) -> dict[str, Any]:
+        run = self.api(f"/api/v2/dags/{dag}/dagRuns", "POST", {"logical_date": None, "conf": conf})
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            run = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run['dag_run_id'], safe='')}")
+            if run["state"] in ("success", "failed"):
+                return run
+            time.sleep(5)
+        raise TimeoutError(f"run {run['dag_run_id']} still {run['state']}")
+
+    def task_states(self, run_id: str, dag: str = "trainyard_digits") -> dict[str, str]:
+        tis = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+        return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}

@@ -18,9 +18,6 @@ import json
 import os
 import shutil
 import time
-import urllib.error
-import urllib.request
-from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -29,13 +26,12 @@ import yaml
 from tests.e2e.harness import (
     BROWSER_ARGS,
     ROOT,
-    Project,
     admin_password,
-    api_token,
     free_port,
     make_project,
     standalone,
 )
+from tests.e2e.harness import StandaloneEnv as Env
 
 # one standalone and two pipeline runs are set up for the first test
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -43,53 +39,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mar
 CHROMIUM = "/usr/bin/chromium"
 DAG = "trainyard_digits"
 STRICT = "trainyard_digits_strict"
-
-
-class Env:
-    """The running standalone, its admin credentials and the two runs."""
-
-    def __init__(self, project: Project, base: str, password: str) -> None:
-        self.project, self.base, self.password = project, base, password
-        self.token = api_token(base, password)
-        self.runs: dict[str, dict[str, Any]] = {}
-
-    def get(self, path: str, token: str | None = "default") -> tuple[int, bytes, Any]:
-        """GET ``path``; ``token=None`` sends no credentials. Returns status, body, headers."""
-        headers = {}
-        if token is not None:
-            headers["Authorization"] = f"Bearer {self.token if token == 'default' else token}"
-        req = urllib.request.Request(f"{self.base}{path}", headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, resp.read(), resp.headers
-        except urllib.error.HTTPError as e:
-            return e.code, e.read(), e.headers
-
-    def api(self, path: str, method: str = "GET", body: dict | None = None) -> Any:
-        req = urllib.request.Request(
-            f"{self.base}{path}",
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read())
-
-    def trigger_and_wait(
-        self, conf: dict, dag: str = DAG, deadline_s: float = 900
-    ) -> dict[str, Any]:
-        run = self.api(f"/api/v2/dags/{dag}/dagRuns", "POST", {"logical_date": None, "conf": conf})
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            run = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run['dag_run_id'], safe='')}")
-            if run["state"] in ("success", "failed"):
-                return run
-            time.sleep(5)
-        raise TimeoutError(f"run {run['dag_run_id']} still {run['state']}")
-
-    def task_states(self, run_id: str, dag: str = DAG) -> dict[str, str]:
-        tis = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run_id, safe='')}/taskInstances")
-        return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
 
 
 @pytest.fixture(scope="module")

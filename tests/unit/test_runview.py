@@ -197,3 +197,13 @@ def test_a_run_stopped_by_validation_shows_the_rejection_from_its_results(volume
     page = runview.render_run(story, None, "/pipe")
     assert "REJECTED" in page and "5 rows &lt; 1000" in page and "row_count" in page
     assert "not summarised" in page and "the gate did not run" in page
+
+
+def test_the_summary_line_says_who_approved_or_rejected() -> None:
+    results = {
+        "evaluate": {"verdict": "promote", "reason": "All checks passed.", "champion": 1},
+        "approve": {"approved": False, "by": "admin", "reason": "wait for the relabelled batch"},
+    }
+    line = runview.summary_line(results)
+    assert "rejected by admin: wait for the relabelled batch" in line
+    assert "serving unchanged (v1)" in line

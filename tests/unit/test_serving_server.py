@@ -320,6 +320,15 @@ def test_concurrent_requests_are_batched_and_answered_correctly(served):
     assert batcher.merged_requests > 0, "no request was merged under 8 concurrent clients"
 
 
+def _serve_export(tmp_path, name: str, version: int, spec) -> ThreadedServer:
+    """Serve ``<tmp_path>/model`` (an export) as ``name`` version ``version``, loaded."""
+    base = tmp_path / "serving"
+    publish_version(tmp_path / "model", base, name, version, spec)
+    srv = ThreadedServer(base, poll_interval=3600)
+    srv.sync()
+    return srv
+
+
 TRAINER_MODELS = [
     ("small_cnn", IMAGE_SPEC, {"image": IMAGES}),
     ("mlp", {"a": ("float32", (None,)), "b": ("float32", (None,))},
@@ -340,11 +349,8 @@ def test_serves_savedmodels_exported_by_the_trainer(tmp_path, model_name, spec, 
     names = [f"class {i} é" for i in range(10)]  # class names are served as UTF-8 text
     model = build_model(model_name, ModelSpec(inputs=spec, outputs=10, seed=3))
     _export(model, spec, tmp_path / "model", names)
-    base = tmp_path / "serving"
-    publish_version(tmp_path / "model", base, "m", 4, spec)
-    srv = ThreadedServer(base, poll_interval=3600)
+    srv = _serve_export(tmp_path, "m", 4, spec)
     try:
-        srv.sync()
         with ServingClient("127.0.0.1", srv.port) as client:
             assert client.status("m")[0]["state"] == "AVAILABLE"
             got = client.predict("m", inputs={k: v.tolist() for k, v in rows.items()})
@@ -373,11 +379,8 @@ def test_serves_a_regressor_exported_by_the_trainer(tmp_path):
     rows = {"a": np.arange(5, dtype=np.float32), "b": np.ones(5, np.float32)}
     model = build_model("mlp", ModelSpec(spec, outputs=1, seed=3, target_stats=(150.0, 5000.0)))
     _export(model, spec, tmp_path / "model", None)
-    base = tmp_path / "serving"
-    publish_version(tmp_path / "model", base, "r", 1, spec)
-    srv = ThreadedServer(base, poll_interval=3600)
+    srv = _serve_export(tmp_path, "r", 1, spec)
     try:
-        srv.sync()
         with ServingClient("127.0.0.1", srv.port) as client:
             got = client.predict("r", inputs={k: v.tolist() for k, v in rows.items()})
             meta = client.metadata("r")

@@ -476,21 +476,36 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
     def gate_task(decision: dict[str, Any]) -> bool:
         return gate(decision, cfg.gate.fail_run_on_reject)
 
+    approve = None
+    deploy_inputs: dict[str, Any] = {"version": version, "actor": FromRun("actor")}
+    if cfg.gate.approval == "required":
+        from trainyard.orchestration.approval import approval_task
+
+        approve = approval_task(cfg)
+        deploy_inputs |= {
+            "approved_by": FromXCom("approve", "by"),
+            "approval_reason": FromXCom("approve", "reason"),
+        }
     deploy = step(
         "deploy",
-        {"version": version, "actor": FromRun("actor")},
+        deploy_inputs,
         outlets=[mdl_asset],
         execution_timeout=dt.timedelta(minutes=30),
         on_success_callback=mails.get("promotion"),
     )
+    tasks = (*STEP_TASKS, "approve") if approve is not None else STEP_TASKS
     summary = step(
         "summary",
-        {"run_id": FromRun("run_id"), "results": Results(STEP_TASKS)},
+        {"run_id": FromRun("run_id"), "results": Results(tasks)},
         trigger_rule="none_failed",
     )
     stage >> validate >> train >> register >> evaluate
     publish_snapshot_event(snap_asset, cfg.dataset, cfg.name)(stage.output, validate.output)
-    gate_task(evaluate.output) >> deploy >> summary
+    gated = gate_task(evaluate.output)
+    if approve is not None:
+        gated >> approve >> deploy >> summary
+    else:
+        gated >> deploy >> summary
 
 
 def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:

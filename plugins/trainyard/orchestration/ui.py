@@ -265,7 +265,7 @@ def step_results(session: Any, dag_id: str, run_id: str) -> dict[str, Any]:
             XComModel.run_id == run_id,
             XComModel.key == "return_value",
             XComModel.map_index == -1,
-            XComModel.task_id.in_(STEP_TASKS),
+            XComModel.task_id.in_((*STEP_TASKS, "approve")),
         )
     ).all()
     out = {}

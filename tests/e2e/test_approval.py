@@ -1,0 +1,125 @@
+"""``gate.approval: required``: a person approves or rejects a candidate, for real.
+
+One ``airflow standalone`` (scheduler, triggerer, API server) runs the digits pipeline
+twice. Each run waits in the ``approve`` task (Airflow's human-in-the-loop
+``ApprovalOperator``, awaiting input) showing the gate report; the test answers
+through Airflow's own API as the UI's Required Actions page does (``PATCH .../hitlDetails``
+with the option and a reason). Approve ships the model with the approver as the
+promotion's actor and reason; Reject skips the deploy, keeps the champion and records the
+approver's reason in the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from tests.e2e.harness import (
+    Project,
+    StandaloneEnv,
+    admin_password,
+    free_port,
+    make_project,
+    standalone,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+DAG = "trainyard_digits"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> StandaloneEnv:
+    tmp = tmp_path_factory.mktemp("approval")
+    api_port = free_port()
+    project = make_project(
+        tmp,
+        {
+            "training": {"epochs": 2},
+            "schedule": None,
+            "gate": {"approval": "required", "approval_timeout_h": 1},
+        },
+        api_port=api_port,
+    )
+    project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    with standalone(project, api_port, tmp / "standalone.log") as base:
+        e = StandaloneEnv(project, base, admin_password(project))
+        end = time.monotonic() + 240
+        while e.get(f"/api/v2/dags/{DAG}")[0] != 200:
+            assert time.monotonic() < end, f"{DAG} never appeared"
+            time.sleep(2)
+        e.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
+        yield e
+
+
+def _answer(env: StandaloneEnv, option: str, reason: str) -> tuple[dict, dict[str, Any]]:
+    """Trigger a run, wait for its approval request, answer it, wait for the run's end."""
+    run = env.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": {}})
+    run_path = f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}"
+    hitl = f"{run_path}/taskInstances/approve/-1/hitlDetails"
+    end = time.monotonic() + 900
+    while True:
+        status, body, _ = env.get(hitl)
+        # Airflow 3.3 shows a waiting human-in-the-loop task as awaiting_input (deferred before)
+        waiting = ("awaiting_input", "deferred")
+        if status == 200 and json.loads(body)["task_instance"]["state"] in waiting:
+            break
+        state = env.api(run_path)["state"]
+        assert state in ("queued", "running"), f"the run ended {state} before asking for approval"
+        assert time.monotonic() < end, "no approval request within 900 s"
+        time.sleep(3)
+    request = json.loads(body)
+    env.api(hitl, "PATCH", {"chosen_options": [option], "params_input": {"reason": reason}})
+    while (run := env.api(run_path))["state"] not in ("success", "failed"):
+        assert time.monotonic() < end + 600, f"run still {run['state']} after the answer"
+        time.sleep(3)
+    return run, request
+
+
+def _registry(project: Project) -> tuple[dict, list[dict]]:
+    root = project.volume_root / "_models" / "digits"
+    champion = json.loads((root / "champion.json").read_text())
+    history = [json.loads(line) for line in (root / "history.jsonl").read_text().splitlines()]
+    return champion, history
+
+
+def test_an_approved_candidate_ships_with_the_approver_recorded(env: StandaloneEnv) -> None:
+    run, request = _answer(env, "Approve", "curves and gate look right")
+    assert run["state"] == "success"
+    # the request showed the gate's report and named the version
+    assert request["subject"] == "Ship digits version 1?"
+    assert "Gate: PROMOTE" in request["body"] and "threshold:accuracy" in request["body"]
+    assert request["options"] == ["Approve", "Reject"]
+    states = env.task_states(run["dag_run_id"])
+    assert states["approve"] == "success" and states["deploy"] == "success"
+    champion, history = _registry(env.project)
+    assert champion["version"] == 1
+    approval, promote = history[-2:]
+    assert (approval["event"], approval["approved"]) == ("approval", True)
+    assert approval["actor"] == "admin"
+    assert promote["event"] == "promote" and promote["actor"] == "admin"
+    assert promote["reason"] == "approved by admin: curves and gate look right"
+    version = env.project.volume_root / "_models" / "digits" / "versions" / "1"
+    assert json.loads((version / "approval.json").read_text())["approved"] is True
+
+
+def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: StandaloneEnv) -> None:
+    run, request = _answer(env, "Reject", "wait for the relabelled batch")
+    assert run["state"] == "success"  # a person's "no" is an answer, not a failure
+    assert request["subject"] == "Ship digits version 2?"
+    states = env.task_states(run["dag_run_id"])
+    assert states["approve"] == "success"
+    assert states["deploy"] == "skipped" and states["summary"] == "success"
+    champion, history = _registry(env.project)
+    assert champion["version"] == 1
+    last = history[-1]
+    assert (last["event"], last["approved"], last["version"]) == ("approval", False, 2)
+    assert (last["actor"], last["reason"]) == ("admin", "wait for the relabelled batch")
+    version = env.project.volume_root / "_models" / "digits" / "versions" / "2"
+    assert json.loads((version / "approval.json").read_text())["reason"] == (
+        "wait for the relabelled batch"
+    )
