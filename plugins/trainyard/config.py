@@ -305,16 +305,27 @@ NOTIFY_EVENTS = ("failure", "rejection", "promotion")
 class NotifyConfig(_Strict):
     """E-mail a pipeline's outcomes (``notify:``) through an Airflow SMTP connection.
 
-    ``on`` picks the events: a task that fails for good (after its retries), a gate
-    rejection, a promotion (the deploy served the new champion).
+    ``events`` picks what is mailed: a task that fails for good (after its retries), a
+    rejection (by the gate, or by a person asked for approval), a promotion (the deploy
+    served the new champion). (Not ``on``: YAML reads a bare ``on`` key as ``true``.)
     """
 
     email: list[str] = Field(min_length=1)
-    on: list[Literal["failure", "rejection", "promotion"]] = Field(
+    events: list[Literal["failure", "rejection", "promotion"]] = Field(
         default_factory=lambda: list(NOTIFY_EVENTS), min_length=1
     )
     smtp_conn_id: str = "smtp_default"
     from_email: str = "trainyard@localhost"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_on(cls, data: Any) -> Any:
+        if isinstance(data, dict) and True in data:
+            raise ValueError(
+                "a key YAML read as true: a bare `on:` is a boolean in YAML; the list of "
+                "outcomes is `events:`"
+            )
+        return data
 
     @field_validator("email")
     @classmethod

@@ -649,13 +649,15 @@ def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) ->
         ("show", "one version's metadata and gate decision (default: the champion)"),
         ("promote", "make a version the champion"),
         ("rollback", "make the previous champion the champion again"),
-        ("history", "promotions and rollbacks, oldest first"),
+        ("approve", "approve a version (pipelines with gate.approval: required)"),
+        ("reject", "reject a version (pipelines with gate.approval: required)"),
+        ("history", "promotions, rollbacks and approvals, oldest first"),
     ):
         p = sub.add_parser(action, help=text)
         p.add_argument("--pipeline", required=True)
         if action == "show":
             p.add_argument("version", type=int, nargs="?")
-        if action == "promote":
+        if action in ("promote", "approve", "reject"):
             p.add_argument("version", type=int)
             p.add_argument("--force", action="store_true", help="override a rejecting gate")
         if action == "rollback":
@@ -664,7 +666,7 @@ def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) ->
                 action="store_true",
                 help="allow rolling back the first champion: nothing is served afterwards",
             )
-        if action in ("promote", "rollback"):
+        if action in ("promote", "rollback", "approve", "reject"):
             p.add_argument("--reason", required=True)
             p.add_argument("--actor", default=os.environ.get("USER") or "cli")
     args = parser.parse_args(argv)
@@ -690,6 +692,9 @@ def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) ->
     elif args.action == "promote":
         reg.promote(args.version, args.reason, args.actor, forced=args.force)
         out.write(f"{reg.pipeline}: version {args.version} is now the champion\n")
+    elif args.action in ("approve", "reject"):
+        reg.record_approval(args.version, args.action == "approve", args.actor, args.reason)
+        out.write(f"{reg.pipeline}: version {args.version} {args.action}d by {args.actor}\n")
     elif args.action == "rollback":
         target = reg.rollback(args.reason, args.actor, unserve=args.unserve)
         out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")

@@ -432,7 +432,6 @@ def deploy(
     version = int(version)
     meta = registry.metadata(version)
     contract = load_contract(cfg.dataset)
-    smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
     gate = registry.read_file(version, "gate.json") or {}
     if gate.get("verdict") not in ("promote", "forced"):
         reason = gate.get("reason") or "it has not been evaluated (run the evaluate step first)"
@@ -440,8 +439,23 @@ def deploy(
     promote_reason = f"deployed after gate on snapshot {meta['snapshot_id']}"
     if approved_by:
         registry.record_approval(version, True, approved_by, approval_reason or "")
-        actor = approved_by
-        promote_reason = f"approved by {approved_by}: {approval_reason or '(no reason given)'}"
+    if cfg.gate.approval == "required":
+        answer = registry.read_file(version, "approval.json") or {}
+        if not answer.get("approved"):
+            said = (
+                f"{answer.get('actor')} rejected it: {answer.get('reason') or '(no reason)'}"
+                if answer
+                else "nobody has approved it"
+            )
+            raise DeployError(
+                f"{cfg.name} version {version} needs a person's approval (gate.approval: "
+                f"required) and {said}; approve it in the Airflow UI (Required Actions) or "
+                f"with python -m trainyard models approve --pipeline {cfg.name} {version} "
+                "--reason '...'"
+            )
+        actor = str(answer.get("actor"))
+        promote_reason = f"approved by {actor}: {answer.get('reason') or '(no reason given)'}"
+    smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
     previous = registry.champion()
     spec = feature_spec(contract)
     champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
@@ -762,8 +776,20 @@ def run_all(
                 overrides.get("force_reason"),
                 "cli",
             )
-            if results["evaluate"]["promote"]:
+            approval = _registry(load_pipeline(pipeline)).read_file(version, "approval.json") or {}
+            if results["evaluate"]["promote"] and (
+                load_pipeline(pipeline).gate.approval != "required" or approval.get("approved")
+            ):
                 results["deploy"] = deploy(pipeline, version, "cli")
+            elif results["evaluate"]["promote"]:
+                log.warning(
+                    "%s version %s passed the gate and waits for a person's approval "
+                    "(gate.approval: required): python -m trainyard models approve --pipeline "
+                    "%s %s --reason '...', then python -m trainyard deploy --pipeline %s "
+                    "--version %s",
+                    pipeline, version, pipeline, version, pipeline, version,
+                )  # fmt: skip
+                results["approve"] = {"approved": None, "by": None, "reason": "waiting"}
         record = summary(pipeline, run_id, results)
     return record
 

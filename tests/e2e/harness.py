@@ -7,11 +7,14 @@ single process runs (``airflow dags test``).
 
 from __future__ import annotations
 
+import email
+import email.policy
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -312,3 +315,27 @@ class StandaloneEnv:
     def task_states(self, run_id: str, dag: str = "trainyard_digits") -> dict[str, str]:
         tis = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run_id, safe='')}/taskInstances")
         return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
+
+
+class Inbox:
+    """What a real SMTP server on loopback received: one parsed message per mail."""
+
+    def __init__(self) -> None:
+        self.messages: list[email.message.EmailMessage] = []
+        self.recipients: list[list[str]] = []
+        self.changed = threading.Condition()
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        msg = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        with self.changed:
+            self.messages.append(msg)  # type: ignore[arg-type]
+            self.recipients.append(list(envelope.rcpt_tos))
+            self.changed.notify_all()
+        return "250 OK"
+
+    def subjects(self) -> list[str]:
+        return [str(m["Subject"]) for m in self.messages]
+
+    def body(self, i: int) -> str:
+        part = self.messages[i].get_body(preferencelist=("html", "plain"))
+        return part.get_content() if part is not None else ""

@@ -6,7 +6,9 @@ twice. Each run waits in the ``approve`` task (Airflow's human-in-the-loop
 through Airflow's own API as the UI's Required Actions page does (``PATCH .../hitlDetails``
 with the option and a reason). Approve ships the model with the approver as the
 promotion's actor and reason; Reject skips the deploy, keeps the champion and records the
-approver's reason in the registry.
+approver's reason in the registry. Both answers are mailed (``notify:``, a real SMTP
+server on loopback). The deploy step refuses the rejected version when called by hand,
+until ``models approve`` records a person's yes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.e2e.harness import (
+    Inbox,
     Project,
     StandaloneEnv,
     admin_password,
@@ -34,26 +37,42 @@ DAG = "trainyard_digits"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> StandaloneEnv:
+    from aiosmtpd.controller import Controller
+
     tmp = tmp_path_factory.mktemp("approval")
-    api_port = free_port()
+    api_port, smtp_port = free_port(), free_port()
+    inbox = Inbox()
+    smtp = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
+    smtp.start()
     project = make_project(
         tmp,
         {
             "training": {"epochs": 2},
             "schedule": None,
             "gate": {"approval": "required", "approval_timeout_h": 1},
+            "notify": {"email": ["ml-team@example.com"], "events": ["rejection", "promotion"]},
         },
         api_port=api_port,
     )
     project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    project.env["AIRFLOW_CONN_SMTP_DEFAULT"] = json.dumps(
+        {
+            "conn_type": "smtp",
+            "host": "127.0.0.1",
+            "port": smtp_port,
+            "extra": {"disable_ssl": True, "disable_tls": True, "timeout": 10},
+        }
+    )
     with standalone(project, api_port, tmp / "standalone.log") as base:
         e = StandaloneEnv(project, base, admin_password(project))
+        e.inbox = inbox  # type: ignore[attr-defined]
         end = time.monotonic() + 240
         while e.get(f"/api/v2/dags/{DAG}")[0] != 200:
             assert time.monotonic() < end, f"{DAG} never appeared"
             time.sleep(2)
         e.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
         yield e
+    smtp.stop()
 
 
 def _answer(env: StandaloneEnv, option: str, reason: str) -> tuple[dict, dict[str, Any]]:
@@ -105,6 +124,9 @@ def test_an_approved_candidate_ships_with_the_approver_recorded(env: StandaloneE
     assert promote["reason"] == "approved by admin: curves and gate look right"
     version = env.project.volume_root / "_models" / "digits" / "versions" / "1"
     assert json.loads((version / "approval.json").read_text())["approved"] is True
+    inbox = env.inbox  # type: ignore[attr-defined]
+    assert inbox.subjects() == ["[trainyard] digits: version 1 promoted and served"]
+    assert "admin: curves and gate look right" in inbox.body(0)
 
 
 def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: StandaloneEnv) -> None:
@@ -123,3 +145,24 @@ def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: Standa
     assert json.loads((version / "approval.json").read_text())["reason"] == (
         "wait for the relabelled batch"
     )
+    inbox = env.inbox  # type: ignore[attr-defined]
+    assert inbox.subjects()[1:] == ["[trainyard] digits: version 2 rejected by admin"]
+    assert "wait for the relabelled batch" in inbox.body(1) and "Gate: PROMOTE" in inbox.body(1)
+
+    # found by a new user: the deploy step shipped the rejected version when run by hand
+    by_hand = env.project.trainyard("deploy", "--pipeline", "digits", "--version", "2")
+    assert by_hand.returncode == 3, by_hand.stderr[-2000:]
+    assert "needs a person's approval" in by_hand.stderr
+    assert "admin rejected it: wait for the relabelled batch" in by_hand.stderr
+    assert _registry(env.project)[0]["version"] == 1
+    # a person's yes from the CLI, then the deploy step ships it
+    yes = env.project.trainyard(
+        "models", "approve", "--pipeline", "digits", "2", "--reason", "batch relabelled",
+        "--actor", "alice",
+    )  # fmt: skip
+    assert yes.returncode == 0, yes.stderr[-2000:]
+    shipped = env.project.trainyard("deploy", "--pipeline", "digits", "--version", "2")
+    assert shipped.returncode == 0, shipped.stderr[-2000:]
+    champion, history = _registry(env.project)
+    assert champion["version"] == 2
+    assert history[-1]["reason"] == "approved by alice: batch relabelled"

@@ -7,10 +7,7 @@ project does not ship (breast cancer, one CSV per day) end in each outcome.
 
 from __future__ import annotations
 
-import email
-import email.policy
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,36 +16,12 @@ import yaml
 
 from tests.daily_csv import pipeline as pipeline_dict
 from tests.daily_csv import use_contracts, write_days
-from tests.e2e.harness import Project, free_port, init_airflow, make_project
+from tests.e2e.harness import Inbox, Project, free_port, init_airflow, make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 DAYS = ["2026-11-01", "2026-11-02"]
 TO = ["ml-team@example.com", "oncall@example.com"]
-
-
-class Inbox:
-    """What a real SMTP server on loopback received: one parsed message per mail."""
-
-    def __init__(self) -> None:
-        self.messages: list[email.message.EmailMessage] = []
-        self.recipients: list[list[str]] = []
-        self.changed = threading.Condition()
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        msg = email.message_from_bytes(envelope.content, policy=email.policy.default)
-        with self.changed:
-            self.messages.append(msg)  # type: ignore[arg-type]
-            self.recipients.append(list(envelope.rcpt_tos))
-            self.changed.notify_all()
-        return "250 OK"
-
-    def subjects(self) -> list[str]:
-        return [str(m["Subject"]) for m in self.messages]
-
-    def body(self, i: int) -> str:
-        part = self.messages[i].get_body(preferencelist=("html", "plain"))
-        return part.get_content() if part is not None else ""
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +57,15 @@ def project(tmp_path_factory: pytest.TempPathFactory, inbox: tuple[Inbox, int]) 
     proj.stop_server()
 
 
-def _write(project: Project, accuracy_min: float) -> None:
+def _write(project: Project, accuracy_min: float, fail_run_on_reject: bool = False) -> None:
     cfg = pipeline_dict(
         project.raw,  # type: ignore[attr-defined]
         training={"epochs": 2, "workers": 1},
-        gate={"metrics": ["accuracy", "loss"], "thresholds": {"accuracy": {"min": accuracy_min}}},
+        gate={
+            "metrics": ["accuracy", "loss"],
+            "thresholds": {"accuracy": {"min": accuracy_min}},
+            "fail_run_on_reject": fail_run_on_reject,
+        },
         serving={"model_name": "cancer", "port": project.port},
         notify={"email": TO, "smtp_conn_id": "smtp_test", "from_email": "trainyard@example.com"},
     )
@@ -129,3 +106,14 @@ def test_a_failure_is_mailed_with_the_task_and_the_error(project, inbox) -> None
     assert box.subjects()[2:] == ["[trainyard] cancer: task stage failed"]
     body = box.body(2)
     assert "2026-11-02.csv" in body and "does not exist" in body, body
+
+
+def test_a_rejection_that_fails_the_run_is_mailed_as_a_rejection(project, inbox) -> None:
+    """Found by a new user: with fail_run_on_reject the gate fails, and only a bare
+    "task gate failed" was mailed, without the gate report."""
+    box, _ = inbox
+    _write(project, accuracy_min=0.9999, fail_run_on_reject=True)
+    out = _run(project, DAYS[0])
+    assert out.returncode != 0
+    assert box.subjects()[3:] == ["[trainyard] cancer: gate rejected version 3"]
+    assert "threshold:accuracy" in box.body(3) and "&gt;= 0.9999" in box.body(3)

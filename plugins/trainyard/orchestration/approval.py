@@ -47,9 +47,15 @@ def answer_record(event: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def approval_task(cfg: PipelineConfig) -> ModelApproval:
-    """The ``approve`` task of a pipeline with ``gate.approval: required``."""
+def approval_task(cfg: PipelineConfig, on_answer: Any = None) -> ModelApproval:
+    """The ``approve`` task of a pipeline with ``gate.approval: required``.
+
+    Args:
+        cfg: The pipeline.
+        on_answer: Its success callback (the rejection mail), if any.
+    """
     return ModelApproval(
+        on_success_callback=on_answer,
         task_id="approve",
         subject=(
             f"Ship {cfg.name} version {{{{ ti.xcom_pull(task_ids='evaluate')['version'] }}}}?"

@@ -37,6 +37,7 @@ from trainyard.config import (
 )
 from trainyard.errors import ConfigError
 from trainyard.orchestration.inputs import FromParam, FromRun, FromXCom, Results
+from trainyard.orchestration.notify import PersonRejectedMail
 from trainyard.orchestration.notify import callbacks as notify_callbacks
 from trainyard.settings import Settings, get_settings
 
@@ -468,10 +469,15 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
 
     mails = notify_callbacks(cfg.notify, cfg.name)
 
+    rejected = mails.get("rejection")
+    # with fail_run_on_reject a rejection fails the gate: that failure is mailed as one
+    gate_failed = rejected if cfg.gate.fail_run_on_reject and rejected else mails.get("failure")
+
     @task.short_circuit(
         task_id="gate",
         ignore_downstream_trigger_rules=False,
-        on_skipped_callback=mails.get("rejection"),
+        on_skipped_callback=rejected,
+        on_failure_callback=gate_failed,
     )
     def gate_task(decision: dict[str, Any]) -> bool:
         return gate(decision, cfg.gate.fail_run_on_reject)
@@ -481,7 +487,9 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
     if cfg.gate.approval == "required":
         from trainyard.orchestration.approval import approval_task
 
-        approve = approval_task(cfg)
+        approve = approval_task(
+            cfg, PersonRejectedMail(rejected.notify, cfg.name) if rejected else None
+        )
         deploy_inputs |= {
             "approved_by": FromXCom("approve", "by"),
             "approval_reason": FromXCom("approve", "reason"),

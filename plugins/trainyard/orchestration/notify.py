@@ -4,10 +4,12 @@ Three task callbacks, wired by ``graph.build_dag``/``graph.wire``:
 
 * ``failure``: every task's ``on_failure_callback`` (a task failed for good, after its
   retries): which task, the error, the run;
-* ``rejection``: the ``gate`` task's ``on_skipped_callback``: the gate's reason and the
-  candidate's and champion's metrics (from the ``evaluate`` XCom);
+* ``rejection``: the ``gate`` task's ``on_skipped_callback`` (its ``on_failure_callback``
+  with ``gate.fail_run_on_reject``): the gate's reason and the candidate's and champion's
+  metrics (from the ``evaluate`` XCom); and the ``approve`` task's ``on_success_callback``
+  when a person answered Reject (who and why, with the gate report);
 * ``promotion``: the ``deploy`` task's ``on_success_callback``: the version now served,
-  where, and its metrics.
+  where, its metrics, and who approved it.
 
 The mail goes through ``SmtpNotifier`` of ``apache-airflow-providers-smtp`` and the
 pipeline's Airflow connection (``notify.smtp_conn_id``). Subject and body are built here,
@@ -70,13 +72,28 @@ class OutcomeMail:
         metrics = _metrics_rows(decision)
         # the reason, then the gate report: every check, candidate and champion side by side
         text = f"{decision.get('reason')}\n\n{decision.get('report') or ''}".strip()
+        answer = ti.xcom_pull(task_ids="approve") if ti.task_id in ("approve", "deploy") else None
+        person = (
+            [("approval", f"{answer.get('by')}: {answer.get('reason') or '(no reason)'}")]
+            if isinstance(answer, dict)
+            else []
+        )
+        if self.event == "rejection" and person:
+            subject = f"[trainyard] {self.pipeline}: version {version} rejected by {answer['by']}"
+            return subject, [*run, ("verdict", "rejected by a person"), *person, *metrics], text
         if self.event == "rejection":
             subject = f"[trainyard] {self.pipeline}: gate rejected version {version}"
             return subject, [*run, ("verdict", "reject"), *metrics], text
         deployed = ti.xcom_pull(task_ids="deploy") or {}
         served = deployed.get("version", version)
         subject = f"[trainyard] {self.pipeline}: version {served} promoted and served"
-        rows = [*run, ("served", str(served)), ("url", str(deployed.get("url"))), *metrics]
+        rows = [
+            *run,
+            ("served", str(served)),
+            ("url", str(deployed.get("url"))),
+            *person,
+            *metrics,
+        ]
         return subject, rows, text
 
 
@@ -108,4 +125,17 @@ def callbacks(notify: NotifyConfig | None, pipeline: str) -> dict[str, OutcomeMa
     """The pipeline's mail callbacks by event (none without ``notify``)."""
     if notify is None:
         return {}
-    return {event: OutcomeMail(event, notify, pipeline) for event in notify.on}
+    return {event: OutcomeMail(event, notify, pipeline) for event in notify.events}
+
+
+class PersonRejectedMail(OutcomeMail):
+    """The ``approve`` task's success callback: mails only when the answer was Reject."""
+
+    def __init__(self, notify: NotifyConfig, pipeline: str) -> None:
+        super().__init__("rejection", notify, pipeline)
+
+    def __call__(self, context: Mapping[str, Any]) -> None:
+        """Send the rejection mail if the person (or the timeout) said Reject."""
+        answer = context["ti"].xcom_pull(task_ids="approve")
+        if isinstance(answer, dict) and answer.get("approved") is False:
+            super().__call__(context)
