@@ -567,7 +567,7 @@ def summary(
     }
     answer = (results or {}).get("approve")
     version = ((results or {}).get("register") or {}).get("version")
-    if isinstance(answer, dict) and not answer.get("approved") and version is not None:
+    if isinstance(answer, dict) and answer.get("approved") is False and version is not None:
         # a rejection stops the run before deploy: its record is kept here
         _registry(cfg).record_approval(
             int(version), False, str(answer.get("by")), str(answer.get("reason") or "")
@@ -596,10 +596,12 @@ def format_summary(record: dict[str, Any]) -> str:
     ]
     answer = record.get("approve")
     if isinstance(answer, dict):
-        said = "approved" if answer.get("approved") else "rejected"
-        lines.append(
-            f"approval      {said} by {answer.get('by')}: {answer.get('reason') or '(no reason)'}"
-        )
+        if answer.get("approved") is None:
+            lines.append("approval      waiting for a person (gate.approval: required)")
+        else:
+            said = "approved" if answer.get("approved") else "rejected"
+            why = answer.get("reason") or "(no reason)"
+            lines.append(f"approval      {said} by {answer.get('by')}: {why}")
     if dep:
         lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
         lines.append(f"prediction    {_fmt_prediction(dep)}")
@@ -776,9 +778,10 @@ def run_all(
                 overrides.get("force_reason"),
                 "cli",
             )
-            approval = _registry(load_pipeline(pipeline)).read_file(version, "approval.json") or {}
+            cfg = load_pipeline(pipeline)
+            approval = _registry(cfg).read_file(version, "approval.json") or {}
             if results["evaluate"]["promote"] and (
-                load_pipeline(pipeline).gate.approval != "required" or approval.get("approved")
+                cfg.gate.approval != "required" or approval.get("approved")
             ):
                 results["deploy"] = deploy(pipeline, version, "cli")
             elif results["evaluate"]["promote"]:

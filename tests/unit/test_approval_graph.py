@@ -55,3 +55,18 @@ def test_an_answer_becomes_a_plain_record() -> None:
     # nobody answered: the default option (Reject) was taken by the timeout
     timed_out = answer_record({"chosen_options": ["Reject"], "params_input": {}})
     assert timed_out["approved"] is False and timed_out["by"].startswith("timeout")
+
+
+def test_a_run_waiting_for_approval_is_not_recorded_as_a_rejection(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Found in review: ``run`` stops before deploy with ``approved: None`` (waiting), and the
+    summary step took that for a person's Reject (of a version by "None")."""
+    from trainyard import steps
+
+    monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(tmp_path / "volumes"))
+    waiting = {"approved": None, "by": None, "reason": "waiting"}
+    record = steps.summary("digits", "run-1", {"register": {"version": 1}, "approve": waiting})
+    assert not list((tmp_path / "volumes").rglob("approval.json"))
+    assert not list((tmp_path / "volumes").rglob("history.jsonl"))
+    assert "approval      waiting for a person" in steps.format_summary(record)
