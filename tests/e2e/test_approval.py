@@ -92,10 +92,14 @@ def _answer(env: StandaloneEnv, option: str, reason: str) -> tuple[dict, dict[st
         assert time.monotonic() < end, "no approval request within 900 s"
         time.sleep(3)
     request = json.loads(body)
-    # Airflow 3.3 races an answer given within a second of the pause: the scheduler then
-    # handles the pausing workload's exit after the answer rescheduled the task and marks
-    # it failed (seen here once). A person takes longer than this to read the report.
-    time.sleep(5)
+    # Airflow 3.3 races an answer that lands before the scheduler has handled the pausing
+    # workload's exit (6 s late on this busy machine): it then marks the rescheduled task
+    # failed. A person takes longer; the test waits for the scheduler's own log line.
+    finished = f"TaskInstance Finished: dag_id={DAG}, task_id=approve, run_id={run['dag_run_id']}"
+    log = env.project.home / "standalone.log"
+    while finished not in log.read_text(errors="replace"):
+        assert time.monotonic() < end, "the scheduler never handled the paused approve task"
+        time.sleep(1)
     env.api(hitl, "PATCH", {"chosen_options": [option], "params_input": {"reason": reason}})
     while (run := env.api(run_path))["state"] not in ("success", "failed"):
         assert time.monotonic() < end + 600, f"run still {run['state']} after the answer"
