@@ -39,6 +39,11 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "models_main",
         "list | show | promote | rollback versions (serving follows the champion).",
     ),
+    "tensorboard": (
+        "trainyard.training.tensorboard",
+        "cli_main",
+        "Open a pipeline's training curves in TensorBoard (every version, runs in progress).",
+    ),
     "serve": ("trainyard.serving.server", "cli_main", "Run the TF-Serving-compatible server."),
     "score-stream": (
         "trainyard.streaming.scorer",

@@ -27,6 +27,7 @@ _TF_NOISE = re.compile(
     r"|All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|oneDNN custom operations are on"
     r"|Unable to register cu(DNN|FFT|BLAS) factory"
+    r"|INFO tensorflow: Collective all_reduce tensors: "
 )
 
 

@@ -194,9 +194,9 @@ class Registry:
                 ``contract_version``, ``config_hash``, ``code_version``, ``image``,
                 ``training``, ``train_metrics``, ``timings``). ``version``, ``pipeline`` and
                 ``registered_at`` are added, and ``code_version`` when it is missing.
-            extra_files: Sibling files copied next to ``model/`` under their own names
-                (``metrics.json``, ``history.json``). Without a ``metrics.json`` one is
-                written from ``metadata["train_metrics"]`` (or ``{}``).
+            extra_files: Sibling files or folders copied next to ``model/`` under their
+                own names (``metrics.json``, ``history.json``, ``tensorboard/``). Without a
+                ``metrics.json`` one is written from ``metadata["train_metrics"]`` (or ``{}``).
 
         Returns:
             The new version number.
@@ -215,7 +215,7 @@ class Registry:
             metadata = {**metadata, "code_version": code_version()}
         extras = [Path(p) for p in extra_files]
         for path in extras:
-            if not path.is_file():
+            if not (path.is_file() or path.is_dir()):
                 raise RegistryError(f"{path}: extra file to register does not exist")
             if path.name in ("metadata.json", "model", *ATTACHABLE):
                 raise RegistryError(f"{path}: extra file name {path.name!r} is reserved")
@@ -227,7 +227,10 @@ class Registry:
         with private_tmp_dir(self._tmp_root, prefix=_TMP_PREFIX) as tmp:
             shutil.copytree(src, tmp / "model")
             for path in extras:
-                shutil.copy2(path, tmp / path.name)
+                if path.is_dir():
+                    shutil.copytree(path, tmp / path.name, symlinks=True)
+                else:
+                    shutil.copy2(path, tmp / path.name)
             if not (tmp / "metrics.json").exists():
                 metrics = metadata.get("train_metrics") or metadata.get("metrics") or {}
                 _write_plain_json(tmp / "metrics.json", metrics)

@@ -310,7 +310,7 @@ def register(
     from trainyard import __version__
     from trainyard.contracts import load_contract
     from trainyard.layout import Layout
-    from trainyard.training.spec import run_paths
+    from trainyard.training.spec import TENSORBOARD_DIR, run_paths
 
     cfg = load_pipeline(pipeline)
     params = TrainingConfig.model_validate({**cfg.training.model_dump(), **(training or {})})
@@ -344,6 +344,8 @@ def register(
     extra = [
         p for p in (out / "metrics.json", out / "history.json", out / "inputs.json") if p.is_file()
     ]
+    if (out / TENSORBOARD_DIR).is_dir():
+        extra.append(out / TENSORBOARD_DIR)
     version = _registry(cfg).register(model_dir, metadata, extra_files=extra)
     shutil.rmtree(Path(paths.output).parent, ignore_errors=True)
     log.info(

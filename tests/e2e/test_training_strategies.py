@@ -63,6 +63,18 @@ print(json.dumps({{"inputs": {{n: [d for d in s.shape] for n, s in kw.items()}},
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _event_scalars(log_dir: Path, tag: str) -> list[int]:
+    """The steps at which TensorBoard event files in ``log_dir`` hold the scalar ``tag``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    tags = acc.Tags()
+    if tag in tags.get("scalars", []):
+        return [e.step for e in acc.Scalars(tag)]
+    return [e.step for e in acc.Tensors(tag)] if tag in tags.get("tensors", []) else []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("data", "params", "roles", "min_accuracy"), CASES)
 def test_strategy_trains_and_exports(
@@ -86,6 +98,7 @@ def test_strategy_trains_and_exports(
         )
         expected_inputs = {"x1": [None], "x2": [None], "x3": [None]}
     lines: list[str] = []
+    monkeypatch.setenv("TRAINYARD_PROGRESS_S", "0")  # a progress line at every step
     result = run_training(pipeline, params, snap, run_id="r1", log=lines.append)
 
     assert result.attempts == 1
@@ -94,6 +107,15 @@ def test_strategy_trains_and_exports(
         assert any(
             line.startswith(f"[{role}] ") and "TRAINYARD_WORKER_READY" in line for line in lines
         )
+    fitting = [r for r in roles if r.startswith("chief") or params.strategy != "parameter_server"]
+    for role in fitting:  # epoch, step, rate and ETA per worker; a PS step's loss is remote
+        progress = [ln for ln in lines if ln.startswith(f"[{role}] epoch ")]
+        assert progress and all("steps/s, ETA " in ln for ln in progress), lines
+        assert any(ln.startswith(f"[{role}] epoch 2/2 step ") for ln in progress)
+        with_loss = [ln for ln in progress if " loss " in ln]
+        assert bool(with_loss) is (params.strategy != "parameter_server")
+    assert _event_scalars(result.output_dir / "tensorboard" / "train", "epoch_loss") == [0, 1]
+    assert [p.name for p in (result.output_dir / "tensorboard").iterdir()] == ["train"]
     assert result.metrics["epochs"] == 2
     assert result.metrics["accuracy"] >= min_accuracy, result.metrics
     assert result.metrics["examples_per_s"] > 0

@@ -24,9 +24,14 @@ TF_LINES = [
     "optimized to use available CPU instructions in performance-critical operations.",
     "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow "
     "with the appropriate compiler flags.",
+    # MultiWorkerMirroredStrategy, several times per step
+    "2026-11-25 22:54:48,102 INFO tensorflow: Collective all_reduce tensors: 1 all_reduces, "
+    "num_devices = 1, group_size = 2, implementation = CommunicationImplementation.AUTO, "
+    "num_packs = 1",
 ]
 KEPT = [
     "[worker:0] Epoch 1/4",
+    "[worker:0] epoch 1/2 step 4/22 loss 2.2484, 2.5 steps/s, ETA 16s",
     "E0000 00:00:1795635516.954412    3093 some_kernel.cc:52] INTERNAL: out of memory",
     "trainyard.training.worker [worker:0]: TrainingError: the training split is empty",
     "2026-11-25 19:38:31 INFO trainyard.steps: cuda drivers are mentioned by a user",

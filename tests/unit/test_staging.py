@@ -16,9 +16,9 @@ import pytest
 from trainyard import volumes
 from trainyard.config import PipelineConfig
 from trainyard.errors import StagingError
+from trainyard.progress import Progress
 from trainyard.staging import stage
 from trainyard.staging.bootstrap import MERCHANT_CATEGORIES, synthetic_transactions
-from trainyard.staging.progress import Progress
 from trainyard.staging.sources import open_source, read_contract
 from trainyard.staging.tables import stage_table
 
@@ -307,7 +307,7 @@ def test_source_changing_while_staged_is_refused(
     out = tmp_path / "out"
     out.mkdir()
 
-    def append_once(nbytes: int) -> None:
+    def append_once(nbytes: int, files: int) -> None:
         if nbytes and src_path.stat().st_size == src.files[0].size:
             with src_path.open("a") as fh:
                 fh.write("t-late,1.0,1,fuel,20,0\n")
@@ -480,6 +480,24 @@ def test_progress_only_when_useful(tty: bool, delay: float, expect_output: bool)
     assert bool(text) is expect_output
     if expect_output:
         assert "/s" in text and "100.0%" in text
+
+
+def test_staging_logs_files_bytes_rate_and_eta(
+    volume_root: Path,
+    contracts: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    raw = tmp_path / "raw"
+    for i in range(3):
+        write_csv(raw / f"part-{i}.csv", 50)
+    monkeypatch.setenv("TRAINYARD_PROGRESS_S", "0")
+    stage(make_pipeline("tx", str(raw)))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("staging tx:")]
+    assert lines, "no progress line in a log with TRAINYARD_PROGRESS_S=0"
+    assert all("/3 files" in ln and "B/s" in ln and "ETA" in ln for ln in lines)
+    assert "3/3 files" in lines[-1] and "(100.0%)" in lines[-1]
 
 
 def test_summary_line_on_stderr(

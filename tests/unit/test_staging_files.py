@@ -326,7 +326,7 @@ def test_shards_identical_for_any_worker_count(tmp_path: Path, stager: str):
         out = tmp_path / f"out{workers}"
         out.mkdir()
         shards, _schema, _extra = files.stage_files(
-            src, out, shard_target_mb=1, advance=lambda n: None, workers=workers
+            src, out, shard_target_mb=1, advance=lambda n, files: None, workers=workers
         )
         data = [s for s in shards if s.role == "data"]
         assert [(out / s.path).read_bytes() for s in data] == expected
@@ -365,7 +365,9 @@ def test_file_changed_after_listing(
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(StagingError) as err:
-        files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None, workers=workers)
+        files.stage_files(
+            src, out, shard_target_mb=1, advance=lambda n, files: None, workers=workers
+        )
     assert str(paths[9]) in str(err.value) and fragment in str(err.value)
 
 
@@ -379,7 +381,9 @@ def test_corrupt_image_found_in_any_worker(tmp_path: Path, stager: str, workers:
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(StagingError) as err:
-        files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None, workers=workers)
+        files.stage_files(
+            src, out, shard_target_mb=1, advance=lambda n, files: None, workers=workers
+        )
     # 1/im_040.png sorts before 1/im_070.png
     assert f"{paths[40]}: image file is empty" in str(err.value)
 
@@ -399,7 +403,7 @@ def test_remote_source_and_non_png_images(tmp_path: Path):
     out.mkdir()
     try:
         shards, _schema, _extra = files.stage_files(
-            src, out, shard_target_mb=1, advance=lambda n: None
+            src, out, shard_target_mb=1, advance=lambda n, files: None
         )
     finally:
         fs.rm(root, recursive=True)
@@ -421,7 +425,9 @@ def test_same_size_rewrite_after_listing_is_refused(tmp_path: Path, stager: str,
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(StagingError, match=r"source changed while being staged \(mtime") as err:
-        files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None, workers=workers)
+        files.stage_files(
+            src, out, shard_target_mb=1, advance=lambda n, files: None, workers=workers
+        )
     assert str(paths[30]) in str(err.value)
 
 
@@ -489,11 +495,16 @@ def test_native_and_python_paths_write_the_same_snapshot(
         assert (src.native is not None) == (stager == "native")
         out = tmp_path / stager
         out.mkdir()
-        consumed: list[int] = []
+        consumed: list[tuple[int, int]] = []
+
+        def advance(n: int, k: int, consumed: list[tuple[int, int]] = consumed) -> None:
+            consumed.append((n, k))
+
         shards, schema, extra = files.stage_files(
-            src, out, shard_target_mb=1, advance=consumed.append, workers=2
+            src, out, shard_target_mb=1, advance=advance, workers=2
         )
-        assert sum(consumed) == src.total_bytes
+        assert sum(n for n, _ in consumed) == src.total_bytes
+        assert sum(k for _, k in consumed) == src.count  # every file counted once
         got[stager] = (
             [(s.path, s.bytes, s.rows, s.hash) for s in shards],
             pq.read_table(out / "index.parquet"),
@@ -570,7 +581,9 @@ from trainyard.staging.sources import open_source
 src = open_source({str(raw)!r}, "image_folder", "png")
 assert src.native is not None
 try:
-    files.stage_files(src, Path({str(out)!r}), shard_target_mb=4, advance=lambda n: None, workers=2)
+    files.stage_files(
+        src, Path({str(out)!r}), shard_target_mb=4, advance=lambda n, k: None, workers=2
+    )
 except StagingError as e:
     print("STAGING_ERROR", e)
     sys.exit(3)

@@ -182,7 +182,7 @@ def test_file_swapped_after_listing_fails_without_hanging(
     src, victim, out = _swap_after_listing(tmp_path / "raw", tmp_path, replace)
     assert (src.native is not None) == (stager == "native")
     with pytest.raises(StagingError) as info:
-        files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None, workers=1)
+        files.stage_files(src, out, shard_target_mb=1, advance=lambda n, files: None, workers=1)
     assert str(victim) in str(info.value) and fragment in str(info.value), str(info.value)
     assert b"SSSS" not in b"".join(p.read_bytes() for p in out.glob("*.tar"))
 
@@ -267,7 +267,7 @@ src = sources.open_source(sys.argv[1], "image_folder", "png")
 assert (src.native is None) == (sys.argv[2] == "python"), sys.argv[2]
 out = Path(sys.argv[3])
 out.mkdir()
-shards, _, _ = files.stage_files(src, out, shard_target_mb=1, advance=lambda n: None)
+shards, _, _ = files.stage_files(src, out, shard_target_mb=1, advance=lambda n, files: None)
 print(" ".join(s.hash for s in shards))
 """
 

@@ -115,3 +115,21 @@ def test_batched_equals_whole_frame(
     assert outcome[("unique", "txn_id")].unexpected_count == 5
     assert outcome[("range", "hour")].samples == [30, 30, 30]
     assert outcome[("max", "customer_age")].severity == "warn"
+
+
+def test_long_validation_logs_rows_batches_and_eta(
+    dirty_snapshot: tuple[Path, list[Path]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRAINYARD_PROGRESS_S", "0")
+    run_contract(CONTRACT, dirty_snapshot[1], batch_rows=1000, work_dir=tmp_path)
+    lines = [
+        ln
+        for ln in capsys.readouterr().err.splitlines()
+        if ln.startswith("validating transactions:")
+    ]
+    assert lines, "no progress line with TRAINYARD_PROGRESS_S=0"
+    assert lines[-1].startswith("validating transactions: 3,000/3,000 rows (100.0%), 3 batches, ")
+    assert all("rows/s" in ln and "ETA" in ln for ln in lines)

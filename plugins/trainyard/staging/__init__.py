@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from trainyard import volumes
 from trainyard.errors import SnapshotError, StagingError, TrainyardError
 from trainyard.fsutil import atomic_write_json, publish_dir, redact_text, redact_url
-from trainyard.staging.progress import Progress, human_bytes
+from trainyard.progress import Progress, human_bytes
 from trainyard.staging.sources import open_source, read_contract
 
 if TYPE_CHECKING:
@@ -231,8 +231,8 @@ def _stage(
         result = _result(volumes.read_manifest(kept_path), kept_path, True, t0, checked=why)
         _report(result, quiet)
         return result
-    progress = Progress(f"staging {dataset}", src.total_bytes)
-    advance = (lambda n: None) if quiet else progress.advance
+    progress = Progress(f"staging {dataset}", src.total_bytes, items="files", items_total=src.count)
+    advance = (lambda n, files=0: None) if quiet else progress.advance
     with volumes.staging_area(dataset, "stage") as tmp:
         if src.format == "image_folder":
             from trainyard.staging.files import stage_files

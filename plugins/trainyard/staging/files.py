@@ -43,6 +43,7 @@ from typing import Any
 
 from trainyard.contracts import MAX_IMAGE_PIXELS
 from trainyard.errors import StagingError
+from trainyard.progress import Advance
 from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
 from trainyard.staging.sources import Source, SourceFile, under
 from trainyard.volumes import ShardInfo, hash_file
@@ -623,7 +624,7 @@ def _run_pieces(
     writer: _PieceWriter,
     pieces: list[tuple[int, int, int, int, int]],
     workers: int,
-    advance: Callable[[int], None],
+    advance: Advance,
 ) -> None:
     """Write every piece, ``workers`` processes taking every ``workers``-th piece.
 
@@ -636,8 +637,8 @@ def _run_pieces(
     failed = shared_array(workers, "int64")
     failed[:] = len(pieces)
 
-    def part(k: int) -> tuple[int, int, StagingError | None]:
-        consumed = 0
+    def part(k: int) -> tuple[int, int, int, StagingError | None]:
+        consumed = files = 0
         for j in range(k, len(pieces), workers):
             if j > failed.min():
                 break
@@ -645,19 +646,20 @@ def _run_pieces(
                 n = writer.write(pieces[j])
             except StagingError as e:
                 failed[k] = j
-                return j, consumed, e
+                return j, consumed, files, e
             if k == 0:
-                advance(n)
+                advance(n, pieces[j][2] - pieces[j][1])
             else:
                 consumed += n
-        return len(pieces), consumed, None
+                files += pieces[j][2] - pieces[j][1]
+        return len(pieces), consumed, files, None
 
     outcomes = run_forked(workers, part)
-    for _j, consumed, _e in outcomes[1:]:
-        advance(consumed)
+    for _j, consumed, files, _e in outcomes[1:]:
+        advance(consumed, files)
     first_failed = min(outcomes, key=itemgetter(0))
-    if first_failed[2] is not None:
-        raise first_failed[2]
+    if first_failed[3] is not None:
+        raise first_failed[3]
 
 
 def stage_files(
@@ -665,7 +667,7 @@ def stage_files(
     out_dir: Path,
     *,
     shard_target_mb: int,
-    advance: Callable[[int], None],
+    advance: Advance,
     workers: int | None = None,
 ) -> tuple[list[ShardInfo], Any, dict[str, Any]]:
     """Pack a folder of small files into tar shards and write ``index.parquet``.
@@ -726,7 +728,7 @@ def _stage_files(
     src: Source,
     out_dir: Path,
     shard_target_mb: int,
-    advance: Callable[[int], None],
+    advance: Advance,
     workers: int | None,
 ) -> tuple[list[ShardInfo], Any, dict[str, Any]]:
     import numpy as np
@@ -849,7 +851,7 @@ def _pack_native(
     fds: list[int],
     paths: list[Path],
     workers: int,
-    advance: Callable[[int], None],
+    advance: Advance,
 ) -> tuple[Any, Any]:
     """Fill every piece with the C packer, ``workers`` threads; returns widths, heights.
 
@@ -901,7 +903,8 @@ def _pack_native(
         )
         if outcome[0]:
             break
-        advance(int(listing.sizes[pieces[p0, 1] : pieces[p1 - 1, 2]].sum()))
+        first, last = int(pieces[p0, 1]), int(pieces[p1 - 1, 2])
+        advance(int(listing.sizes[first:last].sum()), last - first)
     kind, failed, err, got, mtime, shard = outcome
     checked = n if not kind else failed
     # pieces before the failed one are in the shards; the failed piece's files are not

@@ -13,13 +13,14 @@ import csv
 import json
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import blake3
 
 from trainyard.errors import SourceInvalid, StagingError
+from trainyard.progress import Advance
 from trainyard.staging.sources import ContractInfo, Source, SourceFile, contract_schema
 from trainyard.volumes import ShardInfo
 
@@ -293,7 +294,7 @@ def _diagnose_jsonl(
 
 
 def _batches(
-    reader: Any, stream: Any, f: SourceFile, schema: Any, advance: Callable[[int], None]
+    reader: Any, stream: Any, f: SourceFile, schema: Any, advance: Advance
 ) -> Iterator[Any]:
     """Cast record batches from a streaming reader, reporting bytes read as progress."""
     done = 0
@@ -303,14 +304,14 @@ def _batches(
         except StopIteration:
             break
         pos = stream.tell()
-        advance(pos - done)
+        advance(pos - done, 0)
         done = pos
         yield _cast_batch(batch, schema, f.path)
-    advance(f.size - done)
+    advance(f.size - done, 0)
 
 
 def _read_csv(
-    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None], allow_extra: bool
+    src: Source, f: SourceFile, schema: Any, advance: Advance, allow_extra: bool
 ) -> Iterator[Any]:
     import pyarrow.csv as pcsv
 
@@ -340,7 +341,7 @@ def _read_csv(
 
 
 def _read_jsonl(
-    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None], allow_extra: bool
+    src: Source, f: SourceFile, schema: Any, advance: Advance, allow_extra: bool
 ) -> Iterator[Any]:
     import pyarrow.json as pjson
 
@@ -363,7 +364,7 @@ def _read_jsonl(
 
 
 def _read_parquet(
-    src: Source, f: SourceFile, schema: Any, advance: Callable[[int], None], allow_extra: bool
+    src: Source, f: SourceFile, schema: Any, advance: Advance, allow_extra: bool
 ) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
@@ -387,7 +388,7 @@ def _read_parquet(
                 raise SourceInvalid(f"{f.path}: row group {i} is corrupt: {e}") from e
             for batch in table.to_batches():
                 yield _cast_batch(batch, schema, f"{f.path} (row group {i})")
-            advance(per_group)
+            advance(per_group, 0)
     finally:
         stream.close()
 
@@ -402,7 +403,7 @@ def stage_table(
     *,
     shard_target_mb: int,
     row_group_rows: int,
-    advance: Callable[[int], None],
+    advance: Advance,
 ) -> tuple[list[ShardInfo], Any]:
     """Stream every file of a table source into Parquet shards cast to the contract.
 
@@ -453,6 +454,7 @@ def stage_table(
                 if failure:
                     break
                 q.put(batch)
+            advance(0, 1)
     except BaseException:
         failure.append(StagingError("reader failed"))
         raise

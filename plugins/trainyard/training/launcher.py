@@ -197,7 +197,9 @@ class _Task:
                 self.ready.set()
             self.tail = [*self.tail[-19:], line]
             if not is_noise(line):
-                log(f"[{self.name}] {line}")
+                # the worker names itself in its own lines (a pod's log has no prefix)
+                mine = line.startswith(f"[{self.name}] ")
+                log(line if mine else f"[{self.name}] {line}")
 
     def kill(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

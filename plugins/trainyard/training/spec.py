@@ -44,6 +44,9 @@ ENV_ATTEMPT = "TRAINYARD_ATTEMPT"
 ENV_FAULT = "TRAINYARD_FAULT"
 """Tests: a fault to inject (``training/worker/main.py``)."""
 
+TENSORBOARD_DIR = "tensorboard"
+"""The chief's TensorBoard event files, in the output and then in the version."""
+
 IMAGE_CONTRACTS_DIR = "/opt/trainyard/data_contracts"
 """Where ``images/trainer/Dockerfile`` puts the data contracts."""
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard.errors import SnapshotError, TrainyardError
+from trainyard.progress import Progress
 from trainyard.validation.drift import ColumnProfile, drift_value, histogram_edges, needs_edges
 from trainyard.validation.drift import rule_bins as drift_bins
 from trainyard.validation.suite import build_suite, rule_meta
@@ -540,6 +541,7 @@ def run_contract(
     }
     rows = 0
     batches = 0
+    progress = Progress(f"validating {contract.dataset}", total_rows, unit="rows", items="batches")
     with tempfile.TemporaryDirectory(prefix="trainyard-keys-", dir=work_dir) as tmp:
         uniq: dict[str, KeyUniqueness] = {}
         for col in unique_cols:
@@ -564,8 +566,10 @@ def run_contract(
                     prof.update(df[contract.drift[i].column])
                 rows += len(df)
                 batches += 1
+                progress.advance(len(df), 1)
             dup_info = {col: acc.duplicates() for col, acc in uniq.items()}
         finally:
+            progress.close()
             for acc in uniq.values():
                 acc.close()
     if rows != total_rows:

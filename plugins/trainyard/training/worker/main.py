@@ -33,7 +33,9 @@ from typing import Any
 
 from trainyard.errors import TrainyardError
 from trainyard.fsutil import atomic_write_json, fsync_tree
+from trainyard.progress import human_seconds, progress_interval
 from trainyard.training import spec
+from trainyard.training.spec import TENSORBOARD_DIR
 from trainyard.training.worker.tf_config import Role, resolve_tf_config, role_of
 
 READY_MARKER = "TRAINYARD_WORKER_READY"
@@ -287,11 +289,22 @@ def _run(
         )
 
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    history_cls, fault_cls = _callback_classes()
+    history_cls, fault_cls, progress_cls = _callback_classes()
     recorder = history_cls(args.checkpoint_dir / HISTORY_STATE, role.is_chief, attempt)
     callbacks: list[Any] = [
         keras.callbacks.BackupAndRestore(backup_dir=str(args.checkpoint_dir / "backup")),
         recorder,
+        # every worker takes part (Keras writes a non-chief's events to a temporary folder)
+        keras.callbacks.TensorBoard(
+            log_dir=str(args.output_dir / TENSORBOARD_DIR), write_graph=False, profile_batch=0
+        ),
+        # a parameter-server step's loss is a remote value: reading it would wait for it
+        progress_cls(
+            role,
+            args.epochs,
+            steps_per_epoch,
+            strategy.num_replicas_in_sync if args.strategy != "parameter_server" else 0,
+        ),
     ]
     if args.strategy == "multi_worker_mirrored":  # it breaks on PS RemoteValues
         callbacks.insert(1, keras.callbacks.TerminateOnNaN())
@@ -459,7 +472,7 @@ def _export(
 
 
 @functools.cache
-def _callback_classes() -> tuple[type, type]:
+def _callback_classes() -> tuple[type, type, type]:
     """The Keras callbacks, defined on first use so importing this module stays TF-free."""
     import tf_keras as keras
 
@@ -521,4 +534,39 @@ def _callback_classes() -> tuple[type, type]:
                 _say(self.role, f"fault injected: exiting after epoch {epoch + 1}")
                 os._exit(EXIT_FAULT)
 
-    return _HistoryRecorder, _FaultCallback
+    class _ProgressLogger(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        """Epoch, step, loss, rate and ETA every ``TRAINYARD_PROGRESS_S`` seconds."""
+
+        def __init__(self, role: Role, epochs: int, steps: int, replicas: int) -> None:
+            """``replicas``: whose step losses Keras sums (0: show no loss)."""
+            super().__init__()
+            self.role, self.epochs, self.steps, self.replicas = role, epochs, steps, replicas
+            self._supports_tf_logs = True  # raw logs: converted only when a line is due
+            self.interval = progress_interval()
+            self.epoch = self.first_epoch = -1
+            self.t0 = self.last = 0.0
+
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            if self.first_epoch < 0:
+                self.first_epoch, self.t0 = epoch, time.monotonic()
+                self.last = self.t0
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            now = time.monotonic()
+            if now - self.last < self.interval:
+                return
+            self.last = now
+            done = (self.epoch - self.first_epoch) * self.steps + batch + 1
+            left = (self.epochs - self.epoch) * self.steps - batch - 1
+            rate = done / max(now - self.t0, 1e-6)
+            loss = ""
+            if self.replicas and logs and "loss" in logs:
+                loss = f" loss {float(logs['loss']) / self.replicas:.4f}"
+            _say(
+                self.role,
+                f"epoch {self.epoch + 1}/{self.epochs} step {batch + 1}/{self.steps}{loss}, "
+                f"{rate:.1f} steps/s, ETA {human_seconds(left / rate)}",
+            )
+
+    return _HistoryRecorder, _FaultCallback, _ProgressLogger

@@ -1,0 +1,143 @@
+"""Progress of long steps (staging, validation, training): done/total, rate and ETA.
+
+On a terminal the line is redrawn in place; anywhere else (an Airflow task log, a pod's
+log) one line is written every ``TRAINYARD_PROGRESS_S`` seconds (default 10), the first
+once the step has run that long, so short steps stay silent and long ones show steady
+signs of life.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Literal, TextIO
+
+PROGRESS_ENV = "TRAINYARD_PROGRESS_S"
+DEFAULT_INTERVAL_S = 10.0
+
+Advance = Callable[[int, int], None]
+"""A progress callback: ``advance(amount, items)``."""
+
+
+def progress_interval() -> float:
+    """Seconds between progress lines in logs (``TRAINYARD_PROGRESS_S``, default 10)."""
+    raw = os.environ.get(PROGRESS_ENV, "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_INTERVAL_S
+    except ValueError:
+        return DEFAULT_INTERVAL_S
+    return value if math.isfinite(value) and value >= 0 else DEFAULT_INTERVAL_S
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KB``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def human_seconds(s: float) -> str:
+    """``75`` -> ``1m15s``; ``4000`` -> ``1h06m``."""
+    n = max(round(s), 0)
+    if n < 60:
+        return f"{n}s"
+    if n < 3600:
+        return f"{n // 60}m{n % 60:02d}s"
+    return f"{n // 3600}h{n % 3600 // 60:02d}m"
+
+
+class Progress:
+    """Work done out of a total, with its rate and the time left.
+
+    Args:
+        label: What is being done (``staging tx``).
+        total: Expected amount (0 if unknown: no percentage and no ETA).
+        unit: ``bytes`` (shown as KB/MB/...) or a countable noun (``rows``).
+        items: Name of the pieces counted next to the amount (``files``, ``batches``).
+        items_total: Expected number of pieces (0 if unknown).
+        stream: Where to write (stderr).
+        delay_s: Stay quiet off a terminal until the step has run this long
+            (default: the interval).
+        interval_s: Time between lines off a terminal (default: ``TRAINYARD_PROGRESS_S``);
+            a terminal is redrawn at most twice a second.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        *,
+        unit: Literal["bytes"] | str = "bytes",
+        items: str = "",
+        items_total: int = 0,
+        stream: TextIO | None = None,
+        delay_s: float | None = None,
+        interval_s: float | None = None,
+    ) -> None:
+        self.label = label
+        self.total = total
+        self.unit = unit
+        self.items = items
+        self.items_total = items_total
+        self.done = 0
+        self.items_done = 0
+        self.stream = stream if stream is not None else sys.stderr
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        every = progress_interval() if interval_s is None else interval_s
+        self.interval_s = min(every, 0.5) if self._tty else every
+        self.delay_s = every if delay_s is None else delay_s
+        self.start = time.monotonic()
+        self._last = 0.0
+        self._drawn = False
+
+    def advance(self, amount: int, items: int = 0) -> None:
+        """Count ``amount`` more (and ``items`` more pieces); write a line when one is due."""
+        self.done += amount
+        self.items_done += items
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            return
+        if not self._tty and now - self.start < self.delay_s:
+            return
+        self._last = now
+        self._draw(now)
+
+    def _amount(self, n: float) -> str:
+        return human_bytes(n) if self.unit == "bytes" else f"{int(n):,} {self.unit}"
+
+    def line(self, now: float | None = None) -> str:
+        """The progress line as it would be drawn now."""
+        now = time.monotonic() if now is None else now
+        elapsed = max(now - self.start, 1e-6)
+        rate = self.done / elapsed
+        rate_text = (
+            f"{human_bytes(rate)}/s" if self.unit == "bytes" else f"{rate:,.0f} {self.unit}/s"
+        )
+        parts = [self._amount(self.done)]
+        if self.total:
+            frac = min(self.done / self.total, 1.0)
+            done = human_bytes(self.done) if self.unit == "bytes" else f"{self.done:,}"
+            parts = [f"{done}/{self._amount(self.total)} ({frac * 100:.1f}%)"]
+        if self.items:
+            of = f"/{self.items_total:,}" if self.items_total else ""
+            parts.append(f"{self.items_done:,}{of} {self.items}")
+        parts.append(rate_text)
+        if self.total and rate > 0:
+            parts.append(f"ETA {human_seconds(max(self.total - self.done, 0) / rate)}")
+        return f"{self.label}: {', '.join(parts)}"
+
+    def _draw(self, now: float) -> None:
+        self.stream.write(self.line(now) + ("\r" if self._tty else "\n"))
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        """End the progress line on a terminal (a log gets no closing line)."""
+        if self._drawn and self._tty:
+            self.stream.write("\n")
+            self.stream.flush()
