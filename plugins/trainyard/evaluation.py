@@ -227,6 +227,70 @@ def metrics_with_slices(
     return result
 
 
+MAX_CONFUSION_CLASSES = 50
+"""A classifier with more classes gets no confusion matrix (the run page could not show it)."""
+RESIDUAL_BINS = 20
+
+
+def diagnostics(outputs: Mapping[str, np.ndarray], labels: np.ndarray) -> dict[str, Any] | None:
+    """What the run page draws of the candidate on the holdout, beyond its metrics.
+
+    Args:
+        outputs: The model outputs over all rows (see :func:`compute_metrics`).
+        labels: True class ids, or a regressor's targets.
+
+    Returns:
+        A classifier's confusion matrix (``kind: confusion``, ``matrix[true][predicted]``
+        counts, ``classes``; ``matrix`` is None past :data:`MAX_CONFUSION_CLASSES`), a
+        regressor's residuals (``kind: residuals``: prediction - target as a histogram of
+        :data:`RESIDUAL_BINS` bins over its 1st..99th percentile, the outer bins holding
+        the tails, with ``mean``, ``std``, ``p05``, ``p50``, ``p95``), or None without rows.
+    """
+    labels = np.asarray(labels)
+    n = int(labels.shape[0])
+    if n == 0:
+        return None
+    if "probabilities" in outputs:
+        probs = np.asarray(outputs["probabilities"]).reshape(n, -1)
+        if "class_id" in outputs:
+            predicted = np.asarray(outputs["class_id"]).reshape(n).astype(np.int64)
+        elif probs.shape[1] == 1:
+            predicted = (probs[:, 0] >= 0.5).astype(np.int64)
+        else:
+            predicted = probs.argmax(axis=1)
+        y = labels.astype(np.int64)
+        classes = max(2, probs.shape[1], int(y.max()) + 1, int(predicted.max()) + 1)
+        if classes > MAX_CONFUSION_CLASSES:
+            return {"kind": "confusion", "classes": classes, "matrix": None}
+        matrix = np.zeros((classes, classes), np.int64)
+        np.add.at(matrix, (y, predicted), 1)
+        return {"kind": "confusion", "classes": classes, "matrix": matrix.tolist()}
+    if "predictions" not in outputs:
+        return None
+    pred = np.asarray(outputs["predictions"], dtype=np.float64).reshape(n, -1)[:, 0]
+    err = pred - labels.astype(np.float64)
+    err = err[np.isfinite(err)]
+    if err.size == 0:
+        return None
+    lo, hi = (float(q) for q in np.quantile(err, [0.01, 0.99]))
+    if hi <= lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = np.linspace(lo, hi, RESIDUAL_BINS + 1)
+    counts, _ = np.histogram(np.clip(err, lo, hi), edges)
+    p05, p50, p95 = (float(q) for q in np.quantile(err, [0.05, 0.5, 0.95]))
+    return {
+        "kind": "residuals",
+        "edges": [float(e) for e in edges],
+        "counts": [int(c) for c in counts],
+        "mean": float(err.mean()),
+        "std": float(err.std()),
+        "p05": p05,
+        "p50": p50,
+        "p95": p95,
+        "n": int(err.size),
+    }
+
+
 def _run_model(
     model_dir: Path | str, features: Mapping[str, np.ndarray], batch_size: int = 1024
 ) -> dict[str, np.ndarray]:
@@ -412,6 +476,7 @@ class GateDecision:
             first holdout rows, for the deploy smoke test.
         fail_run_on_reject: The pipeline wants a rejection to fail the run.
         timings: Seconds spent evaluating (``candidate_seconds``, ``champion_seconds``).
+        diagnostics: The candidate's confusion matrix or residuals (:func:`diagnostics`).
     """
 
     promote: bool
@@ -427,6 +492,7 @@ class GateDecision:
     smoke: dict[str, list[Any]] | None = None
     fail_run_on_reject: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    diagnostics: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``gate.json``); non-finite numbers become null."""
@@ -445,6 +511,7 @@ class GateDecision:
                 "smoke": self.smoke,
                 "fail_run_on_reject": self.fail_run_on_reject,
                 "timings": self.timings,
+                "diagnostics": self.diagnostics,
             }
         )
 
@@ -753,7 +820,7 @@ def run_gate(
     metrics = required_metrics(gate)
     candidate: dict[str, float] = {}
     candidate_error = None
-    smoke = None
+    smoke = diag = None
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     try:
@@ -761,6 +828,7 @@ def run_gate(
         outputs = _run_model(candidate_dir, examples.features)
         candidate = metrics_with_slices(outputs, examples.labels, examples.keys, metrics, values)
         smoke = _smoke_record(outputs, examples.keys, smoke_rows)
+        diag = diagnostics(outputs, examples.labels)
     except Exception as e:  # any failure means the gate cannot decide: reject with the reason
         log.exception("evaluating candidate %s failed", candidate_dir)
         candidate_error = f"candidate evaluation failed: {type(e).__name__}: {e}"
@@ -784,7 +852,7 @@ def run_gate(
         data_times=data_times,
         not_compared=not_compared,
     )
-    return dataclasses.replace(decision, smoke=smoke, timings=timings)
+    return dataclasses.replace(decision, smoke=smoke, timings=timings, diagnostics=diag)
 
 
 #: The output the deploy smoke test compares, and its key in ``gate.json``'s ``smoke``.

@@ -555,6 +555,63 @@ def _curves(curves: Mapping[str, Any]) -> str:
     return "".join(charts)
 
 
+def _confusion(diag: Mapping[str, Any], class_names: Sequence[Any] | None) -> str:
+    matrix = diag.get("matrix")
+    if not matrix:
+        return (
+            f'<p class="muted">{_e(diag.get("classes"))} classes: too many for a confusion '
+            "matrix</p>"
+        )
+    k = len(matrix)
+    names = (
+        [str(n) for n in class_names] if class_names and len(class_names) == k else list(range(k))
+    )
+    head = "".join(f"<th>{_e(n)}</th>" for n in names)
+    rows = []
+    for i, row in enumerate(matrix):
+        total = sum(row) or 1
+        cells = []
+        for j, count in enumerate(row):
+            share = count / total
+            color = "22,163,74" if i == j else "220,38,38"
+            style = f"background:rgba({color},{share * 0.8:.2f})" if count else ""
+            cells.append(
+                f'<td style="{style}" title="{share:.1%} of true {_e(names[i])}">{count}</td>'
+            )
+        recall = row[i] / total if sum(row) else None
+        rows.append(f"<tr><th>{_e(names[i])}</th>{''.join(cells)}<td>{_num(recall)}</td></tr>")
+    return (
+        '<table class="confusion"><tr><th>true \\ predicted</th>'
+        f"{head}<th>recall</th></tr>{''.join(rows)}</table>"
+    )
+
+
+def _residuals(diag: Mapping[str, Any]) -> str:
+    edges, counts = diag.get("edges") or [], diag.get("counts") or []
+    bars = [
+        (f"{edges[i]:.3g} … {edges[i + 1]:.3g}", float(c), True)
+        for i, c in enumerate(counts)
+        if i + 1 < len(edges)
+    ]
+    stats = ", ".join(f"{k} {_num(diag.get(k))}" for k in ("mean", "std", "p05", "p50", "p95"))
+    return (
+        bar_chart(f"residuals (prediction - target) of {diag.get('n')} holdout rows", bars)
+        + f'<p class="residual-stats">{stats}</p>'
+    )
+
+
+def _evaluation(gate: Mapping[str, Any] | None, version: Mapping[str, Any] | None) -> str:
+    diag = (gate or {}).get("diagnostics")
+    if not diag:
+        return '<p class="muted">no holdout diagnostics recorded</p>'
+    if diag.get("kind") == "confusion":
+        names = ((version or {}).get("metrics") or {}).get("class_names")
+        return _confusion(diag, names)
+    if diag.get("kind") == "residuals":
+        return _residuals(diag)
+    return ""
+
+
 def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url: str) -> str:
     """The run page: snapshot, validation, training, gate, serving and history.
 
@@ -665,6 +722,15 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
         out.append(_curves(version.get("curves") or {}))
     else:
         out.append('<p class="muted">this run registered no version (skipped or failed)</p>')
+
+    out.append("<h2>Evaluation on the holdout</h2>")
+    out.append(_evaluation(gate, version))
+    out.append(
+        '<p class="muted">per-slice metrics (<code>metric@column=value</code>) are in the '
+        "gate's table below</p>"
+        if any("@" in n for n in (gate or {}).get("candidate_metrics") or {})
+        else ""
+    )
 
     out.append("<h2>Gate</h2>")
     if gate:

@@ -65,6 +65,11 @@ def test_first_run_serves_a_real_prediction(project: Project) -> None:
         (project.volume_root / "_models" / "digits" / "champion.json").read_text()
     )
     assert champion["version"] == 1
+    # the chief's TensorBoard event files came along with the version
+    board = project.trainyard("tensorboard", "--pipeline", "digits", "--print")
+    assert board.returncode == 0, board.stderr
+    assert board.stdout.startswith("v1-champion\t")
+    assert list((project.volume_root / "_models/digits/versions/1/tensorboard/train").iterdir())
     status = _model_status(project)["model_version_status"]
     assert [(s["version"], s["state"]) for s in status if s["state"] == "AVAILABLE"] == [
         ("1", "AVAILABLE")
@@ -101,6 +106,9 @@ def test_second_run_reuses_snapshot_and_rejects_worse_candidate(project: Project
     assert ("1", "AVAILABLE") in [(s["version"], s["state"]) for s in status]
     gate_md = project.volume_root / "_models" / "digits" / "versions" / "2" / "gate.md"
     assert "reject" in gate_md.read_text().lower()
+    confusion = json.loads(gate_md.with_name("gate.json").read_text())["diagnostics"]
+    assert confusion["kind"] == "confusion" and confusion["classes"] == 10  # run page's matrix
+    assert len(confusion["matrix"]) == 10 and sum(map(sum, confusion["matrix"])) > 0
 
 
 def _wait_serving(project: Project, version: str, timeout: float = 20.0) -> None:

@@ -128,6 +128,8 @@ def test_a_regressor_trains_gates_on_rmse_and_serves_numbers(project: Project) -
     assert checks["threshold:rmse"]["passed"] and checks["threshold:rmse"]["candidate"] <= 70.0
     assert checks["threshold:r2"]["candidate"] >= 0.3  # better than predicting the mean
     assert set(gate["candidate_metrics"]) >= {"rmse", "mae", "r2"}
+    residuals = gate["diagnostics"]  # drawn on the run page
+    assert residuals["kind"] == "residuals" and sum(residuals["counts"]) == residuals["n"] > 0
 
     base = f"http://127.0.0.1:{project.port}/v1/models/diabetes"
     meta = _get(f"{base}/metadata")

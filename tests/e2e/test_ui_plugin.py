@@ -25,10 +25,12 @@ import yaml
 
 from tests.e2e.harness import (
     BROWSER_ARGS,
+    CHROMIUM,
     ROOT,
     admin_password,
     free_port,
     make_project,
+    sign_in,
     standalone,
 )
 from tests.e2e.harness import StandaloneEnv as Env
@@ -36,7 +38,6 @@ from tests.e2e.harness import StandaloneEnv as Env
 # one standalone and two pipeline runs are set up for the first test
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
 
-CHROMIUM = "/usr/bin/chromium"
 DAG = "trainyard_digits"
 STRICT = "trainyard_digits_strict"
 
@@ -229,11 +230,7 @@ def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{base}/")
-        page.get_by_label("Username").fill("admin")
-        page.get_by_label("Password").fill(env.password)
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_url(f"{base}/", timeout=30_000)
+        sign_in(page, base, env.password)
 
         # the rejected run: reason, both models' metrics, curves, Data Docs
         page.goto(f"{base}/trainyard/runs/{DAG}/{quote(rejected, safe='')}")
@@ -264,6 +261,8 @@ def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
         assert "accuracy" in page.locator("table.train-metrics").inner_text()
         assert page.locator("svg.chart").count() == 2  # loss, accuracy per epoch
         assert page.locator("svg.chart polyline").count() == 2
+        # the holdout's confusion matrix: 10 digits, true by predicted, with recall
+        assert page.locator("table.confusion tr").count() == 11
         assert page.locator("a.datadocs").count() == 1
         assert "this run deployed version 1" in page.inner_text("body")
         page.screenshot(path=str(shots / "run_promoted.png"), full_page=True)

@@ -450,3 +450,40 @@ def test_importing_evaluation_and_registry_loads_no_heavy_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_diagnostics_confusion_matrix_matches_sklearn() -> None:
+    from sklearn.metrics import confusion_matrix
+
+    from trainyard.evaluation import diagnostics
+
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 4, 500)
+    probs = rng.random((500, 4))
+    diag = diagnostics({"probabilities": probs}, y)
+    assert diag is not None and diag["kind"] == "confusion" and diag["classes"] == 4
+    want = confusion_matrix(y, probs.argmax(axis=1), labels=range(4))
+    assert diag["matrix"] == want.tolist()
+    # a binary model with one sigmoid output still gets a 2x2 matrix
+    one = diagnostics({"probabilities": np.array([[0.9], [0.2], [0.7]])}, np.array([1, 1, 0]))
+    assert one is not None and one["matrix"] == [[0, 1], [1, 1]]
+    many = diagnostics({"probabilities": rng.random((10, 60))}, np.arange(10))
+    assert many is not None and many["matrix"] is None and many["classes"] == 60
+    assert diagnostics({"probabilities": np.zeros((0, 3))}, np.zeros(0)) is None
+
+
+def test_diagnostics_residuals_histogram_counts_every_finite_row() -> None:
+    from trainyard.evaluation import RESIDUAL_BINS, diagnostics
+
+    rng = np.random.default_rng(4)
+    target = rng.normal(100, 10, 1000)
+    pred = target + rng.normal(2.0, 1.0, 1000)
+    pred[0] = np.nan  # an unusable row is left out, not counted
+    pred[1] = target[1] + 1e6  # an outlier lands in the last bin instead of stretching it
+    diag = diagnostics({"predictions": pred.reshape(-1, 1)}, target)
+    assert diag is not None and diag["kind"] == "residuals"
+    assert len(diag["counts"]) == RESIDUAL_BINS and sum(diag["counts"]) == diag["n"] == 999
+    assert diag["edges"][-1] < 10 and diag["counts"][-1] >= 1
+    assert diag["p50"] == pytest.approx(2.0, abs=0.2)
+    constant = diagnostics({"predictions": np.ones(5)}, np.ones(5))
+    assert constant is not None and sum(constant["counts"]) == 5

@@ -58,7 +58,10 @@ def volume(tmp_path: Path) -> Path:
         vdir = models / "versions" / str(v)
         meta = {"dataset": "digits", "snapshot_id": SNAP, "run_id": f"run{v}"}
         _write(vdir / "metadata.json", meta | {"registered_at": f"2026-11-2{v}"})
-        _write(vdir / "metrics.json", {"accuracy": 0.9, "loss": 0.3, "model": "small_cnn"})
+        _write(
+            vdir / "metrics.json",
+            {"accuracy": 0.9, "loss": 0.3, "model": "small_cnn", "class_names": ["cat", "<b>"]},
+        )
         _write(
             vdir / "history.json",
             {"epochs": [{"epoch": 0, "loss": 1.5, "accuracy": 0.5}, {"epoch": 1, "loss": 0.3}]},
@@ -72,6 +75,7 @@ def volume(tmp_path: Path) -> Path:
                 "candidate_metrics": {"accuracy": 0.9 - v / 10, "loss": 0.3},
                 "champion_metrics": {"accuracy": 0.8, "loss": 0.3} if v == 2 else None,
                 "champion_version": 1 if v == 2 else None,
+                "diagnostics": {"kind": "confusion", "classes": 2, "matrix": [[8, 2], [1, 9]]},
             },
         )
     event = {"event": "promote", "version": 1, "from": None, "at": "t", "actor": "a"}
@@ -93,6 +97,30 @@ def test_run_story_and_page_show_what_the_run_did(volume: Path) -> None:
     assert "17, 42" in page  # sample rows of the failed rule
     assert "drift per column vs snapshot 0123456789abcdef" in page
     assert page.count("<rect") == 2 and 'fill="#dc2626"' in page  # the failing drift in red
+    # the confusion matrix, rows true and columns predicted, named by the classes
+    assert '<table class="confusion">' in page and "<th>cat</th>" in page
+    assert "<th>&lt;b&gt;</th>" in page and ">8</td>" in page and "0.9000" in page  # recall
+
+
+def test_a_regressors_run_page_draws_its_residuals(volume: Path) -> None:
+    gate_path = volume / "_models" / "digits" / "versions" / "2" / "gate.json"
+    gate = json.loads(gate_path.read_text())
+    gate["diagnostics"] = {
+        "kind": "residuals",
+        "edges": [-2.0, -1.0, 0.0, 1.0, 2.0],
+        "counts": [1, 5, 7, 2],
+        "mean": 0.1,
+        "std": 0.9,
+        "p05": -1.5,
+        "p50": 0.0,
+        "p95": 1.7,
+        "n": 15,
+    }
+    gate_path.write_text(json.dumps(gate))
+    page = runview.render_run(runview.run_story(volume, "digits", "run2"), None, "/pipe")
+    assert "residuals (prediction - target) of 15 holdout rows" in page
+    assert page.count("<rect") == 2 + 4 and "-2 … -1" in page
+    assert "p95 1.7000" in page and 'class="confusion"' not in page
 
 
 def test_pipeline_page_lists_versions_champion_and_history(volume: Path) -> None:
