@@ -177,6 +177,9 @@ def init_airflow(project: Project) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+CHROMIUM = "/usr/bin/chromium"
+"""Debian's Chromium (Playwright's own browser download does not work here)."""
+
 BROWSER_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -339,3 +342,12 @@ class Inbox:
     def body(self, i: int) -> str:
         part = self.messages[i].get_body(preferencelist=("html", "plain"))
         return part.get_content() if part is not None else ""
+
+
+def sign_in(page: Any, base: str, password: str) -> None:
+    """Sign a Playwright page in to Airflow's UI as ``admin``."""
+    page.goto(f"{base}/")
+    page.get_by_label("Username").fill("admin")
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"{base}/", timeout=30_000)
