@@ -3,30 +3,36 @@
 One ``airflow standalone`` (scheduler, triggerer, API server) runs the digits pipeline
 twice. Each run waits in the ``approve`` task (Airflow's human-in-the-loop
 ``ApprovalOperator``, awaiting input) showing the gate report; the test answers
-through Airflow's own API as the UI's Required Actions page does (``PATCH .../hitlDetails``
-with the option and a reason). Approve ships the model with the approver as the
-promotion's actor and reason; Reject skips the deploy, keeps the champion and records the
-approver's reason in the registry. Both answers are mailed (``notify:``, a real SMTP
-server on loopback). The deploy step refuses the rejected version when called by hand,
-until ``models approve`` records a person's yes.
+in a real browser (Chromium via Playwright: the task's Required Action page, the reason
+typed in, the Approve button clicked), and through Airflow's own API as that page does
+(``PATCH .../hitlDetails`` with the option and a reason). Approve ships the model with
+the approver as the promotion's actor and reason; Reject skips the deploy, keeps the
+champion and records the approver's reason in the registry. Both answers are mailed
+(``notify:``, a real SMTP server on loopback). The deploy step refuses the rejected
+version when called by hand, until ``models approve`` records a person's yes.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
 from tests.e2e.harness import (
+    BROWSER_ARGS,
+    CHROMIUM,
     Inbox,
     Project,
     StandaloneEnv,
     admin_password,
     free_port,
     make_project,
+    sign_in,
     standalone,
 )
 
@@ -75,7 +81,45 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> StandaloneEnv:
     smtp.stop()
 
 
-def _answer(env: StandaloneEnv, option: str, reason: str) -> tuple[dict, dict[str, Any]]:
+Answer = Callable[[StandaloneEnv, str, str, str], None]
+
+
+def _through_the_api(env: StandaloneEnv, run_id: str, option: str, reason: str) -> None:
+    """Answer as the UI's page does: ``PATCH .../hitlDetails``."""
+    hitl = f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1"
+    env.api(
+        f"{hitl}/hitlDetails",
+        "PATCH",
+        {"chosen_options": [option], "params_input": {"reason": reason}},
+    )
+
+
+def _in_the_browser(env: StandaloneEnv, run_id: str, option: str, reason: str) -> None:
+    """Answer as a person does: the task's Required Action page, the reason, the button."""
+    from playwright.sync_api import sync_playwright
+
+    shots = Path(env.project.home) / "screenshots"
+    shots.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        sign_in(page, env.base, env.password)
+        page.goto(
+            f"{env.base}/dags/{DAG}/runs/{quote(run_id, safe='')}/tasks/approve/required_actions"
+        )
+        page.get_by_text("Gate: PROMOTE").first.wait_for(timeout=60_000)
+        page.locator("#element_reason").fill(reason)  # the form's field for the "reason" param
+        page.screenshot(path=str(shots / "approval_form.png"), full_page=True)
+        page.get_by_role("button", name=option, exact=True).click()
+        page.get_by_text("approve response successful").first.wait_for(timeout=60_000)
+        page.get_by_text("Response received at").first.wait_for(timeout=60_000)
+        page.screenshot(path=str(shots / "approval_answered.png"), full_page=True)
+        browser.close()
+
+
+def _answer(
+    env: StandaloneEnv, option: str, reason: str, answer: Answer = _through_the_api
+) -> tuple[dict, dict[str, Any]]:
     """Trigger a run, wait for its approval request, answer it, wait for the run's end."""
     run = env.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": {}})
     run_path = f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}"
@@ -100,7 +144,7 @@ def _answer(env: StandaloneEnv, option: str, reason: str) -> tuple[dict, dict[st
     while finished not in log.read_text(errors="replace"):
         assert time.monotonic() < end, "the scheduler never handled the paused approve task"
         time.sleep(1)
-    env.api(hitl, "PATCH", {"chosen_options": [option], "params_input": {"reason": reason}})
+    answer(env, run["dag_run_id"], option, reason)
     while (run := env.api(run_path))["state"] not in ("success", "failed"):
         assert time.monotonic() < end + 600, f"run still {run['state']} after the answer"
         time.sleep(3)
@@ -115,7 +159,7 @@ def _registry(project: Project) -> tuple[dict, list[dict]]:
 
 
 def test_an_approved_candidate_ships_with_the_approver_recorded(env: StandaloneEnv) -> None:
-    run, request = _answer(env, "Approve", "curves and gate look right")
+    run, request = _answer(env, "Approve", "curves and gate look right", _in_the_browser)
     assert run["state"] == "success"
     # the request showed the gate's report and named the version
     assert request["subject"] == "Ship digits version 1?"
