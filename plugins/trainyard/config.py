@@ -298,6 +298,44 @@ class ScoringConfig(_Strict):
     request_timeout_s: float = Field(default=30, gt=0)
 
 
+class TriggerStreamConfig(_Strict):
+    """A stream whose messages say new data arrived (``trigger.stream``): each starts a run.
+
+    ``engine: redis`` reads a Redis stream ``name`` with the consumer group ``group``
+    (default ``trainyard-trigger-<pipeline>``) on the project's own server unless ``url`` or
+    ``TRAINYARD_REDIS_URL`` names another; ``engine: kafka`` reads the topic ``name``
+    through the Airflow connection ``kafka_config_id`` (common-messaging's
+    ``MessageQueueTrigger``). A message holds ``ds`` (the day to stage) or
+    ``interval_start`` and ``interval_end``, or nothing (the run stages its own date).
+    """
+
+    engine: Literal["redis", "kafka"] = "redis"
+    name: str
+    group: str | None = None
+    url: str | None = None
+    kafka_config_id: str = "kafka_default"
+    poll_interval_s: float = Field(default=1.0, gt=0, le=3600)
+
+    @field_validator("name", "group")
+    @classmethod
+    def _stream_name(cls, value: str | None) -> str | None:
+        if value is not None and not STREAM_NAME_RE.match(value):
+            raise ValueError(f"{value!r}: use 1 to 200 of A-Z a-z 0-9 . _ - (a Kafka topic name)")
+        return value
+
+    @model_validator(mode="after")
+    def _engine_fields(self) -> TriggerStreamConfig:
+        if self.engine == "kafka" and (self.url or self.group):
+            raise ValueError("url and group are for engine redis; kafka takes kafka_config_id")
+        return self
+
+
+class TriggerConfig(_Strict):
+    """What starts a run besides the schedule: ``stream`` (an Airflow ``AssetWatcher``)."""
+
+    stream: TriggerStreamConfig | None = None
+
+
 EMAIL_RE = re.compile(r"^[^@\s<>]+@[^@\s<>]+$")
 NOTIFY_EVENTS = ("failure", "rejection", "promotion")
 
@@ -369,6 +407,7 @@ class PipelineConfig(_Strict):
     gate: GateConfig = GateConfig()
     serving: ServingConfig
     scoring: ScoringConfig = ScoringConfig()
+    trigger: TriggerConfig = TriggerConfig()
     notify: NotifyConfig | None = None
 
     @field_validator("name", "dataset")

@@ -177,22 +177,30 @@ def trigger_params(cfg: PipelineConfig, tiers: tuple[str, ...]) -> dict[str, Par
 
 
 def pipeline_schedule(cfg: PipelineConfig, settings: Settings) -> Any:
-    """The pipeline's schedule: its cron (with data intervals), or-ed with its dataset Asset.
+    """The pipeline's schedule: its cron (with data intervals), or-ed with its Assets.
+
+    The Assets: the dataset's (``trigger_on_dataset``) and the arrivals stream's
+    (``trigger.stream``, watched in the triggerer); an event of either starts a run.
 
     Args:
         cfg: The pipeline config.
         settings: Locations (the Asset URI names the dataset's volume).
 
     Returns:
-        A timetable, an Asset, ``AssetOrTimeSchedule`` or ``None`` (manual only).
+        A timetable, an Asset condition, ``AssetOrTimeSchedule`` or ``None`` (manual only).
     """
-    from airflow.sdk import AssetOrTimeSchedule, CronDataIntervalTimetable
+    from airflow.sdk import AssetAny, AssetOrTimeSchedule, CronDataIntervalTimetable
+
+    from trainyard.orchestration.stream_trigger import arrivals_asset
 
     cron = CronDataIntervalTimetable(cfg.schedule, timezone="UTC") if cfg.schedule else None
-    if not cfg.trigger_on_dataset:
+    assets = [snapshot_asset(cfg, settings)] if cfg.trigger_on_dataset else []
+    if (arrivals := arrivals_asset(cfg)) is not None:
+        assets.append(arrivals)
+    if not assets:
         return cron
-    asset = snapshot_asset(cfg, settings)
-    return AssetOrTimeSchedule(timetable=cron, assets=[asset]) if cron else [asset]
+    condition = assets[0] if len(assets) == 1 else AssetAny(*assets)
+    return AssetOrTimeSchedule(timetable=cron, assets=condition) if cron else condition
 
 
 def publish_snapshot_event(asset: Asset, dataset: str, pipeline: str) -> Any:
@@ -406,6 +414,7 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         settings: Locations (the Assets name them).
     """
     from trainyard.orchestration.runners import StepOperator, TrainingOperator
+    from trainyard.orchestration.stream_trigger import arrivals_asset
 
     t = cfg.training
     snap_asset, mdl_asset = snapshot_asset(cfg, settings), model_asset(cfg, settings)
@@ -414,16 +423,25 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
     def step(name: str, inputs: dict[str, Any], **kwargs: Any) -> StepOperator:
         return StepOperator(task_id=name, step=name, pipeline=cfg, inputs=inputs, **kwargs)
 
+    # a pipeline started by arriving data stages the interval its arrivals task picked
+    arrivals = arrivals_asset(cfg)
+    interval: tuple[Any, Any] = (FromRun("interval_start"), FromRun("interval_end"))
+    if arrivals is not None:
+        interval = (FromXCom("arrivals", "interval_start"), FromXCom("arrivals", "interval_end"))
     stage = step(
         "stage",
         {
-            "interval_start": FromRun("interval_start"),
-            "interval_end": FromRun("interval_end"),
+            "interval_start": interval[0],
+            "interval_end": interval[1],
             "snapshot_id": FromRun("requested_snapshot"),
         },
         retries=2,
         execution_timeout=dt.timedelta(hours=2),
     )
+    if arrivals is not None:
+        from trainyard.orchestration.stream_trigger import arrivals_task
+
+        arrivals_task(cfg, arrivals) >> stage
     if cfg.source.when_missing == "wait":
         from trainyard.orchestration.sensors import SourcePartitionSensor
 

@@ -49,7 +49,8 @@ Source = Any
 """A constant, or one of the classes above."""
 
 
-def _interval(context: Mapping[str, Any]) -> tuple[str, str]:
+def run_interval(context: Mapping[str, Any]) -> tuple[str, str]:
+    """The run's data interval as dates (its logical date's day for a run without one)."""
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None:
         start = end = context["dag_run"].run_after
@@ -80,7 +81,7 @@ def _run_fact(name: str, context: Mapping[str, Any]) -> Any:
     if name == "run_id":
         return context["run_id"]
     if name in ("interval_start", "interval_end"):
-        return _interval(context)[0 if name == "interval_start" else 1]
+        return run_interval(context)[0 if name == "interval_start" else 1]
     if name == "actor":
         return actor(context)
     if name == "requested_snapshot":

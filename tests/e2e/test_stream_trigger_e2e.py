@@ -1,0 +1,98 @@
+"""``trigger.stream``: messages on a Redis stream start runs through Airflow's triggerer.
+
+One ``airflow standalone`` (scheduler, triggerer, API server) and the project's Redis
+server. Two "new data" messages and a bad one are sent at once; the pipeline's
+``AssetWatcher`` turns the good ones into Asset events, the scheduler starts runs, and
+each announced day is staged by a run of its own (Airflow may hand both events to one
+run, which stages the oldest and sends the other back to the stream). The bad message
+starts nothing and is kept, with its reason, in ``<stream>.rejected``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tests.e2e.harness import StandaloneEnv, admin_password, free_port, make_project, standalone
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+DAG = "trainyard_digits"
+STREAM = "digits.arrivals"
+
+
+def _stage_interval(env: StandaloneEnv, run_id: str) -> str:
+    path = (
+        f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/stage/"
+        "xcomEntries/return_value"
+    )
+    value = env.api(path)["value"]
+    return (json.loads(value) if isinstance(value, str) else value)["interval_start"]
+
+
+def test_messages_on_the_stream_start_a_run_per_announced_day(tmp_path: Path) -> None:
+    import redis
+
+    from trainyard.streaming import redis_server
+
+    api_port = free_port()
+    project = make_project(
+        tmp_path,
+        {
+            "schedule": None,
+            "training": {"epochs": 1},
+            "trigger": {"stream": {"name": STREAM, "poll_interval_s": 0.5}},
+        },
+        api_port=api_port,
+    )
+    redis_dir = tmp_path / "redis"
+    project.env["TRAINYARD_REDIS_DIR"] = str(redis_dir)
+    project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    client = redis.Redis.from_url(redis_server.ensure_running(redis_dir))
+    try:
+        with standalone(project, api_port, tmp_path / "standalone.log") as base:
+            env = StandaloneEnv(project, base, admin_password(project))
+            end = time.monotonic() + 240
+            while env.get(f"/api/v2/dags/{DAG}")[0] != 200:
+                assert time.monotonic() < end, f"{DAG} never appeared"
+                time.sleep(2)
+            env.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
+            # the watcher's consumer group exists once the triggerer runs the trigger
+            end = time.monotonic() + 300
+            group = b"trainyard-trigger-digits"
+            while not any(g.get("name") in (group, group.decode()) for g in _groups(client)):
+                assert time.monotonic() < end, "the triggerer never started the stream trigger"
+                time.sleep(1)
+            client.xadd(STREAM, {"ds": "2026-11-20"})
+            client.xadd(STREAM, {"ds": "2026-11-32"})
+            client.xadd(STREAM, {"ds": "2026-11-21"})
+
+            end = time.monotonic() + 1500
+            while True:
+                runs = env.api(f"/api/v2/dags/{DAG}/dagRuns?limit=20")["dag_runs"]
+                done = [r for r in runs if r["state"] in ("success", "failed")]
+                if len(done) >= 2 and len(done) == len(runs):
+                    break
+                assert time.monotonic() < end, [(r["dag_run_id"], r["state"]) for r in runs]
+                time.sleep(5)
+            assert {r["run_type"] for r in runs} == {"asset_triggered"}
+            assert [r["state"] for r in runs] == ["success"] * len(runs)
+            staged = sorted(_stage_interval(env, r["dag_run_id"]) for r in runs)
+            assert staged == ["2026-11-20", "2026-11-21"]
+            rejected = client.xrange(f"{STREAM}.rejected")
+            assert len(rejected) == 1
+            assert rejected[0][1][b"reason"] == b"ds '2026-11-32' is not a date (YYYY-MM-DD)"
+    finally:
+        client.close()
+        redis_server.stop(redis_dir)
+
+
+def _groups(client: object) -> list[dict]:
+    try:
+        return client.xinfo_groups(STREAM)  # type: ignore[attr-defined]
+    except Exception:  # the stream does not exist before the trigger creates it
+        return []
