@@ -12,10 +12,11 @@ import hashlib
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -245,6 +246,16 @@ class ServingConfig(_Strict):
 STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 
+def _stream_name(value: str) -> str:
+    if not STREAM_NAME_RE.match(value):
+        raise ValueError(f"{value!r}: use 1 to 200 of A-Z a-z 0-9 . _ - (a Kafka topic name)")
+    return value
+
+
+StreamName = Annotated[str, AfterValidator(_stream_name)]
+"""A Redis stream key or Kafka topic name."""
+
+
 class StreamConfig(_Strict):
     """The streams a pipeline's scorer reads and writes (``scoring.stream``).
 
@@ -255,20 +266,13 @@ class StreamConfig(_Strict):
     """
 
     engine: Literal["redis", "kafka"] = "redis"
-    input: str
-    output: str
-    dead_letter: str
-    group: str | None = None
+    input: StreamName
+    output: StreamName
+    dead_letter: StreamName
+    group: StreamName | None = None
     url: str | None = None
     bootstrap_servers: str | None = None
     partitions: int = Field(default=1, ge=1, le=1024)
-
-    @field_validator("input", "output", "dead_letter", "group")
-    @classmethod
-    def _stream_name(cls, value: str | None) -> str | None:
-        if value is not None and not STREAM_NAME_RE.match(value):
-            raise ValueError(f"{value!r}: use 1 to 200 of A-Z a-z 0-9 . _ - (a Kafka topic name)")
-        return value
 
     @model_validator(mode="after")
     def _engine_fields(self) -> StreamConfig:
@@ -310,18 +314,11 @@ class TriggerStreamConfig(_Strict):
     """
 
     engine: Literal["redis", "kafka"] = "redis"
-    name: str
-    group: str | None = None
+    name: StreamName
+    group: StreamName | None = None
     url: str | None = None
     kafka_config_id: str = "kafka_default"
     poll_interval_s: float = Field(default=1.0, gt=0, le=3600)
-
-    @field_validator("name", "group")
-    @classmethod
-    def _stream_name(cls, value: str | None) -> str | None:
-        if value is not None and not STREAM_NAME_RE.match(value):
-            raise ValueError(f"{value!r}: use 1 to 200 of A-Z a-z 0-9 . _ - (a Kafka topic name)")
-        return value
 
     @model_validator(mode="after")
     def _engine_fields(self) -> TriggerStreamConfig:
