@@ -170,6 +170,7 @@ def main() -> None:
     from trainyard.serving.deploy import (
         ensure_local_server,
         publish_version,
+        server_pid_file,
         stop_local_server,
         wait_available,
     )
@@ -193,7 +194,8 @@ def main() -> None:
                 wait_available(c, "events", 1, 120)
             records, _ = make_records(a.records)
             _baseline(records[: 20 * a.batch], port, a.batch, a.in_flight)  # warm up
-            server_pid = int(orjson.loads((serving / ".server.pid").read_bytes())["pid"])
+            pid_file = server_pid_file(serving, port)
+            server_pid = int(orjson.loads(pid_file.read_bytes())["pid"])
             redis_pid = int((root / "redis" / redis_server.PID_FILE).read_text())
             cpu_ours, cpu_base = CPU([server_pid, redis_pid]), CPU([server_pid])
             ours, base, ratios, cpu_ratios = [], [], [], []

@@ -1,9 +1,9 @@
 """Progress of long steps (staging, validation, training): done/total, rate and ETA.
 
 On a terminal the line is redrawn in place; anywhere else (an Airflow task log, a pod's
-log) one line is written every ``TRAINYARD_PROGRESS_S`` seconds (default 10), the first
-once the step has run that long, so short steps stay silent and long ones show steady
-signs of life.
+log) one line is written every ``TRAINYARD_PROGRESS_S`` seconds (default 10, ``off`` for
+none), the first once the step has run that long, so short steps stay silent and long
+ones show steady signs of life.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Literal, TextIO
 
+from trainyard.errors import ConfigError
+
 PROGRESS_ENV = "TRAINYARD_PROGRESS_S"
 DEFAULT_INTERVAL_S = 10.0
 
@@ -23,13 +25,24 @@ Advance = Callable[[int, int], None]
 
 
 def progress_interval() -> float:
-    """Seconds between progress lines in logs (``TRAINYARD_PROGRESS_S``, default 10)."""
+    """Seconds between progress lines in logs (``TRAINYARD_PROGRESS_S``, default 10).
+
+    Raises:
+        ConfigError: For a value that is neither a number of seconds >= 0 nor ``off``
+            (which returns infinity: no lines).
+    """
     raw = os.environ.get(PROGRESS_ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_INTERVAL_S
-    except ValueError:
+    if not raw:
         return DEFAULT_INTERVAL_S
-    return value if math.isfinite(value) and value >= 0 else DEFAULT_INTERVAL_S
+    if raw.lower() == "off":
+        return math.inf
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{PROGRESS_ENV}={raw!r}: give seconds between lines (>= 0) or off")
+    return value
 
 
 def human_bytes(n: float) -> str:
@@ -91,18 +104,19 @@ class Progress:
         every = progress_interval() if interval_s is None else interval_s
         self.interval_s = min(every, 0.5) if self._tty else every
         self.delay_s = every if delay_s is None else delay_s
+        if self._tty:  # a rate needs some time behind it
+            self.delay_s = min(self.delay_s, 0.5)
         self.start = time.monotonic()
         self._last = 0.0
         self._drawn = False
+        self._width = 0
 
     def advance(self, amount: int, items: int = 0) -> None:
         """Count ``amount`` more (and ``items`` more pieces); write a line when one is due."""
         self.done += amount
         self.items_done += items
         now = time.monotonic()
-        if now - self._last < self.interval_s:
-            return
-        if not self._tty and now - self.start < self.delay_s:
+        if now - self._last < self.interval_s or now - self.start < self.delay_s:
             return
         self._last = now
         self._draw(now)
@@ -132,12 +146,16 @@ class Progress:
         return f"{self.label}: {', '.join(parts)}"
 
     def _draw(self, now: float) -> None:
-        self.stream.write(self.line(now) + ("\r" if self._tty else "\n"))
+        text = self.line(now)
+        if self._tty:  # pad over what a longer previous line left
+            text, self._width = text.ljust(self._width), len(text)
+        self.stream.write(text + ("\r" if self._tty else "\n"))
         self.stream.flush()
         self._drawn = True
 
     def close(self) -> None:
-        """End the progress line on a terminal (a log gets no closing line)."""
+        """End the progress line on a terminal, drawn once more as it ended (a log gets none)."""
         if self._drawn and self._tty:
+            self._draw(time.monotonic())
             self.stream.write("\n")
             self.stream.flush()

@@ -588,11 +588,16 @@ def _confusion(diag: Mapping[str, Any], class_names: Sequence[Any] | None) -> st
 
 def _residuals(diag: Mapping[str, Any]) -> str:
     edges, counts = diag.get("edges") or [], diag.get("counts") or []
-    bars = [
-        (f"{edges[i]:.3g} … {edges[i + 1]:.3g}", float(c), True)
-        for i, c in enumerate(counts)
-        if i + 1 < len(edges)
-    ]
+    last = min(len(counts), len(edges) - 1) - 1
+
+    def label(i: int) -> str:  # the outer bins also hold the tails beyond them
+        if i == 0 and last > 0:
+            return f"< {edges[1]:.3g}"
+        if i == last and last > 0:
+            return f"≥ {edges[i]:.3g}"
+        return f"{edges[i]:.3g} … {edges[i + 1]:.3g}"
+
+    bars = [(label(i), float(c), True) for i, c in enumerate(counts) if i <= last]
     stats = ", ".join(f"{k} {_num(diag.get(k))}" for k in ("mean", "std", "p05", "p50", "p95"))
     return (
         bar_chart(f"residuals (prediction - target) of {diag.get('n')} holdout rows", bars)

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from serving_support import free_port
 
-from trainyard.errors import RegistryError
+from trainyard.errors import ConfigError
 from trainyard.layout import Layout
 from trainyard.registry import Registry
 from trainyard.training.tensorboard import event_dirs
@@ -54,7 +54,23 @@ def _get(url: str) -> object:
         return json.loads(resp.read())
 
 
-def test_serves_every_versions_curves_and_the_running_run(
+def _runs(port: int, want: int, proc: subprocess.Popen[bytes], seconds: float = 90) -> list[str]:
+    """TensorBoard's run names once it lists ``want`` of them."""
+    deadline = time.monotonic() + seconds
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        try:
+            seen = _get(f"http://127.0.0.1:{port}/data/runs")  # type: ignore[assignment]
+        except OSError:
+            seen = []
+        if len(seen) >= want:
+            return sorted(seen)
+        time.sleep(0.5)
+    return sorted(seen)
+
+
+def test_serves_every_version_and_running_run_and_follows_new_ones(
     volume_root: Path, tmp_path: Path
 ) -> None:
     assert _version(volume_root, tmp_path, None) == 1  # registered before event files existed
@@ -79,25 +95,23 @@ def test_serves_every_versions_curves_and_the_running_run(
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 90
-        runs_seen: object = None
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            try:
-                runs_seen = _get(f"http://127.0.0.1:{port}/data/runs")
-            except OSError:
-                runs_seen = None
-            if runs_seen and len(runs_seen) == 2:  # type: ignore[arg-type]
-                break
-            time.sleep(0.5)
-        assert sorted(runs_seen) == sorted(  # type: ignore[arg-type]
-            ["v2-champion/train", f"running-{running.name}/train"]
-        )
+        run_name = f"running/{running.name}/output/tensorboard/train"
+        assert _runs(port, 2, proc) == [run_name, "versions/2/tensorboard/train"]
         scalars = _get(
-            f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?run=v2-champion/train"
-            "&tag=epoch_loss"
+            f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?"
+            "run=versions/2/tensorboard/train&tag=epoch_loss"
         )
         assert [(step, value) for _, step, value in scalars] == [(0, 2.0), (1, 1.0), (2, 0.5)]  # type: ignore[union-attr]
+        # found by a new user: a version registered while it is open never appeared
+        assert _version(volume_root, tmp_path, [1.5]) == 3
+        assert "versions/3/tensorboard/train" in _runs(port, 3, proc)
+        # a port in use is one clear error, before anything starts
+        busy = subprocess.run(
+            [*cmd, "--port", str(port)], cwd=ROOT / "plugins", env=env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert busy.returncode == 3 and f"cannot serve on 127.0.0.1:{port}" in busy.stderr
+        assert "TensorBoard for" not in busy.stdout
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
@@ -112,13 +126,17 @@ def test_serves_every_versions_curves_and_the_running_run(
     )
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.split("\t")[0] == "v2-champion"
+    bad_port = subprocess.run(
+        [*cmd, "--port", "0"], cwd=ROOT / "plugins", env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert bad_port.returncode == 2 and "port 0 is not in 1..65535" in bad_port.stderr
 
 
-def test_one_clear_error_when_there_is_nothing_to_show(volume_root: Path, tmp_path: Path) -> None:
-    with pytest.raises(RegistryError, match="no TensorBoard event files yet"):
-        event_dirs("digits")
+def test_one_clear_error_for_a_version_it_cannot_show(volume_root: Path, tmp_path: Path) -> None:
+    assert event_dirs("digits") == {}  # nothing yet: served anyway, runs appear as they train
     _version(volume_root, tmp_path, None)
-    with pytest.raises(RegistryError, match="version 1 of 'digits' has no TensorBoard"):
+    with pytest.raises(ConfigError, match="version 1 of 'digits' has no TensorBoard"):
         event_dirs("digits", [1])
-    with pytest.raises(RegistryError, match=r"no version 7 \(versions: 1\)"):
+    with pytest.raises(ConfigError, match=r"no version 7 \(versions: 1\)"):
         event_dirs("digits", [7])

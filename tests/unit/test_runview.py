@@ -119,7 +119,8 @@ def test_a_regressors_run_page_draws_its_residuals(volume: Path) -> None:
     gate_path.write_text(json.dumps(gate))
     page = runview.render_run(runview.run_story(volume, "digits", "run2"), None, "/pipe")
     assert "residuals (prediction - target) of 15 holdout rows" in page
-    assert page.count("<rect") == 2 + 4 and "-2 … -1" in page
+    assert page.count("<rect") == 2 + 4 and "-1 … 0" in page
+    assert "&lt; -1" in page and "≥ 1" in page  # the outer bins hold the tails
     assert "p95 1.7000" in page and 'class="confusion"' not in page
 
 

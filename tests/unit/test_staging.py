@@ -461,8 +461,8 @@ def test_retention_runs_after_staging(volume_root: Path, contracts: Path, tmp_pa
 
 @pytest.mark.parametrize(
     ("tty", "delay", "expect_output"),
-    [(False, 0.0, True), (False, 60.0, False), (True, 60.0, True)],
-    ids=["slow-non-tty", "fast-non-tty", "tty"],
+    [(False, 0.0, True), (False, 60.0, False), (True, 0.0, True), (True, 60.0, False)],
+    ids=["slow-non-tty", "fast-non-tty", "tty", "fast-tty"],
 )
 def test_progress_only_when_useful(tty: bool, delay: float, expect_output: bool):
     import io
@@ -480,6 +480,39 @@ def test_progress_only_when_useful(tty: bool, delay: float, expect_output: bool)
     assert bool(text) is expect_output
     if expect_output:
         assert "/s" in text and "100.0%" in text
+
+
+def test_a_terminal_line_is_redrawn_over_a_longer_one_and_ends_as_the_step_did() -> None:
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    bar = Progress("validating x", 100, unit="rows", items="batches", stream=stream,
+                   interval_s=0.0, delay_s=0.0)  # fmt: skip
+    bar.advance(1, 1)
+    bar.advance(98, 1)
+    bar.done = 1  # a shorter line than the one before it
+    bar.advance(0)
+    frames = stream.getvalue().split("\r")
+    assert len(frames[2]) >= len(frames[1]) > len(frames[2].rstrip())
+    bar.done = 100
+    bar.close()  # the last frame shows the end, then the line is closed
+    assert stream.getvalue().endswith("\n") and "100/100 rows (100.0%)" in stream.getvalue()[-120:]
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "nan", "inf"])
+def test_a_bad_progress_interval_is_one_clear_error(value: str, monkeypatch) -> None:
+    from trainyard.errors import ConfigError
+    from trainyard.progress import progress_interval
+
+    monkeypatch.setenv("TRAINYARD_PROGRESS_S", value)
+    with pytest.raises(ConfigError, match=f"TRAINYARD_PROGRESS_S='{value}'"):
+        progress_interval()
+    monkeypatch.setenv("TRAINYARD_PROGRESS_S", "off")
+    assert progress_interval() == float("inf")
 
 
 def test_staging_logs_files_bytes_rate_and_eta(

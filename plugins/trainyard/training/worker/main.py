@@ -294,10 +294,6 @@ def _run(
     callbacks: list[Any] = [
         keras.callbacks.BackupAndRestore(backup_dir=str(args.checkpoint_dir / "backup")),
         recorder,
-        # every worker takes part (Keras writes a non-chief's events to a temporary folder)
-        keras.callbacks.TensorBoard(
-            log_dir=str(args.output_dir / TENSORBOARD_DIR), write_graph=False, profile_batch=0
-        ),
         # a parameter-server step's loss is a remote value: reading it would wait for it
         progress_cls(
             role,
@@ -308,6 +304,12 @@ def _run(
     ]
     if args.strategy == "multi_worker_mirrored":  # it breaks on PS RemoteValues
         callbacks.insert(1, keras.callbacks.TerminateOnNaN())
+    if role.is_chief:  # epoch logs are already global; others' events would be duplicates
+        callbacks.append(
+            keras.callbacks.TensorBoard(
+                log_dir=str(args.output_dir / TENSORBOARD_DIR), write_graph=False, profile_batch=0
+            )
+        )
     if fault is not None:
         callbacks.append(fault_cls(fault, role))
     _say(
@@ -545,21 +547,24 @@ def _callback_classes() -> tuple[type, type, type]:
             self.interval = progress_interval()
             self.epoch = self.first_epoch = -1
             self.t0 = self.last = 0.0
+            self.done0 = -1  # the step the rate counts from (after the first, which traces)
 
         def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             if self.first_epoch < 0:
-                self.first_epoch, self.t0 = epoch, time.monotonic()
-                self.last = self.t0
+                self.first_epoch = epoch
             self.epoch = epoch
 
         def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             now = time.monotonic()
+            done = (self.epoch - self.first_epoch) * self.steps + batch + 1
+            if self.done0 < 0:
+                self.done0, self.t0, self.last = done, now, now
+                return
             if now - self.last < self.interval:
                 return
             self.last = now
-            done = (self.epoch - self.first_epoch) * self.steps + batch + 1
             left = (self.epochs - self.epoch) * self.steps - batch - 1
-            rate = done / max(now - self.t0, 1e-6)
+            rate = (done - self.done0) / max(now - self.t0, 1e-6) or 1e-6
             loss = ""
             if self.replicas and logs and "loss" in logs:
                 loss = f" loss {float(logs['loss']) / self.replicas:.4f}"
