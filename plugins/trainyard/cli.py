@@ -28,7 +28,11 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "cli_main",
         "list | show | verify | mirror | gc dataset snapshots.",
     ),
-    "contracts": ("trainyard.contracts", "cli_main", "check data contracts (JSON schema)."),
+    "contracts": (
+        "trainyard.contracts",
+        "cli_main",
+        "check data contracts; export and import them as ODCS (Open Data Contract Standard).",
+    ),
     "pipelines": (
         "trainyard.config",
         "cli_main",
