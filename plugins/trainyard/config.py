@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from trainyard.errors import ConfigError
-from trainyard.fsutil import YamlWhere, check_files, load_yaml, yaml_line_index
+from trainyard.fsutil import YamlWhere, check_files, load_yaml, redact_url, yaml_line_index
 from trainyard.settings import get_settings
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -306,24 +306,31 @@ class TriggerStreamConfig(_Strict):
     """A stream whose messages say new data arrived (``trigger.stream``): each starts a run.
 
     ``engine: redis`` reads a Redis stream ``name`` with the consumer group ``group``
-    (default ``trainyard-trigger-<pipeline>``) on the project's own server unless ``url`` or
-    ``TRAINYARD_REDIS_URL`` names another; ``engine: kafka`` reads the topic ``name``
-    through the Airflow connection ``kafka_config_id`` (common-messaging's
+    (default ``trainyard-trigger-<pipeline>``) on the project's own server unless ``url``
+    (``redis://``, ``rediss://``, ``unix://``) or ``TRAINYARD_REDIS_URL`` names another;
+    ``engine: kafka`` reads the topic ``name`` through the Airflow connection
+    ``kafka_config_id`` (default ``kafka_default``; common-messaging's
     ``MessageQueueTrigger``). A message holds ``ds`` (the day to stage) or
-    ``interval_start`` and ``interval_end``, or nothing (the run stages its own date).
+    ``interval_start`` and ``interval_end``, or nothing (the day the run runs).
     """
 
     engine: Literal["redis", "kafka"] = "redis"
     name: StreamName
     group: StreamName | None = None
     url: str | None = None
-    kafka_config_id: str = "kafka_default"
-    poll_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    kafka_config_id: str | None = Field(default=None, min_length=1)
+    poll_interval_s: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _engine_fields(self) -> TriggerStreamConfig:
         if self.engine == "kafka" and (self.url or self.group):
             raise ValueError("url and group are for engine redis; kafka takes kafka_config_id")
+        if self.engine == "redis" and self.kafka_config_id:
+            raise ValueError("kafka_config_id is for engine kafka; redis takes url")
+        if self.url and not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"url {redact_url(self.url)!r} is not a Redis URL (redis://, rediss://, unix://)"
+            )
         return self
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,42 +20,58 @@ from trainyard.orchestration.stream_trigger import (
     kafka_message,
     message_interval,
     requeue,
+    stream_trigger,
 )
 from trainyard.streaming import redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+TODAY = dt.date(2026, 11, 25)
+
+
 @pytest.mark.parametrize(
     ("fields", "interval"),
     [
-        ({"ds": "2026-11-20"}, ("2026-11-20", "2026-11-20")),
-        ({"interval_start": "2026-11-20T00:00:00+00:00", "interval_end": "2026-11-21"},
-         ("2026-11-20", "2026-11-21")),
-        ({"data": '{"ds": "2026-11-19"}'}, ("2026-11-19", "2026-11-19")),
+        # a day is the interval of a daily scheduled run of that day: the end is excluded
+        ({"ds": "2026-11-20"}, ("2026-11-20", "2026-11-21")),
+        ({"interval_start": "2026-11-20", "interval_end": "2026-11-23"},
+         ("2026-11-20", "2026-11-23")),
+        ({"data": '{"ds": "2026-11-19"}'}, ("2026-11-19", "2026-11-20")),
+        ({"ds": "2026-11-25"}, ("2026-11-25", "2026-11-26")),  # today
         ({}, None),
+        ({"data": "{}"}, None),  # the day the run runs
+        ({"arrival": "1-0", "resent_by": "r", "ds": "2026-11-20"}, ("2026-11-20", "2026-11-21")),
     ],
 )  # fmt: skip
 def test_a_message_names_the_interval_to_stage(fields: dict, interval: tuple | None) -> None:
-    got = message_interval(fields)
+    got = message_interval(fields, "2026-11-01", TODAY)
     assert (tuple(got.values()) if got else None) == interval
 
 
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [
-        ({"ds": "2026-13-45"}, "ds '2026-13-45' is not a date"),
+        ({"ds": "2026-13-45"}, "ds '2026-13-45' is not a date (YYYY-MM-DD)"),
+        # found by a new user: the first 10 characters were read and the rest dropped
+        ({"ds": "2026-11-24garbage"}, "is not a date"),
+        ({"ds": "20261124"}, "is not a date"),
+        ({"ds": "2026-11-24T00:00:00"}, "is not a date"),
+        ({"data": '{"ds": 20261113}'}, "ds 20261113 is not a date"),
+        # ... and any day was staged, 9999-12-31 included
+        ({"ds": "9999-12-31"}, "after today (2026-11-25): its data cannot have arrived"),
+        ({"ds": "2026-10-31"}, "before the pipeline's start_date 2026-11-01"),
         ({"ds": "x", "interval_start": "2026-11-20"}, "exclusive"),
         ({"interval_start": "2026-11-20"}, "go together"),
-        ({"interval_start": "2026-11-21", "interval_end": "2026-11-20"}, "is before"),
+        ({"interval_start": "2026-11-21", "interval_end": "2026-11-21"}, "is not after"),
         ({"day": "2026-11-20"}, "unknown field(s) 'day'"),
         ({"data": "not json"}, "is not JSON"),
         ({"data": "[1]"}, "not a JSON object"),
     ],
 )
 def test_a_bad_message_is_one_clear_error(fields: dict, reason: str) -> None:
-    with pytest.raises(BadMessage, match=reason.replace("(", r"\(").replace(")", r"\)")):
-        message_interval(fields)
+    with pytest.raises(BadMessage, match=re.escape(reason)):
+        message_interval(fields, "2026-11-01", TODAY)
 
 
 @pytest.fixture
@@ -82,21 +100,27 @@ def test_redis_trigger_fires_per_message_and_rejects_bad_ones_loudly(redis_url: 
 
     client = redis.Redis.from_url(redis_url)
     client.xadd("arrivals", {"ds": "2026-11-20"})
-    client.xadd("arrivals", {"ds": "not-a-day"})
-    client.xadd("arrivals", {"interval_start": "2026-11-21", "interval_end": "2026-11-22"})
-    trigger = RedisStreamTrigger("arrivals", "g", redis_url, poll_interval=0.1)
+    client.xadd("arrivals", {"ds": "not-a-day", "reason": "hello", "id": "42"})
+    client.xadd("arrivals", {"interval_start": "2026-11-21", "interval_end": "2026-11-23"})
+    trigger = RedisStreamTrigger("arrivals", "g", redis_url, 0.1, "arrivals.retry.p")
     events = asyncio.run(_take(trigger, 2))
     assert [(e["interval_start"], e["interval_end"]) for e in events] == [
-        ("2026-11-20", "2026-11-20"),
-        ("2026-11-21", "2026-11-22"),
+        ("2026-11-20", "2026-11-21"),
+        ("2026-11-21", "2026-11-23"),
     ]
     rejected = client.xrange("arrivals.rejected")
-    assert len(rejected) == 1 and rejected[0][1][b"reason"].startswith(b"ds 'not-a-day'")
+    assert len(rejected) == 1
+    fields = rejected[0][1]
+    assert fields[b"reason"].startswith(b"unknown field(s) 'id', 'reason'")
+    # the sender's own fields are kept whole (found by a new user: id and reason were lost)
+    assert json.loads(fields[b"message"]) == {"ds": "not-a-day", "reason": "hello", "id": "42"}
 
     # the second event was handed over but not acknowledged (its generator was closed):
     # a restarted trigger delivers it again first, then what arrived meanwhile
     client.xadd("arrivals", {"ds": "2026-11-23"})
-    again = asyncio.run(_take(RedisStreamTrigger("arrivals", "g", redis_url, 0.1), 2))
+    again = asyncio.run(
+        _take(RedisStreamTrigger("arrivals", "g", redis_url, 0.1, "arrivals.retry.p"), 2)
+    )
     assert [e["interval_start"] for e in again] == ["2026-11-21", "2026-11-23"]
     assert again[0]["id"] == events[1]["id"]
     # another pipeline's group sees every message on its own
@@ -105,7 +129,8 @@ def test_redis_trigger_fires_per_message_and_rejects_bad_ones_loudly(redis_url: 
     # the trigger is re-created from what it serializes
     path, kwargs = trigger.serialize()
     assert path == "trainyard.orchestration.stream_trigger.RedisStreamTrigger"
-    assert kwargs == {"stream": "arrivals", "group": "g", "url": redis_url, "poll_interval": 0.1}
+    assert kwargs == {"stream": "arrivals", "group": "g", "url": redis_url, "poll_interval": 0.1,
+                      "retry": "arrivals.retry.p", "not_before": None}  # fmt: skip
 
 
 def _pipeline(tmp_path: Path, trigger: dict[str, Any], **more: Any) -> Any:
@@ -122,24 +147,42 @@ def test_each_run_takes_one_arrival_no_run_took_and_sends_the_rest_back(
     import redis
 
     cfg = _pipeline(tmp_path, {"stream": {"name": "arrivals", "url": redis_url}})
+    stream = cfg.trigger.stream
     state = tmp_path / "arrivals.json"
-    day = [{"id": f"1-{i}", **message_interval({"ds": f"2026-11-2{i}"})} for i in range(4)]
+    day = [{"id": f"1-{i}", **message_interval({"ds": f"2026-11-2{i}"})} for i in range(3)]
+    sent: list[list[dict]] = []
+
+    def keep(rest: list[dict]) -> None:
+        sent.append(rest)
+        requeue(stream, "digits", "A", rest)
+
     # run A was handed two events; it takes the oldest and sends the other back
-    mine, rest = claim(state, day[:2], "A")
-    assert (mine, rest) == (day[0], [day[1]])
-    requeue(cfg.trigger.stream, rest)
-    sent = redis.Redis.from_url(redis_url).xrange("arrivals")
-    assert [f[b"interval_start"] for _, f in sent] == [b"2026-11-21"]
+    assert claim(state, day[:2], "A", keep) == day[0]
+    assert sent == [[day[1]]]
+    # to the pipeline's own retry stream (other pipelines on "arrivals" never see it),
+    # keeping the original's id; the trigger reads it back as a new arrival
+    assert redis.Redis.from_url(redis_url).xlen("arrivals") == 0
+    trigger = stream_trigger(cfg, stream)
+    (copy,) = asyncio.run(_take(trigger, 1))
+    assert copy == {"stream": "arrivals", "id": "1-1", "resent_by": "A",
+                    "interval_start": "2026-11-21", "interval_end": "2026-11-22"}  # fmt: skip
     # A's retry gets its own pick again, sending nothing twice
-    assert claim(state, day[:2], "A") == (day[0], [])
+    assert claim(state, day[:2], "A", keep) == day[0] and len(sent) == 1
     # run B sees an event that started no run (Airflow's race): it takes it
-    assert claim(state, day[:3], "B") == (day[2], [])
-    # run C, started by the sent-back message, takes that one
-    assert claim(state, [*day[:3], day[3]], "C") == (day[3], [])
+    assert claim(state, day, "B", keep) == day[2]
+    # run C, started by the copy A sent back, takes it
+    assert claim(state, [*day, copy], "C", keep) == copy
     # a run with nothing left to take gets nothing
-    assert claim(state, day, "D") == (None, [])
-    taken = json.loads(state.read_text())["taken"]
-    assert taken == {"1-0": "A", "1-1": "sent back by A", "1-2": "B", "1-3": "C"}
+    assert claim(state, [*day, copy], "D", keep) is None
+
+    # a failure to send back leaves nothing marked: the task's retry sends again
+    def broken(rest: list[dict]) -> None:
+        raise ConnectionError("redis down")
+
+    more = [{"id": f"2-{i}", **message_interval({"ds": f"2026-11-1{i}"})} for i in range(2)]
+    with pytest.raises(ConnectionError):
+        claim(state, more, "E", broken)
+    assert claim(state, more, "E", keep) == more[0] and sent[-1] == [more[1]]
 
 
 def test_kafka_trigger_is_common_messagings_and_reads_json_values(tmp_path: Path) -> None:
@@ -152,8 +195,9 @@ def test_kafka_trigger_is_common_messagings_and_reads_json_values(tmp_path: Path
     assert isinstance(trigger, MessageQueueTrigger)
     path, kwargs = trigger.serialize()
     assert path.endswith("kafka.triggers.await_message.AwaitMessageTrigger")
-    assert kwargs["topics"] == ["lake.digits"]
+    assert kwargs["topics"] == ["lake.digits", "lake.digits.retry.digits"]
     assert kwargs["apply_function"] == "trainyard.orchestration.stream_trigger.kafka_message"
+    assert kwargs["apply_function_kwargs"] == {"not_before": cfg.start_date.isoformat()}
 
     class Message:
         def __init__(self, value: bytes | None) -> None:
@@ -172,8 +216,8 @@ def test_kafka_trigger_is_common_messagings_and_reads_json_values(tmp_path: Path
             return 41
 
     got = kafka_message(Message(json.dumps({"ds": "2026-11-20"}).encode()))
-    assert got == {"topic": "lake.digits", "partition": 3, "offset": 41,
-                   "interval_start": "2026-11-20", "interval_end": "2026-11-20"}  # fmt: skip
+    assert got == {"topic": "lake.digits", "partition": 3, "offset": 41, "id": "lake.digits:3:41",
+                   "interval_start": "2026-11-20", "interval_end": "2026-11-21"}  # fmt: skip
     assert kafka_message(Message(b"{broken")) is None
 
 
@@ -182,6 +226,15 @@ def test_trigger_config_errors_name_the_field(tmp_path: Path) -> None:
         _pipeline(tmp_path, {"stream": {"name": "bad name!"}})
     with pytest.raises(ConfigError, match="url and group are for engine redis"):
         _pipeline(tmp_path, {"stream": {"engine": "kafka", "name": "t", "group": "g"}})
+    # found by a new user: these were accepted
+    with pytest.raises(ConfigError, match="'http://x' is not a Redis URL"):
+        _pipeline(tmp_path, {"stream": {"name": "t", "url": "http://x"}})
+    with pytest.raises(ConfigError, match="kafka_config_id is for engine kafka"):
+        _pipeline(tmp_path, {"stream": {"name": "t", "kafka_config_id": "k"}})
+    with pytest.raises(ConfigError, match="kafka_config_id"):
+        _pipeline(tmp_path, {"stream": {"engine": "kafka", "name": "t", "kafka_config_id": ""}})
+    with pytest.raises(ConfigError, match="poll_interval_s"):
+        _pipeline(tmp_path, {"stream": {"name": "t", "poll_interval_s": float("nan")}})
 
 
 def test_the_dag_is_scheduled_on_the_watched_asset_or_its_cron(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ import asyncio
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+import re
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,29 +46,42 @@ class BadMessage(ValueError):
     """A trigger message that names no valid interval (the message says why)."""
 
 
-def _day(value: str, field: str) -> dt.date:
+_DAY = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+
+
+def _day(value: Any, field: str) -> dt.date:
+    if not isinstance(value, str) or not _DAY.match(value):
+        raise BadMessage(f"{field} {value!r} is not a date (YYYY-MM-DD)")
     try:
-        return dt.date.fromisoformat(value[:10])
-    except (TypeError, ValueError):
+        return dt.date.fromisoformat(value)
+    except ValueError:
         raise BadMessage(f"{field} {value!r} is not a date (YYYY-MM-DD)") from None
 
 
-def message_interval(fields: Mapping[str, Any]) -> dict[str, str]:
+def message_interval(
+    fields: Mapping[str, Any],
+    not_before: str | None = None,
+    today: dt.date | None = None,
+) -> dict[str, str]:
     """The interval a "new data" message asks to stage.
 
     Args:
-        fields: The message: ``ds``, or ``interval_start`` and ``interval_end`` (ISO dates
-            or datetimes), or neither (the run stages its own date). A single ``data`` or
-            ``value`` field holding JSON with those keys is read the same way.
+        fields: The message: ``ds`` (a day: the interval ``[ds, ds + 1 day)``, as a daily
+            scheduled run's), or ``interval_start`` and ``interval_end`` (days, the end
+            excluded), or neither (the run stages the day it runs). A single ``data`` or
+            ``value`` field holding a JSON object with those keys is read the same way.
+            ``arrival`` (a sent-back copy's original message id) is kept apart.
+        not_before: The pipeline's ``start_date`` (ISO): earlier days are refused.
+        today: Today (UTC); days after it are refused (their data cannot have arrived).
 
     Returns:
-        ``{"interval_start": ..., "interval_end": ...}`` as dates, or ``{}``.
+        ``{"interval_start": ..., "interval_end": ...}`` as ISO dates, or ``{}``.
 
     Raises:
-        BadMessage: For a field that is not a date, an end before its start, a start
-            without an end, or unknown fields.
+        BadMessage: For a day that is not ``YYYY-MM-DD``, out of range, an end not after
+            its start, a start without an end, or unknown fields.
     """
-    fields = {str(k): v for k, v in fields.items()}
+    fields = {str(k): v for k, v in fields.items() if k not in ("arrival", "resent_by")}
     if set(fields) in ({"data"}, {"value"}):
         raw = next(iter(fields.values()))
         try:
@@ -81,21 +95,30 @@ def message_interval(fields: Mapping[str, Any]) -> dict[str, str]:
     if unknown:
         raise BadMessage(
             f"unknown field(s) {', '.join(map(repr, unknown))}: "
-            "a message holds ds, or interval_start and interval_end"
+            "a message holds ds, or interval_start and interval_end, or nothing"
         )
+    if not fields:
+        return {}
     if "ds" in fields:
         if len(fields) > 1:
             raise BadMessage("ds and interval_start/interval_end are exclusive")
-        day = _day(str(fields["ds"]), "ds").isoformat()
-        return {"interval_start": day, "interval_end": day}
-    if not fields:
-        return {}
-    if set(fields) != {"interval_start", "interval_end"}:
+        start = end = _day(fields["ds"], "ds")
+    elif set(fields) != {"interval_start", "interval_end"}:
         raise BadMessage("interval_start and interval_end go together")
-    start = _day(str(fields["interval_start"]), "interval_start")
-    end = _day(str(fields["interval_end"]), "interval_end")
-    if end < start:
-        raise BadMessage(f"interval_end {end} is before interval_start {start}")
+    else:
+        start = _day(fields["interval_start"], "interval_start")
+        end = _day(fields["interval_end"], "interval_end")
+        if end <= start:
+            raise BadMessage(
+                f"interval_end {end} is not after interval_start {start} (the end is excluded)"
+            )
+    today = today or dt.datetime.now(dt.UTC).date()
+    if start > today:
+        raise BadMessage(f"{start} is after today ({today}): its data cannot have arrived")
+    if not_before and start < dt.date.fromisoformat(not_before[:10]):
+        raise BadMessage(f"{start} is before the pipeline's start_date {not_before[:10]}")
+    if "ds" in fields:
+        end = start + dt.timedelta(days=1)
     return {"interval_start": start.isoformat(), "interval_end": end.isoformat()}
 
 
@@ -103,8 +126,13 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def retry_stream(stream: TriggerStreamConfig, pipeline: str) -> str:
+    """Where a pipeline's runs send back arrivals they did not take (its own, not shared)."""
+    return f"{stream.name}.retry.{pipeline}"
+
+
 class RedisStreamTrigger(BaseEventTrigger):
-    """One event per message of a Redis stream, read with a consumer group.
+    """One event per message of a Redis stream (and the pipeline's retry stream).
 
     Args:
         stream: The stream's key.
@@ -112,13 +140,22 @@ class RedisStreamTrigger(BaseEventTrigger):
         url: The Redis server (default: ``TRAINYARD_REDIS_URL``, else the project's own,
             started if needed).
         poll_interval: Seconds a read blocks waiting for a message.
+        retry: The pipeline's retry stream (:func:`retry_stream`), read with the same group.
+        not_before: The pipeline's start date: earlier days are rejected.
     """
 
     def __init__(
-        self, stream: str, group: str, url: str | None = None, poll_interval: float = 1.0
+        self,
+        stream: str,
+        group: str,
+        url: str | None = None,
+        poll_interval: float = 1.0,
+        retry: str | None = None,
+        not_before: str | None = None,
     ) -> None:
         super().__init__()
         self.stream, self.group, self.url, self.poll_interval = stream, group, url, poll_interval
+        self.retry, self.not_before = retry, not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and arguments (how the triggerer re-creates it)."""
@@ -129,8 +166,14 @@ class RedisStreamTrigger(BaseEventTrigger):
                 "group": self.group,
                 "url": self.url,
                 "poll_interval": self.poll_interval,
+                "retry": self.retry,
+                "not_before": self.not_before,
             },
         )
+
+    @property
+    def _streams(self) -> list[str]:
+        return [self.stream, *([self.retry] if self.retry else [])]
 
     async def _connect(self) -> Any:
         import redis.asyncio as aioredis
@@ -145,12 +188,13 @@ class RedisStreamTrigger(BaseEventTrigger):
 
             url = await asyncio.to_thread(redis_server.ensure_running)
         client = aioredis.from_url(url)
-        try:
-            await client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except Exception as e:  # BUSYGROUP: it exists, which is the usual case
-            if "BUSYGROUP" not in str(e):
-                await client.aclose()
-                raise
+        for key in self._streams:
+            try:
+                await client.xgroup_create(key, self.group, id="0", mkstream=True)
+            except Exception as e:  # BUSYGROUP: it exists, which is the usual case
+                if "BUSYGROUP" not in str(e):
+                    await client.aclose()
+                    raise
         return client
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -163,67 +207,82 @@ class RedisStreamTrigger(BaseEventTrigger):
                 reply = await client.xreadgroup(
                     self.group,
                     CONSUMER,
-                    {self.stream: "0" if pending else ">"},
+                    {key: "0" if pending else ">" for key in self._streams},
                     count=16,
                     block=None if pending else max(int(self.poll_interval * 1000), 1),
                 )
-                entries = reply[0][1] if reply else []
-                if pending and not entries:
+                batches = [(_text(key), entries) for key, entries in reply or []]
+                if pending and not any(entries for _, entries in batches):
                     pending = False
                     continue
-                for raw_id, raw_fields in entries:
-                    entry_id = _text(raw_id)
-                    fields = {_text(k): _text(v) for k, v in (raw_fields or {}).items()}
-                    try:
-                        interval = message_interval(fields)
-                    except BadMessage as e:
-                        log.warning("%s %s: %s (copied to %s)", self.stream, entry_id, e, rejected)
-                        await client.xadd(rejected, {**fields, "id": entry_id, "reason": str(e)})
-                    else:
-                        yield TriggerEvent({"stream": self.stream, "id": entry_id, **interval})
-                    await client.xack(self.stream, self.group, entry_id)
+                for key, entries in batches:
+                    for raw_id, raw_fields in entries:
+                        entry_id = _text(raw_id)
+                        fields = {_text(k): _text(v) for k, v in (raw_fields or {}).items()}
+                        try:
+                            interval = message_interval(fields, self.not_before)
+                        except BadMessage as e:
+                            log.warning("%s %s: %s (copied to %s)", key, entry_id, e, rejected)
+                            copy = {"id": entry_id, "reason": str(e), "message": json.dumps(fields)}
+                            await client.xadd(rejected, copy)
+                        else:
+                            event = {"stream": self.stream, "id": entry_id, **interval}
+                            if fields.get("arrival"):  # a copy a run sent back
+                                event["id"], event["resent_by"] = (
+                                    fields["arrival"],
+                                    fields.get("resent_by", "?"),
+                                )
+                            yield TriggerEvent(event)
+                        await client.xack(key, self.group, entry_id)
         finally:
             await client.aclose()
 
 
-def kafka_message(message: Any) -> dict[str, Any] | None:
+def kafka_message(message: Any, not_before: str | None = None) -> dict[str, Any] | None:
     """The Kafka trigger's ``apply_function``: a message's interval, None to skip it.
 
     Args:
         message: A ``confluent_kafka.Message`` whose value is a JSON object (or empty).
+        not_before: The pipeline's start date: earlier days are refused.
 
     Returns:
-        The event payload (``topic``, ``partition``, ``offset`` and the interval), or None
-        (logged) for a message that names no valid interval.
+        The event payload (``topic``, ``partition``, ``offset``, ``id`` and the interval),
+        or None (logged) for a message that names no valid interval.
     """
     raw = message.value()
-    where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+    where = f"{message.topic()}:{message.partition()}:{message.offset()}"
     try:
         fields = json.loads(raw) if raw else {}
         if not isinstance(fields, dict):
             raise BadMessage(f"{raw!r:.80} is not a JSON object")
-        interval = message_interval(fields)
+        interval = message_interval(fields, not_before)
     except (ValueError, TypeError) as e:
         log.warning("%s: %s (skipped)", where, e)
         return None
-    return {
+    payload = {
         "topic": message.topic(),
         "partition": message.partition(),
         "offset": message.offset(),
+        "id": str(fields.get("arrival") or where),
         **interval,
     }
+    if fields.get("arrival"):
+        payload["resent_by"] = str(fields.get("resent_by") or "?")
+    return payload
 
 
 def stream_trigger(cfg: PipelineConfig, stream: TriggerStreamConfig) -> BaseEventTrigger:
-    """The trigger watching a pipeline's ``trigger.stream``."""
+    """The trigger watching a pipeline's ``trigger.stream`` (and its retry stream)."""
+    retry = retry_stream(stream, cfg.name)
     if stream.engine == "kafka":
         from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 
         return MessageQueueTrigger(
             scheme="kafka",
-            topics=[stream.name],
+            topics=[stream.name, retry],
             apply_function=f"{__name__}.kafka_message",
-            kafka_config_id=stream.kafka_config_id,
+            apply_function_kwargs={"not_before": cfg.start_date.isoformat()},
+            kafka_config_id=stream.kafka_config_id or "kafka_default",
             poll_interval=stream.poll_interval_s,
         )
     return RedisStreamTrigger(
@@ -231,35 +290,45 @@ def stream_trigger(cfg: PipelineConfig, stream: TriggerStreamConfig) -> BaseEven
         stream.group or f"trainyard-trigger-{cfg.name}",
         stream.url,
         stream.poll_interval_s,
+        retry,
+        cfg.start_date.isoformat(),
     )
 
 
 def arrival_id(payload: Mapping[str, Any]) -> str:
-    """A message's identity: its Redis entry id, or Kafka topic:partition:offset."""
-    if "topic" in payload:
-        return f"{payload['topic']}:{payload['partition']}:{payload['offset']}"
-    return str(payload["id"])
+    """An arrival's identity: its message's Redis entry id or Kafka topic:partition:offset.
+
+    A sent-back copy keeps its original's, marked with the run that sent it back.
+    """
+    resent = payload.get("resent_by")
+    return f"{payload['id']} (sent back by {resent})" if resent else str(payload["id"])
 
 
 def claim(
-    state_path: Path, events: list[dict[str, Any]], run_id: str
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    state_path: Path,
+    events: list[dict[str, Any]],
+    run_id: str,
+    send_back: Callable[[list[dict[str, Any]]], None],
+) -> dict[str, Any] | None:
     """Pick a run's arrival among every announced one no run took yet.
 
     Airflow hands all events queued since a pipeline's last run to one run, and an event
     registered while the scheduler creates a run may start none (two events 15 ms apart
     were seen to). So each run looks at the Asset's recent events, not only its own: it
-    takes the oldest no run has taken and returns the others to be sent back to the stream
-    (each then starts a run of its own). What was taken is kept in ``state_path`` (under
-    a lock, so two runs never take the same); a retried task gets its earlier pick.
+    takes the oldest no run has taken and sends the others back (to the pipeline's retry
+    stream: each copy then starts a run of its own). What was taken is kept in
+    ``state_path`` under a lock, so two runs never take the same, and only once the others
+    were sent back (a failure to send leaves everything to the task's retry); a retried
+    task gets its earlier pick.
 
     Args:
         state_path: The pipeline's ``arrivals.json``.
         events: Payloads of the arrivals Asset's recent events, oldest first.
         run_id: This run.
+        send_back: Sends arrivals back (:func:`requeue`).
 
     Returns:
-        This run's arrival (None: nothing left) and the ones to send back.
+        This run's arrival, or None when every one was taken.
     """
     import fcntl
 
@@ -275,35 +344,44 @@ def claim(
         taken: dict[str, str] = state.get("taken") or {}
         mine = [e for e in events if taken.get(arrival_id(e)) == run_id]
         if mine:
-            return mine[0], []
+            return mine[0]
         free = [e for e in events if arrival_id(e) not in taken]
         if not free:
-            return None, []
+            return None
         first, rest = free[0], free[1:]
+        if rest:
+            send_back(rest)
         taken[arrival_id(first)] = run_id
         for e in rest:
             taken[arrival_id(e)] = f"sent back by {run_id}"
         seen = {arrival_id(e) for e in events}
-        state = {"taken": {k: v for k, v in taken.items() if k in seen}}
-        atomic_write_json(state_path, state)
-        return first, rest
+        atomic_write_json(state_path, {"taken": {k: v for k, v in taken.items() if k in seen}})
+        return first
 
 
-def requeue(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> None:
-    """Send arrivals back to the stream as new messages (each then starts a run of its own)."""
-    messages = [
-        {"interval_start": p["interval_start"], "interval_end": p["interval_end"]} for p in payloads
-    ]
-    if not messages:
-        return
+def requeue(
+    stream: TriggerStreamConfig, pipeline: str, run_id: str, payloads: list[dict[str, Any]]
+) -> None:
+    """Send arrivals back, to the pipeline's retry stream (each copy then starts a run).
+
+    A copy keeps its original's interval and id (``arrival``) and names the run that sent
+    it back (``resent_by``); other pipelines reading the same stream never see it.
+    """
+    messages = []
+    for p in payloads:
+        m = {"arrival": str(p["id"]), "resent_by": run_id}
+        m.update({k: p[k] for k in ("interval_start", "interval_end") if k in p})
+        messages.append(m)
+    retry = retry_stream(stream, pipeline)
     if stream.engine == "kafka":
         from airflow.providers.apache.kafka.hooks.produce import KafkaProducerHook
 
-        producer = KafkaProducerHook(kafka_config_id=stream.kafka_config_id).get_producer()
+        hook = KafkaProducerHook(kafka_config_id=stream.kafka_config_id or "kafka_default")
+        producer = hook.get_producer()
         for m in messages:
-            producer.produce(stream.name, value=json.dumps(m).encode())
+            producer.produce(retry, value=json.dumps(m).encode())
         if producer.flush(30):
-            raise RuntimeError(f"kafka topic {stream.name}: arrivals not acknowledged in 30 s")
+            raise RuntimeError(f"kafka topic {retry}: arrivals not acknowledged in 30 s")
         return
     import redis
 
@@ -314,7 +392,7 @@ def requeue(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> None
     client = redis.Redis.from_url(url)
     try:
         for m in messages:
-            client.xadd(stream.name, m)
+            client.xadd(retry, m, maxlen=100_000, approximate=True)
     finally:
         client.close()
 
@@ -338,42 +416,36 @@ def arrivals_task(cfg: PipelineConfig, asset: Asset) -> Any:
     @task(task_id="arrivals", retries=2, inlets=[asset])
     def pick_arrival(**context: Any) -> dict[str, Any]:
         run = context["dag_run"]
+        start, end = run_interval(context)
         if run.run_type != "asset_triggered":
-            start, end = run_interval(context)
             return {"arrival": None, "interval_start": start, "interval_end": end}
         recent = context["inlet_events"][asset].ascending(False).limit(RECENT_EVENTS)
         events = [
             e.extra["payload"]
             for e in reversed(list(recent))
-            if isinstance((e.extra or {}).get("payload"), dict)
-            and e.extra["payload"].get("interval_start")
+            if isinstance((e.extra or {}).get("payload"), dict) and "id" in e.extra["payload"]
         ]
-        state = Path(Layout(get_settings().volume_root).models(cfg.name)) / "arrivals.json"
-        mine, rest = claim(state, events, context["run_id"])
-        if rest:
-            requeue(stream, rest)
+        run_id = context["run_id"]
+
+        def send_back(rest: list[dict[str, Any]]) -> None:
+            requeue(stream, cfg.name, run_id, rest)
             log.info(
-                "%d more announced interval(s) no run took: sent back to %s (%s)",
+                "%d more arrival(s) no run took: sent back to %s (%s)",
                 len(rest),
-                stream.name,
-                ", ".join(p["interval_start"] for p in rest),
+                retry_stream(stream, cfg.name),
+                ", ".join(p["id"] for p in rest),
             )
+
+        state = Path(Layout(get_settings().volume_root).models(cfg.name)) / "arrivals.json"
+        mine = claim(state, events, run_id, send_back)
         if mine is None:
             raise AirflowSkipException(
-                f"every interval announced on {stream.name} was taken by another run"
+                f"every arrival announced on {stream.name} was taken by another run"
             )
-        log.info(
-            "staging %s .. %s (message %s on %s)",
-            mine["interval_start"],
-            mine["interval_end"],
-            arrival_id(mine),
-            stream.name,
-        )
-        return {
-            "arrival": arrival_id(mine),
-            "interval_start": mine["interval_start"],
-            "interval_end": mine["interval_end"],
-        }
+        if "interval_start" in mine:  # else the message named no day: the day the run runs
+            start, end = mine["interval_start"], mine["interval_end"]
+        log.info("staging %s .. %s (message %s on %s)", start, end, mine["id"], stream.name)
+        return {"arrival": mine["id"], "interval_start": start, "interval_end": end}
 
     return pick_arrival()
 
