@@ -94,6 +94,95 @@ def build_table_model(path: Path, mirror: bool = False) -> Path:
     return path
 
 
+def build_text_model(path: Path, default: bool = True) -> Path:
+    """Save a model with string inputs and several signatures (TF 2 ``tf.Module``).
+
+    * ``serving_default``: ``text`` (string, ``[None]``) → ``length`` (characters, int32),
+      ``upper`` (text) and ``upper_bytes`` (the same, a ``*_bytes`` name: b64 in JSON).
+    * ``byte_size``: ``image_bytes`` (string) → ``size`` (bytes, int32).
+    * ``totals``: ``x`` (float32 ``[None, 2]``) → ``row_sum`` (batched) and ``total``
+      (a scalar: an output without a batch dimension).
+
+    ``default=False`` saves the first signature as ``text`` instead: a model without
+    ``serving_default``, whose requests must name a signature.
+    """
+    import tensorflow as tf
+
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def text(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
+            upper = tf.strings.upper(text)
+            return {
+                "length": tf.strings.length(text, unit="UTF8_CHAR"),
+                "upper": upper,
+                "upper_bytes": upper,
+            }
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+        def byte_size(self, image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"size": tf.strings.length(image_bytes)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def totals(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"row_sum": tf.reduce_sum(x, axis=1), "total": tf.reduce_sum(x)}
+
+    m = Model()
+    tf.saved_model.save(
+        m,
+        str(path),
+        signatures={
+            "serving_default" if default else "text": m.text,
+            "byte_size": m.byte_size,
+            "totals": m.totals,
+        },
+    )
+    return path
+
+
+def build_example_model(path: Path) -> Path:
+    """Save a ``tf.Example`` model with classify and regress signatures (TF 1 builder).
+
+    Examples hold ``x`` (2 floats) and ``weight`` (an int64, default 1).
+
+    * ``serving_default`` (classify): ``classes`` ``["neg", "pos"]`` with ``scores``
+      softmax([-(x0 + x1), x0 + x1]) per example.
+    * ``regress``: ``outputs`` = (2 * x0 + x1) * weight, shape ``[batch]``.
+    * ``scores_only`` (classify): ``scores`` alone.
+    * ``parse`` (predict): ``examples`` (string) → ``x``, to run a predict on them.
+    """
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph, v1.Session(graph=graph) as sess:
+        serialized = v1.placeholder(tf.string, [None], name="tf_example")
+        parsed = tf.io.parse_example(
+            serialized,
+            {
+                "x": tf.io.FixedLenFeature([2], tf.float32),
+                "weight": tf.io.FixedLenFeature([], tf.int64, default_value=1),
+            },
+        )
+        x, weight = parsed["x"], tf.cast(parsed["weight"], tf.float32)
+        s = tf.reduce_sum(x, axis=1)
+        scores = tf.nn.softmax(tf.stack([-s, s], axis=1))
+        classes = tf.tile(tf.constant([["neg", "pos"]]), [tf.shape(serialized)[0], 1])
+        value = (2.0 * x[:, 0] + x[:, 1]) * weight
+        sigs = v1.saved_model.signature_def_utils
+        builder = v1.saved_model.Builder(str(path))
+        builder.add_meta_graph_and_variables(
+            sess,
+            [v1.saved_model.tag_constants.SERVING],
+            signature_def_map={
+                "serving_default": sigs.classification_signature_def(serialized, classes, scores),
+                "regress": sigs.regression_signature_def(serialized, value),
+                "scores_only": sigs.classification_signature_def(serialized, None, scores),
+                "parse": sigs.predict_signature_def({"examples": serialized}, {"x": x}),
+            },
+        )
+        builder.save()
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

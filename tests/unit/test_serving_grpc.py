@@ -210,7 +210,15 @@ def test_get_model_status(server) -> None:
     _fails(server["models"].GetModelStatus, req, grpc.StatusCode.NOT_FOUND)
 
 
-def test_classify_without_a_classify_signature_is_unimplemented(server) -> None:
+def test_classify_on_a_predict_signature_is_refused_as_tf_serving_does(server) -> None:
+    """classifier.cc: the signature's method_name is checked before the input."""
     req = classification_pb2.ClassificationRequest()
     req.model_spec.name = "digits"
-    _fails(server["predict"].Classify, req, grpc.StatusCode.UNIMPLEMENTED)
+    details = _fails(server["predict"].Classify, req, grpc.StatusCode.INVALID_ARGUMENT)
+    assert details == (
+        "Expected classification signature method_name to be tensorflow/serving/classify. "
+        "Was: tensorflow/serving/predict"
+    )
+    req.model_spec.signature_name = "nope"
+    details = _fails(server["predict"].Classify, req, grpc.StatusCode.INVALID_ARGUMENT)
+    assert details == "No signature was found with the name: nope"

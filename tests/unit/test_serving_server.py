@@ -127,7 +127,13 @@ BAD_REQUESTS = [
     ("unknown model status", "GET", "/v1/models/nope", None, 404, "Could not find any versions"),
     # TF Serving answers an unparsable path with InvalidArgument, HTTP 400
     ("unknown path", "GET", "/v2/whatever", None, 400, "Malformed request: GET /v2/whatever"),
-    ("classify", "POST", "/v1/models/digits:classify", b"{}", 400, "only ':predict'"),
+    ("classify no examples", "POST", "/v1/models/digits:classify", b"{}", 400,
+     "key 'examples' is expected"),
+    ("classify a predict signature", "POST", "/v1/models/digits:classify",
+     b'{"examples": [{"x": 1}]}', 400,
+     "Expected classification signature method_name to be tensorflow/serving/classify. "
+     "Was: tensorflow/serving/predict"),
+    ("unknown verb", "POST", "/v1/models/digits:explain", b"{}", 400, "unsupported method"),
     ("wrong method", "PUT", "/v1/models/digits", b"{}", 405, "use GET or POST"),
 ]  # fmt: skip
 

@@ -1,6 +1,7 @@
 """TF Serving's gRPC API over the same models as the REST server.
 
-``tensorflow.serving.PredictionService`` (``Predict``, ``GetModelMetadata``) and
+``tensorflow.serving.PredictionService`` (``Predict``, ``Classify``, ``Regress``,
+``GetModelMetadata``) and
 ``tensorflow.serving.ModelService`` (``GetModelStatus``), with the request and response
 protos of ``tensorflow-serving-api``, so a client written for TF Serving (its stubs,
 ``model_spec`` with a version or a version label, ``output_filter``) runs unchanged against
@@ -17,7 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from trainyard.serving.versions import SIGNATURE, LoadedVersion, ModelNotFound, ModelRepository
+from trainyard.serving.classify_regress import (
+    classification_results,
+    example_batch,
+    example_input_name,
+    regression_results,
+    serialized_examples,
+)
+from trainyard.serving.schema import CLASSIFY_METHOD, REGRESS_METHOD, InvalidRequest
+from trainyard.serving.versions import (
+    LoadedVersion,
+    ModelNotFound,
+    ModelRepository,
+    ServedSignature,
+    SignatureNotFound,
+)
 
 log = logging.getLogger("trainyard.serving")
 
@@ -46,18 +61,15 @@ def _version_of(repo: ModelRepository, spec: Any, grpc: Any) -> tuple[str, Loade
         raise _Abort(grpc.StatusCode.NOT_FOUND, str(e)) from e
 
 
-def _check_signature(spec: Any, grpc: Any) -> str:
-    signature = spec.signature_name or SIGNATURE
-    if signature != SIGNATURE:
-        raise _Abort(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f'Serving signature key "{signature}" not found.',
-        )
-    return signature
+def _signature(lv: LoadedVersion, spec: Any, grpc: Any) -> ServedSignature:
+    try:
+        return lv.signature(spec.signature_name)
+    except SignatureNotFound as e:
+        raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from e
 
 
-def _inputs(lv: LoadedVersion, request: Any, tf: Any, grpc: Any) -> tuple[dict[str, Any], int]:
-    sent, expected = set(request.inputs), set(lv.feature_spec)
+def _inputs(sig: ServedSignature, request: Any, tf: Any, grpc: Any) -> tuple[dict[str, Any], int]:
+    sent, expected = set(request.inputs), set(sig.input_spec)
     if sent != expected:
         raise _Abort(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -68,12 +80,14 @@ def _inputs(lv: LoadedVersion, request: Any, tf: Any, grpc: Any) -> tuple[dict[s
         )
     arrays: dict[str, np.ndarray] = {}
     rows: int | None = None
-    for name, (dtype, shape) in lv.feature_spec.items():
+    for name, (dtype, shape) in sig.input_spec.items():
         try:
             arr = tf.make_ndarray(request.inputs[name])
         except Exception as e:  # malformed TensorProto (content size, dtype)
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"input {name}: {e}") from e
-        if arr.dtype != np.dtype(dtype):
+        if dtype == "string" and arr.dtype.kind in "OS":
+            arr = arr.astype(object)
+        elif arr.dtype != np.dtype(dtype):
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"Expects arg {name} to be {np.dtype(dtype).name} but {arr.dtype.name} is provided",
@@ -139,26 +153,26 @@ class _Servicer:
     async def _predict(self, request: Any) -> Any:
         grpc, tf = self.grpc, self.tf
         name, lv = _version_of(self.repo, request.model_spec, grpc)
-        signature = _check_signature(request.model_spec, grpc)
-        inputs, rows = _inputs(lv, request, tf, grpc)
+        sig = _signature(lv, request.model_spec, grpc)
+        inputs, rows = _inputs(sig, request, tf, grpc)
         if rows > self.max_rows:
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"batch of {rows} rows exceeds the limit of {self.max_rows}",
             )
         wanted = list(request.output_filter)
-        unknown = [o for o in wanted if o not in lv.output_spec]
+        unknown = [o for o in wanted if o not in sig.output_spec]
         if unknown:
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"output tensor alias not found in signature: {unknown[0]} Outputs expected "
-                f"to be in the set {{{','.join(sorted(lv.output_spec))}}}.",
+                f"to be in the set {{{','.join(sorted(sig.output_spec))}}}.",
             )
-        outputs = await lv.predict(inputs, rows)
+        outputs = await sig.predict(inputs, rows)
         response = self.predict_pb.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = lv.version
-        response.model_spec.signature_name = signature
+        response.model_spec.signature_name = sig.name
         for key in wanted or sorted(outputs):
             response.outputs[key].CopyFrom(tf.make_tensor_proto(outputs[key]))
         return response
@@ -188,6 +202,55 @@ class _Servicer:
         for key, sig in lv.signature_defs().items():
             defs.signature_def[key].CopyFrom(sig)
         response.metadata["signature_def"].Pack(defs)
+        return response
+
+    async def Classify(self, request: Any, context: Any) -> Any:
+        """``PredictionService.Classify`` on a classify signature."""
+        return await self._call(context, self._examples, request, CLASSIFY_METHOD)
+
+    async def Regress(self, request: Any, context: Any) -> Any:
+        """``PredictionService.Regress`` on a regress signature."""
+        return await self._call(context, self._examples, request, REGRESS_METHOD)
+
+    async def _examples(self, request: Any, method: str) -> Any:
+        from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+        grpc = self.grpc
+        name, lv = _version_of(self.repo, request.model_spec, grpc)
+        try:
+            sig = lv.signature(request.model_spec.signature_name)
+        except SignatureNotFound as e:
+            key = request.model_spec.signature_name or "serving_default"
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"No signature was found with the name: {key}"
+            ) from e
+        try:
+            input_name = example_input_name(sig.method, method, sig.input_spec)
+            examples = serialized_examples(request.input)
+            if len(examples) > self.max_rows:
+                raise InvalidRequest(
+                    f"batch of {len(examples)} examples exceeds the limit of {self.max_rows}"
+                )
+            outputs = await sig.predict({input_name: example_batch(examples)}, len(examples))
+            if method == CLASSIFY_METHOD:
+                labels, scores, n = classification_results(outputs, len(examples))
+            else:
+                values = regression_results(outputs, len(examples))
+        except InvalidRequest as e:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+        if method == CLASSIFY_METHOD:
+            response: Any = classification_pb2.ClassificationResponse()
+            for i in range(len(examples)):
+                result = response.result.classifications.add()
+                for j in range(i * n, (i + 1) * n):
+                    result.classes.add(label=labels[j], score=float(scores[j]))
+        else:
+            response = regression_pb2.RegressionResponse()
+            for v in values.tolist():
+                response.result.regressions.add(value=v)
+        response.model_spec.name = name
+        response.model_spec.version.value = lv.version
+        response.model_spec.signature_name = sig.name
         return response
 
     # ---- ModelService ---------------------------------------------------------------
@@ -236,8 +299,8 @@ async def start_grpc_server(repo: ModelRepository, host: str, port: int, max_row
     import grpc
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-    # the generated bases answer UNIMPLEMENTED for what is not served (Classify, Regress,
-    # MultiInference, HandleReloadConfigRequest), as TF Serving does for a missing signature
+    # the generated bases answer UNIMPLEMENTED for what is not served (MultiInference,
+    # HandleReloadConfigRequest)
     servicer_type = type(
         "Servicer",
         (

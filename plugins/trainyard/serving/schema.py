@@ -10,11 +10,13 @@ when built, the C parser ``_decode.c`` for float32 rows): no TensorFlow import.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,7 +32,14 @@ except ImportError:  # not built (scripts/build_native.py): numpy and Arrow pars
 FeatureSpec = dict[str, tuple[str, tuple[int | None, ...]]]
 
 NUMERIC_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8")
-SUPPORTED_DTYPES = (*NUMERIC_DTYPES, "bool")
+SUPPORTED_DTYPES = (*NUMERIC_DTYPES, "bool", "string")
+DEFAULT_SIGNATURE = "serving_default"
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+# TF Serving writes a DT_STRING output whose name ends so as {"b64": ...} (json_tensor.cc)
+BYTES_SUFFIX = "_bytes"
+SIGNATURE_NAME_ERROR = "'signature_name' key must be a string value."
 
 _TF_DTYPE_NAMES = {
     "float16": "DT_HALF",
@@ -134,8 +143,11 @@ def _to_array(
     """Convert nested lists to an array of ``dtype`` and ``shape``.
 
     Strings, nulls, booleans for numbers, fractions for integers and ragged lists are
-    rejected; shape errors name the first offending row.
+    rejected; shape errors name the first offending row. A ``string`` input takes JSON
+    strings (as UTF-8 bytes) and ``{"b64": ...}`` objects (decoded), as TF Serving does.
     """
+    if dtype == "string":
+        return _to_bytes_array(values, shape, field, where, row_prefix)
     try:
         arr = np.asarray(values)
     except ValueError:
@@ -184,6 +196,59 @@ def _to_array(
             value = float(arr.reshape(-1)[int(np.flatnonzero(overflow.reshape(-1))[0])])
             raise InvalidRequest(f"{where}: value {value!r} out of range for {dtype}")
     return out
+
+
+def is_b64_object(value: Any) -> bool:
+    """Whether a JSON value is TF Serving's binary form ``{"b64": "<base64>"}``."""
+    return type(value) is dict and len(value) == 1 and type(value.get("b64")) is str
+
+
+def decode_b64(text: str, where: str) -> bytes:
+    """Decode standard base64, padding optional (as absl::Base64Unescape); else one error."""
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(f"{where}: unable to base64 decode {text[:32]!r}") from None
+
+
+def _to_bytes_array(
+    values: Any, shape: tuple[int | None, ...], field: str, where: str, row_prefix: str
+) -> np.ndarray:
+    """Nested lists of strings / ``{"b64": ...}`` → an object array of bytes, regular."""
+    dims: list[int] = []
+    probe = values
+    while isinstance(probe, list):
+        dims.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    flat: list[bytes] = []
+    stack: list[tuple[Any, int]] = [(values, 0)]
+    while stack:
+        v, level = stack.pop()
+        if isinstance(v, list):
+            if level >= len(dims) or len(v) != dims[level]:
+                _diagnose_rows(values, shape, field, row_prefix)
+                raise InvalidRequest(f"{where}: ragged nested lists")
+            stack.extend((item, level + 1) for item in reversed(v))
+            continue
+        if level != len(dims):
+            raise InvalidRequest(f"{where}: ragged nested lists")
+        if type(v) is str:
+            flat.append(v.encode("utf-8", "surrogatepass"))
+        elif is_b64_object(v):
+            flat.append(decode_b64(v["b64"], where))
+        elif v is None:
+            raise InvalidRequest(f"{where}: null values are not allowed (expected string)")
+        else:
+            raise InvalidRequest(
+                f'{where}: expected strings or {{"b64": ...}} objects, got {type(v).__name__}'
+            )
+    arr = np.empty(len(flat), dtype=object)
+    arr[:] = flat
+    arr = arr.reshape(dims)
+    _check_shape(arr, shape, field, values, row_prefix)
+    return arr
 
 
 def _flat_items(values: Any) -> list[Any]:
@@ -482,43 +547,58 @@ def _fast_decode(body: bytes, spec: FeatureSpec) -> tuple[dict[str, np.ndarray],
     return {name: cast}, values.shape[0], columnar
 
 
-def decode_predict_request(
-    body: bytes, spec: FeatureSpec, max_rows: int = 65536
-) -> tuple[dict[str, np.ndarray], int, bool]:
-    """Decode and check a ``:predict`` request body.
+class DecodedRequest(NamedTuple):
+    """A decoded ``:predict`` request.
+
+    Attributes:
+        inputs: One array per input (batch first).
+        rows: The batch size.
+        columnar: Whether the request used the columnar ``inputs`` format.
+        signature: The ``signature_name`` it named (``""``: the default).
+    """
+
+    inputs: dict[str, np.ndarray]
+    rows: int
+    columnar: bool
+    signature: str
+
+
+def decode_request(
+    body: bytes, specs: Callable[[str], FeatureSpec], max_rows: int = 65536
+) -> DecodedRequest:
+    """Decode and check a ``:predict`` request body against the signature it names.
 
     Args:
         body: The raw request body (UTF-8 JSON).
-        spec: The model's feature spec.
+        specs: The input spec of a signature by name (``""``: the default signature);
+            raises for a signature the model lacks.
         max_rows: The largest batch accepted in one request.
 
     Returns:
-        ``(inputs, rows, columnar)``: one array per feature (batch first), the batch size,
-        and whether the request used the columnar ``inputs`` format.
+        The inputs, batch size, format and signature name.
 
     Raises:
-        InvalidRequest: If the body is not JSON, uses neither or both formats, or a
-            feature is missing, unknown, of the wrong type or shape (names row and field).
+        InvalidRequest: If the body is not JSON, uses neither or both formats, names a
+            signature that is not a string, or an input is missing, of the wrong type or
+            shape (names row and field).
     """
-    fast = _fast_decode(body, spec) if len(body) >= FAST_DECODE_MIN_BYTES else None
-    if fast is not None:
-        if fast[1] > max_rows:
-            raise InvalidRequest(f"request has {fast[1]} rows, at most {max_rows} are allowed")
-        return fast
-    try:
-        doc = json.loads(body, parse_constant=_nonfinite_constant, parse_float=_finite_float)
-    except InvalidRequest:
-        raise
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidRequest(f"malformed JSON: {e}") from None
-    except RecursionError:
-        raise InvalidRequest("malformed JSON: nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest("request body must be a JSON object with 'instances' or 'inputs'")
+    if len(body) >= FAST_DECODE_MIN_BYTES:
+        # a body the fast path takes names no signature: its head and tail are fixed
+        try:
+            default: FeatureSpec | None = specs("")
+        except (InvalidRequest, LookupError):  # no default signature: the body must name one
+            default = None
+        fast = _fast_decode(body, default) if default is not None else None
+        if fast is not None:
+            if fast[1] > max_rows:
+                raise InvalidRequest(f"request has {fast[1]} rows, at most {max_rows} are allowed")
+            return DecodedRequest(*fast, "")
+    doc = parse_json_object(body, "'instances' or 'inputs'")
     # other top-level keys are ignored, as TF Serving does
-    sig = doc.get("signature_name", "serving_default")
-    if sig not in ("serving_default", ""):
-        raise InvalidRequest(f"unknown signature_name {sig!r} (this model has 'serving_default')")
+    signature = doc.get("signature_name", "")
+    if type(signature) is not str:
+        raise InvalidRequest(SIGNATURE_NAME_ERROR)
+    spec = specs(signature)
     if ("instances" in doc) == ("inputs" in doc):
         raise InvalidRequest(
             "request must contain exactly one of 'instances' (row format) "
@@ -530,7 +610,57 @@ def decode_predict_request(
     else:
         inputs = _decode_columns(doc["inputs"], spec, max_rows)
         columnar = True
-    rows = next(iter(inputs.values())).shape[0]
+    rows = next(iter(inputs.values())).shape[0] if inputs else 0
+    return DecodedRequest(inputs, rows, columnar, signature)
+
+
+def parse_json_object(body: bytes, expected: str) -> dict[str, Any]:
+    """A request body as a JSON object, ``NaN``/``Infinity`` accepted, numbers in range.
+
+    Args:
+        body: The raw body.
+        expected: What the object should hold, for the error message.
+
+    Raises:
+        InvalidRequest: If the body is not a JSON object.
+    """
+    try:
+        doc = json.loads(body, parse_constant=_nonfinite_constant, parse_float=_finite_float)
+    except InvalidRequest:
+        raise
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRequest(f"malformed JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest("malformed JSON: nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f"request body must be a JSON object with {expected}")
+    return doc
+
+
+def decode_predict_request(
+    body: bytes, spec: FeatureSpec, max_rows: int = 65536
+) -> tuple[dict[str, np.ndarray], int, bool]:
+    """Decode and check a ``:predict`` request body for a model's default signature.
+
+    Args:
+        body: The raw request body (UTF-8 JSON).
+        spec: The default signature's feature spec.
+        max_rows: The largest batch accepted in one request.
+
+    Returns:
+        ``(inputs, rows, columnar)``: one array per feature (batch first), the batch size,
+        and whether the request used the columnar ``inputs`` format.
+
+    Raises:
+        InvalidRequest: As :func:`decode_request`; also for any signature but the default.
+    """
+
+    def only_default(name: str) -> FeatureSpec:
+        if name not in ("", DEFAULT_SIGNATURE):
+            raise InvalidRequest(f'Serving signature key "{name}" not found.')
+        return spec
+
+    inputs, rows, columnar, _ = decode_request(body, only_default, max_rows)
     return inputs, rows, columnar
 
 
@@ -542,7 +672,7 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
             f"'instances' has {len(instances)} rows, at most {max_rows} are allowed"
         )
     names = list(spec)
-    by_name = isinstance(instances[0], dict)
+    by_name = isinstance(instances[0], dict) and not is_b64_object(instances[0])
     if not by_name:
         if len(names) != 1:
             raise InvalidRequest(
@@ -552,14 +682,14 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
         (name,) = names
         dtype, shape = spec[name]
         for i, row in enumerate(instances):
-            if isinstance(row, dict):
+            if isinstance(row, dict) and not is_b64_object(row):
                 raise InvalidRequest(f"instances[{i}]: mixes objects and bare values across rows")
         arr = _to_array(instances, dtype, shape, name, f"instances.{name}", "instances[{i}].")
         return {name: arr}
     columns: dict[str, list[Any]] = {n: [] for n in names}
     wanted = set(names)
     for i, row in enumerate(instances):
-        if not isinstance(row, dict):
+        if not isinstance(row, dict) or is_b64_object(row):
             raise InvalidRequest(f"instances[{i}]: expected an object with features {names}")
         if row.keys() != wanted:
             missing = [n for n in names if n not in row]
@@ -579,7 +709,7 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
 
 def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, np.ndarray]:
     names = list(spec)
-    if not isinstance(inputs, dict):
+    if not isinstance(inputs, dict) or is_b64_object(inputs):
         if len(names) != 1:
             raise InvalidRequest(f"'inputs' must be an object with features {names}")
         inputs = {names[0]: inputs}
@@ -612,8 +742,8 @@ def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
 _NONFINITE = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
 
 
-def _dump_array(arr: np.ndarray) -> bytes:
-    """One numeric array as JSON text, floats at their own precision.
+def dump_array(arr: np.ndarray) -> bytes:
+    """Print one numeric array as JSON text, floats at their own precision.
 
     orjson prints a non-finite float as ``null``; those are put back as TF Serving writes
     them (``NaN``, ``Infinity``, ``-Infinity``, rapidjson's spelling), in order, so the
@@ -635,19 +765,27 @@ def _text(v: Any) -> Any:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
-def _jsonable(arr: np.ndarray) -> Any:
+def _b64(v: Any) -> dict[str, str]:
+    return {"b64": base64.b64encode(v if isinstance(v, bytes) else str(v).encode()).decode()}
+
+
+def _jsonable(arr: np.ndarray, as_b64: bool = False) -> Any:
+    """An output (or one row of it) as JSON values; strings as text or ``{"b64": ...}``."""
     if arr.dtype.kind in "SO":
-        return [_text(v) for v in arr.tolist()] if arr.ndim else _text(arr.item())
+        convert = _b64 if as_b64 else _text
+        flat = np.empty(arr.size, dtype=object)
+        flat[:] = [convert(v) for v in arr.reshape(-1).tolist()]
+        return flat.reshape(arr.shape).tolist() if arr.ndim else flat[0]
     if arr.ndim == 0:
-        return orjson.Fragment(_dump_array(arr.reshape(1))[1:-1])
-    return orjson.Fragment(_dump_array(arr))
+        return orjson.Fragment(dump_array(arr.reshape(1))[1:-1])
+    return orjson.Fragment(dump_array(arr))
 
 
-def _row_values(arr: np.ndarray) -> list[Any]:
+def _row_values(arr: np.ndarray, as_b64: bool) -> list[Any]:
     """One JSON value per row (batch entry) of an output."""
     if arr.dtype.kind in "SO":
-        return [_jsonable(np.asarray(row, dtype=object)) for row in arr]
-    return [orjson.Fragment(_dump_array(arr[i : i + 1])[1:-1]) for i in range(len(arr))]
+        return [_jsonable(np.asarray(row, dtype=object), as_b64) for row in arr]
+    return [orjson.Fragment(dump_array(arr[i : i + 1])[1:-1]) for i in range(len(arr))]
 
 
 def _orjson_can_encode(arr: np.ndarray) -> bool:
@@ -668,18 +806,25 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -
 
     Returns:
         The JSON body. With one output the value is bare; with several, the columnar form
-        is an object and the row form is one object per row, as TF Serving does.
+        is an object and the row form is one object per row, as TF Serving does. String
+        outputs whose name ends in ``_bytes`` are written as ``{"b64": ...}``.
+
+    Raises:
+        InvalidRequest: In the row format, for an output without a batch dimension or with
+            another batch size than the others (TF Serving's messages).
     """
     names = sorted(outputs)
     arrays = {n: np.asarray(outputs[n]) for n in names}
+    if not columnar:
+        _check_row_outputs(arrays)
     if not all(_orjson_can_encode(a) for a in arrays.values()):
         return _encode_with_json(arrays, names, columnar)
     arrays = {n: np.ascontiguousarray(a) for n, a in arrays.items()}
     if columnar:
-        frags = {n: orjson.Fragment(_dump_array(a)) for n, a in arrays.items()}
+        frags = {n: orjson.Fragment(dump_array(a)) for n, a in arrays.items()}
         payload: Any = {"outputs": frags[names[0]] if len(names) == 1 else frags}
     elif len(names) == 1:
-        payload = {"predictions": orjson.Fragment(_dump_array(arrays[names[0]]))}
+        payload = {"predictions": orjson.Fragment(dump_array(arrays[names[0]]))}
     elif all(a.size for a in arrays.values()):
         return _encode_row_objects(arrays, names)
     else:
@@ -701,7 +846,7 @@ def _encode_row_objects(arrays: Mapping[str, np.ndarray], names: list[str]) -> b
     depths = [arrays[n].ndim - 1 for n in names]
     parts: list[bytes] = [b""] * (2 * len(names) * rows)
     for i, (name, depth) in enumerate(zip(names, depths, strict=True)):
-        text = _dump_array(arrays[name])
+        text = dump_array(arrays[name])
         values = text[1 + depth : -1 - depth].split(b"]" * depth + b"," + b"[" * depth)
         # Before each value: the end of the previous one (or of the previous row's object).
         before = b"]" * depths[i - 1] + b"," if i else b"]" * depths[-1] + b"},{"
@@ -711,16 +856,29 @@ def _encode_row_objects(arrays: Mapping[str, np.ndarray], names: list[str]) -> b
     return b"".join(parts) + b"]" * depths[-1] + b"}]}"
 
 
+def _check_row_outputs(arrays: Mapping[str, np.ndarray]) -> None:
+    batch = -1
+    for name, arr in arrays.items():
+        if arr.ndim == 0:
+            raise InvalidRequest(f"Tensor name: {name} has no shape information ")
+        if batch >= 0 and arr.shape[0] != batch:
+            raise InvalidRequest(
+                f"Tensor name: {name} has inconsistent batch size: {arr.shape[0]} "
+                f"expecting: {batch}"
+            )
+        batch = arr.shape[0]
+
+
 def _encode_with_json(arrays: Mapping[str, np.ndarray], names: list[str], columnar: bool) -> bytes:
     """Text outputs (or scalars) among the outputs: each value as orjson prints it."""
     if columnar or len(names) == 1:
-        cols = {n: _jsonable(arrays[n]) for n in names}
+        cols = {n: _jsonable(arrays[n], n.endswith(BYTES_SUFFIX)) for n in names}
         if columnar:
             payload: Any = {"outputs": cols[names[0]] if len(names) == 1 else cols}
         else:
             payload = {"predictions": cols[names[0]]}
     else:
-        rows = [_row_values(arrays[n]) for n in names]
+        rows = [_row_values(arrays[n], n.endswith(BYTES_SUFFIX)) for n in names]
         payload = {
             "predictions": [dict(zip(names, r, strict=True)) for r in zip(*rows, strict=True)]
         }

@@ -5,7 +5,11 @@ Endpoints, with TF Serving's JSON shapes and its error shape ``{"error": "..."}`
 * ``GET  /v1/models/{name}[/versions/{v}]``: version status.
 * ``GET  /v1/models/{name}[/versions/{v}]/metadata``: the ``serving_default`` signature.
 * ``POST /v1/models/{name}[/versions/{v}]:predict``: row (``instances``) or columnar
-  (``inputs``) format, checked against the model's feature schema.
+  (``inputs``) format, checked against the input spec of the signature it names
+  (``signature_name``, default ``serving_default``); strings and ``{"b64": ...}`` for
+  string inputs, ``{"b64": ...}`` for string outputs named ``*_bytes``.
+* ``POST /v1/models/{name}[/versions/{v}]:classify`` / ``:regress``: ``tf.Example``
+  requests to a classify / regress signature (:mod:`trainyard.serving.classify_regress`).
 
 ``/labels/{label}`` may stand where ``/versions/{v}`` does: the version labels of the model
 config file (``--model-config-file``), ``stable`` (the champion) and ``canary``.
@@ -34,6 +38,13 @@ from typing import Any
 
 from aiohttp import web
 
+from trainyard.serving.classify_regress import (
+    decode_example_request,
+    encode_classification,
+    encode_regression,
+    example_batch,
+    example_input_name,
+)
 from trainyard.serving.http_guard import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
@@ -46,11 +57,19 @@ from trainyard.serving.http_guard import (
 )
 from trainyard.serving.memory import MemoryReleaser, use_mmap_for_large_blocks
 from trainyard.serving.schema import (
+    CLASSIFY_METHOD,
+    REGRESS_METHOD,
+    FeatureSpec,
     InvalidRequest,
-    decode_predict_request,
+    decode_request,
     encode_predict_response,
 )
-from trainyard.serving.versions import LoadedVersion, ModelNotFound, ModelRepository
+from trainyard.serving.versions import (
+    LoadedVersion,
+    ModelNotFound,
+    ModelRepository,
+    SignatureNotFound,
+)
 
 log = logging.getLogger("trainyard.serving")
 
@@ -62,6 +81,7 @@ _INLINE_PARSE_BYTES = 1024 * 1024
 
 _WHICH = r"(?:/versions/(?P<v>[^/:]+)|/labels/(?P<label>[^/:]+))?"
 _GET_RE = re.compile(rf"^/v1/models/(?P<name>[^/:]+){_WHICH}(?P<meta>/metadata)?$")
+_VERBS = ("predict", "classify", "regress")
 _POST_RE = re.compile(rf"^/v1/models/(?P<name>[^/:]+){_WHICH}:(?P<verb>[A-Za-z]+)$")
 
 REPO_KEY: web.AppKey[ModelRepository] = web.AppKey("repository", ModelRepository)
@@ -127,11 +147,13 @@ async def _handle(request: web.Request) -> web.Response:
             m = _POST_RE.match(path)
             if not m:
                 return _error(400, f"Malformed request: POST {path}")
-            if m["verb"] != "predict":
-                return _error(400, f"unsupported method {m['verb']!r}: only ':predict' is served")
-            return await _predict(request, repo, m["name"], _which(repo, m))
+            if m["verb"] not in _VERBS:
+                return _error(
+                    400, f"unsupported method {m['verb']!r}: use :predict, :classify or :regress"
+                )
+            return await _predict(request, repo, m["name"], _which(repo, m), m["verb"])
         return _error(405, f"Malformed request: {request.method} {path} (use GET or POST)")
-    except InvalidRequest as e:
+    except (InvalidRequest, SignatureNotFound) as e:
         return _error(400, str(e))
     except ModelNotFound as e:
         return _error(404, str(e))
@@ -145,7 +167,7 @@ def _which(repo: ModelRepository, m: re.Match[str]) -> int | None:
 
 
 async def _predict(
-    request: web.Request, repo: ModelRepository, name: str, version: int | None
+    request: web.Request, repo: ModelRepository, name: str, version: int | None, verb: str
 ) -> web.Response:
     lv = repo.get(name, version)
     length = request.content_length
@@ -162,7 +184,9 @@ async def _predict(
     if body is None:
         return _error(413, f"request body exceeds the limit of {limit} bytes")
     try:
-        return await _answer(request, lv, body)
+        if verb == "predict":
+            return await _answer(request, lv, body)
+        return await _answer_examples(request, lv, body, verb)
     finally:
         request.app[RELEASER_KEY].after_request(len(body))
 
@@ -170,24 +194,54 @@ async def _predict(
 async def _answer(request: web.Request, lv: LoadedVersion, body: bytes) -> web.Response:
     max_rows = request.app[MAX_ROWS_KEY]
     loop = asyncio.get_running_loop()
+
+    def specs(signature: str) -> FeatureSpec:
+        return lv.signature(signature).input_spec
+
     if len(body) > _INLINE_PARSE_BYTES:
-        inputs, rows, columnar = await loop.run_in_executor(
-            None, decode_predict_request, body, lv.feature_spec, max_rows
-        )
+        decoded = await loop.run_in_executor(None, decode_request, body, specs, max_rows)
     else:
-        inputs, rows, columnar = decode_predict_request(body, lv.feature_spec, max_rows)
+        decoded = decode_request(body, specs, max_rows)
+    outputs = await _run(lv, decoded.signature, decoded.inputs, decoded.rows)
+    if isinstance(outputs, web.Response):
+        return outputs
+    if decoded.rows > 256:
+        data = await loop.run_in_executor(None, encode_predict_response, outputs, decoded.columnar)
+    else:
+        data = encode_predict_response(outputs, decoded.columnar)
+    return web.Response(body=data, content_type="application/json")
+
+
+async def _run(
+    lv: LoadedVersion, signature: str, inputs: dict[str, Any], rows: int
+) -> dict[str, Any] | web.Response:
+    """Run a signature; an error TensorFlow raises is TF Serving's 400 or 500 answer."""
     try:
-        outputs = await lv.predict(inputs, rows)
+        return await lv.predict(inputs, rows, signature)
     except Exception as e:  # TensorFlow rejected inputs the schema let through
         log.warning("model %s version %d: prediction failed: %s", lv.model, lv.version, e)
         return _error(
             400 if type(e).__name__ == "InvalidArgumentError" else 500, f"{type(e).__name__}: {e}"
         )
-    if rows > 256:
-        data = await loop.run_in_executor(None, encode_predict_response, outputs, columnar)
-    else:
-        data = encode_predict_response(outputs, columnar)
-    return web.Response(body=data, content_type="application/json")
+
+
+async def _answer_examples(
+    request: web.Request, lv: LoadedVersion, body: bytes, verb: str
+) -> web.Response:
+    """``:classify`` / ``:regress``: examples in, ``{"results": ...}`` out."""
+    decoded = decode_example_request(body, verb, request.app[MAX_ROWS_KEY])
+    try:
+        sig = lv.signature(decoded.signature)
+    except SignatureNotFound:  # classifier.cc / regressor.cc's message, not predict's
+        key = decoded.signature or "serving_default"
+        raise InvalidRequest(f"No signature was found with the name: {key}") from None
+    wanted = CLASSIFY_METHOD if verb == "classify" else REGRESS_METHOD
+    name = example_input_name(sig.method, wanted, sig.input_spec)
+    outputs = await _run(lv, sig.name, {name: example_batch(decoded.examples)}, decoded.rows)
+    if isinstance(outputs, web.Response):
+        return outputs
+    encode = encode_classification if verb == "classify" else encode_regression
+    return web.Response(body=encode(outputs, decoded.rows), content_type="application/json")
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes | None:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from trainyard.fsutil import read_json
-from trainyard.serving.schema import FeatureSpec, parse_feature_spec
+from trainyard.serving.schema import PREDICT_METHOD, FeatureSpec, parse_feature_spec
 
 log = logging.getLogger("trainyard.serving")
 
@@ -75,43 +75,33 @@ class ModelNotFound(LookupError):
     """No servable version of the requested model (HTTP 404)."""
 
 
+class SignatureNotFound(LookupError):
+    """The request names a signature the SavedModel does not have (TF Serving: 400)."""
+
+
 @dataclass
-class LoadedVersion:
-    """A SavedModel version loaded in memory and ready to run.
+class ServedSignature:
+    """One SignatureDef of a loaded version, ready to run.
 
     Attributes:
-        model: Model name.
-        version: Version number.
-        path: The version directory it was loaded from.
-        feature_spec: Inputs: name → (dtype, shape), batch first.
-        output_spec: Outputs: name → (dtype, shape), batch first.
-        fn: The ``serving_default`` concrete function.
+        name: The signature key (``serving_default``, ``classify``, ...).
+        method: Its ``method_name`` (``tensorflow/serving/predict``, ``.../classify``,
+            ``.../regress``), which decides the REST verbs that may run it.
+        input_spec: Inputs: name → (dtype, shape), batch first.
+        output_spec: Outputs: name → (dtype, shape), batch first where batched.
+        fn: The concrete function.
+        batched: Every output has the batch dimension first, so requests may be merged
+            into one call and split again; otherwise each request runs alone.
         batcher: Merges concurrent requests into one model call.
-        saved_model: The loaded object, kept alive because ``fn`` uses its variables.
     """
 
-    model: str
-    version: int
-    path: Path
-    feature_spec: FeatureSpec
+    name: str
+    method: str
+    input_spec: FeatureSpec
     output_spec: FeatureSpec
     fn: Any
+    batched: bool = True
     batcher: Batcher = field(init=False, repr=False)
-    saved_model: Any = field(default=None, repr=False)
-    _signature_defs: Any = field(default=None, init=False, repr=False)
-
-    def signature_defs(self) -> Any:
-        """The SavedModel's ``SignatureDef`` protos (name → proto), as TF Serving reports them.
-
-        Read from ``saved_model.pb`` once, on first use (metadata requests only).
-        """
-        if self._signature_defs is None:
-            from tensorflow.core.protobuf import saved_model_pb2
-
-            saved = saved_model_pb2.SavedModel()
-            saved.ParseFromString((self.path / "saved_model.pb").read_bytes())
-            self._signature_defs = saved.meta_graphs[0].signature_def
-        return self._signature_defs
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the signature on numpy inputs (blocking; call from a worker thread)."""
@@ -121,8 +111,79 @@ class LoadedVersion:
         return {k: v.numpy() for k, v in result.items()}
 
     async def predict(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        """Run the model on one request's inputs, batched with concurrent requests."""
+        """Run the signature on one request's inputs, batched with concurrent requests."""
         return await self.batcher.submit(inputs, rows)
+
+
+@dataclass
+class LoadedVersion:
+    """A SavedModel version loaded in memory and ready to run.
+
+    Attributes:
+        model: Model name.
+        version: Version number.
+        path: The version directory it was loaded from.
+        signatures: Every servable signature by key; ``serving_default`` (when the model
+            has it) is what a request that names no signature runs.
+        saved_model: The loaded object, kept alive because the functions use its variables.
+    """
+
+    model: str
+    version: int
+    path: Path
+    signatures: dict[str, ServedSignature]
+    saved_model: Any = field(default=None, repr=False)
+    _signature_defs: Any = field(default=None, init=False, repr=False)
+
+    def signature(self, name: str | None = None) -> ServedSignature:
+        """The signature a request names (``None`` or ``""``: ``serving_default``).
+
+        Raises:
+            SignatureNotFound: With TF Serving's message, if the model lacks it.
+        """
+        key = name or SIGNATURE
+        sig = self.signatures.get(key)
+        if sig is None:
+            raise SignatureNotFound(f'Serving signature key "{key}" not found.')
+        return sig
+
+    @property
+    def feature_spec(self) -> FeatureSpec:
+        """The default signature's inputs (name → (dtype, shape))."""
+        return self.signature().input_spec
+
+    @property
+    def output_spec(self) -> FeatureSpec:
+        """The default signature's outputs (name → (dtype, shape))."""
+        return self.signature().output_spec
+
+    @property
+    def batcher(self) -> Batcher:
+        """The default signature's batcher."""
+        return self.signature().batcher
+
+    def signature_defs(self) -> Any:
+        """The SavedModel's ``SignatureDef`` protos (name → proto), as TF Serving reports them.
+
+        Read from ``saved_model.pb`` once, on first use (metadata requests only).
+        """
+        if self._signature_defs is None:
+            self._signature_defs = _read_signature_defs(self.path)
+        return self._signature_defs
+
+    async def predict(
+        self, inputs: dict[str, np.ndarray], rows: int, signature: str | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run a signature (default: ``serving_default``) on one request's inputs."""
+        return await self.signature(signature).predict(inputs, rows)
+
+
+def _read_signature_defs(path: Path) -> Any:
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    return saved.meta_graphs[0].signature_def
 
 
 class Batcher:
@@ -139,8 +200,10 @@ class Batcher:
         executor: Executor,
         max_batch_rows: int = 1024,
         max_concurrency: int = 2,
+        merge: bool = True,
     ) -> None:
         self._run = run
+        self._merge = merge
         self._executor = executor
         self._max_rows = max_batch_rows
         self._max_concurrency = max_concurrency
@@ -163,7 +226,7 @@ class Batcher:
         items = [first]
         total = first[1]
         key = {k: v.shape[1:] for k, v in first[0].items()}
-        while self._queue:
+        while self._merge and self._queue:
             inputs, rows, _ = self._queue[0]
             if total + rows > self._max_rows or {k: v.shape[1:] for k, v in inputs.items()} != key:
                 break
@@ -202,6 +265,11 @@ class Batcher:
                     fut.set_exception(exc)
         else:
             outputs = task.result()
+            if len(items) == 1:  # run alone: its outputs whole (also those not batched)
+                if not items[0][2].done():
+                    items[0][2].set_result(outputs)
+                self._kick()
+                return
             start = 0
             for _, rows, fut in items:
                 if not fut.done():
@@ -228,10 +296,15 @@ def load_version(
 ) -> LoadedVersion:
     """Load, check and warm up one SavedModel version (blocking).
 
-    The feature spec comes from ``assets.extra/trainyard.json`` (written by the deploy
-    step) and must agree with the signature; without that file it is derived from the
-    signature. Warm-up runs the signature once on a zero batch so the first request does
-    not pay for tracing and kernel selection.
+    Every signature of the SavedModel is served, each with its ``method_name``; a model
+    without ``serving_default`` loads too (its requests must name a signature), as in TF
+    Serving. The default signature's feature spec comes from ``assets.extra/trainyard.json``
+    (written by the deploy step) and must agree with the signature; without that file it is
+    derived from the signature. Warm-up runs the default signature once on a zero batch so
+    the first request does not pay for tracing and kernel selection; a model with string
+    inputs (image bytes, text, ``tf.Example``) may reject an empty string, so there a
+    failed warm-up is logged, not fatal. A signature whose outputs are not all batched is
+    served request by request (never merged with another request).
 
     Args:
         model: Model name.
@@ -245,8 +318,9 @@ def load_version(
         The loaded version.
 
     Raises:
-        ValueError: If the SavedModel cannot be loaded, lacks ``serving_default``, its
-            signature disagrees with the declared feature spec, or warm-up fails.
+        ValueError: If the SavedModel cannot be loaded, has no signature, its default
+            signature disagrees with the declared feature spec, or warm-up of a model
+            with numeric inputs fails.
     """
     import tensorflow as tf
 
@@ -256,47 +330,66 @@ def load_version(
         loaded = tf.saved_model.load(str(path))
     except Exception as e:
         raise ValueError(f"{path}: cannot load SavedModel: {type(e).__name__}: {e}") from e
-    if SIGNATURE not in loaded.signatures:
-        raise ValueError(
-            f"{path}: no {SIGNATURE!r} signature (has: {sorted(loaded.signatures) or 'none'})"
+    if not loaded.signatures:
+        raise ValueError(f"{path}: the SavedModel has no signatures to serve")
+    defs = _read_signature_defs(path)
+    signatures: dict[str, ServedSignature] = {}
+    for key, fn in loaded.signatures.items():
+        outputs = _spec_from_tensor_specs(fn.structured_outputs)
+        sig = ServedSignature(
+            name=key,
+            method=defs[key].method_name if key in defs else PREDICT_METHOD,
+            input_spec=_spec_from_tensor_specs(fn.structured_input_signature[1]),
+            output_spec=outputs,
+            fn=fn,
+            batched=all(shape[:1] == (None,) for _, shape in outputs.values()),
         )
-    fn = loaded.signatures[SIGNATURE]
-    sig_spec = _spec_from_tensor_specs(fn.structured_input_signature[1])
-    output_spec = _spec_from_tensor_specs(fn.structured_outputs)
+        signatures[key] = sig
+    default = signatures.get(SIGNATURE)
     spec_path = path / SPEC_FILE
-    if spec_path.is_file():
+    if default is not None and spec_path.is_file():
         try:
             declared = parse_feature_spec(read_json(spec_path).get("feature_spec"), str(spec_path))
         except (ValueError, AttributeError) as e:
             raise ValueError(f"{spec_path}: invalid feature spec: {e}") from e
-        _check_compatible(declared, sig_spec, path)
-        feature_spec = declared
-    else:
-        feature_spec = sig_spec
-    version_obj = LoadedVersion(
-        model=model,
-        version=version,
-        path=path,
-        feature_spec=feature_spec,
-        output_spec=output_spec,
-        fn=fn,
-        saved_model=loaded,
+        _check_compatible(declared, default.input_spec, path)
+        default.input_spec = declared
+    if default is not None:
+        _warm_up(default, path)
+    for sig in signatures.values():
+        sig.batcher = Batcher(
+            sig.run,
+            executor,
+            max_batch_rows=max_batch_rows,
+            max_concurrency=max_concurrency,
+            merge=sig.batched,
+        )
+    return LoadedVersion(
+        model=model, version=version, path=path, signatures=signatures, saved_model=loaded
     )
-    version_obj.batcher = Batcher(
-        version_obj.run, executor, max_batch_rows=max_batch_rows, max_concurrency=max_concurrency
-    )
+
+
+def _warm_up(sig: ServedSignature, path: Path) -> None:
+    """Run ``sig`` once on a one-row batch of zeros (empty strings); see load_version."""
+    textual = any(dtype == "string" for dtype, _ in sig.input_spec.values())
     warm = {
-        name: np.zeros([1 if d is None else d for d in shape], dtype=dtype)
-        for name, (dtype, shape) in feature_spec.items()
+        name: np.zeros(
+            [1 if d is None else d for d in shape], dtype=object if dtype == "string" else dtype
+        )
+        for name, (dtype, shape) in sig.input_spec.items()
     }
+    for name, (dtype, _) in sig.input_spec.items():
+        if dtype == "string":
+            warm[name].fill(b"")
     try:
-        out = version_obj.run(warm)
+        out = sig.run(warm)
     except Exception as e:
+        if textual:
+            log.info("%s: no warm-up on empty strings (%s: %s)", path, type(e).__name__, e)
+            return
         raise ValueError(f"{path}: warm-up prediction failed: {type(e).__name__}: {e}") from e
-    bad = [k for k, v in out.items() if v.shape[:1] != (1,)]
-    if bad:
-        raise ValueError(f"{path}: output {bad[0]!r} is not batched (shape {out[bad[0]].shape})")
-    return version_obj
+    if any(v.shape[:1] != (1,) for v in out.values()):
+        sig.batched = False
 
 
 def _check_compatible(declared: FeatureSpec, signature: FeatureSpec, path: Path) -> None:
