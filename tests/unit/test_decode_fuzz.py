@@ -1,11 +1,13 @@
-"""The C request parser, built with AddressSanitizer and UBSan, fuzzed against the JSON path.
+"""The C request parser and response printer, built with ASan and UBSan, fuzzed.
 
 A seeded, bounded run: valid float32 bodies in several row shapes with every number
 spelling JSON allows (signs, zeros, fractions, exponents, long mantissas and exponents,
 values at and beyond float32's range), then the same bodies mutated (bytes flipped,
 inserted, deleted, truncated, brackets and commas moved). For each, what ``_decode``
 accepts must be bit-identical to ``json.loads`` then float32, and whatever the JSON path
-refuses it must leave to it (return None). The sanitizers abort the process on any
+refuses it must leave to it (return None). Then random float32 bit patterns in random
+shapes are printed by ``float32_json`` and compared with TF Serving's text of each value
+(``schema.tf_float_text``). The sanitizers abort the process on any
 out-of-bounds access, use after free or undefined behaviour.
 """
 
@@ -139,7 +141,21 @@ while time.monotonic() < deadline:
         assert want is not None, f"fast path accepted what JSON refuses: {candidate[:200]!r}"
         accepted += 1
         assert fast.tobytes() == want.tobytes(), f"C and JSON differ on {candidate[:200]!r}"
-print(f"FUZZ cases={cases} accepted={accepted}")
+# the response printer: random float32 bit patterns in random shapes (empty ones too),
+# printed in C, must be TF Serving's text of each value, bracketed as the shape says
+printed = 0
+for _ in range(300):
+    shape = tuple(rng.randrange(0, 5) for _ in range(rng.randrange(1, 4)))
+    bits = np.array([rng.getrandbits(32) for _ in range(int(np.prod(shape)))], np.uint32)
+    values = bits.view(np.float32).reshape(shape)
+    text = module.float32_json(values, shape)
+    if values.size:
+        tokens = [schema.tf_float_text(float(v), True) for v in values.reshape(-1)]
+        assert text == schema._nested(tokens, shape), (values, text)
+    else:
+        assert text is None, text
+    printed += values.size
+print(f"FUZZ cases={cases} accepted={accepted} printed={printed}")
 """
 
 

@@ -351,14 +351,14 @@ def test_large_batch_is_decoded_by_fast_path_and_row_limit_still_applies(monkeyp
         decode_predict_request(body, IMAGE, max_rows=256)
 
 
-def test_encode_prints_float32_shortest_and_escapes_names():
+def test_encode_prints_floats_as_tf_serving_and_escapes_names():
     outputs = {
         "p": np.array([[0.1, 1e-5], [3.4e38, -0.0]], np.float32)[:, ::-1],  # not contiguous
         'we"ird': np.array([True, False]),
         "k": np.array([[[1], [2]], [[3], [4]]], np.int8),
     }
     assert encode_predict_response(outputs, columnar=False) == (
-        b'{"predictions":[{"k":[[1],[2]],"p":[0.00001,0.1],"we\\"ird":true},'
+        b'{"predictions":[{"k":[[1],[2]],"p":[1e-05,0.1],"we\\"ird":true},'
         b'{"k":[[3],[4]],"p":[-0.0,3.4e+38],"we\\"ird":false}]}'
     )
     assert json.loads(encode_predict_response(outputs, columnar=True))["outputs"]["p"] == [
@@ -429,7 +429,7 @@ def test_decode_accepts_what_tf_serving_accepts(spec, body, want):
 def test_non_finite_outputs_are_written_as_tf_serving_writes_them():
     out = {"p": np.array([[0.1, np.nan], [np.inf, -np.inf]], np.float32)}
     assert encode_predict_response(out, True) == b'{"outputs":[[0.1,NaN],[Infinity,-Infinity]]}'
-    # the other floats keep their float32 shortest text (not 17 digits)
+    # the other floats keep their own text (TF Serving's %g, not 17 digits)
     assert encode_predict_response(out, False) == (
         b'{"predictions":[[0.1,NaN],[Infinity,-Infinity]]}'
     )
@@ -473,3 +473,40 @@ def test_integers_beyond_64_bits_are_numbers_not_ragged_lists():
     np.testing.assert_array_equal(got, np.array([2.0**64, 1e20, 1.0], np.float32))
     with pytest.raises(InvalidRequest, match="out of range for int64"):
         decode_predict_request(b'{"inputs": {"a": [1], "n": [18446744073709551616]}}', TABLE)
+
+
+@pytest.mark.parametrize("built", [True, False], ids=["C", "python"])
+def test_float_text_is_tf_servings(built, monkeypatch):
+    """JsontensorTest.FromJsonSingleFloatTensorSixDigitPrecision and ...NonFinite.
+
+    json_tensor.cc WriteDecimal: %g when it reads back, else %.9g (float32) / %.17g
+    (float64), ".0" on whole numbers; the C printer and the Python one agree with the
+    definition on every float32 class (normal, subnormal, huge, powers of two and ten).
+    """
+    from trainyard.serving import schema
+
+    if not built:
+        monkeypatch.setattr(schema, "_decode", None)
+    elif schema._decode is None:
+        pytest.fail("the C module trainyard.serving._decode is not built (make native)")
+    six = np.array([[9000000, 999999, 0.5], [0.0003, 0.00003, 555557.5]], np.float32)
+    assert schema.dump_array(six) == b"[[9e+06,999999.0,0.5],[0.0003,3e-05,555557.5]]"
+    odd = np.array([[np.nan, np.inf], [3, -np.inf]], np.float32)
+    assert schema.dump_array(odd) == b"[[NaN,Infinity],[3.0,-Infinity]]"
+    assert schema.dump_array(np.array([0.04786462], np.float32)) == b"[0.0478646196]"
+    assert schema.dump_array(np.array([1 / 3, 0.1])) == b"[0.33333333333333331,0.1]"
+    assert schema.dump_array(np.zeros((2, 0), np.float32)) == b"[[],[]]"
+    rng = np.random.default_rng(16)
+    values = np.concatenate(
+        [
+            rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+            rng.random(20000, dtype=np.float32),
+            (rng.standard_normal(20000) * 1e4).astype(np.float32),
+            np.float32(2.0) ** np.arange(-149, 128).astype(np.float32),
+            (np.float32(10.0) ** np.arange(-45, 39).astype(np.float32)),
+            np.arange(-3000, 3000, dtype=np.float32) / np.float32(8),
+        ]
+    )
+    got = schema.dump_array(values)[1:-1].decode().split(",")
+    want = [schema.tf_float_text(float(v), True) for v in values]
+    assert got == want

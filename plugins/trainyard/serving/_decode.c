@@ -1,7 +1,9 @@
 /*
- * trainyard.serving._decode: predict request bodies of float32 rows, parsed in one pass.
+ * trainyard.serving._decode: predict request bodies of float32 rows, parsed in one pass,
+ * and float32 outputs printed as TF Serving prints them.
  *
  *   float32_rows(body, start, end, row_shape) -> (bytes, rows) | None
+ *   float32_json(data, shape) -> bytes | None
  *
  * body[start:end] must be a JSON array of rows, each a nested array of numbers of exactly
  * row_shape (e.g. [[[[0.5], ...], ...], ...] for (8, 8, 1)). The result is every number as
@@ -11,6 +13,14 @@
  * rounding boundary, and those few go through CPython's correctly rounded strtod. Anything
  * else (bad JSON, other shape, integers of 2**53 or more, values beyond float32) returns
  * None, and the json path decides and words the error.
+ *
+ * float32_json prints a C-order float32 buffer of the given shape as nested JSON arrays,
+ * each number as TF Serving's json_tensor.cc WriteDecimal does: printf "%g" (six
+ * significant digits) if that reads back as the same float32, else "%.9g"; ".0" appended
+ * to a whole number without an exponent; NaN, Infinity, -Infinity. For 2**-100 <= |x| <
+ * 2**24 the digits and the read-back test are exact 128-bit integer arithmetic on the
+ * float's mantissa and exponent; other values, and a six-digit text that falls exactly
+ * on a rounding midpoint, take snprintf and strtof: the definition above, verbatim.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -313,18 +323,228 @@ done:
     return result;
 }
 
+/* ---- float32 outputs as TF Serving prints them ------------------------------------- */
+
+typedef unsigned __int128 u128;
+
+static u128 U10[40];  /* exact powers of ten */
+
+/* TF Serving's text by definition: "%g", read back with strtof, else "%.9g"; + ".0" */
+static int tf_text_slow(float f, char *out) {
+    int n = snprintf(out, 40, "%g", (double)f);
+    if (strtof(out, NULL) != f) n = snprintf(out, 40, "%.9g", (double)f);
+    if (!memchr(out, '.', (size_t)n) && !memchr(out, 'e', (size_t)n)) {
+        memcpy(out + n, ".0", 3);
+        n += 2;
+    }
+    return n;
+}
+
+/* printf "%.{prec}g" of digits n (prec digits, n in [10**(prec-1), 10**prec)) x 10**(x-prec+1) */
+static int format_g(int neg, uint64_t n, int prec, int x, char *out) {
+    static const char PAIRS[] =
+        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+        "8081828384858687888990919293949596979899";
+    char digits[24];
+    int len = prec, k = prec;
+    while (k >= 2) {
+        memcpy(digits + k - 2, PAIRS + 2 * (n % 100), 2);
+        n /= 100;
+        k -= 2;
+    }
+    if (k) digits[0] = (char)('0' + n);
+    while (len > 1 && digits[len - 1] == '0') len--;
+    char *o = out;
+    if (neg) *o++ = '-';
+    if (x < -4 || x >= prec) {
+        *o++ = digits[0];
+        if (len > 1) { *o++ = '.'; memcpy(o, digits + 1, (size_t)len - 1); o += len - 1; }
+        *o++ = 'e';
+        *o++ = x < 0 ? '-' : '+';
+        int ax = x < 0 ? -x : x;
+        if (ax >= 100) *o++ = (char)('0' + ax / 100);
+        *o++ = (char)('0' + (ax / 10) % 10);
+        *o++ = (char)('0' + ax % 10);
+    } else if (x >= 0) {
+        if (len <= x + 1) {
+            memcpy(o, digits, (size_t)len); o += len;
+            for (int k = len; k <= x; k++) *o++ = '0';
+            *o++ = '.'; *o++ = '0';  /* a whole number: TF Serving appends ".0" */
+        } else {
+            memcpy(o, digits, (size_t)x + 1); o += x + 1;
+            *o++ = '.';
+            memcpy(o, digits + x + 1, (size_t)(len - x - 1)); o += len - x - 1;
+        }
+    } else {
+        *o++ = '0'; *o++ = '.';
+        for (int k = 0; k < -x - 1; k++) *o++ = '0';
+        memcpy(o, digits, (size_t)len); o += len;
+    }
+    *o = 0;
+    return (int)(o - out);
+}
+
+/*
+ * m * 2**-k (k > 0) rounded to prec significant digits, exactly, ties to even as printf:
+ * the digits, and in *x the decimal exponent of the first. 0 when out of the exact range.
+ */
+static uint64_t round_digits(uint64_t m, int k, int prec, int *x) {
+    for (int tries = 0; tries < 3; tries++) {
+        int s = prec - 1 - *x;
+        if (s > 30 || s < -2) return 0;
+        u128 num = (u128)m * U10[s > 0 ? s : 0], q, r, half;
+        if (s >= 0) {
+            q = num >> k;
+            r = num & (((u128)1 << k) - 1);
+            half = (u128)1 << (k - 1);
+        } else {
+            u128 den = U10[-s] << k;
+            q = num / den;
+            r = num % den;
+            half = den / 2;  /* den is even */
+        }
+        if (q < U10[prec - 1]) { (*x)--; continue; }
+        if (q >= U10[prec]) { (*x)++; continue; }
+        if (r > half || (r == half && (q & 1))) q++;
+        if (q == U10[prec]) { q = U10[prec - 1]; (*x)++; }
+        return (uint64_t)q;
+    }
+    return 0;
+}
+
+/*
+ * Whether n (prec digits, exponent x) reads back as m * 2**-k: strictly between the
+ * midpoints to its neighbours (the lower one is a quarter ulp away at a power of two).
+ * -1 when n is on a midpoint (the slow path decides).
+ */
+static int reads_back(uint64_t n, int prec, int x, uint64_t m, int k) {
+    int s = prec - 1 - x;  /* value = n * 10**-s; midpoints (2m +- 1) * 2**-(k+1) */
+    u128 lhs, hi, lo;
+    if (s >= 0) {
+        lhs = (u128)n << (k + 2);
+        hi = ((u128)(2 * m + 1) * U10[s]) << 1;
+        lo = m == (1u << 23) ? (u128)(4 * m - 1) * U10[s] : ((u128)(2 * m - 1) * U10[s]) << 1;
+    } else {
+        lhs = ((u128)n * U10[-s]) << (k + 2);
+        hi = (u128)(2 * m + 1) << 1;
+        lo = m == (1u << 23) ? (u128)(4 * m - 1) : (u128)(2 * m - 1) << 1;
+    }
+    if (lhs == hi || lhs == lo) return -1;
+    return lhs > lo && lhs < hi;
+}
+
+static int tf_text(float f, char *out) {
+    if (isnan(f)) { memcpy(out, "NaN", 4); return 3; }
+    if (isinf(f)) {
+        if (f < 0) { memcpy(out, "-Infinity", 10); return 9; }
+        memcpy(out, "Infinity", 9); return 8;
+    }
+    if (f == 0) {
+        if (signbit(f)) { memcpy(out, "-0.0", 5); return 4; }
+        memcpy(out, "0.0", 4); return 3;
+    }
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    int neg = (int)(bits >> 31), biased = (int)((bits >> 23) & 0xff);
+    /* |f| = m * 2**-k with m in [2**23, 2**24); the exact path covers 2**-100 <= |f| < 2**24 */
+    uint64_t m = (bits & 0x7fffff) | (1u << 23);
+    int k = 150 - biased;
+    if (biased == 0 || k <= 0 || k > 123) return tf_text_slow(f, out);
+    /* floor(log10(2**e)) for e = biased - 127 (1233/4096 ~ log10 2); the first digit's
+       exponent is that or one more, which round_digits settles */
+    int e2 = biased - 127;
+    int x = e2 >= 0 ? (e2 * 1233) >> 12 : -((-e2 * 1233 + 4095) >> 12);
+    int x6 = x;
+    uint64_t n6 = round_digits(m, k, 6, &x6);
+    if (n6 == 0) return tf_text_slow(f, out);
+    int back = reads_back(n6, 6, x6, m, k);
+    if (back < 0) return tf_text_slow(f, out);
+    if (back) return format_g(neg, n6, 6, x6, out);
+    int x9 = x;
+    uint64_t n9 = round_digits(m, k, 9, &x9);
+    if (n9 == 0) return tf_text_slow(f, out);
+    return format_g(neg, n9, 9, x9, out);
+}
+
+PyDoc_STRVAR(float32_json_doc,
+"float32_json(data, shape) -> bytes | None\n\n"
+"A C-order float32 buffer of the given shape as nested JSON arrays, each number printed\n"
+"as TF Serving prints it (%g, else %.9g; .0 on whole numbers; NaN, Infinity); None for\n"
+"an empty shape.");
+
+static PyObject *float32_json(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *shape_obj;
+    if (!PyArg_ParseTuple(args, "OO", &data_obj, &shape_obj)) return NULL;
+    Py_ssize_t dims[MAX_DIMS], total = 1;
+    PyObject *shape = PySequence_Fast(shape_obj, "shape must be a sequence");
+    if (!shape) return NULL;
+    Py_ssize_t nd = PySequence_Fast_GET_SIZE(shape);
+    if (nd < 1 || nd > MAX_DIMS) {
+        Py_DECREF(shape);
+        PyErr_SetString(PyExc_ValueError, "float32_json: 1 to 16 dimensions");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < nd; k++) {
+        dims[k] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(shape, k));
+        if (dims[k] < 0) {
+            Py_DECREF(shape);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "float32_json: bad shape");
+            return NULL;
+        }
+        total *= dims[k];
+    }
+    Py_DECREF(shape);
+    if (total == 0) Py_RETURN_NONE;  /* an empty array: the caller prints its brackets */
+    Py_buffer buf;
+    if (PyObject_GetBuffer(data_obj, &buf, PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    if (buf.len != total * (Py_ssize_t)sizeof(float)) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "float32_json: buffer size does not match shape");
+        return NULL;
+    }
+    /* a number takes at most 16 bytes and a comma; brackets: at most 2 per innermost row+1 */
+    Py_ssize_t inner = dims[nd - 1] ? dims[nd - 1] : 1;
+    Py_ssize_t cap = total * 17 + (total / inner + 2) * 2 * nd + 16;
+    char *out = malloc((size_t)cap);
+    if (!out) { PyBuffer_Release(&buf); return PyErr_NoMemory(); }
+    const float *v = buf.buf;
+    char *o = out;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t idx[MAX_DIMS] = {0};
+    for (int k = 0; k < nd; k++) *o++ = '[';
+    for (Py_ssize_t i = 0; i < total; i++) {
+        o += tf_text(v[i], o);
+        int k = (int)nd - 1;
+        while (k >= 0 && ++idx[k] == dims[k]) { idx[k] = 0; *o++ = ']'; k--; }
+        if (k >= 0) {
+            *o++ = ',';
+            for (int j = k + 1; j < nd; j++) *o++ = '[';
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    PyObject *result = PyBytes_FromStringAndSize(out, o - out);
+    free(out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"float32_rows", float32_rows, METH_VARARGS, float32_rows_doc},
+    {"float32_json", float32_json, METH_VARARGS, float32_json_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_decode",
-    "Predict request bodies of float32 rows parsed in C, bit-identical to the json path.",
+    "Predict request bodies of float32 rows parsed in C, bit-identical to the json path; "
+    "float32 outputs printed as TF Serving prints them.",
     -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__decode(void) {
     for (int k = 0; k < 23; k++) INV_P10[k] = 1.0 / P10[k];
+    U10[0] = 1;
+    for (int k = 1; k < 40; k++) U10[k] = U10[k - 1] * 10;
     return PyModule_Create(&module);
 }

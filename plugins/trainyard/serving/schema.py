@@ -739,26 +739,52 @@ def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     return out
 
 
-_NONFINITE = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
+def tf_float_text(value: float, float32: bool) -> str:
+    """One float as TF Serving prints it (``json_tensor.cc``, ``WriteDecimal``).
+
+    Six significant digits (printf ``%g``) when they read back as the same value, else
+    ``%.9g`` (float32) or ``%.17g`` (float64); ``.0`` appended to a whole number printed
+    without an exponent; ``NaN``, ``Infinity``, ``-Infinity``. So ``9e+06``, ``999999.0``,
+    ``0.5``, ``3e-05`` and ``0.0478646196``.
+    """
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    text = f"{value:g}"
+    back = float(np.float32(text)) if float32 else float(text)
+    if back != value:
+        text = f"{value:.9g}" if float32 else f"{value:.17g}"
+    if "." not in text and "e" not in text:
+        text += ".0"
+    return text
+
+
+def _nested(tokens: list[str], shape: tuple[int, ...]) -> bytes:
+    """Flat number texts as nested JSON arrays of ``shape`` (C order)."""
+    if 0 in shape:
+        return orjson.dumps(np.zeros(shape, np.int8), option=orjson.OPT_SERIALIZE_NUMPY)
+    parts = tokens
+    for size in reversed(shape):
+        parts = ["[" + ",".join(parts[i : i + size]) + "]" for i in range(0, len(parts), size)]
+    return parts[0].encode()
 
 
 def dump_array(arr: np.ndarray) -> bytes:
-    """Print one numeric array as JSON text, floats at their own precision.
+    """Print one numeric array as JSON text, floats as TF Serving prints them.
 
-    orjson prints a non-finite float as ``null``; those are put back as TF Serving writes
-    them (``NaN``, ``Infinity``, ``-Infinity``, rapidjson's spelling), in order, so the
-    other values keep orjson's shortest text.
+    Integers and booleans as orjson prints them; floats by :func:`tf_float_text`'s rule,
+    float32 (and float16, widened as TF Serving does) in C when ``_decode`` is built.
     """
-    text = orjson.dumps(np.ascontiguousarray(arr), option=orjson.OPT_SERIALIZE_NUMPY)
-    if arr.dtype.kind != "f" or np.isfinite(arr).all():
-        return text
-    flat = arr.reshape(-1)
-    tokens = [_NONFINITE[str(float(flat[i]))] for i in np.flatnonzero(~np.isfinite(flat))]
-    pieces = text.split(b"null")
-    out = [pieces[0]]
-    for token, piece in zip(tokens, pieces[1:], strict=True):
-        out += [token, piece]
-    return b"".join(out)
+    if arr.dtype.kind != "f":
+        return orjson.dumps(np.ascontiguousarray(arr), option=orjson.OPT_SERIALIZE_NUMPY)
+    float32 = arr.dtype.itemsize <= 4
+    if float32:
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if _decode is not None and arr.size:
+            return _decode.float32_json(arr, arr.shape)
+    tokens = [tf_float_text(v, float32) for v in arr.reshape(-1).tolist()]
+    return _nested(tokens, arr.shape)
 
 
 def _text(v: Any) -> Any:
