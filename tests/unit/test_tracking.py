@@ -193,3 +193,21 @@ def test_the_mirror_follows_the_registry_and_never_duplicates(
         int(tags(r)["trainyard.version"]) for r in runs_of(server, "trainyard/digits")
     ) == [1, 2, 3]
     assert len(model_versions(server, "digits")) == 3
+
+
+def test_the_local_runner_hands_a_step_airflows_lookup_of_the_connection(
+    monkeypatch: pytest.MonkeyPatch, caplog, capfd
+) -> None:
+    from trainyard.orchestration.runners import tracking_env
+
+    # Airflow finds it (here in its environment backend; its database works the same way)
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_Y", "http://ann:secret1@h:5000/pre")
+    cfg = _pipeline("mlflow_y")
+    env = tracking_env(cfg, "register", environ={})
+    assert tracking_uri("mlflow_y", env) == Endpoint("http://h:5000/pre", "Basic YW5uOnNlY3JldDE=")
+    assert tracking_env(cfg, "register") == {}  # the process has it already: left alone
+    assert tracking_env(cfg, "stage", environ={}) == {}  # stage mirrors nothing
+    with caplog.at_level(logging.WARNING):
+        assert tracking_env(_pipeline("nope"), "evaluate", environ={}) == {}
+    # (Airflow's logging may route the orchestration logger past caplog)
+    assert "tracking connection 'nope'" in caplog.text + "".join(capfd.readouterr())
