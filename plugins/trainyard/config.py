@@ -397,8 +397,9 @@ class TrackingConfig(_Strict):
 
     backend: Literal["mlflow"]
     conn_id: str = Field(min_length=1, max_length=250, pattern=r"^[A-Za-z0-9_.-]+$")
-    experiment: str | None = Field(default=None, min_length=1)
-    registered_model: str | None = Field(default=None, min_length=1)
+    experiment: str | None = Field(default=None, min_length=1, max_length=500)
+    # quotes would break MLflow's search filters the mirror builds from the name
+    registered_model: str | None = Field(default=None, min_length=1, pattern=r"^[^'\"`\\]+$")
     timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
 
 

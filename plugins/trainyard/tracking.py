@@ -324,6 +324,12 @@ def _ms(iso: Any) -> int:
         return int(time.time() * 1000)
 
 
+def _start_ms(meta: dict[str, Any]) -> int:
+    """When training started: the version's creation less its training time."""
+    seconds = _number((meta.get("timings") or {}).get("train_seconds")) or 0.0
+    return _ms(meta.get("created_at") or meta.get("registered_at")) - int(seconds * 1000)
+
+
 class Mirror:
     """Mirrors one pipeline's registry into an MLflow server.
 
@@ -422,7 +428,7 @@ class Mirror:
             {
                 "experiment_id": self.experiment_id(),
                 "run_name": f"{self.cfg.name}-v{int(version)}",
-                "start_time": _ms(meta.get("created_at") or meta.get("registered_at")),
+                "start_time": _start_ms(meta),
                 "tags": [{"key": k, "value": v} for k, v in tags.items()],
             },
         )
