@@ -493,6 +493,9 @@ class Mirror:
         info = run["info"]
         run_id, artifact_uri = info["run_id"], info["artifact_uri"]
         done = self._tags(run)
+        # every point gets the registration time: MLflow keeps one copy of a point logged
+        # again with the same key, value, step and timestamp, so a mirror retried after a
+        # partial one (an upload that timed out) adds no duplicate points
         at_ms = _ms(meta.get("registered_at") or meta.get("created_at"))
         if done.get(TAG_TRAINING_DONE) != "1":
             history = self.registry.read_file(version, "history.json") or {}
