@@ -50,6 +50,7 @@ stop:
 test: $(STAMP) native
 	bash scripts/system_deps.sh
 	bash scripts/datacontract_cli.sh
+	bash scripts/mlflow_server.sh
 	$(ENV) ruff check . && ruff format --check .
 	$(ENV) python -m trainyard contracts check && python -m trainyard pipelines check
 	$(ENV) pytest

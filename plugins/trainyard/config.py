@@ -385,6 +385,24 @@ class NotifyConfig(_Strict):
         return value
 
 
+class TrackingConfig(_Strict):
+    """Mirror each training into an experiment tracker (``tracking:``); off without it.
+
+    trainyard's registry stays the source of truth: the tracker gets a copy (a run per
+    trained version with its parameters, per-epoch metrics, evaluation metrics, gate report
+    and model files; a registered model version per trainyard version; the ``champion`` and
+    ``challenger`` aliases) and a tracker that cannot be reached costs one warning, never a
+    run. The tracker's URL is the Airflow connection ``conn_id`` (:mod:`trainyard.tracking`).
+    """
+
+    backend: Literal["mlflow"]
+    conn_id: str = Field(min_length=1, max_length=250, pattern=r"^[A-Za-z0-9_.-]+$")
+    experiment: str | None = Field(default=None, min_length=1, max_length=500)
+    # quotes would break MLflow's search filters the mirror builds from the name
+    registered_model: str | None = Field(default=None, min_length=1, pattern=r"^[^'\"`\\]+$")
+    timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
+
+
 class PipelineConfig(_Strict):
     """One pipeline: one DAG, one dataset, one model.
 
@@ -413,6 +431,7 @@ class PipelineConfig(_Strict):
     scoring: ScoringConfig = ScoringConfig()
     trigger: TriggerConfig = TriggerConfig()
     notify: NotifyConfig | None = None
+    tracking: TrackingConfig | None = None
 
     @field_validator("name", "dataset")
     @classmethod

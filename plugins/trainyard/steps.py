@@ -44,6 +44,18 @@ def _registry(cfg: PipelineConfig) -> Any:
     return Registry(get_settings().models_root, cfg.name)
 
 
+def _mirror(cfg: PipelineConfig, registry: Any, version: int | None) -> None:
+    """Mirror into the pipeline's tracker, if it has one (:func:`trainyard.tracking.mirror`).
+
+    Never raises: a tracker that fails is one warning and the step goes on.
+    """
+    if cfg.tracking is None:
+        return
+    from trainyard.tracking import mirror
+
+    mirror(cfg, registry, version)
+
+
 def _snapshot_path(cfg: PipelineConfig, snapshot_id: str) -> Path:
     from trainyard import volumes
 
@@ -346,7 +358,8 @@ def register(
     ]
     if (out / TENSORBOARD_DIR).is_dir():
         extra.append(out / TENSORBOARD_DIR)
-    version = _registry(cfg).register(model_dir, metadata, extra_files=extra)
+    registry = _registry(cfg)
+    version = registry.register(model_dir, metadata, extra_files=extra)
     shutil.rmtree(Path(paths.output).parent, ignore_errors=True)
     log.info(
         "registered %s version %d (trained on %d snapshot(s), %s rows: %s)",
@@ -356,6 +369,7 @@ def register(
         inputs.get("rows", "?"),
         ", ".join(str(s.get("snapshot_id")) for s in read),
     )
+    _mirror(cfg, registry, version)
     return {
         "version": version,
         "metrics": metrics,
@@ -400,6 +414,7 @@ def evaluate(
         )
     decision = evaluation.evaluate_and_decide(cfg, registry, int(version), force)
     log.info("gate decision for %s v%s:\n%s", cfg.name, version, decision.to_markdown())
+    _mirror(cfg, registry, int(version))
     return decision.summary()
 
 
@@ -484,6 +499,7 @@ def deploy(
         timeout_s=120.0,
         promote=lambda: registry.promote(version, reason=promote_reason, actor=actor or "pipeline"),
     )
+    _mirror(cfg, registry, None)
     return {
         "version": version,
         "previous": previous,
@@ -531,9 +547,11 @@ def follow_registry(pipeline: str) -> str:
     champion = registry.champion()
     model_dir = registry.version_dir(champion) / "model" if champion is not None else None
     spec = feature_spec(load_contract(cfg.dataset))
-    return serve_champion(
+    served = serve_champion(
         get_settings().serving_root, cfg.serving.model_name, champion, model_dir, spec
     )
+    _mirror(cfg, registry, None)
+    return served
 
 
 def summary(

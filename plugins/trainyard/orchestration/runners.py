@@ -279,6 +279,59 @@ class TrainingOperator(BaseOperator):
 
 # --------------------------------------------------------------------------- local
 
+TRACKING_STEPS = ("register", "evaluate", "deploy")
+"""The steps that mirror into the pipeline's tracker (:mod:`trainyard.tracking`)."""
+
+
+def tracking_env(
+    cfg: PipelineConfig, step: str, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The tracker's connection for a step's process, as ``AIRFLOW_CONN_<CONN_ID>`` (JSON).
+
+    Steps read the connection from their environment (they import no Airflow); here
+    Airflow looks it up (its secrets backends, then its database), so a connection kept
+    anywhere Airflow finds one reaches the step. One the environment already has is left
+    to it; one Airflow does not know is a warning (the step's mirror then warns and skips).
+
+    Args:
+        cfg: The pipeline.
+        step: The step about to run.
+        environ: The Airflow worker's environment (default: this process's).
+
+    Returns:
+        Variables to add to the step's environment (none without ``tracking:``).
+    """
+    if cfg.tracking is None or step not in TRACKING_STEPS:
+        return {}
+    from trainyard.tracking import conn_env_name
+
+    name = conn_env_name(cfg.tracking.conn_id)
+    if name in (os.environ if environ is None else environ):
+        return {}
+    try:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(cfg.tracking.conn_id)
+    except Exception as e:  # Airflow raises its own not-found error; either way: go on
+        log.warning(
+            "tracking connection %r of pipeline %s: Airflow has none (%s); the MLflow mirror "
+            "of step %s will be skipped",
+            cfg.tracking.conn_id,
+            cfg.name,
+            e,
+            step,
+        )
+        return {}
+    fields = {
+        "conn_type": conn.conn_type,
+        "host": conn.host,
+        "port": conn.port,
+        "schema": conn.schema,
+        "login": conn.login,
+        "password": conn.password,
+    }
+    return {name: json.dumps({k: v for k, v in fields.items() if v not in (None, "")})}
+
 
 class LocalRunner:
     """Rendered pods as local processes (the embedded default).
@@ -296,7 +349,11 @@ class LocalRunner:
     ) -> dict[str, Any]:
         """Run a step's rendered pod as a process; its result is the pod's XCom file."""
         return run_pod_locally(
-            self.pod(cfg, step, values), self.settings, log=log.info, started=self._started
+            self.pod(cfg, step, values),
+            self.settings,
+            log=log.info,
+            started=self._started,
+            env=tracking_env(cfg, step),
         )
 
     def pod(self, cfg: PipelineConfig, step: str, values: dict[str, Any]) -> V1Pod:
@@ -348,6 +405,7 @@ def run_pod_locally(
     *,
     log: Any = log.info,
     started: Any = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run a step pod's container as a local process and read back its result.
 
@@ -356,6 +414,7 @@ def run_pod_locally(
         settings: Local settings (the volume root its mounts map to).
         log: Receives the command and every output line.
         started: Called with the process once it started (for ``on_kill``).
+        env: Variables added to the process's environment (never to the pod's spec).
 
     Returns:
         The result the step wrote to its XCom file.
@@ -371,7 +430,11 @@ def run_pod_locally(
 
     with tempfile.TemporaryDirectory(prefix="trainyard-pod-") as scratch:
         proc = local_process(
-            pod.spec, volume_root=settings.volume_root, scratch=Path(scratch), settings=settings
+            pod.spec,
+            volume_root=settings.volume_root,
+            scratch=Path(scratch),
+            settings=settings,
+            extra_env=env,
         )
         log(f"pod {pod.metadata.name}: running {shlex.join(proc.argv)}")
         child = subprocess.Popen(

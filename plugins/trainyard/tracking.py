@@ -1,0 +1,639 @@
+"""Mirror trainyard's trainings into MLflow (``tracking: {backend: mlflow, conn_id: ...}``).
+
+trainyard's registry (:mod:`trainyard.registry`) stays the source of truth; MLflow gets a
+copy, through its REST API (``mlflow`` itself cannot be installed beside Airflow's pins):
+
+* one run per trained version, in the pipeline's experiment, tagged ``trainyard.pipeline``
+  and ``trainyard.version`` and found by those tags before anything is created, so
+  mirroring a version again never makes a second run;
+* its parameters (the effective training config, snapshot ids, contract version, config
+  hash, code version), per-epoch metrics (``history.json``, step = epoch), the final
+  training metrics and, once gated, the evaluation metrics (``eval_<metric>``);
+* its artifacts, uploaded through the tracking server's artifact proxy
+  (``mlflow-artifacts:``): the SavedModel (``model/``), ``metadata.json``,
+  ``metrics.json``, ``history.json`` and, once gated, ``gate.json`` and ``gate.md``;
+* a registered model version per trainyard version (``source`` = the run's ``model/``,
+  tagged ``trainyard.version``), and the aliases ``champion`` (the registry's champion)
+  and ``challenger`` (the newest version that passed its gate and is newer than the
+  champion), set from the registry every time, so deploy, promote and rollback move them.
+
+A tracker that cannot be reached, answers an error or is not configured costs one warning
+naming the URI; the step goes on as if tracking were off (:func:`mirror`).
+
+Where the URI comes from (:func:`tracking_uri`): the Airflow connection ``conn_id`` as
+Airflow passes connections through the environment, ``AIRFLOW_CONN_<CONN_ID>`` (URI or JSON
+form; the local runner sets it for the step's process from Airflow's own lookup, so a
+connection kept in Airflow's database works too), else ``MLFLOW_TRACKING_URI``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainyard.config import PipelineConfig, TrackingConfig
+    from trainyard.registry import Registry
+
+log = logging.getLogger("trainyard.tracking")
+
+TAG_PIPELINE = "trainyard.pipeline"
+TAG_VERSION = "trainyard.version"
+TAG_RUN_ID = "trainyard.run_id"
+TAG_VERDICT = "trainyard.verdict"
+TAG_TRAINING_DONE = "trainyard.mirrored.training"
+TAG_GATE_DONE = "trainyard.mirrored.gate"
+CHAMPION, CHALLENGER = "champion", "challenger"
+PASSED = ("promote", "forced")
+"""Gate verdicts that make a version a challenger."""
+
+_ARTIFACT_SCHEME = "mlflow-artifacts:"
+_PARAM_MAX = 6000  # MLflow's limit on a parameter value
+_BATCH_METRICS = 1000
+_BATCH_PARAMS = 100
+
+
+class TrackingError(Exception):
+    """The tracker could not be reached, refused a request, or is not configured."""
+
+
+def conn_env_name(conn_id: str) -> str:
+    """The environment variable Airflow reads a connection from: ``AIRFLOW_CONN_<ID>``."""
+    return f"AIRFLOW_CONN_{conn_id.upper()}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the tracking server answers.
+
+    Attributes:
+        url: Base URL (``http(s)://host:port[/prefix]``), no credentials, no trailing slash.
+        auth: An ``Authorization`` header value (basic auth from the connection), or None.
+    """
+
+    url: str
+    auth: str | None = None
+
+
+def _from_conn_json(conn_id: str, text: str) -> Endpoint:
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise TrackingError(f"{conn_env_name(conn_id)} is neither a URI nor JSON: {e}") from e
+    if not isinstance(data, dict) or not data.get("host"):
+        raise TrackingError(f"{conn_env_name(conn_id)} (JSON) names no host")
+    host = str(data["host"])
+    scheme = str(data.get("conn_type") or "http")
+    if "://" in host:  # the HTTP connection's habit: the scheme in the host field
+        scheme, host = host.split("://", 1)
+    netloc = host.rstrip("/") + (f":{data['port']}" if data.get("port") else "")
+    path = str(data.get("schema") or "").strip("/")
+    url = f"{scheme}://{netloc}" + (f"/{path}" if path else "")
+    return _endpoint(conn_id, url, data.get("login"), data.get("password"))
+
+
+def _endpoint(conn_id: str, url: str, login: Any = None, password: Any = None) -> Endpoint:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TrackingError(
+            f"connection {conn_id!r} gives {_redact(url)!r}: trainyard speaks MLflow's REST API "
+            "over http or https (give an http or https connection with the server's host and "
+            "port)"
+        )
+    login = login if login is not None else parts.username
+    password = password if password is not None else parts.password
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+    base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    auth = None
+    if login:
+        user = urllib.parse.unquote(str(login))
+        secret = urllib.parse.unquote(str(password or ""))
+        auth = "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
+    return Endpoint(url=base, auth=auth)
+
+
+def _redact(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def tracking_uri(conn_id: str, environ: dict[str, str] | None = None) -> Endpoint:
+    """The tracking server of a connection id.
+
+    ``AIRFLOW_CONN_<CONN_ID>`` first (Airflow's environment form of a connection: a URI
+    such as ``http://mlflow.internal:5000`` or ``https://user:pass@host/prefix``, or JSON
+    ``{"conn_type": "http", "host": ..., "port": ..., "schema": <path prefix>, "login":
+    ..., "password": ...}``), then ``MLFLOW_TRACKING_URI``.
+
+    Args:
+        conn_id: The pipeline's ``tracking.conn_id``.
+        environ: The environment to read (default: this process's).
+
+    Returns:
+        The server's base URL and basic-auth header.
+
+    Raises:
+        TrackingError: Neither is set, or the value is not an http(s) address.
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(conn_env_name(conn_id), "").strip()
+    if text.startswith("{"):
+        return _from_conn_json(conn_id, text)
+    if text:
+        return _endpoint(conn_id, text)
+    fallback = env.get("MLFLOW_TRACKING_URI", "").strip()
+    if fallback:
+        return _endpoint(conn_id, fallback)
+    raise TrackingError(
+        f"the Airflow connection {conn_id!r} is not available to this process (no "
+        f"{conn_env_name(conn_id)} and no MLFLOW_TRACKING_URI in its environment)"
+    )
+
+
+class MlflowRest:
+    """A small client of MLflow's REST API (``/api/2.0/mlflow/...``, artifact proxy).
+
+    Args:
+        endpoint: The server.
+        timeout_s: Per-request timeout.
+    """
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        req = urllib.request.Request(
+            self.endpoint.url + path, data=body, method=method, headers={"Accept": "*/*"}
+        )
+        if body is not None:
+            req.add_header("Content-Type", content_type)
+        if self.endpoint.auth:
+            req.add_header("Authorization", self.endpoint.auth)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as e:
+            text = e.read().decode("utf-8", "replace")
+            code = ""
+            with contextlib.suppress(ValueError, AttributeError):
+                code = json.loads(text).get("error_code", "")
+            raise MlflowHttpError(method, path, e.code, code, text[:300]) from e
+        except (OSError, ValueError) as e:  # refused, timed out, DNS, TLS
+            raise TrackingError(f"{method} {self.endpoint.url}{path}: {e}") from e
+
+    def call(self, method: str, api: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Call ``/api/2.0/mlflow/<api>``: GET/DELETE take query args, POST/PATCH JSON.
+
+        Returns:
+            The decoded JSON answer (``{}`` when empty).
+        """
+        path = f"/api/2.0/mlflow/{api}"
+        data = None
+        if method == "GET" and body:
+            path += "?" + urllib.parse.urlencode(body, doseq=True)
+        elif body is not None:
+            data = json.dumps(body).encode()
+        raw = self._send(method, path, data)
+        return json.loads(raw) if raw.strip() else {}
+
+    def put_artifact(self, artifact_uri: str, name: str, data: bytes) -> None:
+        """Upload one file under a run's ``mlflow-artifacts:`` URI through the proxy."""
+        self._send("PUT", _proxy_path(artifact_uri, name), data, "application/octet-stream")
+
+    def get_artifact(self, artifact_uri: str, name: str) -> bytes:
+        """Download one file of a run (through the proxy)."""
+        return self._send("GET", _proxy_path(artifact_uri, name))
+
+
+class MlflowHttpError(TrackingError):
+    """The server answered an HTTP error (``error_code`` is MLflow's, e.g. ``RESOURCE_...``)."""
+
+    def __init__(self, method: str, path: str, status: int, error_code: str, text: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status} {error_code or ''} {text}".strip())
+        self.status = status
+        self.error_code = error_code
+
+
+def _proxy_path(artifact_uri: str, name: str) -> str:
+    if not artifact_uri.startswith(_ARTIFACT_SCHEME):
+        raise TrackingError(
+            f"the run's artifact location {artifact_uri!r} is not served by the tracking "
+            "server (start it with --serve-artifacts, MLflow's default): trainyard uploads "
+            "artifacts through its proxy only"
+        )
+    rel = artifact_uri[len(_ARTIFACT_SCHEME) :].lstrip("/")
+    rel = f"{rel}/{name}".strip("/")
+    return "/api/2.0/mlflow-artifacts/artifacts/" + urllib.parse.quote(rel)
+
+
+# --------------------------------------------------------------------------- the mirror
+
+
+def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, str]]:
+    if isinstance(value, dict):
+        for k in sorted(value):
+            yield from _flatten(f"{prefix}.{k}" if prefix else str(k), value[k])
+    else:
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        yield prefix, text[:_PARAM_MAX]
+
+
+def version_params(meta: dict[str, Any]) -> dict[str, str]:
+    """A version's MLflow parameters from its ``metadata.json``.
+
+    Returns:
+        ``training.<key>`` for the effective training config, ``snapshot_id``,
+        ``snapshots`` (comma-separated ids), ``dataset``, ``contract_version``,
+        ``config_hash``, ``code_version``, ``image``, ``rows``, ``data_until``,
+        ``run_id``.
+    """
+    params = dict(_flatten("training", meta.get("training") or {}))
+    snaps = meta.get("snapshots") or []
+    params["snapshots"] = ",".join(str(s.get("snapshot_id")) for s in snaps)[:_PARAM_MAX]
+    for key in (
+        "snapshot_id",
+        "dataset",
+        "contract_version",
+        "config_hash",
+        "code_version",
+        "image",
+        "rows",
+        "data_until",
+        "run_id",
+    ):
+        if meta.get(key) is not None:
+            params[key] = str(meta[key])[:_PARAM_MAX]
+    return params
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def epoch_metrics(history: dict[str, Any], at_ms: int) -> list[dict[str, Any]]:
+    """Per-epoch metrics of ``history.json`` as MLflow metrics (``step`` = epoch).
+
+    Args:
+        history: ``{"epochs": [{"epoch": 0, "loss": ..., ...}, ...]}``.
+        at_ms: The timestamp every point gets (the version's registration time).
+
+    Returns:
+        One metric per numeric key of each epoch (``epoch`` and ``attempt`` left out).
+    """
+    out = []
+    for row in history.get("epochs") or []:
+        step = int(row.get("epoch", 0))
+        for key, value in row.items():
+            number = _number(value)
+            if key in ("epoch", "attempt") or number is None:
+                continue
+            out.append({"key": key, "value": number, "timestamp": at_ms, "step": step})
+    return out
+
+
+def _ms(iso: Any) -> int:
+    import datetime as dt
+
+    try:
+        return int(dt.datetime.fromisoformat(str(iso)).timestamp() * 1000)
+    except ValueError:
+        return int(time.time() * 1000)
+
+
+def _start_ms(meta: dict[str, Any]) -> int:
+    """When training started: the version's creation less its training time."""
+    seconds = _number((meta.get("timings") or {}).get("train_seconds")) or 0.0
+    return _ms(meta.get("created_at") or meta.get("registered_at")) - int(seconds * 1000)
+
+
+class Mirror:
+    """Mirrors one pipeline's registry into an MLflow server.
+
+    Args:
+        cfg: The pipeline (``cfg.tracking`` must be set).
+        registry: Its registry.
+        client: The REST client.
+    """
+
+    def __init__(self, cfg: PipelineConfig, registry: Registry, client: MlflowRest) -> None:
+        assert cfg.tracking is not None
+        self.cfg = cfg
+        self.tracking: TrackingConfig = cfg.tracking
+        self.registry = registry
+        self.client = client
+        self.experiment_name = self.tracking.experiment or f"trainyard/{cfg.name}"
+        self.model_name = self.tracking.registered_model or cfg.name
+        self._experiment_id: str | None = None
+
+    # ---------------------------------------------------------------- lookups
+
+    def experiment_id(self) -> str:
+        """The pipeline's experiment, created on first use."""
+        if self._experiment_id is not None:
+            return self._experiment_id
+        try:
+            found = self.client.call(
+                "GET", "experiments/get-by-name", {"experiment_name": self.experiment_name}
+            )
+            self._experiment_id = str(found["experiment"]["experiment_id"])
+        except MlflowHttpError as e:
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            made = self.client.call("POST", "experiments/create", {"name": self.experiment_name})
+            self._experiment_id = str(made["experiment_id"])
+        return self._experiment_id
+
+    def find_run(self, version: int) -> dict[str, Any] | None:
+        """The run mirroring ``version`` (by its trainyard tags), or None."""
+        flt = (
+            f"tags.`{TAG_PIPELINE}` = '{self.cfg.name}' and tags.`{TAG_VERSION}` = '{int(version)}'"
+        )
+        found = self.client.call(
+            "POST",
+            "runs/search",
+            {"experiment_ids": [self.experiment_id()], "filter": flt, "max_results": 2},
+        )
+        runs = found.get("runs") or []
+        if len(runs) > 1:
+            log.warning(
+                "MLflow holds %d runs of %s version %d; using the oldest",
+                len(runs),
+                self.cfg.name,
+                version,
+            )
+            runs.sort(key=lambda r: int(r["info"].get("start_time") or 0))
+        return runs[0] if runs else None
+
+    def model_versions(self) -> dict[int, str]:
+        """Map each trainyard version to its MLflow model version (of the registered model)."""
+        out: dict[int, str] = {}
+        token = None
+        while True:
+            args: dict[str, Any] = {"filter": f"name='{self.model_name}'", "max_results": 200}
+            if token:
+                args["page_token"] = token
+            page = self.client.call("GET", "model-versions/search", args)
+            for mv in page.get("model_versions") or []:
+                tags = {t["key"]: t.get("value") for t in mv.get("tags") or []}
+                if str(tags.get(TAG_VERSION, "")).isdigit():
+                    out[int(tags[TAG_VERSION])] = str(mv["version"])
+            token = page.get("next_page_token")
+            if not token:
+                return out
+
+    # ---------------------------------------------------------------- writing
+
+    def _tags(self, run: dict[str, Any]) -> dict[str, str]:
+        return {t["key"]: t.get("value", "") for t in run.get("data", {}).get("tags") or []}
+
+    def ensure_run(self, version: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """The version's run, created (with its identifying tags) if MLflow has none."""
+        run = self.find_run(version)
+        if run is not None:
+            return run
+        tags = {
+            TAG_PIPELINE: self.cfg.name,
+            TAG_VERSION: str(int(version)),
+            TAG_RUN_ID: str(meta.get("run_id") or ""),
+            "mlflow.runName": f"{self.cfg.name}-v{int(version)}",
+            "mlflow.source.name": "trainyard",
+        }
+        made = self.client.call(
+            "POST",
+            "runs/create",
+            {
+                "experiment_id": self.experiment_id(),
+                "run_name": f"{self.cfg.name}-v{int(version)}",
+                "start_time": _start_ms(meta),
+                "tags": [{"key": k, "value": v} for k, v in tags.items()],
+            },
+        )
+        log.info(
+            "MLflow run %s mirrors %s version %d",
+            made["run"]["info"]["run_id"],
+            *(self.cfg.name, version),
+        )
+        return made["run"]
+
+    def _log_batch(
+        self,
+        run_id: str,
+        params: dict[str, str] | None = None,
+        metrics: list[dict[str, Any]] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
+        items = list((params or {}).items())
+        for i in range(0, len(items), _BATCH_PARAMS):
+            chunk = items[i : i + _BATCH_PARAMS]
+            self.client.call(
+                "POST",
+                "runs/log-batch",
+                {"run_id": run_id, "params": [{"key": k, "value": v} for k, v in chunk]},
+            )
+        points = metrics or []
+        for i in range(0, len(points), _BATCH_METRICS):
+            self.client.call(
+                "POST",
+                "runs/log-batch",
+                {"run_id": run_id, "metrics": points[i : i + _BATCH_METRICS]},
+            )
+        if tags:
+            self.client.call(
+                "POST",
+                "runs/log-batch",
+                {"run_id": run_id, "tags": [{"key": k, "value": v} for k, v in tags.items()]},
+            )
+
+    def _upload(self, artifact_uri: str, name: str, path: Path) -> None:
+        if path.is_dir():
+            for item in sorted(path.rglob("*")):
+                if item.is_file():
+                    rel = item.relative_to(path).as_posix()
+                    self.client.put_artifact(artifact_uri, f"{name}/{rel}", item.read_bytes())
+        elif path.is_file():
+            self.client.put_artifact(artifact_uri, name, path.read_bytes())
+
+    def mirror_version(self, version: int) -> str:
+        """Mirror one version: its run, training, gate (once gated) and model version.
+
+        Each part is done once (the run's ``trainyard.mirrored.*`` tags say what is), so
+        calling it again after every step adds only what is new.
+
+        Returns:
+            The run id.
+        """
+        version = int(version)
+        meta = self.registry.metadata(version)
+        folder = self.registry.version_dir(version)
+        run = self.ensure_run(version, meta)
+        info = run["info"]
+        run_id, artifact_uri = info["run_id"], info["artifact_uri"]
+        done = self._tags(run)
+        # every point gets the registration time: MLflow keeps one copy of a point logged
+        # again with the same key, value, step and timestamp, so a mirror retried after a
+        # partial one (an upload that timed out) adds no duplicate points
+        at_ms = _ms(meta.get("registered_at") or meta.get("created_at"))
+        if done.get(TAG_TRAINING_DONE) != "1":
+            history = self.registry.read_file(version, "history.json") or {}
+            final = [
+                {"key": f"train_{k}", "value": v, "timestamp": at_ms, "step": 0}
+                for k, raw in sorted((meta.get("train_metrics") or {}).items())
+                if (v := _number(raw)) is not None
+            ]
+            self._log_batch(
+                run_id, params=version_params(meta), metrics=epoch_metrics(history, at_ms) + final
+            )
+            for name in ("metadata.json", "metrics.json", "history.json"):
+                self._upload(artifact_uri, name, folder / name)
+            self._upload(artifact_uri, "model", folder / "model")
+            self.client.call(
+                "POST",
+                "runs/update",
+                {"run_id": run_id, "status": "FINISHED", "end_time": at_ms},
+            )
+            self._log_batch(run_id, tags={TAG_TRAINING_DONE: "1"})
+        gate = self.registry.read_file(version, "gate.json")
+        if gate is not None and done.get(TAG_GATE_DONE) != str(gate.get("verdict")):
+            evals = [
+                {"key": f"eval_{k}", "value": v, "timestamp": at_ms, "step": 0}
+                for k, raw in sorted((gate.get("candidate_metrics") or {}).items())
+                if (v := _number(raw)) is not None
+            ]
+            self._log_batch(run_id, metrics=evals if not done.get(TAG_GATE_DONE) else [])
+            for name in ("gate.json", "gate.md"):
+                self._upload(artifact_uri, name, folder / name)
+            verdict = str(gate.get("verdict"))
+            self._log_batch(run_id, tags={TAG_VERDICT: verdict, TAG_GATE_DONE: verdict})
+        self._ensure_model_version(version, run_id, artifact_uri)
+        return run_id
+
+    def _ensure_model_version(self, version: int, run_id: str, artifact_uri: str) -> str:
+        known = self.model_versions()
+        if version in known:
+            return known[version]
+        try:
+            self.client.call("POST", "registered-models/create", {"name": self.model_name})
+        except MlflowHttpError as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        made = self.client.call(
+            "POST",
+            "model-versions/create",
+            {
+                "name": self.model_name,
+                "source": f"{artifact_uri}/model",
+                "run_id": run_id,
+                "tags": [
+                    {"key": TAG_PIPELINE, "value": self.cfg.name},
+                    {"key": TAG_VERSION, "value": str(version)},
+                ],
+                "description": f"trainyard {self.cfg.name} version {version}",
+            },
+        )
+        return str(made["model_version"]["version"])
+
+    def wanted_aliases(self) -> dict[str, int | None]:
+        """What the registry says the aliases are: ``champion`` and ``challenger``."""
+        champion = self.registry.champion()
+        challenger = None
+        for version in reversed(self.registry.list_versions()):
+            if champion is not None and version <= champion:
+                break
+            gate = self.registry.read_file(version, "gate.json") or {}
+            if gate.get("verdict") in PASSED:
+                challenger = version
+                break
+        return {CHAMPION: champion, CHALLENGER: challenger}
+
+    def sync_aliases(self) -> dict[str, int | None]:
+        """Point ``champion`` / ``challenger`` where the registry says (mirroring as needed).
+
+        Returns:
+            Alias → trainyard version (None: the alias is removed).
+        """
+        wanted = self.wanted_aliases()
+        known = self.model_versions()
+        for version in {v for v in wanted.values() if v is not None} - set(known):
+            self.mirror_version(version)  # trained before tracking was on, or while it was down
+        known = self.model_versions() if set(wanted.values()) - set(known) - {None} else known
+        for alias, version in wanted.items():
+            if version is not None:
+                self.client.call(
+                    "POST",
+                    "registered-models/alias",
+                    {"name": self.model_name, "alias": alias, "version": known[version]},
+                )
+            elif known:
+                try:
+                    self.client.call(
+                        "DELETE",
+                        "registered-models/alias",
+                        {"name": self.model_name, "alias": alias},
+                    )
+                except MlflowHttpError as e:
+                    if e.status != 404:
+                        raise
+        return wanted
+
+
+def mirror(cfg: PipelineConfig, registry: Registry, version: int | None = None) -> str | None:
+    """Mirror a version (when given) and the aliases; warn once and go on if it fails.
+
+    The steps call this after ``register``, ``evaluate``, ``deploy`` and ``models
+    promote`` / ``rollback``. Nothing happens without ``tracking:``.
+
+    Args:
+        cfg: The pipeline.
+        registry: Its registry (the source of truth).
+        version: The version a step just made or gated.
+
+    Returns:
+        One line saying what was mirrored, or None (tracking off, or it failed: logged).
+    """
+    if cfg.tracking is None:
+        return None
+    where = f"connection {cfg.tracking.conn_id!r}"
+    try:
+        endpoint = tracking_uri(cfg.tracking.conn_id)
+        where = f"{endpoint.url} (connection {cfg.tracking.conn_id!r})"
+        m = Mirror(cfg, registry, MlflowRest(endpoint, cfg.tracking.timeout_s))
+        run_id = m.mirror_version(version) if version is not None else None
+        aliases = m.sync_aliases()
+    except Exception as e:  # a mirror never fails a step: trainyard's registry already holds it
+        log.warning(
+            "MLflow mirror of %s%s skipped: the tracking server at %s failed: %s; "
+            "the run goes on (trainyard's registry is unchanged, a later step mirrors again)",
+            cfg.name,
+            f" version {version}" if version is not None else "",
+            where,
+            e if isinstance(e, TrackingError) else f"{type(e).__name__}: {e}",
+        )
+        return None
+    said = ", ".join(f"{a}=v{v}" if v is not None else f"{a}=none" for a, v in aliases.items())
+    line = f"MLflow {where}: " + (f"run {run_id} for version {version}; " if run_id else "") + said
+    log.info("%s", line)
+    return line

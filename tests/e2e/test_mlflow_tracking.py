@@ -1,0 +1,119 @@
+"""``tracking: mlflow`` end to end: real trainings mirrored into a real MLflow server.
+
+The digits pipeline (1 worker, 2 epochs) with ``tracking:`` and the connection as
+``AIRFLOW_CONN_MLFLOW_TEST``: ``run`` trains, gates and deploys version 1; ``train`` and
+``evaluate`` make a gated candidate 2; ``models promote`` and ``models rollback`` move the
+champion. After each, MLflow's REST API shows what trainyard's registry says: one run per
+version with its parameters, per-epoch curves and gate report, a model version per
+trainyard version, ``champion`` and ``challenger`` where the registry has them. A server
+that is down costs one warning and the command still succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mlflow_support import (
+    aliases,
+    artifact,
+    history,
+    mlflow_server,
+    model_versions,
+    run_of_version,
+    runs_of,
+    tags,
+)
+
+from tests.e2e.harness import make_project
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+EXPERIMENT = "trainyard/digits"
+
+
+def test_trainings_promotions_and_rollbacks_are_mirrored(tmp_path: Path) -> None:
+    with mlflow_server(tmp_path / "mlflow") as url:
+        (tmp_path / "project").mkdir()
+        proj = make_project(
+            tmp_path / "project",
+            pipeline_overrides={
+                "training": {"epochs": 2, "workers": 1},
+                # both candidates pass whatever the seed gives: the mirror is tested here
+                "gate": {"thresholds": {"accuracy": {"min": 0.3}}, "champion": None},
+                "tracking": {"backend": "mlflow", "conn_id": "mlflow_test"},
+            },
+        )
+        proj.env["AIRFLOW_CONN_MLFLOW_TEST"] = url
+        try:
+            out = proj.trainyard("run", "--pipeline", "digits", timeout=600)
+            assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+            (run,) = run_of_version(url, EXPERIMENT, 1)
+            run_id = run["info"]["run_id"]
+            params = {p["key"]: p["value"] for p in run["data"]["params"]}
+            meta = json.loads(
+                (proj.volume_root / "_models/digits/versions/1/metadata.json").read_text()
+            )
+            assert params["training.epochs"] == "2"
+            assert params["training.workers"] == "1"
+            assert params["snapshot_id"] == meta["snapshot_id"]
+            assert params["contract_version"] == meta["contract_version"]
+            curve = history(url, run_id, "loss")
+            assert [step for step, _ in curve] == [0, 1]
+            assert history(url, run_id, "accuracy")[-1][1] == pytest.approx(
+                meta["train_metrics"]["accuracy"]
+            )
+            gate = json.loads(artifact(url, run, "gate.json"))
+            assert gate["verdict"] == "promote"
+            assert artifact(url, run, "gate.md").startswith(b"#")
+            assert len(artifact(url, run, "model/saved_model.pb")) > 1000
+            evals = history(url, run_id, "eval_accuracy")
+            assert evals == [(0, pytest.approx(gate["candidate_metrics"]["accuracy"]))]
+            assert tags(run)["trainyard.verdict"] == "promote"
+            assert run["info"]["status"] == "FINISHED"
+            assert aliases(url, "digits") == {"champion": 1}
+
+            snapshot = meta["snapshot_id"]
+            out = proj.trainyard(
+                "train", "--pipeline", "digits", "--snapshot-id", snapshot, "--run-id", "second"
+            )
+            assert out.returncode == 0, out.stderr[-3000:]
+            out = proj.trainyard("evaluate", "--pipeline", "digits", "--version", "2")
+            assert out.returncode == 0, out.stderr[-3000:]
+            assert aliases(url, "digits") == {"champion": 1, "challenger": 2}
+
+            out = proj.trainyard("models", "promote", "--pipeline", "digits", "2", "--reason", "t")
+            assert out.returncode == 0, out.stderr[-3000:]
+            assert aliases(url, "digits") == {"champion": 2}
+            out = proj.trainyard("models", "rollback", "--pipeline", "digits", "--reason", "t")
+            assert out.returncode == 0, out.stderr[-3000:]
+            assert aliases(url, "digits") == {"champion": 1, "challenger": 2}
+
+            # every command mirrored again; still one run and one model version per version
+            assert sorted(tags(r)["trainyard.version"] for r in runs_of(url, EXPERIMENT)) == [
+                "1",
+                "2",
+            ]
+            assert len(model_versions(url, "digits")) == 2
+            assert [step for step, _ in history(url, run_id, "loss")] == [0, 1]
+
+            # the tracker down: one warning naming it, the promotion happens all the same
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                down = f"http://127.0.0.1:{s.getsockname()[1]}"
+            proj.env["AIRFLOW_CONN_MLFLOW_TEST"] = down
+            out = proj.trainyard("models", "promote", "--pipeline", "digits", "2", "--reason", "t")
+            assert out.returncode == 0, out.stderr[-3000:]
+            assert out.stderr.count("MLflow mirror of digits skipped") == 1, out.stderr
+            assert down in out.stderr
+            champion = json.loads((proj.volume_root / "_models/digits/champion.json").read_text())
+            assert champion["version"] == 2
+            assert aliases(url, "digits") == {"champion": 1, "challenger": 2}  # not reached
+        finally:
+            proj.stop_server()

@@ -1,0 +1,213 @@
+"""``trainyard.tracking``: the tracker's address, and the mirror against a real MLflow server.
+
+The server is a real ``mlflow server`` (``tests/mlflow_support.py``); the versions here are
+registered from tiny files (no training: ``tests/e2e/test_mlflow_tracking.py`` mirrors
+trained ones through the steps).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mlflow_support import (
+    aliases,
+    artifact,
+    history,
+    mlflow_server,
+    model_versions,
+    run_of_version,
+    runs_of,
+    tags,
+)
+
+from trainyard.config import TrackingConfig, load_pipeline
+from trainyard.layout import Layout
+from trainyard.registry import Registry
+from trainyard.tracking import Endpoint, TrackingError, mirror, tracking_uri
+
+CASES = [
+    ("plain URI", {"AIRFLOW_CONN_MLFLOW_X": "http://mlflow.internal:5000"},
+     Endpoint("http://mlflow.internal:5000")),
+    ("URI with a path prefix and a trailing slash",
+     {"AIRFLOW_CONN_MLFLOW_X": "https://host/mlflow/"}, Endpoint("https://host/mlflow")),
+    ("URI with basic auth", {"AIRFLOW_CONN_MLFLOW_X": "http://ann:s%40cret@h:80"},
+     Endpoint("http://h:80", "Basic YW5uOnNAY3JldA==")),
+    ("JSON form", {"AIRFLOW_CONN_MLFLOW_X": json.dumps(
+        {"conn_type": "http", "host": "h", "port": 5000, "schema": "api"})},
+     Endpoint("http://h:5000/api")),
+    ("JSON form, scheme in the host (the HTTP connection's habit)",
+     {"AIRFLOW_CONN_MLFLOW_X": json.dumps({"conn_type": "http", "host": "https://h"})},
+     Endpoint("https://h")),
+    ("MLFLOW_TRACKING_URI when the connection is not in the environment",
+     {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000"}, Endpoint("http://127.0.0.1:5000")),
+    ("the connection wins over MLFLOW_TRACKING_URI",
+     {"AIRFLOW_CONN_MLFLOW_X": "http://a:1", "MLFLOW_TRACKING_URI": "http://b:2"},
+     Endpoint("http://a:1")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("env", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_the_tracker_address_comes_from_the_connection(env, expected) -> None:
+    assert tracking_uri("mlflow_x", env) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "no AIRFLOW_CONN_MLFLOW_X and no MLFLOW_TRACKING_URI"),
+        ({"AIRFLOW_CONN_MLFLOW_X": "postgres://h/db"}, "over http or https"),
+        ({"AIRFLOW_CONN_MLFLOW_X": "{not json"}, "neither a URI nor JSON"),
+        ({"AIRFLOW_CONN_MLFLOW_X": "http://u:pw@:5000"}, "'http://u:***@"),
+    ],
+    ids=["missing", "not http", "bad JSON", "no host (password not shown)"],
+)
+def test_an_unusable_connection_says_why(env, message) -> None:
+    with pytest.raises(TrackingError) as exc:
+        tracking_uri("mlflow_x", env)
+    assert message in str(exc.value)
+    assert "pw" not in str(exc.value)
+
+
+def _pipeline(conn_id: str = "mlflow_test"):
+    cfg = load_pipeline("digits")
+    return cfg.model_copy(
+        update={"tracking": TrackingConfig(backend="mlflow", conn_id=conn_id, timeout_s=5)}
+    )
+
+
+def _version(reg: Registry, tmp: Path, gate: str | None = None) -> int:
+    """A version registered from tiny files, with a 3-epoch history (and a gate verdict)."""
+    out = tmp / f"out-{len(reg.list_versions())}"
+    (out / "model" / "variables").mkdir(parents=True)
+    (out / "model" / "saved_model.pb").write_bytes(b"\x08\x01")
+    (out / "model" / "variables" / "variables.index").write_bytes(b"index")
+    epochs = [
+        {"epoch": e, "attempt": 0, "loss": 1.0 / (e + 1), "accuracy": 0.3 * e} for e in range(3)
+    ]
+    (out / "history.json").write_text(json.dumps({"epochs": epochs, "attempts": []}))
+    meta = {
+        "dataset": "digits",
+        "snapshot_id": "s1",
+        "snapshots": [{"dataset": "digits", "snapshot_id": "s1"}],
+        "contract_version": "1.0.0",
+        "training": {"epochs": 3, "learning_rate": 0.003, "window": "newest"},
+        "train_metrics": {"loss": 0.33, "accuracy": 0.6},
+        "run_id": "manual__x",
+    }
+    version = reg.register(out / "model", meta, extra_files=[out / "history.json"])
+    if gate:
+        reg.attach(
+            version,
+            "gate.json",
+            json.dumps({"verdict": gate, "candidate_metrics": {"accuracy": 0.9}}),
+        )
+        reg.attach(version, "gate.md", f"# {gate}\n")
+    return version
+
+
+@pytest.fixture
+def registry(volume_root: Path) -> Registry:
+    return Registry(Layout(volume_root).models_root, "digits")
+
+
+def test_a_tracker_that_is_down_is_one_warning_naming_it(
+    registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_TEST", f"http://127.0.0.1:{port}")
+    version = _version(registry, tmp_path, gate="promote")
+    with caplog.at_level(logging.WARNING, logger="trainyard.tracking"):
+        assert mirror(_pipeline(), registry, version) is None
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, caplog.text
+    assert f"http://127.0.0.1:{port}" in warnings[0].getMessage()
+    assert "the run goes on" in warnings[0].getMessage()
+    assert registry.list_versions() == [version]  # trainyard's side untouched
+
+
+def test_an_undefined_connection_is_one_warning(registry: Registry, tmp_path: Path, caplog) -> None:
+    version = _version(registry, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="trainyard.tracking"):
+        assert mirror(_pipeline("nowhere_defined"), registry, version) is None
+    assert "AIRFLOW_CONN_NOWHERE_DEFINED" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url
+
+
+def test_the_mirror_follows_the_registry_and_never_duplicates(
+    server: str, registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_TEST", server)
+    cfg = _pipeline()
+    v1 = _version(registry, tmp_path)
+    assert mirror(cfg, registry, v1) is not None  # registered, not gated yet
+    (run,) = run_of_version(server, "trainyard/digits", v1)
+    assert tags(run)["trainyard.pipeline"] == "digits"
+    assert "trainyard.verdict" not in tags(run)
+    registry.attach(
+        v1, "gate.json", json.dumps({"verdict": "promote", "candidate_metrics": {"accuracy": 0.9}})
+    )
+    registry.attach(v1, "gate.md", "# promote\n")
+    mirror(cfg, registry, v1)  # gated
+    mirror(cfg, registry, v1)  # and again: nothing new
+    (run,) = run_of_version(server, "trainyard/digits", v1)
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["training.epochs"] == "3"
+    assert params["snapshot_id"] == "s1"
+    assert params["contract_version"] == "1.0.0"
+    assert history(server, run["info"]["run_id"], "loss") == [(0, 1.0), (1, 0.5), (2, 1 / 3)]
+    assert history(server, run["info"]["run_id"], "eval_accuracy") == [(0, 0.9)]
+    assert tags(run)["trainyard.verdict"] == "promote"
+    assert json.loads(artifact(server, run, "gate.json"))["verdict"] == "promote"
+    assert artifact(server, run, "model/saved_model.pb") == b"\x08\x01"
+    assert len(model_versions(server, "digits")) == 1
+    assert aliases(server, "digits") == {"challenger": v1}
+
+    registry.promote(v1, reason="test", actor="tests")
+    v2 = _version(registry, tmp_path, gate="promote")
+    v3 = _version(registry, tmp_path, gate="reject")
+    mirror(cfg, registry, v3)  # v2 was never mirrored: the alias brings it along
+    assert aliases(server, "digits") == {"champion": v1, "challenger": v2}
+    registry.promote(v2, reason="test", actor="tests")
+    mirror(cfg, registry)
+    assert aliases(server, "digits") == {"champion": v2}
+    registry.rollback(reason="test", actor="tests")
+    mirror(cfg, registry)
+    assert aliases(server, "digits") == {"champion": v1, "challenger": v2}
+    assert sorted(
+        int(tags(r)["trainyard.version"]) for r in runs_of(server, "trainyard/digits")
+    ) == [1, 2, 3]
+    assert len(model_versions(server, "digits")) == 3
+
+
+def test_the_local_runner_hands_a_step_airflows_lookup_of_the_connection(
+    monkeypatch: pytest.MonkeyPatch, caplog, capfd
+) -> None:
+    from trainyard.orchestration.runners import tracking_env
+
+    # Airflow finds it (here in its environment backend; its database works the same way)
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_Y", "http://ann:secret1@h:5000/pre")
+    cfg = _pipeline("mlflow_y")
+    env = tracking_env(cfg, "register", environ={})
+    assert tracking_uri("mlflow_y", env) == Endpoint("http://h:5000/pre", "Basic YW5uOnNlY3JldDE=")
+    assert tracking_env(cfg, "register") == {}  # the process has it already: left alone
+    assert tracking_env(cfg, "stage", environ={}) == {}  # stage mirrors nothing
+    with caplog.at_level(logging.WARNING):
+        assert tracking_env(_pipeline("nope"), "evaluate", environ={}) == {}
+    # (Airflow's logging may route the orchestration logger past caplog)
+    assert "tracking connection 'nope'" in caplog.text + "".join(capfd.readouterr())
