@@ -134,7 +134,7 @@ def test_a_wheel_carries_the_package_and_its_built_extensions(
     # the base set is the Airflow image's (no TensorFlow); TF and object stores are extras
     assert "apache-airflow==3.3.2" in requires
     assert 'tensorflow-cpu==2.21.0; extra == "tensorflow"' in requires
-    assert 's3fs==2026.9.0; extra == "sources"' in requires
+    assert 'gcsfs==2026.10.1; extra == "sources"' in requires
     assert not [r for r in requires if r.startswith("tensorflow") and "extra ==" not in r]
 
     got = _install_and_probe(clean_venv, wheel)
