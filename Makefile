@@ -26,7 +26,7 @@ native: $(NATIVE_STAMP)
 
 $(NATIVE_STAMP): $(STAMP) pyproject.toml setup.py $(wildcard plugins/trainyard/*/*.c)
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
-	@$(VENV)/bin/python -m trainyard.native
+	@$(ENV) python -m trainyard.native
 	@mkdir -p $(dir $@) && touch $@
 
 $(STAMP): requirements.txt requirements-airflow.txt requirements-tensorflow.txt requirements-dev.txt constraints.txt
