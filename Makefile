@@ -17,11 +17,19 @@ run: airflow-init native
 
 setup: $(STAMP) native
 
-# the C staging module (plugins/trainyard/staging/_native.c); rebuilt when its source changes
-native: $(STAMP)
-	@$(VENV)/bin/python scripts/build_native.py
+# trainyard as a package (pyproject.toml) installed editable: pip builds its C extensions
+# (setup.py: staging packer, serving request parser, loopback preload library) in place,
+# next to their sources; again when a source or the build files change. The extensions are
+# optional: a failed build is a warning and `python -m trainyard.native` names what is missing.
+NATIVE_STAMP := .trainyard/native.built
+native: $(NATIVE_STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt
+$(NATIVE_STAMP): $(STAMP) pyproject.toml setup.py $(wildcard plugins/trainyard/*/*.c)
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
+	@$(ENV) python -m trainyard.native
+	@mkdir -p $(dir $@) && touch $@
+
+$(STAMP): requirements.txt requirements-airflow.txt requirements-tensorflow.txt requirements-dev.txt constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is required"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip

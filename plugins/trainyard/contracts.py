@@ -240,8 +240,16 @@ class Contract:
 
 
 def schema_path() -> Path:
-    """The JSON schema every contract must satisfy (shipped in the contracts folder)."""
-    return Path(__file__).resolve().parents[2] / "data_contracts" / SCHEMA_FILE
+    """The JSON schema every contract must satisfy (shipped in the contracts folder).
+
+    The checkout's when trainyard runs from it (``plugins/``), else the project folder's
+    (``TRAINYARD_PROJECT_DIR``): the images install trainyard as a wheel in site-packages
+    and bake ``data_contracts/`` into the project folder.
+    """
+    checkout = Path(__file__).resolve().parents[2] / "data_contracts" / SCHEMA_FILE
+    if checkout.is_file():
+        return checkout
+    return get_settings().project_dir / "data_contracts" / SCHEMA_FILE
 
 
 @lru_cache(maxsize=1)

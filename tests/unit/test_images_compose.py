@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,12 @@ def dockerfile_problems(text: str) -> list[str]:
     froms = [i for i in ins if i.op == "FROM"]
     if not froms:
         return ["no FROM"]
+    names = {f.args.split()[-1] for f in froms if len(f.args.split()) == 3}
     for f in froms:
         image = f.args.split()[0]
         name = image.rsplit("/", 1)[-1]
+        if image in names:  # an earlier stage of this file
+            continue
         if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
             problems.append(f"line {f.line}: base {image} is not pinned to a tag")
     users = [i for i in ins if i.op == "USER"]
@@ -83,30 +87,64 @@ def dockerfile_problems(text: str) -> list[str]:
             problems.append(f"line {users[-1].line}: USER is root")
         elif int(user) != PROFILE.security.run_as_user:
             problems.append(f"line {users[-1].line}: USER {user} != profile run_as_user")
-    # build stages (e.g. a compiler stage) do not make the final image's cache layers
-    final = ins[max(k for k, i in enumerate(ins) if i.op == "FROM") :]
-    copies = [i for i in final if i.op == "COPY"]
-    req = [i.line for i in copies if "requirements" in i.args]
-    code = [i.line for i in copies if "plugins/" in i.args]
-    if code and (not req or min(req) > min(code)):
-        problems.append("requirements must be copied (and installed) before the code")
+    # per stage: each one's layers are cached on their own
+    starts = [k for k, i in enumerate(ins) if i.op == "FROM"]
+    for start, end in zip(starts, [*starts[1:], len(ins)], strict=True):
+        problems += _layer_order(ins[start:end])
     for run in (i for i in ins if i.op == "RUN"):
-        if "pip install" in run.args:
+        if "pip install" in run.args or "pip wheel" in run.args:
             if "--no-cache-dir" not in run.args:
                 problems.append(f"line {run.line}: pip install without --no-cache-dir")
-            if " -r " not in f" {run.args} ":
+            # pinned: a requirements file, or a wheel built in the image without its deps
+            built = "--no-deps" in run.args and re.search(r"\S+\.whl\b|pip wheel", run.args)
+            if " -r " not in f" {run.args} " and not built:
                 problems.append(f"line {run.line}: pip install must use a pinned -r file")
         if "apt-get install" in run.args or "apk add" in run.args:
             problems.append(f"line {run.line}: OS packages are not pinned; avoid them")
-    if code and req:
-        installs = [i.line for i in final if i.op == "RUN" and "pip install" in i.args]
-        if not installs or min(installs) > min(code):
-            problems.append("pip install must run before the code is copied")
     return problems
+
+
+def _layer_order(stage: list[Instr]) -> list[str]:
+    """Requirements copied and installed before the code, so code changes reuse the layer."""
+    copies = [i for i in stage if i.op == "COPY"]
+    req = [i.line for i in copies if "requirements" in i.args]
+    code = [i.line for i in copies if "plugins/" in i.args]
+    installs = [i.line for i in stage if i.op == "RUN" and "pip install" in i.args]
+    if not code or not installs:  # e.g. a stage that only builds a wheel
+        return []
+    if not req or min(req) > min(code):
+        return ["requirements must be copied (and installed) before the code"]
+    if min(installs) > min(code):
+        return ["pip install must run before the code is copied"]
+    return []
 
 
 def _dockerfile(image: str) -> str:
     return (ROOT / "images" / image / "Dockerfile").read_text()
+
+
+def stages(text: str) -> dict[str, list[Instr]]:
+    """A multi-stage Dockerfile's stages by name (``AS``; else their index), FROM first."""
+    out: dict[str, list[Instr]] = {}
+    for i in parse_dockerfile(text):
+        if i.op == "FROM":
+            words = i.args.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(out))
+            out[name] = []
+        out[next(reversed(out))].append(i)
+    return out
+
+
+def _requirements(path: str) -> dict[str, str]:
+    """Name → pinned version of a requirements file, following ``-r`` includes."""
+    out: dict[str, str] = {}
+    for line in (ROOT / path).read_text().splitlines():
+        if line.startswith("-r "):
+            out |= _requirements(line.split()[1])
+        elif line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            out[name.lower()] = version
+    return out
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -119,29 +157,101 @@ def test_dockerfile_rules(image: str) -> None:
     [
         ("trainer", r"^tensorflow/tensorflow:2\.\d+\.\d+-gpu$"),
         ("serving", r"^tensorflow/serving:2\.\d+\.\d+$"),
-        ("airflow", r"^apache/airflow:3\.3\.2-python3\.11$"),
+        ("airflow", r"^airflow AS steps$"),
     ],
     ids=IMAGES,
 )
 def test_dockerfile_bases(image: str, base_re: str) -> None:
     froms = [i.args for i in parse_dockerfile(_dockerfile(image)) if i.op == "FROM"]
-    # the final stage's base; earlier stages only build files for it
+    # the final stage's base; earlier stages build files for it (or are its base)
     assert froms and re.match(base_re, froms[-1]), froms
 
 
-def test_airflow_image_builds_the_c_staging_module() -> None:
-    ins = parse_dockerfile(_dockerfile("airflow"))
-    froms = [i.args for i in ins if i.op == "FROM"]
-    assert froms[0] == "python:3.11-bookworm AS native"  # same CPython ABI as the final base
-    assert any("build_native.py" in i.args for i in ins if i.op == "RUN")
-    copied = [i.args for i in ins if i.op == "COPY" and i.args.startswith("--from=native")]
-    for package in ("staging", "serving", "training"):
-        assert any(f"/opt/airflow/plugins/trainyard/{package}/" in c for c in copied), package
-    sources = [p.relative_to(ROOT).as_posix() for p in (ROOT / "plugins").rglob("*.c")]
-    assert sorted(sources) == sorted(
-        i.args.split()[0] for i in ins if i.op == "COPY" and i.args.endswith(".c")
-    )
+def test_airflow_image_targets() -> None:
+    # the Airflow components' target is the official image; steps is it plus TensorFlow
+    got = stages(_dockerfile("airflow"))
+    assert list(got) == ["wheel", "airflow", "steps"]
+    assert got["airflow"][0].args == "apache/airflow:3.3.2-python3.11 AS airflow"
+    assert got["steps"][0].args == "airflow AS steps"
+    for name in ("airflow", "steps"):
+        users = [i.args for i in got[name] if i.op == "USER"]
+        assert users[-1:] == [f"{PROFILE.security.run_as_user}:0"], name
+    text = _dockerfile("airflow")
+    for target in ("airflow", "steps"):
+        assert f"--target {target}" in text  # the build commands it documents
+
+
+def test_airflow_image_installs_trainyard_as_a_wheel_with_its_extensions() -> None:
+    got = stages(_dockerfile("airflow"))
+    # pip builds the C extensions (setup.py) where a compiler is, for the same CPython ABI
+    assert got["wheel"][0].args == "python:3.11-bookworm AS wheel"
+    runs = [i.args for i in got["wheel"] if i.op == "RUN"]
+    assert any("pip wheel" in r and "--no-deps" in r and "/wheels" in r for r in runs), runs
+    copied = [i.args.split() for i in got["wheel"] if i.op == "COPY"]
+    assert {"pyproject.toml", "setup.py", "plugins/trainyard/"} <= {s for c in copied for s in c}
+    # installed into site-packages without its deps (installed just before, pinned)
+    installs = [i.args for i in got["airflow"] if i.op == "RUN" and "pip install" in i.args]
+    wheel = [r for r in installs if ".whl" in r]
+    assert wheel and "--no-deps" in wheel[0] and "python -m trainyard.native" in wheel[0]
+    assert installs.index(wheel[0]) > 0  # after the requirements
+    assert any(i.op == "COPY" and i.args.startswith("--from=wheel") for i in got["airflow"])
+    # Airflow's plugins folder holds the UI plugin's entry only; the package is installed
+    plugin_copies = [i.args for i in got["airflow"] if i.op == "COPY" and "plugins/" in i.args]
+    assert plugin_copies == [
+        "--chown=airflow:root plugins/trainyard_ui.py /opt/airflow/plugins/trainyard_ui.py"
+    ]
+    env = " ".join(i.args for i in got["airflow"] if i.op == "ENV")
+    assert "PYTHONPATH" not in env and "TRAINYARD_PROJECT_DIR=/opt/airflow" in env
     assert "**/*.so" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_airflow_target_has_no_tensorflow_and_steps_has_the_pinned_one() -> None:
+    got = stages(_dockerfile("airflow"))
+
+    def installed(stage: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for run in (i.args for i in got[stage] if i.op == "RUN" and "pip install" in i.args):
+            assert "-c /opt/trainyard/constraints.txt" in run or ".whl" in run, run
+            for path in re.findall(r"-r /opt/trainyard/(\S+)", run):
+                out |= _requirements(path)
+        return out
+
+    airflow, steps = installed("airflow"), installed("steps")
+    heavy = {"tensorflow", "tensorflow-cpu", "tf-keras", "tensorboard", "tensorflow-serving-api"}
+    assert not heavy & airflow.keys()
+    assert steps["tensorflow-cpu"] == _requirements("requirements.txt")["tensorflow-cpu"]
+    assert "gcsfs" in steps  # staging reads object-store sources in the step pods
+    # the package's declared dependencies are what the Airflow target installs
+    assert "apache-airflow" in airflow and airflow == _requirements("requirements-airflow.txt")
+    # every pin agrees with the full constraints file
+    constraints = _requirements("constraints.txt")
+    for name, version in (airflow | steps).items():
+        assert constraints.get(name.replace("_", "-"), version) == version, name
+
+
+def test_steps_image_is_the_cluster_profiles_and_components_get_the_light_one() -> None:
+    assert PROFILE.images.steps.rsplit("/", 1)[-1].startswith("trainyard-steps:")
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "values.yaml").read_text())
+    assert values["images"]["airflow"]["repository"].endswith("/trainyard-airflow")
+
+
+def test_airflow_components_import_no_tensorflow() -> None:
+    # what the scheduler, dag-processor, api-server and triggerer import from trainyard:
+    # the UI plugin, the DAG files (tests/dags checks their parse), the trigger module
+    probe = (
+        "import sys, runpy, pathlib\n"
+        "import trainyard_ui, trainyard.orchestration.ui\n"
+        "for dag in sorted(pathlib.Path('dags').glob('*.py')):\n"
+        "    runpy.run_path(str(dag))\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tensorflow', 'tf_keras', 'keras', 'tensorboard'))\n"
+        "print(heavy)\n"
+    )
+    got = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_trainer_entrypoint_and_sources() -> None:
@@ -173,10 +283,11 @@ def test_copied_sources_exist(image: str) -> None:
 def test_airflow_image_installs_requirements_with_constraints() -> None:
     runs = [i.args for i in parse_dockerfile(_dockerfile("airflow")) if i.op == "RUN"]
     assert any(
-        "-r /opt/trainyard/requirements.txt -c /opt/trainyard/constraints.txt" in r for r in runs
+        "-r /opt/trainyard/requirements-airflow.txt -c /opt/trainyard/constraints.txt" in r
+        for r in runs
     )
-    pins = (ROOT / "requirements.txt").read_text()
-    assert "apache-airflow==3.3.2" in pins  # same Airflow as the base image
+    # same Airflow as the base image
+    assert _requirements("requirements-airflow.txt")["apache-airflow"] == "3.3.2"
 
 
 def test_serving_dockerfile_documents_non_root() -> None:
@@ -301,6 +412,10 @@ def test_airflow_services(compose: dict[str, Any], service: str, command: str) -
     svc = compose["services"][service]
     assert svc["command"] == command
     assert svc["build"]["dockerfile"] == "images/airflow/Dockerfile"
+    # LocalExecutor: the scheduler runs the tasks (TensorFlow); the others need none
+    target = "steps" if service == "airflow-scheduler" else "airflow"
+    assert svc["build"]["target"] == target
+    assert svc["image"] == f"trainyard-{target}:0.1.0"
     assert svc["healthcheck"]["test"]
     assert svc["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert svc["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
@@ -372,8 +487,8 @@ def test_serving_runs_the_trainers_tensorflow_version(compose: dict[str, Any]) -
     # built on TensorFlow X.Y.Z, so the same version guarantees every op is there.
     trainer = _pin("images/trainer/Dockerfile", r"^FROM tensorflow/tensorflow:(\S+)-gpu")
     serving = _pin("images/serving/Dockerfile", r"^FROM tensorflow/serving:(\S+)$")
-    local = _pin("requirements.txt", r"^tensorflow-cpu==(\S+)$")
-    protos = _pin("requirements.txt", r"^tensorflow-serving-api==(\S+)$")
+    local = _pin("requirements-tensorflow.txt", r"^tensorflow-cpu==(\S+)$")
+    protos = _pin("requirements-tensorflow.txt", r"^tensorflow-serving-api==(\S+)$")
     assert trainer == serving == local == protos
     assert compose["services"]["tf-serving"]["image"] == f"trainyard-serving:{serving}"
 

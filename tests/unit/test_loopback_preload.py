@@ -1,16 +1,14 @@
 """The loopback preload library, and who gets it: local workers only, never pods.
 
-The library is built from ``plugins/trainyard/training/_loopback.c`` into a temporary
-folder and preloaded into real Python processes that bind and listen; what they listen on
-is read back from ``/proc``.
+The library is the one ``make native`` built from ``plugins/trainyard/training/_loopback.c``
+(``setup.py``, in place), preloaded into real Python processes that bind and listen; what
+they listen on is read back from ``/proc``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,15 +54,10 @@ print(json.dumps(listen_addresses([os.getpid()])))
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec_ = importlib.util.spec_from_file_location("build_native", ROOT / "scripts/build_native.py")
-    build = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(build)
-    source = tmp_path_factory.mktemp("preload") / "_loopback.c"
-    shutil.copy(ROOT / "plugins/trainyard/training/_loopback.c", source)
-    assert build.build(source) == 0
-    out = build.target(source)
-    assert out.name == "_loopback.so" and out.is_file()
+def library() -> Path:
+    # the library `make native` built (pip install -e .: setup.py builds it in place)
+    out = launcher.LOOPBACK_LIBRARY
+    assert out.name == "_loopback.so" and out.is_file(), "run: make native"
     return out
 
 
@@ -132,7 +125,7 @@ def test_launcher_refuses_to_start_workers_without_the_library(
 
 
 def test_launcher_gives_every_task_the_library(tmp_path: Path) -> None:
-    assert launcher.LOOPBACK_LIBRARY.is_file(), "run python scripts/build_native.py"
+    assert launcher.LOOPBACK_LIBRARY.is_file(), "run: make native"
     out = tmp_path / "env.json"
     code = f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"
     env = {**os.environ, "LD_PRELOAD": "/other/lib.so", "PYTHONPATH": str(ROOT / "plugins")}

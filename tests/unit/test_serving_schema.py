@@ -21,7 +21,7 @@ def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "numpy":
         monkeypatch.setattr(schema, "_decode", None)
     else:
-        assert schema._decode is not None, "run: python scripts/build_native.py"
+        assert schema._decode is not None, "run: make native"
     return request.param
 
 
@@ -391,7 +391,7 @@ def _spellings(rng: np.random.Generator) -> list[str]:
 
 
 def test_c_parser_is_bit_identical_to_the_json_path():
-    assert schema._decode is not None, "run: python scripts/build_native.py"
+    assert schema._decode is not None, "run: make native"
     texts = _spellings(np.random.default_rng(7))
     body = ("[" + ",".join(texts) + "]").encode()
     data, rows = schema._decode.float32_rows(body, 0, len(body), ())

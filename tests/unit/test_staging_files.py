@@ -463,9 +463,9 @@ def test_parallel_listing_equals_serial(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_native_packer_is_built():
-    # `make` builds it (scripts/build_native.py); without it every test above would only
+    # `make` builds it (pip install -e ., setup.py); without it every test above would only
     # exercise the Python path
-    assert sources._native is not None, "run: python scripts/build_native.py"
+    assert sources._native is not None, "run: make native"
 
 
 def mixed_tree(raw: Path) -> None:

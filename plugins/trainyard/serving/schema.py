@@ -22,12 +22,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
+from trainyard import native
 from trainyard.errors import TrainyardError
 
-try:
-    from trainyard.serving import _decode
-except ImportError:  # not built (scripts/build_native.py): numpy and Arrow parse instead
-    _decode = None
+_decode = native.load("trainyard.serving._decode")  # None: numpy and Arrow parse instead
 
 FeatureSpec = dict[str, tuple[str, tuple[int | None, ...]]]
 

@@ -11,7 +11,7 @@ Speed (many files of a few KB): the shard layout is fixed from the listed sizes 
 file is read, so every member's offset is known, and pieces of shards can be filled in any
 order with the same result. Two fillers write the same bytes:
 
-* the C packer (``_native.c``, built by ``scripts/build_native.py``) for the common case,
+* the C packer (``_native.c``, built by ``setup.py``) for the common case,
   a local folder of class folders of plainly named files (``<class>/<stem>.<ext>``, as the
   C scanner in :mod:`.sources` lists it): threads read each file straight into its slot
   (``open``/``read``/``fstat``/``close``), write headers beside it, ``pwrite`` each piece

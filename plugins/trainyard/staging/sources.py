@@ -19,15 +19,13 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any, NamedTuple
 
+from trainyard import native
 from trainyard.errors import SourceMissing, StagingError
 from trainyard.fsutil import redact_url
 from trainyard.settings import get_settings
 from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
 
-try:
-    from trainyard.staging import _native
-except ImportError:  # not built (scripts/build_native.py): the Python path stages alone
-    _native = None
+_native = native.load("trainyard.staging._native")  # None: the Python path stages alone
 
 TABLE_EXTENSIONS: dict[str, tuple[str, ...]] = {
     "csv": (".csv",),

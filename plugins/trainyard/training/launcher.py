@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 LOOPBACK = "127.0.0.1"
 LOOPBACK_LIBRARY = Path(__file__).with_name("_loopback.so")
-"""The ``LD_PRELOAD`` library built from ``_loopback.c`` by ``scripts/build_native.py``."""
+"""The ``LD_PRELOAD`` library built from ``_loopback.c`` by ``setup.py`` (``make native``)."""
 logger = logging.getLogger("trainyard.training")
 
 
@@ -147,7 +147,7 @@ def loopback_env(log: Callable[[str], None]) -> dict[str, str]:
         error = TrainingError(
             f"{LOOPBACK_LIBRARY} is missing, so the training workers' gRPC servers would "
             "listen on every network interface; refusing to start them. Build it with "
-            "`make native` (python scripts/build_native.py; needs a C compiler)"
+            "`make native` (pip install -e .; needs a C compiler)"
         )
         error.retryable = False  # type: ignore[attr-defined]
         raise error
