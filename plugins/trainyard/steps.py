@@ -534,22 +534,38 @@ def follow_registry(pipeline: str) -> str:
     """Serve the pipeline's registry champion (after ``models promote`` / ``rollback``).
 
     Writes the model config the servers poll (publishing the champion's folder again if it
-    was removed), so the change reaches serving within their poll interval.
+    was removed), then waits for the server to answer from the champion: locally the
+    server is started if none answers (as the deploy step does); a server elsewhere
+    (``TRAINYARD_SERVING_HOST``) that does not serve it within a minute is said so.
 
     Returns:
-        One line saying what is served now.
+        One line saying what is served now, and where.
     """
     from trainyard.contracts import feature_spec, load_contract
-    from trainyard.serving.deploy import serve_champion
+    from trainyard.errors import TrainyardError
+    from trainyard.serving.client import ServingClient
+    from trainyard.serving.deploy import ensure_local_server, serve_champion, wait_available
 
     cfg = load_pipeline(pipeline)
+    settings = get_settings()
     registry = _registry(cfg)
     champion = registry.champion()
     model_dir = registry.version_dir(champion) / "model" if champion is not None else None
     spec = feature_spec(load_contract(cfg.dataset))
     served = serve_champion(
-        get_settings().serving_root, cfg.serving.model_name, champion, model_dir, spec
+        settings.serving_root, cfg.serving.model_name, champion, model_dir, spec
     )
+    if champion is not None:
+        host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+        where = f"{host}:{cfg.serving.port}"
+        try:
+            if host == cfg.serving.host:
+                ensure_local_server(settings.serving_root, host, cfg.serving.port)
+            with ServingClient(host, cfg.serving.port) as client:
+                wait_available(client, cfg.serving.model_name, champion, 60.0)
+            served += f" on {where}"
+        except (TrainyardError, OSError) as e:
+            served += f"; but the server on {where} does not serve it yet: {e}"
     _mirror(cfg, registry, None)
     return served
 

@@ -9,7 +9,9 @@ rejected and the champion keeps serving.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -136,6 +138,24 @@ def test_promote_and_rollback_from_the_cli_reach_the_server(project: Project) ->
     assert back.returncode == 0, back.stderr
     assert "digits: serving version 1 (stable)" in back.stdout
     _wait_serving(project, "1")
+    # found by a new user: with the server killed, promote said "serving" and nothing
+    # answered; locally the server is started again and what it serves is checked
+    from trainyard.fsutil import process_alive
+    from trainyard.serving.deploy import server_pid_file
+
+    pid_file = server_pid_file(project.volume_root / "_serving", project.port)
+    pid = int(json.loads(pid_file.read_text())["pid"])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process_alive(pid):
+        assert time.monotonic() < deadline, "the server did not die"
+        time.sleep(0.1)
+    again = project.trainyard(
+        "models", "promote", "2", "--pipeline", "digits", "--force", "--reason", "restart"
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"digits: serving version 2 (stable) on 127.0.0.1:{project.port}" in again.stdout
+    _wait_serving(project, "2")
 
 
 def test_contract_violation_stops_the_run(tmp_path: Path) -> None:

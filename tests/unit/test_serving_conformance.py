@@ -491,3 +491,34 @@ def test_a_model_without_serving_default_serves_the_signatures_it_names(server):
     assert doc["predictions"][0]["length"] == 2
     status, _ = client.request("GET", "/v1/models/nodefault/metadata")
     assert status == 200
+
+
+def test_a_model_error_is_the_ops_message_without_the_servers_stack(server):
+    """Found by a new user: a 400 carried 850 bytes of Python stack with server paths."""
+    _, client = server
+    status, doc = _post(client, "/v1/models/census:classify", {"examples": [{"weight": 2}]})
+    assert status == 400
+    assert "Feature: x (data type: float) is required but could not be found" in doc["error"]
+    assert 'File "' not in doc["error"] and "Detected at node" not in doc["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"instances": [{"b64": 5}]}, 'a {"b64": ...} object holds the key b64 alone'),
+        ({"instances": [{"b64": None}]}, 'a {"b64": ...} object holds the key b64 alone'),
+        ({"instances": [{"b64": "YWJj", "x": 1}]}, 'a {"b64": ...} object holds the key b64'),
+    ],
+)
+def test_a_malformed_b64_object_is_named(server, body, message):
+    """Found by a new user: these answered "missing feature 'image_bytes'"."""
+    _, client = server
+    status, doc = _post(client, "/v1/models/text:predict", {"signature_name": "byte_size", **body})
+    assert status == 400 and message in doc["error"], doc
+
+
+def test_an_object_among_numbers_is_named(server):
+    _, client = server
+    body = {"signature_name": "totals", "instances": [[1.0, {"b64": "YWJj"}]]}
+    status, doc = _post(client, "/v1/models/text:predict", body)
+    assert status == 400 and "expected float32 numbers, got an object" in doc["error"], doc

@@ -71,6 +71,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         "predict": prediction_service_pb2_grpc.PredictionServiceStub(channel),
         "models": model_service_pb2_grpc.ModelServiceStub(channel),
         "port": port,
+        "gport": gport,
+        "pid": proc.pid,
         "base": base,
     }
     channel.close()
@@ -222,3 +224,39 @@ def test_classify_on_a_predict_signature_is_refused_as_tf_serving_does(server) -
     req.model_spec.signature_name = "nope"
     details = _fails(server["predict"].Classify, req, grpc.StatusCode.INVALID_ARGUMENT)
     assert details == "No signature was found with the name: nope"
+
+
+def test_a_tiny_request_cannot_make_the_server_build_a_huge_tensor(server) -> None:
+    """A TensorProto repeats its last value to fill its shape: 37 bytes could ask for GBs.
+
+    Found by a new user: shape [67108864, 3] with one float took 4 s and 786 MB of RSS,
+    kept, before the row limit answered. The shape is checked before anything is built.
+    """
+    import psutil
+
+    rss = psutil.Process(server["pid"]).memory_info().rss
+    for dims, message in (
+        ([67108864, 8, 8, 1], "batch of 67108864 rows exceeds the limit"),
+        ([60000, 4096, 8, 1], "more than this server builds"),
+        ([-5, 8, 8, 1], "invalid shape"),
+    ):
+        req = _request()
+        proto = req.inputs["image"]
+        proto.ClearField("tensor_content")
+        proto.ClearField("float_val")
+        proto.float_val.append(7.0)
+        del proto.tensor_shape.dim[:]
+        for d in dims:
+            proto.tensor_shape.dim.add(size=d)
+        t = time.monotonic()
+        details = _fails(server["predict"].Predict, req, grpc.StatusCode.INVALID_ARGUMENT)
+        assert message in details and time.monotonic() - t < 2, details
+    assert psutil.Process(server["pid"]).memory_info().rss < rss + 50 * 2**20
+
+
+def test_a_second_server_cannot_take_the_grpc_port(server, tmp_path) -> None:
+    """gRPC's default SO_REUSEPORT let a second server share the port and answer NOT_FOUND."""
+    from serving_support import ThreadedServer
+
+    with pytest.raises(OSError, match="cannot listen for gRPC"):
+        ThreadedServer(tmp_path, grpc_port=server["gport"])

@@ -421,3 +421,37 @@ def test_metadata_is_the_saved_models_signature_defs(served, tmp_path):
     }
     meta = client.metadata("digits")
     assert meta["metadata"]["signature_def"]["signature_def"] == want
+
+
+def test_a_version_number_beyond_int64_is_not_a_version(tmp_path):
+    """As TF Serving: found by a new user, 99999999999999999999 became 'latest' and broke gRPC."""
+    from trainyard.serving.versions import scan_versions
+
+    for name in ("1", "9223372036854775807", "9223372036854775808", "99999999999999999999"):
+        (tmp_path / name).mkdir()
+    assert sorted(scan_versions(tmp_path)) == [1, 2**63 - 1]
+
+
+def test_a_version_that_failed_half_copied_loads_once_the_copy_completes(tmp_path, built):
+    """Found by a new user: a version copied with saved_model.pb first and the variables
+    still being written failed to load and stayed END; TF Serving retries."""
+    base = tmp_path / "serving"
+    src = built["seed0"]
+    publish_version(src, base, "digits", 1, IMAGE_SPEC)
+    dest = base / "digits" / "2"
+    shutil.copytree(src, dest)
+    data = next((dest / "variables").glob("variables.data-*"))
+    whole = data.read_bytes()
+    data.write_bytes(whole[: len(whole) // 2])
+    srv = ThreadedServer(base, poll_interval=3600)
+    try:
+        srv.sync()
+        status = {e["version"]: e for e in srv.server.repository.status("digits")}
+        assert status["2"]["state"] == "END" and status["2"]["status"]["error_code"] != "OK"
+        srv.sync()  # nothing changed: not tried again
+        assert srv.server.repository.get("digits").version == 1
+        data.write_bytes(whole)
+        srv.sync()
+        assert srv.server.repository.get("digits").version == 2
+    finally:
+        srv.stop()

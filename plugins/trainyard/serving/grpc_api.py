@@ -25,7 +25,7 @@ from trainyard.serving.classify_regress import (
     regression_results,
     serialized_examples,
 )
-from trainyard.serving.schema import CLASSIFY_METHOD, REGRESS_METHOD, InvalidRequest
+from trainyard.serving.schema import CLASSIFY_METHOD, REGRESS_METHOD, InvalidRequest, model_error
 from trainyard.serving.versions import (
     LoadedVersion,
     ModelNotFound,
@@ -68,7 +68,37 @@ def _signature(lv: LoadedVersion, spec: Any, grpc: Any) -> ServedSignature:
         raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from e
 
 
-def _inputs(sig: ServedSignature, request: Any, tf: Any, grpc: Any) -> tuple[dict[str, Any], int]:
+# A TensorProto may give fewer values than its shape holds (the last one repeats), so a
+# few bytes can ask for gigabytes: the expanded size is bounded before anything is built.
+_MAX_TENSOR_BYTES = 256 * 2**20
+
+
+def _check_proto_shape(name: str, proto: Any, max_rows: int, tf: Any, grpc: Any) -> None:
+    """Refuse a tensor whose shape is invalid, too many rows or too large, unbuilt."""
+    dims = [d.size for d in proto.tensor_shape.dim]
+    if any(d < 0 for d in dims):
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"input {name}: invalid shape {dims}")
+    if dims and dims[0] > max_rows:
+        raise _Abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"batch of {dims[0]} rows exceeds the limit of {max_rows}",
+        )
+    size = int(np.prod(dims, dtype=object)) if dims else 1
+    try:
+        itemsize = tf.dtypes.as_dtype(proto.dtype).size or 8  # strings: a reference each
+    except TypeError:  # not a dtype: make_ndarray names it
+        itemsize = 1
+    if size * itemsize > _MAX_TENSOR_BYTES:
+        raise _Abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"input {name}: shape {dims} holds {size} values, more than this server builds "
+            f"({_MAX_TENSOR_BYTES // 2**20} MB)",
+        )
+
+
+def _inputs(
+    sig: ServedSignature, request: Any, tf: Any, grpc: Any, max_rows: int
+) -> tuple[dict[str, Any], int]:
     sent, expected = set(request.inputs), set(sig.input_spec)
     if sent != expected:
         raise _Abort(
@@ -81,6 +111,7 @@ def _inputs(sig: ServedSignature, request: Any, tf: Any, grpc: Any) -> tuple[dic
     arrays: dict[str, np.ndarray] = {}
     rows: int | None = None
     for name, (dtype, shape) in sig.input_spec.items():
+        _check_proto_shape(name, request.inputs[name], max_rows, tf, grpc)
         try:
             arr = tf.make_ndarray(request.inputs[name])
         except Exception as e:  # malformed TensorProto (content size, dtype)
@@ -142,7 +173,7 @@ class _Servicer:
                 else self.grpc.StatusCode.INTERNAL
             )
             log.warning("gRPC request failed: %s: %s", type(e).__name__, e)
-            await context.abort(code, f"{type(e).__name__}: {e}")
+            await context.abort(code, model_error(e))
 
     # ---- PredictionService ----------------------------------------------------------
 
@@ -154,7 +185,7 @@ class _Servicer:
         grpc, tf = self.grpc, self.tf
         name, lv = _version_of(self.repo, request.model_spec, grpc)
         sig = _signature(lv, request.model_spec, grpc)
-        inputs, rows = _inputs(sig, request, tf, grpc)
+        inputs, rows = _inputs(sig, request, tf, grpc, self.max_rows)
         if rows > self.max_rows:
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -311,10 +342,19 @@ async def start_grpc_server(repo: ModelRepository, host: str, port: int, max_row
         {},
     )
     servicer = servicer_type(repo, max_rows)
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 2**20)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 * 2**20),
+            # gRPC sets SO_REUSEPORT by default: a second server would share the port
+            ("grpc.so_reuseport", 0),
+        ]
+    )
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:  # grpc raises this for a port in use
+        raise OSError(f"cannot listen for gRPC on {host}:{port}: address in use") from e
     if not bound:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")
     await server.start()

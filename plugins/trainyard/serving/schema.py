@@ -57,6 +57,27 @@ class InvalidRequest(TrainyardError):
     """A predict request does not match the model's feature schema (HTTP 400)."""
 
 
+def model_error(e: BaseException) -> str:
+    """What TensorFlow said about a failed call, without the Python stack it appends.
+
+    An op's error carries, after ``Detected at node``, where the node was defined (file
+    paths of this server); TF Serving answers with the op's message alone.
+    """
+    kept: list[str] = []
+    in_stack = False
+    for line in str(e).splitlines():
+        if line.startswith("Detected at node"):
+            in_stack = True
+            continue
+        if in_stack and (not line.strip() or line.startswith("  ")):
+            continue  # the frames ("  File ...", their code lines) and blank lines
+        in_stack = False
+        if line.strip():
+            kept.append(line.strip())
+    text = " ".join(kept)
+    return f"{type(e).__name__}: {text}"
+
+
 def tf_dtype_name(dtype: str) -> str:
     """TF Serving's name of a dtype (``float32`` → ``DT_FLOAT``) for model metadata."""
     return _TF_DTYPE_NAMES.get(dtype, "DT_INVALID")
@@ -165,6 +186,8 @@ def _to_array(
     if kind == "O":
         if any(v is None for v in flat):
             raise InvalidRequest(f"{where}: null values are not allowed (expected {dtype})")
+        if any(isinstance(v, dict) for v in flat):
+            raise InvalidRequest(f"{where}: expected {dtype} numbers, got an object")
         _diagnose_rows(values, shape, field, row_prefix)
         raise InvalidRequest(f"{where}: ragged nested lists or mixed types (expected {dtype})")
     if kind in "US":
@@ -689,6 +712,11 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     for i, row in enumerate(instances):
         if not isinstance(row, dict) or is_b64_object(row):
             raise InvalidRequest(f"instances[{i}]: expected an object with features {names}")
+        if "b64" in row and "b64" not in wanted:
+            raise InvalidRequest(
+                f'instances[{i}]: a {{"b64": ...}} object holds the key b64 alone, '
+                "with a base64 string"
+            )
         if row.keys() != wanted:
             missing = [n for n in names if n not in row]
             if missing:

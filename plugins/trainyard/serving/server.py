@@ -63,6 +63,7 @@ from trainyard.serving.schema import (
     InvalidRequest,
     decode_request,
     encode_predict_response,
+    model_error,
 )
 from trainyard.serving.versions import (
     LoadedVersion,
@@ -220,9 +221,7 @@ async def _run(
         return await lv.predict(inputs, rows, signature)
     except Exception as e:  # TensorFlow rejected inputs the schema let through
         log.warning("model %s version %d: prediction failed: %s", lv.model, lv.version, e)
-        return _error(
-            400 if type(e).__name__ == "InvalidArgumentError" else 500, f"{type(e).__name__}: {e}"
-        )
+        return _error(400 if type(e).__name__ == "InvalidArgumentError" else 500, model_error(e))
 
 
 async def _answer_examples(
@@ -373,9 +372,14 @@ class ServingServer:
         if self.grpc_port is not None:
             from trainyard.serving.grpc_api import start_grpc_server
 
-            self._grpc, self.grpc_port = await start_grpc_server(
-                self.repository, self.host, self.grpc_port, self._app[MAX_ROWS_KEY]
-            )
+            try:
+                self._grpc, self.grpc_port = await start_grpc_server(
+                    self.repository, self.host, self.grpc_port, self._app[MAX_ROWS_KEY]
+                )
+            except OSError:  # no half-started server: the HTTP side goes too
+                self._listener.close()
+                await self._runner.cleanup()
+                raise
             log.info("gRPC (TF Serving's API) on %s:%d", self.host, self.grpc_port)
         self._watcher = asyncio.create_task(self.repository.watch(self._stop))
         return self.port

@@ -34,6 +34,7 @@ from trainyard.serving.schema import PREDICT_METHOD, FeatureSpec, parse_feature_
 log = logging.getLogger("trainyard.serving")
 
 SPEC_FILE = Path("assets.extra") / "trainyard.json"
+_INT64_MAX = 2**63 - 1
 SIGNATURE = "serving_default"
 
 
@@ -421,7 +422,7 @@ class VersionRecord:
     state: str  # START | LOADING | AVAILABLE | UNLOADING | END
     error_code: str = "OK"
     error_message: str = ""
-    stamp: tuple[int, int] | None = None
+    stamp: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """TF Serving's ``model_version_status`` entry."""
@@ -432,21 +433,33 @@ class VersionRecord:
         }
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def _stamp(path: Path) -> tuple[int, ...] | None:
+    """What a version directory looks like now: its mtime and its files' sizes and mtimes.
+
+    A version that failed to load is tried again once this changes, so one copied in
+    pieces (``saved_model.pb`` first, the variables still being written) loads once the
+    copy is complete.
+    """
+    out: list[int] = []
     try:
-        st = path.stat()
-        pb = path / "saved_model.pb"
-        pb_m = pb.stat().st_mtime_ns if pb.exists() else 0
+        out.append(path.stat().st_mtime_ns)
+        for sub in (path, path / "variables"):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for entry in sorted(os.scandir(sub), key=lambda e: e.name):
+                    if entry.is_file():
+                        st = entry.stat()
+                        out += [st.st_size, st.st_mtime_ns]
     except OSError:
         return None
-    return (st.st_mtime_ns, pb_m)
+    return tuple(out)
 
 
 def scan_versions(model_dir: Path | str) -> dict[int, Path]:
     """Numbered version directories of one model (its TF Serving base path).
 
     Returns:
-        Version → directory; hidden entries, files and non-numeric names are skipped.
+        Version → directory; hidden entries, files, non-numeric names and numbers beyond
+        int64 are skipped.
     """
     versions: dict[int, Path] = {}
     try:
@@ -454,7 +467,8 @@ def scan_versions(model_dir: Path | str) -> dict[int, Path]:
     except (FileNotFoundError, NotADirectoryError):
         return versions
     for v in entries:
-        if v.name.isdigit() and v.is_dir():
+        # as TF Serving: a version is an int64; a larger number is not a version
+        if v.name.isdigit() and int(v.name) <= _INT64_MAX and v.is_dir():
             versions[int(v.name)] = Path(v.path)
     return versions
 
