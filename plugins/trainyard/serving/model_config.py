@@ -95,7 +95,16 @@ def parse(text: str, source: str = "model config") -> list[ServedModel]:
     if config.WhichOneof("config") == "custom_model_config":
         raise DeployError(f"{source}: custom_model_config is not supported")
     out = []
+    seen: set[str] = set()
     for e in config.model_config_list.config:
+        # as TF Serving refuses them (server_core.cc ValidateModelConfigList)
+        if not e.name:
+            raise DeployError(f"{source}: a model without a name")
+        if e.name in seen:
+            raise DeployError(f"{source}: illegal to list model {e.name!r} multiple times")
+        seen.add(e.name)
+        if not e.base_path:
+            raise DeployError(f"{source}: model {e.name!r} has no base_path")
         policy = e.model_version_policy
         kind = policy.WhichOneof("policy_choice")
         if kind not in (None, "latest", "specific"):
@@ -103,6 +112,12 @@ def parse(text: str, source: str = "model config") -> list[ServedModel]:
         if kind == "latest" and policy.latest.num_versions > 1:
             raise DeployError(f"{source}: model {e.name!r}: latest num_versions > 1 unsupported")
         versions = tuple(policy.specific.versions) if kind == "specific" else ()
+        stray = sorted(v for v in e.version_labels.values() if v not in versions)
+        if versions and stray:
+            raise DeployError(
+                f"{source}: model {e.name!r}: version labels name versions the policy does "
+                f"not serve ({stray}; served: {list(versions)})"
+            )
         out.append(ServedModel(e.name, e.base_path, versions, dict(e.version_labels)))
     return out
 

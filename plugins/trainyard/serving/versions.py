@@ -536,6 +536,7 @@ class ModelRepository:
         self.executor = ThreadPoolExecutor(predict_threads, thread_name_prefix="predict")
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
         self._base_of: dict[str, Path] = {}
+        self._config_error = ""
         self._records: dict[str, dict[int, VersionRecord]] = {}
         self._loaded: dict[str, dict[int, LoadedVersion]] = {}
         self._serving: dict[str, LoadedVersion] = {}
@@ -620,12 +621,15 @@ class ModelRepository:
         try:
             listed = model_config.read(self.config_file) or []
         except DeployError as e:
-            log.error("keeping the previous model config: %s", e)
+            if str(e) != self._config_error:  # once per problem, not every poll
+                log.error("keeping the previous model config: %s", e)
+                self._config_error = str(e)
             base_of = self._base_of
             return {
                 m: _Plan(scan_versions(base_of.get(m, self.base_path / m)), p.wanted, p.labels)
                 for m, p in self._last_plan.items()
             }
+        self._config_error = ""
         plan = {}
         for entry in listed:
             self._base_of[entry.name] = Path(entry.base_path)
