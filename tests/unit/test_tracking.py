@@ -230,14 +230,42 @@ def _mirrored(server: str, experiment: str) -> dict[int, dict]:
     return out
 
 
+_STUCK_AT_THE_VARIABLES = """
+import sys, time
+from trainyard import tracking
+from trainyard.config import TrackingConfig, load_pipeline
+from trainyard.registry import Registry
+
+put = tracking.MlflowRest.put_artifact
+
+def stuck(self, artifact_uri, name, data):
+    if name.startswith("model/variables/"):
+        print("stuck", flush=True)
+        time.sleep(600)
+    put(self, artifact_uri, name, data)
+
+tracking.MlflowRest.put_artifact = stuck
+tracking_cfg = TrackingConfig(
+    backend="mlflow",
+    conn_id="mlflow_test",
+    timeout_s=5,
+    experiment="trainyard/repair",
+    registered_model="repair",
+)
+cfg = load_pipeline("digits").model_copy(update={"tracking": tracking_cfg})
+tracking.mirror(cfg, Registry(sys.argv[1], "digits"), int(sys.argv[2]))
+"""
+"""A mirror of ``argv[2]`` into experiment ``trainyard/repair`` that stops (to be killed)
+just before uploading the SavedModel's variables."""
+
+
 def test_a_mirror_that_failed_or_was_killed_halfway_is_completed_by_the_next(
     server: str, registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Findings 14 and 15: a partial run is repaired, whatever version the next mirror is for."""
     import socket
+    import subprocess
     import urllib.error
-
-    from trainyard.tracking import MlflowRest
 
     cfg, exp = _pipeline(name="repair"), "trainyard/repair"
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_TEST", server)
@@ -255,26 +283,26 @@ def test_a_mirror_that_failed_or_was_killed_halfway_is_completed_by_the_next(
     (one,) = run_of_version(server, exp, v1)
     assert "trainyard.verdict" not in tags(one)  # partial: gated in trainyard, not in MLflow
 
-    # v2's mirror dies (kill -9) between the SavedModel's graph and its variables
+    # v2's mirror is killed (kill -9) between the SavedModel's graph and its variables
     v2 = _version(registry, tmp_path)
-    put = MlflowRest.put_artifact
-
-    def dies_at_the_variables(self, artifact_uri: str, name: str, data: bytes) -> None:
-        if name.startswith("model/variables/"):
-            raise KeyboardInterrupt  # not an Exception: nothing after it runs, as with a kill
-        put(self, artifact_uri, name, data)
-
-    monkeypatch.setattr(MlflowRest, "put_artifact", dies_at_the_variables)
-    with pytest.raises(KeyboardInterrupt):
-        mirror(cfg, registry, v2)
-    monkeypatch.setattr(MlflowRest, "put_artifact", put)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_AT_THE_VARIABLES, str(registry.root.parent), str(v2)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "stuck"
+    finally:
+        proc.kill()
+        proc.wait()
     runs = _mirrored(server, exp)
     assert runs[v2]["info"]["status"] == "RUNNING"
     assert artifact(server, runs[v2], "model/saved_model.pb") == b"\x08\x01"
     with pytest.raises(urllib.error.HTTPError):
         artifact(server, runs[v2], "model/variables/variables.index")
 
-    # (that mirror completed v1 first), and the next one, for another version, completes v2
+    # (that mirror completed v1 first); the next one, for another version, completes v2 (and
+    # is not blocked by the dead mirror's lock: the kernel dropped it with the process)
     v3 = _version(registry, tmp_path)
     assert mirror(cfg, registry, v3) is not None
     runs = _mirrored(server, exp)
