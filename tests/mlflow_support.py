@@ -32,12 +32,16 @@ def _free_port() -> int:
 
 
 @contextmanager
-def mlflow_server(folder: Path, startup_s: float = 90.0) -> Iterator[str]:
+def mlflow_server(
+    folder: Path, startup_s: float = 90.0, serve_artifacts: bool = True
+) -> Iterator[str]:
     """Run ``mlflow server`` on a free loopback port until the block ends.
 
     Args:
         folder: Where its SQLite database, artifacts and log go.
         startup_s: How long ``/health`` may take to answer.
+        serve_artifacts: False starts it with ``--no-serve-artifacts`` (artifacts under
+            ``folder/mlruns``, not through the server).
 
     Yields:
         The server's base URL.
@@ -64,8 +68,11 @@ def mlflow_server(folder: Path, startup_s: float = 90.0) -> Iterator[str]:
                 "1",
                 "--backend-store-uri",
                 f"sqlite:///{folder / 'mlflow.db'}",
-                "--artifacts-destination",
-                str(folder / "artifacts"),
+                *(
+                    ["--artifacts-destination", str(folder / "artifacts")]
+                    if serve_artifacts
+                    else ["--no-serve-artifacts", "--default-artifact-root", str(folder / "mlruns")]
+                ),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

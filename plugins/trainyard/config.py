@@ -398,9 +398,36 @@ class TrackingConfig(_Strict):
     backend: Literal["mlflow"]
     conn_id: str = Field(min_length=1, max_length=250, pattern=r"^[A-Za-z0-9_.-]+$")
     experiment: str | None = Field(default=None, min_length=1, max_length=500)
-    # quotes would break MLflow's search filters the mirror builds from the name
-    registered_model: str | None = Field(default=None, min_length=1, pattern=r"^[^'\"`\\]+$")
+    # MLflow refuses '/' and ':' in a registered model's name, and a name that is blank, '.'
+    # or starts with '..'; quotes and backslashes would break the search filters the mirror
+    # builds from the name. Checked by _model_name (one clear message); the pattern is for
+    # the JSON schema.
+    registered_model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        json_schema_extra={"pattern": r"^(?!\.\.)(?!\.$)(?!\s*$)[^/:'\"`\\]+$"},
+    )
     timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
+
+    @field_validator("registered_model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        bad = sorted({c for c in value if c in "/:'\"`\\"})
+        if bad or not value.strip() or value == "." or value.startswith(".."):
+            why = (
+                "contains " + " ".join(repr(c) for c in bad)
+                if bad
+                else "is blank, '.' or starts with '..'"
+            )
+            raise ValueError(
+                f"{value!r} {why}: MLflow refuses a registered model name with '/' or ':' "
+                "(or one that is blank, '.' or starts with '..'), and trainyard one with "
+                "quotes or backslashes; pick another name (default: the pipeline's name)"
+            )
+        return value
 
 
 class PipelineConfig(_Strict):

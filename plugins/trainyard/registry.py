@@ -10,6 +10,7 @@ Layout of one pipeline's registry (``<models_root>/<pipeline>/``)::
     history.jsonl                one JSON line per promotion, rollback or approval
     .tmp/                        private in-progress copies, never read
     .lock                        ``flock`` serialising numbering and pointer moves
+    .mirror.lock                 ``flock`` held while mirroring into a tracker (trainyard.tracking)
 
 A version directory appears only complete (copied into ``.tmp``, fsynced, renamed), and the
 champion pointer is replaced atomically and only ever names a published version, so a crash

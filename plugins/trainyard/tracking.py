@@ -14,11 +14,21 @@ copy, through its REST API (``mlflow`` itself cannot be installed beside Airflow
   ``metrics.json``, ``history.json`` and, once gated, ``gate.json`` and ``gate.md``;
 * a registered model version per trainyard version (``source`` = the run's ``model/``,
   tagged ``trainyard.version``), and the aliases ``champion`` (the registry's champion)
-  and ``challenger`` (the newest version that passed its gate and is newer than the
-  champion), set from the registry every time, so deploy, promote and rollback move them.
+  and ``challenger`` (the newest version that passed its gate, is newer than the
+  champion and was never rolled back from), set from the registry every time, so deploy,
+  promote and rollback move them;
+* a ``trainyard.mirrored`` tag written last (``training`` or ``training;gate=<verdict>``):
+  every mirror completes the runs of the pipeline where it is absent or out of date (a
+  mirror that failed or was killed halfway, a gate the tracker missed) besides the version
+  at hand, the champion and the challenger, oldest first (MLflow's model version numbers
+  then follow trainyard's where they can), under an ``flock`` on
+  ``_models/<pipeline>/.mirror.lock`` so two runs of a pipeline never both create a run or
+  model version.
 
 A tracker that cannot be reached, answers an error or is not configured costs one warning
-naming the URI; the step goes on as if tracking were off (:func:`mirror`).
+naming the URI; the step goes on as if tracking were off (:func:`mirror`). An experiment
+that is deleted, or whose artifacts the server does not serve (``--no-serve-artifacts``),
+is refused with that reason before any run is created.
 
 Where the URI comes from (:func:`tracking_uri`): the Airflow connection ``conn_id`` as
 Airflow passes connections through the environment, ``AIRFLOW_CONN_<CONN_ID>`` (URI or JSON
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -55,6 +66,8 @@ TAG_RUN_ID = "trainyard.run_id"
 TAG_VERDICT = "trainyard.verdict"
 TAG_TRAINING_DONE = "trainyard.mirrored.training"
 TAG_GATE_DONE = "trainyard.mirrored.gate"
+TAG_COMPLETE = "trainyard.mirrored"
+"""Written last, once a version is wholly mirrored: its value is :meth:`Mirror.state`."""
 CHAMPION, CHALLENGER = "champion", "challenger"
 PASSED = ("promote", "forced")
 """Gate verdicts that make a version a challenger."""
@@ -63,6 +76,8 @@ _ARTIFACT_SCHEME = "mlflow-artifacts:"
 _PARAM_MAX = 6000  # MLflow's limit on a parameter value
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
+_LOCK_FILE = ".mirror.lock"
+_LOCK_WAIT_S = 600.0
 
 
 class TrackingError(Exception):
@@ -359,13 +374,49 @@ class Mirror:
             found = self.client.call(
                 "GET", "experiments/get-by-name", {"experiment_name": self.experiment_name}
             )
-            self._experiment_id = str(found["experiment"]["experiment_id"])
+            experiment = found["experiment"]
         except MlflowHttpError as e:
             if e.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
-            made = self.client.call("POST", "experiments/create", {"name": self.experiment_name})
-            self._experiment_id = str(made["experiment_id"])
+            try:
+                self.client.call("POST", "experiments/create", {"name": self.experiment_name})
+            except MlflowHttpError as made:  # another pipeline sharing the name made it first
+                if made.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            found = self.client.call(
+                "GET", "experiments/get-by-name", {"experiment_name": self.experiment_name}
+            )
+            experiment = found["experiment"]
+        self._experiment_id = self._usable(experiment)
         return self._experiment_id
+
+    def _usable(self, experiment: dict[str, Any]) -> str:
+        """The experiment's id, once it is known to take runs and their artifacts.
+
+        Checked before any run is created, so a refusal leaves nothing behind in MLflow.
+
+        Raises:
+            TrackingError: It is deleted (MLflow's raw answer would be "must be in the
+                'active' state"), or its artifacts do not go through the server's proxy.
+        """
+        exp_id = str(experiment["experiment_id"])
+        if experiment.get("lifecycle_stage", "active") != "active":
+            raise TrackingError(
+                f"the MLflow experiment {self.experiment_name!r} (id {exp_id}) is deleted: "
+                "restore it in MLflow (UI, or `mlflow experiments restore --experiment-id "
+                f"{exp_id}`), or set tracking.experiment to another name"
+            )
+        location = str(experiment.get("artifact_location") or "")
+        if not location.startswith(_ARTIFACT_SCHEME):
+            raise TrackingError(
+                f"the MLflow experiment {self.experiment_name!r} keeps its artifacts at "
+                f"{location!r}, which the tracking server does not serve: trainyard uploads "
+                "artifacts through the server's artifact proxy only (start `mlflow server` "
+                "without --no-serve-artifacts, MLflow's default; an experiment created while "
+                "it was off keeps its location, so then also set tracking.experiment to a "
+                "new name)"
+            )
+        return exp_id
 
     def find_run(self, version: int) -> dict[str, Any] | None:
         """The run mirroring ``version`` (by its trainyard tags), or None."""
@@ -387,6 +438,38 @@ class Mirror:
             )
             runs.sort(key=lambda r: int(r["info"].get("start_time") or 0))
         return runs[0] if runs else None
+
+    def pipeline_runs(self) -> dict[int, dict[str, Any]]:
+        """Every run of this pipeline in the experiment, by trainyard version (oldest kept)."""
+        out: dict[int, dict[str, Any]] = {}
+        token = None
+        while True:
+            args: dict[str, Any] = {
+                "experiment_ids": [self.experiment_id()],
+                "filter": f"tags.`{TAG_PIPELINE}` = '{self.cfg.name}'",
+                "max_results": 1000,
+                "order_by": ["attributes.start_time ASC"],
+            }
+            if token:
+                args["page_token"] = token
+            page = self.client.call("POST", "runs/search", args)
+            for run in page.get("runs") or []:
+                version = self._tags(run).get(TAG_VERSION, "")
+                if version.isdigit():
+                    out.setdefault(int(version), run)
+            token = page.get("next_page_token")
+            if not token:
+                return out
+
+    def state(self, version: int) -> str:
+        """What a wholly mirrored version's ``trainyard.mirrored`` tag says.
+
+        ``training`` (run, parameters, metrics, artifacts, model version), plus
+        ``;gate=<verdict>`` once gated: a gate attached after the last mirror makes it out
+        of date.
+        """
+        gate = self.registry.read_file(version, "gate.json")
+        return "training" + (f";gate={gate.get('verdict')}" if gate is not None else "")
 
     def model_versions(self) -> dict[int, str]:
         """Map each trainyard version to its MLflow model version (of the registered model)."""
@@ -477,11 +560,17 @@ class Mirror:
         elif path.is_file():
             self.client.put_artifact(artifact_uri, name, path.read_bytes())
 
-    def mirror_version(self, version: int) -> str:
+    def mirror_version(self, version: int, run: dict[str, Any] | None = None) -> str:
         """Mirror one version: its run, training, gate (once gated) and model version.
 
         Each part is done once (the run's ``trainyard.mirrored.*`` tags say what is), so
-        calling it again after every step adds only what is new.
+        calling it again after every step adds only what is new; ``trainyard.mirrored``
+        (:meth:`state`) is written last, once the run is FINISHED with its whole model and
+        its model version exists.
+
+        Args:
+            version: The trainyard version.
+            run: Its run as ``runs/search`` gave it (else looked up, or created).
 
         Returns:
             The run id.
@@ -489,7 +578,7 @@ class Mirror:
         version = int(version)
         meta = self.registry.metadata(version)
         folder = self.registry.version_dir(version)
-        run = self.ensure_run(version, meta)
+        run = run or self.ensure_run(version, meta)
         info = run["info"]
         run_id, artifact_uri = info["run_id"], info["artifact_uri"]
         done = self._tags(run)
@@ -516,6 +605,12 @@ class Mirror:
                 {"run_id": run_id, "status": "FINISHED", "end_time": at_ms},
             )
             self._log_batch(run_id, tags={TAG_TRAINING_DONE: "1"})
+        elif info.get("status") == "RUNNING":  # whole, but left running: end it
+            self.client.call(
+                "POST",
+                "runs/update",
+                {"run_id": run_id, "status": "FINISHED", "end_time": at_ms},
+            )
         gate = self.registry.read_file(version, "gate.json")
         if gate is not None and done.get(TAG_GATE_DONE) != str(gate.get("verdict")):
             evals = [
@@ -529,6 +624,9 @@ class Mirror:
             verdict = str(gate.get("verdict"))
             self._log_batch(run_id, tags={TAG_VERDICT: verdict, TAG_GATE_DONE: verdict})
         self._ensure_model_version(version, run_id, artifact_uri)
+        state = self.state(version)
+        if done.get(TAG_COMPLETE) != state:
+            self._log_batch(run_id, tags={TAG_COMPLETE: state})
         return run_id
 
     def _ensure_model_version(self, version: int, run_id: str, artifact_uri: str) -> str:
@@ -557,25 +655,66 @@ class Mirror:
         return str(made["model_version"]["version"])
 
     def wanted_aliases(self) -> dict[str, int | None]:
-        """What the registry says the aliases are: ``champion`` and ``challenger``."""
+        """What the registry says the aliases are: ``champion`` and ``challenger``.
+
+        The challenger is the newest version newer than the champion that passed its gate
+        and was never rolled back from (a rollback is a judgement against it).
+        """
         champion = self.registry.champion()
+        rolled_back = {
+            e.get("from") for e in self.registry.history() if e.get("event") == "rollback"
+        }
         challenger = None
         for version in reversed(self.registry.list_versions()):
             if champion is not None and version <= champion:
                 break
+            if version in rolled_back:
+                continue
             gate = self.registry.read_file(version, "gate.json") or {}
             if gate.get("verdict") in PASSED:
                 challenger = version
                 break
         return {CHAMPION: champion, CHALLENGER: challenger}
 
-    def sync_aliases(self) -> dict[str, int | None]:
+    def sync(self, version: int | None = None) -> tuple[str | None, dict[str, int | None]]:
+        """Mirror what is missing or out of date, then the aliases.
+
+        The versions looked at: ``version``, the champion and the challenger (each
+        back-filled when MLflow has no run of it), and every run of the pipeline that is
+        not wholly mirrored (its ``trainyard.mirrored`` tag absent or out of date, e.g. a
+        mirror that failed or was killed halfway: the run still RUNNING, a partial
+        ``model/``, no gate). They are mirrored oldest first, so MLflow's model version
+        numbers follow trainyard's where they can.
+
+        Returns:
+            The run id of ``version`` (None without one) and the aliases.
+        """
+        wanted = self.wanted_aliases()
+        runs = self.pipeline_runs()
+        present = set(self.registry.list_versions())
+        todo = {v for v in (version, *wanted.values()) if v is not None and v not in runs}
+        for v, run in runs.items():
+            status = run["info"].get("status")
+            if v in present and (
+                status == "RUNNING" or self._tags(run).get(TAG_COMPLETE) != self.state(v)
+            ):
+                todo.add(v)
+        run_id = None
+        for v in sorted(todo):
+            got = self.mirror_version(v, runs.get(v))
+            if v == version:
+                run_id = got
+        if version is not None and run_id is None:
+            run_id = runs[version]["info"]["run_id"]
+        return run_id, self.sync_aliases(wanted)
+
+    def sync_aliases(self, wanted: dict[str, int | None] | None = None) -> dict[str, int | None]:
         """Point ``champion`` / ``challenger`` where the registry says (mirroring as needed).
 
         Returns:
             Alias → trainyard version (None: the alias is removed).
         """
-        wanted = self.wanted_aliases()
+        wanted = self.wanted_aliases() if wanted is None else wanted
         known = self.model_versions()
         for version in {v for v in wanted.values() if v is not None} - set(known):
             self.mirror_version(version)  # trained before tracking was on, or while it was down
@@ -600,11 +739,42 @@ class Mirror:
         return wanted
 
 
+@contextlib.contextmanager
+def _mirror_lock(registry: Registry, wait_s: float = _LOCK_WAIT_S) -> Iterator[None]:
+    """Hold ``_models/<pipeline>/.mirror.lock`` (``flock``): one mirror of a pipeline at a time.
+
+    Two runs of a pipeline mirroring at once would both find no run or model version of a
+    version and both create one; under the lock the second finds the first's.
+
+    Raises:
+        TrackingError: Another mirror held it for ``wait_s``.
+    """
+    registry.root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(registry.root / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TrackingError(
+                        f"another mirror of {registry.pipeline} held "
+                        f"{registry.root / _LOCK_FILE} for {wait_s:.0f}s"
+                    ) from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
 def mirror(cfg: PipelineConfig, registry: Registry, version: int | None = None) -> str | None:
-    """Mirror a version (when given) and the aliases; warn once and go on if it fails.
+    """Mirror a version (when given), what earlier mirrors missed, and the aliases.
 
     The steps call this after ``register``, ``evaluate``, ``deploy`` and ``models
-    promote`` / ``rollback``. Nothing happens without ``tracking:``.
+    promote`` / ``rollback`` (:meth:`Mirror.sync`, under the pipeline's mirror lock);
+    a failure is one warning and the step goes on. Nothing happens without ``tracking:``.
 
     Args:
         cfg: The pipeline.
@@ -621,8 +791,8 @@ def mirror(cfg: PipelineConfig, registry: Registry, version: int | None = None) 
         endpoint = tracking_uri(cfg.tracking.conn_id)
         where = f"{endpoint.url} (connection {cfg.tracking.conn_id!r})"
         m = Mirror(cfg, registry, MlflowRest(endpoint, cfg.tracking.timeout_s))
-        run_id = m.mirror_version(version) if version is not None else None
-        aliases = m.sync_aliases()
+        with _mirror_lock(registry):
+            run_id, aliases = m.sync(version)
     except Exception as e:  # a mirror never fails a step: trainyard's registry already holds it
         log.warning(
             "MLflow mirror of %s%s skipped: the tracking server at %s failed: %s; "

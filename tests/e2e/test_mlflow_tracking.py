@@ -2,11 +2,13 @@
 
 The digits pipeline (1 worker, 2 epochs) with ``tracking:`` and the connection as
 ``AIRFLOW_CONN_MLFLOW_TEST``: ``run`` trains, gates and deploys version 1; ``train`` and
-``evaluate`` make a gated candidate 2; ``models promote`` and ``models rollback`` move the
-champion. After each, MLflow's REST API shows what trainyard's registry says: one run per
-version with its parameters, per-epoch curves and gate report, a model version per
-trainyard version, ``champion`` and ``challenger`` where the registry has them. A server
-that is down costs one warning and the command still succeeds.
+``evaluate`` (the tracker down: its mirror is missed) make a gated candidate 2, which
+``models promote`` completes in MLflow and makes champion; ``models rollback`` moves the
+champion back (2, rolled back from, is no challenger). After each, MLflow's REST API
+shows what trainyard's registry says: one run per version with its parameters, per-epoch
+curves and gate report, a model version per trainyard version, ``champion`` and
+``challenger`` where the registry has them. A server that is down costs one warning and
+the command still succeeds.
 """
 
 from __future__ import annotations
@@ -84,16 +86,33 @@ def test_trainings_promotions_and_rollbacks_are_mirrored(tmp_path: Path) -> None
                 "train", "--pipeline", "digits", "--snapshot-id", snapshot, "--run-id", "second"
             )
             assert out.returncode == 0, out.stderr[-3000:]
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                down = f"http://127.0.0.1:{s.getsockname()[1]}"
+            # evaluate while the tracker is down: v2's run stays partial (no gate) ...
+            proj.env["AIRFLOW_CONN_MLFLOW_TEST"] = down
             out = proj.trainyard("evaluate", "--pipeline", "digits", "--version", "2")
             assert out.returncode == 0, out.stderr[-3000:]
-            assert aliases(url, "digits") == {"champion": 1, "challenger": 2}
+            assert out.stderr.count("MLflow mirror of digits version 2 skipped") == 1, out.stderr
+            proj.env["AIRFLOW_CONN_MLFLOW_TEST"] = url
+            (two,) = run_of_version(url, EXPERIMENT, 2)
+            assert "trainyard.verdict" not in tags(two)
+            assert aliases(url, "digits") == {"champion": 1}
 
+            # ... until the next mirror, here models promote, completes it
             out = proj.trainyard("models", "promote", "--pipeline", "digits", "2", "--reason", "t")
             assert out.returncode == 0, out.stderr[-3000:]
             assert aliases(url, "digits") == {"champion": 2}
+            (two,) = run_of_version(url, EXPERIMENT, 2)
+            gate2 = json.loads(artifact(url, two, "gate.json"))
+            assert tags(two)["trainyard.verdict"] == gate2["verdict"] == "promote"
+            assert tags(two)["trainyard.mirrored"] == "training;gate=promote"
+            assert history(url, two["info"]["run_id"], "eval_accuracy") == [
+                (0, pytest.approx(gate2["candidate_metrics"]["accuracy"]))
+            ]
             out = proj.trainyard("models", "rollback", "--pipeline", "digits", "--reason", "t")
             assert out.returncode == 0, out.stderr[-3000:]
-            assert aliases(url, "digits") == {"champion": 1, "challenger": 2}
+            assert aliases(url, "digits") == {"champion": 1}  # rolled back from: no challenger
 
             # every command mirrored again; still one run and one model version per version
             assert sorted(tags(r)["trainyard.version"] for r in runs_of(url, EXPERIMENT)) == [
@@ -104,9 +123,6 @@ def test_trainings_promotions_and_rollbacks_are_mirrored(tmp_path: Path) -> None
             assert [step for step, _ in history(url, run_id, "loss")] == [0, 1]
 
             # the tracker down: one warning naming it, the promotion happens all the same
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                down = f"http://127.0.0.1:{s.getsockname()[1]}"
             proj.env["AIRFLOW_CONN_MLFLOW_TEST"] = down
             out = proj.trainyard("models", "promote", "--pipeline", "digits", "2", "--reason", "t")
             assert out.returncode == 0, out.stderr[-3000:]
@@ -114,6 +130,6 @@ def test_trainings_promotions_and_rollbacks_are_mirrored(tmp_path: Path) -> None
             assert down in out.stderr
             champion = json.loads((proj.volume_root / "_models/digits/champion.json").read_text())
             assert champion["version"] == 2
-            assert aliases(url, "digits") == {"champion": 1, "challenger": 2}  # not reached
+            assert aliases(url, "digits") == {"champion": 1}  # not reached
         finally:
             proj.stop_server()
