@@ -12,7 +12,9 @@ Measures, in one run, against a real ``trainyard serve`` process:
 The two throughputs are measured in alternating rounds; ``ratio`` is the median of the
 per-round ratios (each round's pair saw about the same load from other processes), and
 ``cpu_ratio`` is in-process CPU per row over server plus client CPU per row, which other
-load disturbs far less.
+load disturbs far less. Each side's CPU is divided by the rows it actually computed or
+had answered, and the HTTP side's is counted from its first measured request (each
+connection's warm-up request before that is neither counted nor charged).
 
 The model is the digits pipeline's ``small_cnn`` shape (conv 32 → pool → conv 64 → dense 64
 → 10) with random weights, on 8x8x1 images. Last line:
@@ -84,15 +86,19 @@ def _cpu(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
-def in_process_rows_s(fn: object, batch: np.ndarray, seconds: float) -> float:
-    """rows/s calling the signature on ``batch`` repeatedly (outputs fetched to numpy)."""
+def in_process_rows_s(fn: object, batch: np.ndarray, seconds: float) -> tuple[float, int]:
+    """rows/s calling the signature on ``batch`` repeatedly (outputs fetched to numpy).
+
+    Returns:
+        rows/s and the rows computed.
+    """
     import tensorflow as tf
 
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         {k: v.numpy() for k, v in fn(image=tf.constant(batch)).items()}  # type: ignore[operator]
         n += 1
-    return n * len(batch) / (time.perf_counter() - t0)
+    return n * len(batch) / (time.perf_counter() - t0), n * len(batch)
 
 
 def in_process_p50(fn: object, row: np.ndarray, seconds: float) -> float:
@@ -109,16 +115,27 @@ def in_process_p50(fn: object, row: np.ndarray, seconds: float) -> float:
 
 
 def http_load(
-    port: int, body: bytes, rows: int, clients: int, seconds: float
-) -> tuple[float, list[float]]:
-    """rows/s and per-request latencies of ``clients`` threads posting ``body`` repeatedly."""
+    port: int,
+    body: bytes,
+    rows: int,
+    clients: int,
+    seconds: float,
+    procs: tuple[psutil.Process, ...] = (),
+) -> tuple[float, list[float], list[float]]:
+    """``clients`` threads posting ``body`` repeatedly, each after one unmeasured request.
+
+    Returns:
+        rows/s, per-request latencies, and the CPU seconds each of ``procs`` used per row
+        answered, both counted from the first measured request to the last answer.
+    """
     lat: list[list[float]] = [[] for _ in range(clients)]
     errors: list[str] = []
-    start = threading.Barrier(clients + 1)
+    ready, start = threading.Barrier(clients + 1), threading.Barrier(clients + 1)
 
     def run(i: int) -> None:
         c = ServingClient("127.0.0.1", port)
         c.request("POST", "/v1/models/bench:predict", body)
+        ready.wait()
         start.wait()
         t_end = time.perf_counter() + seconds
         while time.perf_counter() < t_end:
@@ -134,6 +151,8 @@ def http_load(
     threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
+    ready.wait()  # connections open and warm: count CPU from here
+    cpu0 = [_cpu(p) for p in procs]
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -142,7 +161,9 @@ def http_load(
     if errors:
         raise SystemExit(f"request failed: {errors[0]}")
     flat = [x for per in lat for x in per]
-    return len(flat) * rows / elapsed, flat
+    answered = len(flat) * rows
+    cpu = [(_cpu(p) - c0) / answered for p, c0 in zip(procs, cpu0, strict=True)]
+    return answered / elapsed, flat, cpu
 
 
 def main() -> None:
@@ -194,14 +215,15 @@ def main() -> None:
             cpu = {"in-process": 0.0, "server": 0.0, "client": 0.0}
             for _ in range(args.rounds):
                 m0 = _cpu(me)
-                base_runs.append(in_process_rows_s(fn, batch, seconds))
-                cpu["in-process"] += (_cpu(me) - m0) / (base_runs[-1] * seconds)
-                s0, m0 = _cpu(server), _cpu(me)
-                http_runs.append(
-                    http_load(args.port, body, args.batch, args.batch_clients, seconds)[0]
+                rows_s, computed = in_process_rows_s(fn, batch, seconds)
+                base_runs.append(rows_s)
+                cpu["in-process"] += (_cpu(me) - m0) / computed
+                rows_s, _, (server_cpu, client_cpu) = http_load(
+                    args.port, body, args.batch, args.batch_clients, seconds, (server, me)
                 )
-                cpu["server"] += (_cpu(server) - s0) / (http_runs[-1] * seconds)
-                cpu["client"] += (_cpu(me) - m0) / (http_runs[-1] * seconds)
+                http_runs.append(rows_s)
+                cpu["server"] += server_cpu
+                cpu["client"] += client_cpu
             cpu_us = {k: v / args.rounds * 1e6 for k, v in cpu.items()}
             base_rows_s = statistics.median(base_runs)
             http_rows_s = statistics.median(http_runs)
@@ -209,10 +231,10 @@ def main() -> None:
             base_p50_b1 = in_process_p50(fn, batch[:1], seconds)
 
             one = json.dumps({"instances": batch[:1].tolist()}).encode()
-            _, conc = http_load(args.port, one, 1, args.clients, seconds)
+            _, conc, _ = http_load(args.port, one, 1, args.clients, seconds)
             p50 = statistics.median(conc)
             p99 = float(np.percentile(conc, 99))
-            _, seq = http_load(args.port, one, 1, 1, seconds / 2)
+            _, seq, _ = http_load(args.port, one, 1, 1, seconds / 2)
             added = statistics.median(seq) - base_p50_b1
         finally:
             stop_local_server(root)

@@ -2,13 +2,17 @@
 
 A large predict request allocates large short-lived blocks (the body, arrays, tensors, the
 response) and, on the ``json`` path, millions of small ones. Python frees them, but glibc
-raises its mmap threshold each time it frees a large mmapped block, so later large blocks
-come from the heap, where freed memory stays resident: each 50,000-row request left
-40-100 MB behind, growing with request size and with the threads that touched it.
-:func:`use_mmap_for_large_blocks` fixes the threshold (1 MiB), so large blocks go back to
-the system as soon as they are freed, and :class:`MemoryReleaser` runs ``malloc_trim(0)``
-off the event loop shortly after a large request, returning the whole free pages that the
-small blocks left in every arena.
+keeps freed heap memory resident, and by default in one heap per thread: each 50,000-row
+request left 40-100 MB behind. :func:`tune_allocator` gives the process one malloc arena
+and fixed thresholds, and :class:`MemoryReleaser` runs ``malloc_trim(0)`` off the event
+loop shortly after a large request, returning every free page of that arena
+(``malloc_trim`` leaves the top of per-thread arenas alone).
+
+The thresholds are where glibc's dynamic ones stop (blocks of 32 MiB and more mmapped, free
+memory beyond 64 MiB at the top of the heap returned at once), so a model's intermediate
+tensors are reused from the heap call after call. A low mmap threshold (1 MiB) returned
+large blocks at once, but mapped, faulted in, zeroed and unmapped those tensors on every
+call: a third of the server's CPU at batch 256.
 """
 
 from __future__ import annotations
@@ -26,8 +30,13 @@ DEFAULT_RELEASE_BYTES = 4 * 1024 * 1024
 
 
 # Blocks from this size on are mmapped, and unmapped when freed.
-DEFAULT_MMAP_THRESHOLD = 1024 * 1024
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+DEFAULT_MMAP_THRESHOLD = 32 * 1024 * 1024
+# Free memory beyond this at the top of the heap is returned at once.
+DEFAULT_TRIM_THRESHOLD = 64 * 1024 * 1024
+# glibc's mallopt parameter numbers
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 
 def _libc_function(name: str, argtypes: list[Any]) -> Any:
@@ -47,16 +56,34 @@ _malloc_trim = _libc_function("malloc_trim", [ctypes.c_size_t])
 _mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
 
 
-def use_mmap_for_large_blocks(threshold_bytes: int = DEFAULT_MMAP_THRESHOLD) -> bool:
-    """Serve blocks of ``threshold_bytes`` and more from mmap, for the whole process.
+def tune_allocator(
+    mmap_threshold: int = DEFAULT_MMAP_THRESHOLD,
+    trim_threshold: int = DEFAULT_TRIM_THRESHOLD,
+    arenas: int = 1,
+) -> bool:
+    """Fix glibc's mmap and trim thresholds and its arena count, for the whole process.
 
-    A fixed threshold also turns off glibc's dynamic one, which would otherwise rise to the
-    size of the largest block freed so far (up to 32 MiB).
+    Call before the process starts other threads. Fixed thresholds turn off glibc's
+    dynamic ones, which would otherwise follow the largest block freed so far.
+
+    Args:
+        mmap_threshold: Blocks of this size and more are mmapped, and unmapped when freed.
+        trim_threshold: Free memory beyond this at the top of the heap goes back at once.
+        arenas: Malloc arenas all threads share.
 
     Returns:
-        Whether the allocator took the setting (False where it is not glibc).
+        Whether the allocator took the settings (False where it is not glibc).
     """
-    return bool(_mallopt(_M_MMAP_THRESHOLD, threshold_bytes)) if _mallopt is not None else False
+    if _mallopt is None:
+        return False
+    return all(
+        _mallopt(param, value)
+        for param, value in (
+            (_M_ARENA_MAX, arenas),
+            (_M_MMAP_THRESHOLD, mmap_threshold),
+            (_M_TRIM_THRESHOLD, trim_threshold),
+        )
+    )
 
 
 def release_memory() -> bool:

@@ -55,7 +55,7 @@ from trainyard.serving.http_guard import (
     close_after_response,
     default_max_connections,
 )
-from trainyard.serving.memory import MemoryReleaser, use_mmap_for_large_blocks
+from trainyard.serving.memory import MemoryReleaser, tune_allocator
 from trainyard.serving.schema import (
     CLASSIFY_METHOD,
     REGRESS_METHOD,
@@ -511,7 +511,7 @@ def cli_main(argv: list[str]) -> int:
         args.inter_op_threads = max(1, (cores or os.cpu_count() or 1) - 1)
     base = args.base_path or get_settings().serving_root
     base.mkdir(parents=True, exist_ok=True)
-    use_mmap_for_large_blocks()
+    tune_allocator()
     server = ServingServer(
         base,
         host=args.host,

@@ -103,12 +103,37 @@ class ServedSignature:
     fn: Any
     batched: bool = True
     batcher: Batcher = field(init=False, repr=False)
+    # The function's flat argument order when it is a ConcreteFunction whose arguments are
+    # exactly the inputs by name; None: call it with keyword arguments.
+    _flat_args: tuple[str, ...] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            keywords = tuple(str(k) for k in self.fn._arg_keywords)
+        except (AttributeError, TypeError):
+            return
+        if callable(getattr(self.fn, "_call_flat", None)) and sorted(keywords) == sorted(
+            self.input_spec
+        ):
+            self._flat_args = keywords
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the signature on numpy inputs (blocking; call from a worker thread)."""
+        """Run the signature on numpy inputs (blocking; call from a worker thread).
+
+        A call with keyword arguments binds them to the structured signature, casts them
+        and, if that fails, falls back to the flat signature: about 100 us of Python per
+        call. Inputs that are exactly the function's arguments go to the flat call
+        directly, as that fallback does; anything else takes the keyword call.
+        """
         import tensorflow as tf
 
-        result = self.fn(**{k: tf.constant(v) for k, v in inputs.items()})
+        order = self._flat_args
+        if order is not None and len(inputs) == len(order) and all(k in inputs for k in order):
+            result = self.fn._call_flat(
+                [tf.constant(inputs[k]) for k in order], self.fn.captured_inputs
+            )
+        else:
+            result = self.fn(**{k: tf.constant(v) for k, v in inputs.items()})
         return {k: v.numpy() for k, v in result.items()}
 
     async def predict(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
