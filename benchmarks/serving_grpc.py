@@ -45,9 +45,18 @@ def _free_port() -> int:
 
 
 def grpc_load(
-    port: int, batch: np.ndarray, clients: int, seconds: float
-) -> tuple[float, list[float]]:
-    """rows/s and per-call latencies of ``clients`` threads calling ``Predict`` repeatedly."""
+    port: int,
+    batch: np.ndarray,
+    clients: int,
+    seconds: float,
+    procs: tuple[psutil.Process, ...] = (),
+) -> tuple[float, list[float], list[float]]:
+    """``clients`` threads calling ``Predict`` repeatedly, after one unmeasured call.
+
+    Returns:
+        rows/s, per-call latencies, and the CPU seconds each of ``procs`` used per row
+        answered, counted from the first measured call to the last answer.
+    """
     import grpc
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -79,15 +88,18 @@ def grpc_load(
         threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
         for t in threads:
             t.start()
+        c0 = [_cpu(p) for p in procs]
         start.wait()
         t0 = time.perf_counter()
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - t0
+        used = [_cpu(p) - c for p, c in zip(procs, c0, strict=True)]
     if errors:
         raise SystemExit(f"Predict failed: {errors[0]}")
     flat = [x for per in lat for x in per]
-    return len(flat) * len(batch) / elapsed, flat
+    rows = len(flat) * len(batch)
+    return rows / elapsed, flat, [u / rows for u in used]
 
 
 def main() -> None:
@@ -145,16 +157,19 @@ def main() -> None:
             cpu = {"in-process": 0.0, "server": 0.0, "client": 0.0}
             for _ in range(args.rounds):
                 m0 = _cpu(me)
-                base_runs.append(in_process_rows_s(fn, batch, seconds))
-                cpu["in-process"] += (_cpu(me) - m0) / (base_runs[-1] * seconds)
-                s0, m0 = _cpu(server), _cpu(me)
-                grpc_runs.append(grpc_load(grpc_port, batch, args.batch_clients, seconds)[0])
-                cpu["server"] += (_cpu(server) - s0) / (grpc_runs[-1] * seconds)
-                cpu["client"] += (_cpu(me) - m0) / (grpc_runs[-1] * seconds)
+                rows_s, computed = in_process_rows_s(fn, batch, seconds)
+                base_runs.append(rows_s)
+                cpu["in-process"] += (_cpu(me) - m0) / computed
+                rows_s, _, (server_cpu, client_cpu) = grpc_load(
+                    grpc_port, batch, args.batch_clients, seconds, (server, me)
+                )
+                grpc_runs.append(rows_s)
+                cpu["server"] += server_cpu
+                cpu["client"] += client_cpu
             cpu_us = {k: v / args.rounds * 1e6 for k, v in cpu.items()}
             ratio = statistics.median(g / b for b, g in zip(base_runs, grpc_runs, strict=True))
             base_p50_b1 = in_process_p50(fn, batch[:1], seconds)
-            _, seq = grpc_load(grpc_port, batch[:1], 1, seconds / 2)
+            _, seq, _ = grpc_load(grpc_port, batch[:1], 1, seconds / 2)
             added = statistics.median(seq) - base_p50_b1
         finally:
             proc.terminate()
