@@ -220,7 +220,7 @@ def test_airflow_target_has_no_tensorflow_and_steps_has_the_pinned_one() -> None
     heavy = {"tensorflow", "tensorflow-cpu", "tf-keras", "tensorboard", "tensorflow-serving-api"}
     assert not heavy & airflow.keys()
     assert steps["tensorflow-cpu"] == _requirements("requirements.txt")["tensorflow-cpu"]
-    assert "gcsfs" in steps  # staging reads object-store sources in the step pods
+    assert "gcsfs" in steps and "s3fs" in steps  # staging reads object stores in step pods
     # the package's declared dependencies are what the Airflow target installs
     assert "apache-airflow" in airflow and airflow == _requirements("requirements-airflow.txt")
     # every pin agrees with the full constraints file
@@ -525,3 +525,11 @@ def test_compose_healthcheck_job_types_exist() -> None:
 
     choices = cli_config.ARG_JOB_TYPE_FILTER.kwargs["choices"]
     assert {"DagProcessorJob", "TriggererJob"} <= set(choices)
+
+
+def test_the_object_store_filesystems_import_with_the_pinned_set() -> None:
+    """s3:// and gs:// sources resolve to s3fs and gcsfs (installed as the steps image does)."""
+    import fsspec
+
+    assert fsspec.get_filesystem_class("s3").__module__.startswith("s3fs")
+    assert fsspec.get_filesystem_class("gs").__module__.startswith("gcsfs")
