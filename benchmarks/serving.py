@@ -81,6 +81,24 @@ def build_model(path: Path) -> None:
     tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})
 
 
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """The options the REST and gRPC serving benchmarks share."""
+    p.add_argument("--quick", action="store_true", help="short phases (about a minute in all)")
+    p.add_argument("--batch", type=int, default=256, help="rows per batched request")
+    p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    p.add_argument("--batch-clients", type=int, default=2, help="connections posting batches")
+    p.add_argument("--rounds", type=int, default=5, help="alternating throughput rounds")
+
+
+def publish_bench_model(tmp_path: Path) -> Path:
+    """Build the benchmark's model and serve it as the deploy step does; the serving root."""
+    build_model(tmp_path / "model")
+    root = tmp_path / "serving"
+    publish_version(tmp_path / "model", root, "bench", 1, SPEC)
+    set_served(root, "bench", [1], {"stable": 1})
+    return root
+
+
 def _cpu(proc: psutil.Process) -> float:
     t = proc.cpu_times()
     return t.user + t.system
@@ -168,12 +186,8 @@ def http_load(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="short phases (about a minute in all)")
-    p.add_argument("--batch", type=int, default=256, help="rows per batched request")
+    add_common_args(p)
     p.add_argument("--clients", type=int, default=4, help="concurrent connections")
-    p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
-    p.add_argument("--batch-clients", type=int, default=2, help="connections posting batches")
-    p.add_argument("--rounds", type=int, default=5, help="alternating throughput rounds")
     p.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
     args = p.parse_args()
     if not args.port:
@@ -188,10 +202,7 @@ def main() -> None:
     batch = rng.random((args.batch, 8, 8, 1), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         tmp_path = Path(tmp)
-        build_model(tmp_path / "model")
-        root = tmp_path / "serving"
-        publish_version(tmp_path / "model", root, "bench", 1, SPEC)
-        set_served(root, "bench", [1], {"stable": 1})  # as the deploy step serves it
+        root = publish_bench_model(tmp_path)
         pid = ensure_local_server(root, "127.0.0.1", args.port)
         try:
             with ServingClient("127.0.0.1", args.port) as c:

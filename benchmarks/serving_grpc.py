@@ -31,11 +31,17 @@ sys.path.insert(0, str(ROOT / "plugins"))
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
-from serving import SPEC, _cpu, build_model, in_process_p50, in_process_rows_s  # noqa: E402
+from serving import (  # noqa: E402
+    _cpu,
+    add_common_args,
+    in_process_p50,
+    in_process_rows_s,
+    publish_bench_model,
+)
 
 from trainyard.serving.client import ServingClient  # noqa: E402
-from trainyard.serving.deploy import publish_version, wait_available  # noqa: E402
-from trainyard.serving.model_config import ensure_config, set_served  # noqa: E402
+from trainyard.serving.deploy import wait_available  # noqa: E402
+from trainyard.serving.model_config import ensure_config  # noqa: E402
 
 
 def _free_port() -> int:
@@ -104,11 +110,7 @@ def grpc_load(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="short phases (about a minute in all)")
-    p.add_argument("--batch", type=int, default=256, help="rows per batched call")
-    p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
-    p.add_argument("--batch-clients", type=int, default=2, help="threads calling with batches")
-    p.add_argument("--rounds", type=int, default=5, help="alternating throughput rounds")
+    add_common_args(p)
     args = p.parse_args()
     seconds = 2.0 if args.quick else args.seconds
     if args.quick:
@@ -119,10 +121,7 @@ def main() -> None:
     batch = rng.random((args.batch, 8, 8, 1), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="bench-serving-grpc-") as tmp:
         tmp_path = Path(tmp)
-        build_model(tmp_path / "model")
-        root = tmp_path / "serving"
-        publish_version(tmp_path / "model", root, "bench", 1, SPEC)
-        set_served(root, "bench", [1], {"stable": 1})
+        root = publish_bench_model(tmp_path)
         cmd = [
             sys.executable, "-m", "trainyard", "serve", "--base-path", str(root),
             "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
