@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainyard.config import PipelineConfig, TrainingConfig, load_pipeline
-from trainyard.errors import ConfigError, DeployError, RegistryError, SnapshotError
+from trainyard.errors import (
+    ConfigError,
+    DeployError,
+    RegistryError,
+    SnapshotError,
+    TrainyardError,
+)
 from trainyard.fsutil import atomic_write_json, read_json
 from trainyard.settings import get_settings
 
@@ -542,7 +548,6 @@ def follow_registry(pipeline: str) -> str:
         One line saying what is served now, and where.
     """
     from trainyard.contracts import feature_spec, load_contract
-    from trainyard.errors import TrainyardError
     from trainyard.serving.client import ServingClient
     from trainyard.serving.deploy import ensure_local_server, serve_champion, wait_available
 
@@ -1141,7 +1146,7 @@ def run_step(name: str, argv: list[str]) -> int:
     Returns:
         The exit code.
     """
-    from trainyard.errors import StepSkipped, TrainyardError
+    from trainyard.errors import StepSkipped
 
     step = STEPS[name]
     kwargs = step.parse(argv)

@@ -26,6 +26,7 @@ import orjson
 
 from trainyard.serving.schema import (
     CLASSIFY_METHOD,
+    DEFAULT_SIGNATURE,
     SIGNATURE_NAME_ERROR,
     InvalidRequest,
     decode_b64,
@@ -113,6 +114,11 @@ def _example(obj: Any, what: str) -> bytes:
     for name, content in obj.items():
         example.features.feature[name].CopyFrom(_feature(name, content))
     return example.SerializeToString()
+
+
+def missing_signature(name: str) -> str:
+    """TF Serving's message (classifier.cc, regressor.cc) for a signature a model lacks."""
+    return f"No signature was found with the name: {name or DEFAULT_SIGNATURE}"
 
 
 def decode_example_request(body: bytes, verb: str, max_rows: int) -> ExampleRequest:

@@ -22,6 +22,7 @@ from trainyard.serving.classify_regress import (
     classification_results,
     example_batch,
     example_input_name,
+    missing_signature,
     regression_results,
     serialized_examples,
 )
@@ -251,9 +252,9 @@ class _Servicer:
         try:
             sig = lv.signature(request.model_spec.signature_name)
         except SignatureNotFound as e:
-            key = request.model_spec.signature_name or "serving_default"
             raise _Abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"No signature was found with the name: {key}"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                missing_signature(request.model_spec.signature_name),
             ) from e
         try:
             input_name = example_input_name(sig.method, method, sig.input_spec)

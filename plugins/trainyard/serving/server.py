@@ -44,6 +44,7 @@ from trainyard.serving.classify_regress import (
     encode_regression,
     example_batch,
     example_input_name,
+    missing_signature,
 )
 from trainyard.serving.http_guard import (
     DEFAULT_BODY_TIMEOUT,
@@ -232,8 +233,7 @@ async def _answer_examples(
     try:
         sig = lv.signature(decoded.signature)
     except SignatureNotFound:  # classifier.cc / regressor.cc's message, not predict's
-        key = decoded.signature or "serving_default"
-        raise InvalidRequest(f"No signature was found with the name: {key}") from None
+        raise InvalidRequest(missing_signature(decoded.signature)) from None
     wanted = CLASSIFY_METHOD if verb == "classify" else REGRESS_METHOD
     name = example_input_name(sig.method, wanted, sig.input_spec)
     outputs = await _run(lv, sig.name, {name: example_batch(decoded.examples)}, decoded.rows)

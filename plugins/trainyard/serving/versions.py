@@ -29,13 +29,18 @@ from typing import Any
 import numpy as np
 
 from trainyard.fsutil import read_json
-from trainyard.serving.schema import PREDICT_METHOD, FeatureSpec, parse_feature_spec
+from trainyard.serving.schema import (
+    DEFAULT_SIGNATURE,
+    PREDICT_METHOD,
+    FeatureSpec,
+    parse_feature_spec,
+)
 
 log = logging.getLogger("trainyard.serving")
 
 SPEC_FILE = Path("assets.extra") / "trainyard.json"
 _INT64_MAX = 2**63 - 1
-SIGNATURE = "serving_default"
+SIGNATURE = DEFAULT_SIGNATURE
 
 
 _threads_configured = False
