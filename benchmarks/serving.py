@@ -86,7 +86,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="short phases (about a minute in all)")
     p.add_argument("--batch", type=int, default=256, help="rows per batched request")
     p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
-    p.add_argument("--batch-clients", type=int, default=2, help="connections posting batches")
+    p.add_argument(
+        "--batch-clients",
+        type=int,
+        default=4,
+        help="connections posting batches (a server's throughput needs requests in flight "
+        "beside the ones being computed: each connection waits for its answer)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="alternating throughput rounds")
 
 

@@ -17,10 +17,12 @@ config file (``--model-config-file``), ``stable`` (the champion) and ``canary``.
 Models come from a base path watched by :class:`~trainyard.serving.versions.ModelRepository`.
 aiohttp sets ``TCP_NODELAY`` on every accepted connection (``BaseProtocol.connection_made``),
 so small responses are not held back by Nagle's algorithm; a test asserts the latency.
-``trainyard serve`` runs on uvloop when it is installed and, by default, gives each
-TensorFlow op one thread (``--intra-op-threads 1``) so that concurrent model calls, not
-one call's ops, share the cores, and runs TensorFlow ops on all cores but one
-(``--inter-op-threads``): the event loop, which decodes and encodes requests, has the last.
+``trainyard serve`` runs on uvloop when it is installed. By default each TensorFlow op has
+one thread (``--intra-op-threads 1``: concurrent model calls, not one call's ops, share the
+cores, without the spinning of a shared op pool), as many ops as cores run at once
+(``--inter-op-threads``), and twice as many model calls as cores may run at once
+(``--model-threads``), so that one request's decoding and encoding overlap other
+requests' model calls.
 """
 
 from __future__ import annotations
@@ -488,27 +490,32 @@ def cli_main(argv: list[str]) -> int:
         "the open file limit less a quarter, at least 256 less)",
     )
     parser.add_argument(
-        "--model-threads", type=int, default=2, help="model calls that may run at once"
+        "--model-threads",
+        type=int,
+        default=None,
+        help="model calls that may run at once (default: two per core, so that decoding and "
+        "encoding overlap model calls)",
     )
     parser.add_argument(
         "--intra-op-threads",
         type=int,
         default=1,
-        help="threads one TensorFlow op may use (0: one per core); concurrent model calls "
-        "already spread over the cores",
+        help="threads one TensorFlow op may use (default: 1, concurrent model calls spread "
+        "over the cores; 0: TensorFlow's default, one per core)",
     )
     parser.add_argument(
         "--inter-op-threads",
         type=int,
         default=None,
-        help="threads that run TensorFlow ops, for all model calls together (default: one per "
-        "core but one, which is left to the event loop that decodes and encodes requests; "
-        "0: TensorFlow's default)",
+        help="threads that run TensorFlow ops, for all model calls together (default: one "
+        "per core; 0: TensorFlow's default)",
     )
     args = parser.parse_args(argv)
+    cores = usable_cores()
+    if args.model_threads is None:
+        args.model_threads = 2 * cores
     if args.inter_op_threads is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        args.inter_op_threads = max(1, (cores or os.cpu_count() or 1) - 1)
+        args.inter_op_threads = cores
     base = args.base_path or get_settings().serving_root
     base.mkdir(parents=True, exist_ok=True)
     tune_allocator()
@@ -534,6 +541,13 @@ def cli_main(argv: list[str]) -> int:
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve_until_signalled(server))
     return 0
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def _loop_factory() -> Any:
