@@ -32,7 +32,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import re
 import signal
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 
 from aiohttp import web
 
+from trainyard.cpus import usable_cores
 from trainyard.serving.classify_regress import (
     decode_example_request,
     encode_classification,
@@ -511,11 +511,9 @@ def cli_main(argv: list[str]) -> int:
         "per core; 0: TensorFlow's default)",
     )
     args = parser.parse_args(argv)
-    cores = usable_cores()
-    if args.model_threads is None:
-        args.model_threads = 2 * cores
-    if args.inter_op_threads is None:
-        args.inter_op_threads = cores
+    args.model_threads, args.inter_op_threads = pool_sizes(
+        args.model_threads, args.inter_op_threads, usable_cores()
+    )
     base = args.base_path or get_settings().serving_root
     base.mkdir(parents=True, exist_ok=True)
     tune_allocator()
@@ -543,11 +541,20 @@ def cli_main(argv: list[str]) -> int:
     return 0
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
+def pool_sizes(
+    model_threads: int | None, inter_op_threads: int | None, cores: int
+) -> tuple[int, int]:
+    """Model calls that may run at once and TensorFlow op threads, for ``trainyard serve``.
+
+    Returns:
+        ``(model_threads, inter_op_threads)``: the values given, else two calls per core
+        (one request's decoding and encoding overlap other requests' model calls) and one
+        op thread per core.
+    """
+    return (
+        2 * cores if model_threads is None else model_threads,
+        cores if inter_op_threads is None else inter_op_threads,
+    )
 
 
 def _loop_factory() -> Any:

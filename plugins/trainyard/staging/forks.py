@@ -18,14 +18,15 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from trainyard.cpus import usable_cores
 from trainyard.errors import StagingError
 
 
 def usable_cpus() -> int:
-    """CPUs this process may run on (1 off Linux, where forking is not used), at most 8."""
+    """CPUs this process may use (1 off Linux, where forking is not used), at most 8."""
     if sys.platform != "linux":
         return 1
-    return max(1, min(len(os.sched_getaffinity(0)), 8))
+    return min(usable_cores(), 8)
 
 
 def shared_array(n: int, dtype: Any) -> Any:
