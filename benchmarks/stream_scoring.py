@@ -10,6 +10,9 @@ Redis server (both in a temporary folder):
 * records/s of the same records scored by direct batched ``:predict`` calls: each record
   decoded, batches of ``--batch`` built as columns and posted on ``--in-flight`` keep-alive
   connections, the responses decoded (no stream, no contract, nothing written);
+* where ours spends its CPU per record (the scorer, the model server, Redis), and Redis's
+  part measured apart for each thing the scorer asks of it (reading through the group,
+  with ``NOACK`` for comparison, and the commit of scores and acknowledgements);
 * p50/p99 record latency: records produced at a steady rate (half the measured
   throughput) while the scorer runs; a record's latency is its output entry's time minus
   its input entry's time (both Redis stream ids, one clock).
@@ -19,7 +22,7 @@ per-round ratios. The machine may be shared, so CPU time per record is measured 
 process, the model server and, for the stream, the Redis server): ``cpu_ratio`` is the
 baseline's CPU per record over ours, which other load disturbs far less. Last line:
 ``BENCH stream_scoring ratio=<ours/baseline> ours=<records/s> baseline=<records/s>
-p50_ms=<n> p99_ms=<n> ... cpu_ratio=<n> ...``.
+p50_ms=<n> p99_ms=<n> ... cpu_ratio=<n> redis_us=<read + commit> ...``.
 """
 
 from __future__ import annotations
@@ -51,13 +54,13 @@ class CPU:
     def __init__(self, pids: list[int]) -> None:
         self.procs = [psutil.Process(p) for p in pids]
 
+    def parts(self) -> list[float]:
+        """CPU seconds so far: this process's, then each given process's."""
+        return [time.process_time()] + [sum(p.cpu_times()[:2]) for p in self.procs]
+
     def now(self) -> float:
         """Total CPU seconds so far."""
-        total = time.process_time()
-        for p in self.procs:
-            t = p.cpu_times()
-            total += t.user + t.system
-        return total
+        return sum(self.parts())
 
 
 def _baseline(records: list[bytes], port: int, batch: int, in_flight: int) -> float:
@@ -87,8 +90,9 @@ def _baseline(records: list[bytes], port: int, batch: int, in_flight: int) -> fl
     return time.perf_counter() - t
 
 
-def _ours(records: list[bytes], cpu: CPU) -> tuple[float, float]:
-    """Seconds and CPU seconds for the scorer to score ``records`` waiting in the stream."""
+def _ours(records: list[bytes], cpu: CPU) -> tuple[float, list[float]]:
+    """Seconds, and CPU seconds of each of ``cpu``'s parts, for the scorer to score
+    ``records`` waiting in the stream."""
     from trainyard.config import load_pipeline
     from trainyard.streaming.scorer import build_scorer, open_engine
 
@@ -100,16 +104,72 @@ def _ours(records: list[bytes], cpu: CPU) -> tuple[float, float]:
     for i in range(0, len(records), 5000):
         engine.produce([(None, v) for v in records[i : i + 5000]])
     scorer = build_scorer("events", report_s=3600)
-    c = cpu.now()
+    c = cpu.parts()
     t = time.perf_counter()
     stats = scorer.run(max_records=len(records))
     took = time.perf_counter() - t
-    used = cpu.now() - c
+    used = [after - before for before, after in zip(c, cpu.parts(), strict=True)]
     scorer.engine.close()
     assert stats.scored == len(records), (stats.scored, stats.dead)
     assert engine.r.xlen(s.output) == len(records)
     engine.close()
     return took, used
+
+
+def _redis_costs(records: list[bytes], redis_pid: int, batch: int) -> dict[str, float]:
+    """Redis's CPU (us) per record for each thing the scorer asks of it, measured apart.
+
+    ``read``: delivered through the group (``XREADGROUP``, which adds each entry to the
+    pending-entries list and logs that to the append-only file); ``read_noack``: the same
+    with ``NOACK`` (no pending entry); ``commit``: the scorer's transaction of one ``XADD``
+    per score and the ``XACK``. The scorer's own calls, on the benchmark's project Redis.
+    """
+    from trainyard.config import load_pipeline
+    from trainyard.streaming.engines import Output
+    from trainyard.streaming.scorer import open_engine
+
+    engine = open_engine(load_pipeline("events"), consumer="bench-costs")
+    s = engine.streams
+    engine.r.delete(s.input, s.output, s.dead_letter)
+    for i in range(0, len(records), 5000):
+        engine.produce([(None, v) for v in records[i : i + 5000]])
+    proc = psutil.Process(redis_pid)
+
+    def redis_cpu() -> float:
+        t = proc.cpu_times()
+        return t.user + t.system
+
+    def fresh_group() -> None:
+        engine.r.xgroup_destroy(s.input, s.group)
+        engine.r.xgroup_create(s.input, s.group, id="0")
+
+    # Each phase whole: the kernel counts CPU in 10 ms ticks.
+    fresh_group()
+    c = redis_cpu()
+    batches = []
+    while messages := engine.read(batch, 1):
+        batches.append(messages)
+    read = redis_cpu() - c
+    outs = [
+        [Output(m.id, {"id": m.id, "score": 0.5, "class_id": 1, "version": 1}) for m in b]
+        for b in batches
+    ]
+    c = redis_cpu()
+    for b, o in zip(batches, outs, strict=True):
+        engine.commit(o, [], b)
+    commit = redis_cpu() - c
+    fresh_group()
+    c = redis_cpu()
+    while engine.r.xreadgroup(s.group, "bench-costs", {s.input: ">"}, batch, noack=True):
+        pass
+    read_noack = redis_cpu() - c
+    n = sum(len(b) for b in batches)
+    assert n == len(records), (n, len(records))
+    costs = {"read": read, "read_noack": read_noack, "commit": commit}
+    costs = {k: v / n * 1e6 for k, v in costs.items()}
+    engine.r.delete(s.input, s.output, s.dead_letter)
+    engine.close()
+    return costs
 
 
 def _latency(rate: float, seconds: float) -> tuple[float, float, int]:
@@ -200,7 +260,8 @@ def main() -> None:
             cpu_ours, cpu_base = CPU([server_pid, redis_pid]), CPU([server_pid])
             ours, base, ratios, cpu_ratios = [], [], [], []
             for r in range(a.rounds):
-                t_ours, c_ours = _ours(records, cpu_ours)
+                t_ours, parts = _ours(records, cpu_ours)
+                c_ours = sum(parts)
                 c = cpu_base.now()
                 t_base = _baseline(records, port, a.batch, a.in_flight)
                 c_base = cpu_base.now() - c
@@ -208,13 +269,22 @@ def main() -> None:
                 base.append(a.records / t_base)
                 ratios.append(ours[-1] / base[-1])
                 cpu_ratios.append(c_base / c_ours)
+                scorer_us, server_us, redis_us = (x / a.records * 1e6 for x in parts)
                 print(
                     f"round {r + 1}: stream {ours[-1]:.0f} records/s "
-                    f"({c_ours / a.records * 1e6:.1f} us CPU per record), direct predict "
-                    f"{base[-1]:.0f} records/s ({c_base / a.records * 1e6:.1f} us), "
+                    f"({c_ours / a.records * 1e6:.1f} us CPU per record: scorer "
+                    f"{scorer_us:.1f}, model server {server_us:.1f}, Redis {redis_us:.1f}), "
+                    f"direct predict {base[-1]:.0f} records/s "
+                    f"({c_base / a.records * 1e6:.1f} us), "
                     f"ratio {ratios[-1]:.3f}, cpu_ratio {cpu_ratios[-1]:.3f}",
                     flush=True,
                 )
+            costs = _redis_costs(records, redis_pid, a.batch)
+            print(
+                "Redis CPU per record: {read:.2f} us delivered through the group, "
+                "{read_noack:.2f} with NOACK (no pending entry), {commit:.2f} for the scores' "
+                "XADD and the XACK".format(**costs)
+            )
             p50, p99, n = _latency(statistics.median(ours) / 2, a.latency_seconds)
             print(f"latency at {statistics.median(ours) / 2:.0f} records/s: {n} records")
         finally:
@@ -225,6 +295,7 @@ def main() -> None:
         f"ours={statistics.median(ours):.0f} baseline={statistics.median(base):.0f} "
         f"p50_ms={p50:.1f} p99_ms={p99:.1f} ratio_min={min(ratios):.3f} "
         f"ratio_max={max(ratios):.3f} cpu_ratio={statistics.median(cpu_ratios):.3f} "
+        f"redis_us={costs['read'] + costs['commit']:.2f} "
         f"batch={a.batch} in_flight={a.in_flight} "
         f"records={a.records} rounds={a.rounds}"
     )
