@@ -69,3 +69,7 @@ class RegistryError(TrainyardError):
 
 class DeployError(TrainyardError):
     """A deployment failed its smoke test or never became available (after rollback)."""
+
+
+class ServingError(TrainyardError):
+    """The model server cannot start (its port is taken, its base path unusable)."""

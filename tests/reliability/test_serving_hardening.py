@@ -294,6 +294,101 @@ def test_connection_cap_closes_the_longest_idle_and_never_a_request_in_progress(
         srv.stop()
 
 
+def test_a_misbehaving_client_is_one_log_line_not_a_traceback(
+    tmp_path: Path, model: Path, caplog: pytest.LogCaptureFixture
+):
+    """A cold user's run: a body cut short, a bad Content-Length or 300 headers each wrote
+    aiohttp's 10-22 line ERROR traceback, so any client could flood the log."""
+    import logging
+
+    base = tmp_path / "serving"
+    publish_version(model, base, "digits", 1, IMAGE_SPEC)
+    srv = ThreadedServer(base, poll_interval=3600)
+    heads = [
+        b"POST " + PREDICT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{",
+        b"POST " + PREDICT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(300)) + b"\r\n",
+    ]
+    try:
+        srv.sync()
+        with caplog.at_level(logging.INFO):
+            for head in heads:
+                with socket.create_connection(("127.0.0.1", srv.port)) as sock:
+                    sock.sendall(head)
+                    time.sleep(0.3)
+            time.sleep(0.5)
+            assert good_request(srv.port)[0] == 200
+    finally:
+        srv.stop()
+    client_faults = [r for r in caplog.records if r.name in ("aiohttp.server", "trainyard.serving")]
+    assert not [r for r in client_faults if r.exc_info], [r.getMessage() for r in client_faults]
+    lines = [r.getMessage() for r in client_faults if r.levelno >= logging.WARNING]
+    assert len(lines) == 3 and all("\n" not in line for line in lines), lines
+    assert "ConnectionResetError" in lines[0] and "Content-Length" in lines[1], lines
+    assert "Too many headers" in lines[2], lines
+
+
+def test_connection_cap_below_the_clients_never_cuts_an_answered_keepalive_connection(
+    tmp_path: Path, model: Path
+):
+    """Three keep-alive clients against ``max_connections=2`` (a cold user's run).
+
+    The cap used to close a keep-alive connection between two of its requests (its next
+    request already sent: reset) and one whose answer was still in the send buffer (a
+    truncated body). Now only a newcomer is turned away: no connection that has answered
+    a request is cut, and every answer arrives whole.
+    """
+    import http.client
+
+    base = tmp_path / "serving"
+    publish_version(model, base, "digits", 1, IMAGE_SPEC)
+    srv = ThreadedServer(base, poll_interval=3600, max_connections=2)
+    answered, cut, truncated, refused = [0], [], [], [0]
+    lock = threading.Lock()
+
+    def client() -> None:
+        conn, on_conn = None, 0
+        t_end = time.monotonic() + 3
+        while time.monotonic() < t_end:
+            if conn is None:
+                conn, on_conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10), 0
+            try:
+                conn.request("POST", PREDICT, GOOD_BODY)
+                resp = conn.getresponse()
+                body = resp.read()
+                assert resp.status == 200 and len(json.loads(body)["predictions"]) == 2
+                on_conn += 1
+                with lock:
+                    answered[0] += 1
+            except http.client.IncompleteRead as e:
+                truncated.append(repr(e))
+                conn.close()
+                conn = None
+            except (OSError, http.client.HTTPException) as e:
+                with lock:
+                    if on_conn:
+                        cut.append(f"after {on_conn} answers: {e!r}")
+                    else:
+                        refused[0] += 1
+                conn.close()
+                conn = None
+                time.sleep(0.01)
+        if conn is not None:
+            conn.close()
+
+    try:
+        srv.sync()
+        threads = [threading.Thread(target=client) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert truncated == [] and cut == [], (truncated[:3], cut[:3])
+        assert answered[0] > 50 and refused[0] > 0, (answered, refused)
+    finally:
+        srv.stop()
+
+
 @pytest.mark.slow
 def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
     rows = 50_000

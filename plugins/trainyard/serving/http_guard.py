@@ -12,11 +12,15 @@ out of file descriptors, after which ``accept()`` fails and good clients are tur
   else the connection is closed (a client that stops reading holds no request forever);
 * a connection cap (:class:`ConnectionGuard`): beyond ``max_connections`` open connections,
   each new one closes the connection that has been idle longest (no request in progress:
-  a fresh, half-open or keep-alive one), or itself when every other one is busy, so the
+  a fresh or half-open one, or a keep-alive one idle for ``KEEPALIVE_GRACE_S``, and none
+  with an answer still in its send buffer), or itself when no other one may go, so the
   process stays below its file descriptor limit and a flood of idle connections only
-  displaces itself;
+  displaces itself. A keep-alive client between two requests is not cut off: its next
+  request may already be on the wire;
 * :func:`close_after_response`, which the request handler calls after a body deadline so
-  the connection closes as soon as the 408 answer is sent, instead of lingering.
+  the connection closes as soon as the 408 answer is sent, instead of lingering;
+* one log line, not aiohttp's traceback, for a client's fault: a malformed request (it gets
+  its 400) or a connection lost mid-request, so no client can flood the log.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import time
 from typing import Any
 
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
@@ -39,6 +45,8 @@ DEFAULT_KEEPALIVE_TIMEOUT = 75.0
 # Descriptors kept free below RLIMIT_NOFILE: model files, the gRPC listener, logs, and the
 # connections one event loop turn accepts (up to the listen backlog) before any is evicted.
 _MIN_FD_RESERVE = 256
+# A keep-alive connection idle for less than this may be about to send its next request.
+KEEPALIVE_GRACE_S = 1.0
 
 
 def default_max_connections() -> int:
@@ -79,7 +87,8 @@ class ConnectionGuard:
         self.header_timeout = header_timeout
         self.send_timeout = send_timeout
         self._open: set[GuardedRequestHandler] = set()
-        self._idle: dict[GuardedRequestHandler, None] = {}
+        # Idle connections (no request in progress) → when they became idle, oldest first.
+        self._idle: dict[GuardedRequestHandler, float] = {}
         self.evicted = 0
         self.timed_out = 0
 
@@ -91,10 +100,10 @@ class ConnectionGuard:
     def opened(self, handler: GuardedRequestHandler) -> None:
         """Count a new (idle) connection; beyond the cap, close the longest idle one."""
         self._open.add(handler)
-        self._idle[handler] = None
+        self._idle[handler] = time.monotonic()
         if len(self._open) <= self.max_connections:
             return
-        victim = next(iter(self._idle))  # the new connection itself if all others are busy
+        victim = self._victim(handler)
         self.evicted += 1
         if self.evicted == 1 or self.evicted % 1000 == 0:
             log.warning(
@@ -105,6 +114,20 @@ class ConnectionGuard:
                 self.evicted,
             )
         victim.shut("connection limit reached")
+
+    def _victim(self, newcomer: GuardedRequestHandler) -> GuardedRequestHandler:
+        """The longest idle connection that may be closed, else ``newcomer`` itself."""
+        recent = time.monotonic() - KEEPALIVE_GRACE_S
+        for handler, since in self._idle.items():
+            if handler is newcomer:
+                continue
+            if handler.answered and since > recent:
+                continue  # between two requests of a keep-alive client
+            transport = handler.transport
+            if transport is not None and transport.get_write_buffer_size():
+                continue  # its last answer is still being sent
+            return handler
+        return newcomer
 
     def closed(self, handler: GuardedRequestHandler) -> None:
         """Forget a connection that is closed or being closed."""
@@ -119,7 +142,7 @@ class ConnectionGuard:
         """``handler`` answered its requests: it is now the most recently idle connection."""
         if handler in self._open:
             self._idle.pop(handler, None)
-            self._idle[handler] = None
+            self._idle[handler] = time.monotonic()
 
 
 class GuardedRequestHandler(RequestHandler):
@@ -141,6 +164,30 @@ class GuardedRequestHandler(RequestHandler):
         self._busy = False
         self._handled = 0
         self._close_after_response = False
+
+    @property
+    def answered(self) -> int:
+        """Requests this connection has answered."""
+        return self._handled
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """A client's fault in one line (WARNING); anything else with aiohttp's traceback."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, HttpProcessingError | ConnectionError):
+            malformed = isinstance(exc, HttpProcessingError)
+            text = str(exc.message if isinstance(exc, HttpProcessingError) else exc)
+            first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+            peer = self.peername
+            client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            log.warning(
+                "%s from %s: %s: %s",
+                "malformed request" if malformed else "connection",
+                client,
+                type(exc).__name__,
+                first,
+            )
+            return
+        super().log_exception(*args, **kw)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Start the head deadline and count the connection (which may evict another)."""

@@ -32,6 +32,7 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import re
 import signal
 from pathlib import Path
@@ -39,7 +40,9 @@ from typing import Any
 
 from aiohttp import web
 
+from trainyard import argtypes
 from trainyard.cpus import usable_cores
+from trainyard.errors import ServingError
 from trainyard.serving.classify_regress import (
     decode_example_request,
     encode_classification,
@@ -82,6 +85,8 @@ DEFAULT_MAX_ROWS = 65536
 # Decoding a 256-row image batch (~370 KB) takes about 1 ms; an executor hop costs more than
 # it overlaps, so only bodies beyond this size are decoded off the event loop.
 _INLINE_PARSE_BYTES = 1024 * 1024
+# Scanning the base path more often than this only burns a core.
+MIN_POLL_INTERVAL = 0.05
 
 _WHICH = r"(?:/versions/(?P<v>[^/:]+)|/labels/(?P<label>[^/:]+))?"
 _GET_RE = re.compile(rf"^/v1/models/(?P<name>[^/:]+){_WHICH}(?P<meta>/metadata)?$")
@@ -366,9 +371,14 @@ class ServingServer:
             access_log=None,
             keepalive_timeout=self.keepalive_timeout,
         )
-        self._listener = await asyncio.get_running_loop().create_server(
-            protocol, self.host, self.port, backlog=128, reuse_address=True
-        )
+        try:
+            self._listener = await asyncio.get_running_loop().create_server(
+                protocol, self.host, self.port, backlog=128, reuse_address=True
+            )
+        except OSError as e:
+            await self._runner.cleanup()
+            why = os.strerror(e.errno).lower() if e.errno else str(e)
+            raise OSError(e.errno, f"cannot listen on {self.host}:{self.port}: {why}") from e
         self.port = int(self._listener.sockets[0].getsockname()[1])
         log.info("serving %s on http://%s:%d", self.repository.base_path, self.host, self.port)
         if self.grpc_port is not None:
@@ -440,77 +450,90 @@ def cli_main(argv: list[str]) -> int:
         "highest version)",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--port", type=argtypes.port_or_zero, default=8501)
     parser.add_argument(
         "--grpc-port",
-        type=int,
+        type=argtypes.port_or_zero,
         default=None,
         help="also serve TF Serving's gRPC API (PredictionService, ModelService) on this "
         "port (TF Serving's default is 8500; default: off)",
     )
-    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between scans")
-    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
-    parser.add_argument("--max-batch-rows", type=int, default=1024, help="largest merged batch")
+    parser.add_argument(
+        "--poll-interval",
+        type=argtypes.positive_float,
+        default=1.0,
+        help=f"seconds between scans of the base path (at least {MIN_POLL_INTERVAL:g})",
+    )
+    parser.add_argument(
+        "--max-body-mb", type=argtypes.positive_float, default=DEFAULT_MAX_BODY_BYTES / 2**20
+    )
+    parser.add_argument(
+        "--max-batch-rows", type=argtypes.positive_int, default=1024, help="largest merged batch"
+    )
     parser.add_argument(
         "--max-rows",
-        type=int,
+        type=argtypes.positive_int,
         default=DEFAULT_MAX_ROWS,
         help="most rows one predict request may hold (more: 400)",
     )
     parser.add_argument(
         "--header-timeout",
-        type=float,
+        type=argtypes.positive_float,
         default=DEFAULT_HEADER_TIMEOUT,
         help="seconds a connection may take to send a complete request head (line and "
         "headers) before it is closed",
     )
     parser.add_argument(
         "--body-timeout",
-        type=float,
+        type=argtypes.positive_float,
         default=DEFAULT_BODY_TIMEOUT,
         help="seconds a request body may take to arrive (then 408 and the connection closes)",
     )
     parser.add_argument(
         "--send-timeout",
-        type=float,
+        type=argtypes.positive_float,
         default=DEFAULT_SEND_TIMEOUT,
         help="seconds a client may take to receive a response before its connection closes",
     )
     parser.add_argument(
         "--keepalive-timeout",
-        type=float,
+        type=argtypes.positive_float,
         default=DEFAULT_KEEPALIVE_TIMEOUT,
         help="seconds an idle keep-alive connection stays open",
     )
     parser.add_argument(
         "--max-connections",
-        type=int,
+        type=argtypes.positive_int,
         default=None,
         help="open connections allowed; each one beyond closes the longest idle (default: "
         "the open file limit less a quarter, at least 256 less)",
     )
     parser.add_argument(
         "--model-threads",
-        type=int,
+        type=argtypes.positive_int,
         default=None,
         help="model calls that may run at once (default: two per core, so that decoding and "
         "encoding overlap model calls)",
     )
     parser.add_argument(
         "--intra-op-threads",
-        type=int,
+        type=argtypes.non_negative_int,
         default=1,
         help="threads one TensorFlow op may use (default: 1, concurrent model calls spread "
         "over the cores; 0: TensorFlow's default, one per core)",
     )
     parser.add_argument(
         "--inter-op-threads",
-        type=int,
+        type=argtypes.non_negative_int,
         default=None,
         help="threads that run TensorFlow ops, for all model calls together (default: one "
         "per core; 0: TensorFlow's default)",
     )
     args = parser.parse_args(argv)
+    if args.poll_interval < MIN_POLL_INTERVAL:
+        parser.error(f"argument --poll-interval: at least {MIN_POLL_INTERVAL:g} s")
+    if args.grpc_port is not None and args.grpc_port == args.port and args.port != 0:
+        parser.error(f"argument --grpc-port: {args.grpc_port} is also --port")
     args.model_threads, args.inter_op_threads = pool_sizes(
         args.model_threads, args.inter_op_threads, usable_cores()
     )
@@ -537,7 +560,10 @@ def cli_main(argv: list[str]) -> int:
         send_timeout=args.send_timeout,
     )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve_until_signalled(server))
+        try:
+            runner.run(serve_until_signalled(server))
+        except OSError as e:  # a port taken, an address not of this machine
+            raise ServingError(e.strerror or str(e)) from e
     return 0
 
 

@@ -17,6 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
+from trainyard import argtypes
 from trainyard.errors import ConfigError
 from trainyard.training.spec import TENSORBOARD_DIR
 
@@ -89,16 +90,6 @@ def logdir_spec(runs: dict[str, Path]) -> str:
     return ",".join(f"{name}:{path}" for name, path in runs.items())
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is not in 1..65535")
-    return port
-
-
 def _check_free(host: str, port: int) -> None:
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -124,7 +115,7 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument(
         "--version", type=int, action="append", help="only this version (repeatable)"
     )
-    parser.add_argument("--port", type=_port, default=6006)
+    parser.add_argument("--port", type=argtypes.port, default=6006)
     parser.add_argument(
         "--host", default="127.0.0.1", help="interface to bind (default: this machine only)"
     )
