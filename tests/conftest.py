@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,17 @@ os.environ.setdefault("TRAINYARD_PROJECT_DIR", str(ROOT))
 
 
 @pytest.fixture
-def volume_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh volume root for one test (``TRAINYARD_VOLUME_ROOT``)."""
+def volume_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh volume root for one test (``TRAINYARD_VOLUME_ROOT``).
+
+    A model server started under it (``models promote`` starts one, detached, to serve
+    the champion) is stopped afterwards, so none outlives its test and holds the port.
+    """
     root = tmp_path / "volumes"
     root.mkdir()
     monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(root))
-    return root
+    yield root
+    if (root / "_serving").is_dir():
+        from trainyard.serving.deploy import stop_local_server
+
+        stop_local_server(root / "_serving")
