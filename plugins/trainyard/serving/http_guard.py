@@ -175,7 +175,7 @@ class GuardedRequestHandler(RequestHandler):
         exc = kw.get("exc_info")
         if isinstance(exc, HttpProcessingError | ConnectionError):
             malformed = isinstance(exc, HttpProcessingError)
-            text = str(exc.message if isinstance(exc, HttpProcessingError) else exc)
+            text = str(exc.message if malformed else exc)
             first = next((line.strip() for line in text.splitlines() if line.strip()), "")
             peer = self.peername
             client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
