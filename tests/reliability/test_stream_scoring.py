@@ -103,7 +103,15 @@ def test_kill_restart_and_promotion_score_every_record_once(project) -> None:
 
     # the first scorer is killed mid-way: whatever it read and did not commit stays pending
     a = _scorer(project, "a")
-    _wait(lambda: r.xlen(STREAMS.output) >= 1000, 90, "scorer a's first scores", poll=0.002)
+    _wait(
+        lambda: (
+            r.xlen(STREAMS.output) >= 1000
+            and r.xpending(STREAMS.input, STREAMS.group)["pending"] > 0
+        ),
+        90,
+        "scorer a's first scores, with a batch read and not yet committed",
+        poll=0.002,
+    )
     a.send_signal(signal.SIGKILL)
     a.wait(10)
     left = r.xpending(STREAMS.input, STREAMS.group)["pending"]
