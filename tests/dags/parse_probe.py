@@ -1,7 +1,8 @@
 """Parse one DAG file in a fresh interpreter and report what parsing did, as JSON.
 
 Run as ``python parse_probe.py <dag file>``: counts SQL statements issued, records heavy
-modules imported, and times the file's import on top of an already imported Airflow.
+modules imported, records each DAG's tasks and edges, and times the file's import on
+top of an already imported Airflow.
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ def main(path: str) -> None:
     seconds = time.perf_counter() - start
     from airflow.sdk import DAG
 
-    dags = {k: v.task_ids for k, v in namespace.items() if isinstance(v, DAG)}
+    found = [v for v in namespace.values() if isinstance(v, DAG)]
+    dags = {d.dag_id: d.task_ids for d in found}
+    edges = {d.dag_id: {t.task_id: sorted(t.upstream_task_ids) for t in d.tasks} for d in found}
     print(
         json.dumps(
             {
                 "seconds": seconds,
                 "dags": dags,
+                "edges": edges,
                 "sql_statements": statements,
                 "heavy_modules": sorted(m for m in heavy if m in sys.modules and m not in before),
             }
