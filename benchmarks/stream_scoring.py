@@ -151,7 +151,7 @@ def _redis_costs(records: list[bytes], redis_pid: int, batch: int) -> dict[str, 
         batches.append(messages)
     read = redis_cpu() - c
     outs = [
-        [Output(m.id, {"id": m.id, "score": 0.5, "class_id": 1, "version": 1}) for m in b]
+        [Output.of(m.id, {"id": m.id, "score": 0.5, "class_id": 1, "version": 1}) for m in b]
         for b in batches
     ]
     c = redis_cpu()

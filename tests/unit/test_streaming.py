@@ -31,7 +31,7 @@ from trainyard.streaming.engines import (
     next_offsets,
 )
 from trainyard.streaming.records import RecordChecker
-from trainyard.streaming.scorer import scores_of
+from trainyard.streaming.scorer import encode_scores, scores_of
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = Streams("txn.in", "txn.scores", "txn.dead", "trainyard-transactions")
@@ -180,7 +180,7 @@ def test_kafka_engine_without_a_broker() -> None:
         assert engine.read(10, 100) == []  # no broker: nothing, no exception
         assert engine.claim(1000, 10) == []  # rebalancing hands over uncommitted offsets
         with pytest.raises(StreamError, match=r"not delivered within 1s.*nothing committed"):
-            engine.commit([Output("t-1", {"id": "t-1", "score": 0.5})], [], [m])
+            engine.commit([Output.of("t-1", {"id": "t-1", "score": 0.5})], [], [m])
     finally:
         engine.close()
 
@@ -319,3 +319,28 @@ def test_kubernetes_runner_creates_then_rolls_the_scorer_after_a_deploy() -> Non
     (patch,) = apps.patches
     assert patch["spec"]["replicas"] == 6
     assert patch["spec"]["template"].metadata.annotations[VERSION_ANNOTATION] == "3"
+
+
+HOSTILE_KEYS = ["t-1", 'q"uote', "back\\slash", "new\nline", "tab\t\x00nul", "ünï😀", '","']
+
+
+def test_encode_scores_writes_what_orjson_writes() -> None:
+    scores = [0.5, 1e-05, 0.999999999, 0.0, 1.0, 3.25e-300, 0.1]
+    classes: list[int | None] = [1, 0, 1, 0, 1, None, 7]
+    sources = [f"1795-{i}" for i in range(len(scores))]
+    outs = encode_scores(HOSTILE_KEYS, sources, scores, classes, 12)
+    for o, key, s, c, src in zip(outs, HOSTILE_KEYS, scores, classes, sources, strict=True):
+        assert o.key == key
+        doc = {"id": key, "score": s, "class_id": c, "version": 12, "source": src}
+        assert orjson.loads(o.value) == doc
+        assert list(orjson.loads(o.value)) == list(doc)
+
+
+def test_encode_scores_non_finite_and_per_row_versions() -> None:
+    outs = encode_scores(["a", "b"], ["1-0", "1-1"], [float("nan"), 0.5], [None, 1], 3)
+    assert orjson.loads(outs[0].value)["score"] is None
+    assert orjson.loads(outs[1].value) == {
+        "id": "b", "score": 0.5, "class_id": 1, "version": 3, "source": "1-1"
+    }  # fmt: skip
+    outs = encode_scores(["a", "b"], ["1-0", "1-1"], [0.25, 0.5], [0, 1], [3, 4])
+    assert [orjson.loads(o.value)["version"] for o in outs] == [3, 4]

@@ -30,7 +30,7 @@ import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -43,9 +43,8 @@ class StreamError(TrainyardError):
     """A stream engine failed (the message names the engine, stream and reason)."""
 
 
-@dataclass(frozen=True)
-class Message:
-    """A record read from the input stream.
+class Message(NamedTuple):
+    """A record read from the input stream (a tuple: one is made per record read).
 
     Attributes:
         id: Its position: a Redis entry id, or ``<topic>/<partition>/<offset>``.
@@ -62,12 +61,20 @@ class Message:
     offset: int | None = None
 
 
-@dataclass(frozen=True)
-class Output:
-    """A record for an output stream: keyed by the record id, the document as JSON."""
+class Output(NamedTuple):
+    """A record for an output stream: keyed by the record id, its document as JSON bytes.
+
+    The scorer encodes a batch of scores at once (``scorer.encode_scores``); :meth:`of`
+    encodes any other document.
+    """
 
     key: str
-    doc: dict[str, Any]
+    value: bytes
+
+    @classmethod
+    def of(cls, key: str, doc: dict[str, Any]) -> Output:
+        """An output whose document is ``doc``, encoded with orjson."""
+        return cls(key, orjson.dumps(doc))
 
 
 @dataclass(frozen=True)
@@ -163,8 +170,9 @@ class RedisStreams(StreamEngine):
         except redis.RedisError as e:
             raise StreamError(f"redis {url}: {type(e).__name__}: {e}") from e
         self._claim_from = "0-0"
-        self._conn: Any = None
-        self._reader: Any = None
+        self._local = threading.local()  # each thread's own connection and reply parser
+        self._lock = threading.Lock()
+        self._conns: list[Any] = []
 
     @staticmethod
     def _messages(entries: Any) -> list[Message]:
@@ -204,15 +212,18 @@ class RedisStreams(StreamEngine):
             return []
         out = []
         for entry_id, fields in got[0][1]:
-            if not fields:
-                continue
-            f = dict(zip(fields[::2], fields[1::2], strict=True))
-            key = f.get(b"key")
-            out.append(
-                Message(
-                    entry_id.decode(), f.get(b"value", b""), None if key is None else key.decode()
+            if len(fields) == 2 and fields[0] == b"value":  # what producers usually write
+                out.append(Message(entry_id.decode(), fields[1]))
+            elif fields:
+                f = dict(zip(fields[::2], fields[1::2], strict=True))
+                key = f.get(b"key")
+                out.append(
+                    Message(
+                        entry_id.decode(),
+                        f.get(b"value", b""),
+                        None if key is None else key.decode(),
+                    )
                 )
-            )
         return out
 
     def claim(self, min_idle_ms: int, count: int) -> list[Message]:
@@ -257,12 +268,10 @@ class RedisStreams(StreamEngine):
                 len(stream.encode()),
                 stream.encode(),
             )
-            for o in outs:
-                k = o.key.encode()
-                v = orjson.dumps(o.doc)
-                parts.append(
-                    b"%b$%d\r\n%b\r\n$5\r\nvalue\r\n$%d\r\n%b\r\n" % (head, len(k), k, len(v), v)
-                )
+            parts += [
+                b"%b$%d\r\n%b\r\n$5\r\nvalue\r\n$%d\r\n%b\r\n" % (head, len(k), k, len(v), v)
+                for k, v in ((o.key.encode(), o.value) for o in outs)
+            ]
         queued = len(parts) - 1
         if done:
             parts.append(
@@ -283,19 +292,24 @@ class RedisStreams(StreamEngine):
 
         The hot path (read, commit) skips redis-py's per-argument packing and per-reply
         parsing, which cost more than Redis itself: the bytes go out on the engine's own
-        connection and hiredis parses what comes back. A broken connection is dropped
-        and reopened on the next call.
+        connection (one per thread: the scorer reads on one while it commits on another)
+        and hiredis parses what comes back. A broken connection is dropped and reopened
+        on the next call.
         """
         import hiredis
 
-        if self._conn is None:
-            self._conn = self.r.connection_pool.get_connection()
-            self._reader = hiredis.Reader()
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = self.r.connection_pool.get_connection()
+            local.reader = hiredis.Reader()
+            with self._lock:
+                self._conns.append(conn)
         out: list[Any] = []
         try:
-            sock = self._conn._sock
+            sock = conn._sock
             sock.sendall(commands)
-            reader = self._reader
+            reader = local.reader
             while len(out) < replies:
                 reply = reader.gets()
                 if reply is False:
@@ -306,9 +320,11 @@ class RedisStreams(StreamEngine):
                 else:
                     out.append(reply)
         except BaseException as e:
-            self._conn.disconnect()
-            self.r.connection_pool.release(self._conn)
-            self._conn = None
+            conn.disconnect()
+            self.r.connection_pool.release(conn)
+            local.conn = None
+            with self._lock:
+                self._conns.remove(conn)
             if isinstance(e, OSError | self._redis.RedisError):
                 raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
             raise
@@ -336,9 +352,11 @@ class RedisStreams(StreamEngine):
 
     def close(self) -> None:
         """Close the connections."""
-        if self._conn is not None:
-            self._conn.disconnect()
-            self._conn = None
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.disconnect()
+        self._local = threading.local()
         self.r.close()
 
 
@@ -464,7 +482,7 @@ class KafkaStreams(StreamEngine):
         """
         for topic, outs in ((self.streams.output, scores), (self.streams.dead_letter, dead)):
             for o in outs:
-                self._send(topic, o.key, orjson.dumps(o.doc))
+                self._send(topic, o.key, o.value)
         self._flush()
         offsets = next_offsets(done)
         if offsets:

@@ -15,9 +15,11 @@ version that computed it (a plain ``:predict`` response does not say which answe
 After a promotion or rollback the old version is unloaded; its 404 makes the scorer read
 the label again and resend the batch, so outputs follow the registry.
 
-**Back-pressure.** At most ``max_in_flight`` batches are at the server; while they are,
-the scorer reads nothing more, so memory stays bounded and unread records wait in the
-stream. A failing server (connection refused, 5xx, time-out) is retried with exponential
+**Back-pressure.** At most ``max_in_flight`` batches are at the server and at most
+``2 * max_in_flight + 1`` read and not yet committed (the others are being checked or
+committed: a thread of its own writes each batch's scores while the next is read); while
+that many are, the scorer reads nothing more, so memory stays bounded and unread records
+wait in the stream. A failing server (connection refused, 5xx, time-out) is retried with exponential
 back-off (0.1 s doubling to 5 s) for as long as it fails; records it refuses with 400 are
 scored one by one and those it still refuses are dead-lettered with its message. Lag
 (records the group has not read) and pending records are logged every ``report_s`` and
@@ -37,6 +39,7 @@ import collections
 import concurrent.futures as cf
 import http.client
 import logging
+import math
 import os
 import signal
 import sys
@@ -278,6 +281,55 @@ class _Batch:
 
 
 @dataclass
+class _Scored:
+    """A batch's answer from the model server.
+
+    The version that scored it (one per row when rows went one by one), per row the score
+    and class id, and the rows the server refused (row → its message).
+    """
+
+    versions: int | list[int | None]
+    scores: list[float]
+    classes: list[int | None]
+    refused: dict[int, str]
+
+
+def encode_scores(
+    keys: list[str],
+    sources: list[str],
+    scores: list[float],
+    classes: list[int | None],
+    versions: int | list[int | None],
+) -> list[Output]:
+    """The output documents ``{id, score, class_id, version, source}``, one per record.
+
+    Formatted directly (a few hundred thousand a second are written): the same JSON
+    ``orjson.dumps`` writes for finite scores; a batch with a NaN or infinite score
+    (written as null) goes through orjson.
+
+    Args:
+        keys: Record ids.
+        sources: Input positions (stream entry ids, ``topic/partition/offset``).
+        scores: Per record score.
+        classes: Per record class id, or None.
+        versions: The model version that scored the batch, or one per record.
+    """
+    if isinstance(versions, int) and all(map(math.isfinite, scores)):
+        head = b'{"id":%b,"score":%a,"class_id":%b,"version":' + b"%d" % versions
+        fmt = head + b',"source":%b}'
+        dumps = orjson.dumps
+        return [
+            Output(k, fmt % (dumps(k), s, b"null" if c is None else b"%d" % c, dumps(src)))
+            for k, src, s, c in zip(keys, sources, scores, classes, strict=True)
+        ]
+    each = [versions] * len(keys) if isinstance(versions, int) else versions
+    return [
+        Output.of(k, {"id": k, "score": s, "class_id": c, "version": v, "source": src})
+        for k, src, s, c, v in zip(keys, sources, scores, classes, each, strict=True)
+    ]
+
+
+@dataclass
 class Stats:
     """What the scorer did so far (logged and written to the status file)."""
 
@@ -333,14 +385,20 @@ class Scorer:
         self.batch_size = batch_size
         self.max_wait_ms = max_wait_ms
         self.max_in_flight = max_in_flight
+        # read and not yet committed: those at the server, one being read, one committing
+        self.max_batches = 2 * max_in_flight + 1
         self.claim_idle_ms = int(claim_idle_s * 1000)
         self.report_s = report_s
         self.status_file = status_file
         self.stop = endpoint.stop
         self.stats = Stats()
         self._pool = cf.ThreadPoolExecutor(max_in_flight, thread_name_prefix="score")
+        # Commits run on a thread (and a Redis connection) of their own, so Redis writes a
+        # batch's scores while this thread reads and checks the next.
+        self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="commit")
         self._next_claim = 0.0
         self._inflight_ids: set[str] = set()
+        self._ids_lock = threading.Lock()
         self._next_report = time.monotonic() + report_s
 
     # -- one batch
@@ -353,7 +411,7 @@ class Scorer:
             key = record.get(self.checker.key) if isinstance(record, dict) else None
             if reason is not None:
                 batch.dead.append(
-                    Output(
+                    Output.of(
                         str(key) if isinstance(key, str) else m.id,
                         {
                             "id": key if isinstance(key, str) else None,
@@ -372,48 +430,57 @@ class Scorer:
             batch.future = self._pool.submit(self._score, inputs, len(batch.records))
         return batch
 
-    def _score(self, inputs: dict[str, np.ndarray], rows: int) -> list[tuple[Any, ...]]:
-        """Per row ``(version, score, class_id)`` or ``(None, reason)`` if the server refuses."""
+    def _score(self, inputs: dict[str, np.ndarray], rows: int) -> _Scored:
+        """The batch's scores, or per row the server's reason if it refuses some."""
         try:
             version, outputs = self.endpoint.predict(inputs)
         except ServerRefused as e:
             if rows == 1:
-                return [(None, f"model server refused the record: {e.message}")]
-            out: list[tuple[Any, ...]] = []
+                return _Scored([None], [math.nan], [None], {0: e.message})
+            out = _Scored([], [], [], {})
             for i in range(rows):  # find the record(s) it refuses
-                out.extend(self._score({k: v[i : i + 1] for k, v in inputs.items()}, 1))
+                one = self._score({k: v[i : i + 1] for k, v in inputs.items()}, 1)
+                out.versions += one.versions
+                out.scores += one.scores
+                out.classes += one.classes
+                if one.refused:
+                    out.refused[i] = one.refused[0]
             return out
         scores, classes = scores_of(outputs, rows)
-        return [(version, s, c) for s, c in zip(scores, classes, strict=True)]
+        return _Scored(version, scores, classes, {})
 
     def _finish(self, batch: _Batch) -> None:
+        """Wait for the batch's scores, write them and its dead letters, acknowledge it.
+
+        Runs on the committer thread, one batch after another in the order read.
+        """
         scores: list[Output] = []
         dead = list(batch.dead)
         if batch.future is not None:
-            while not batch.future.done():  # the server is slow or down: keep reporting
-                cf.wait([batch.future], timeout=self.report_s / 2)
-                self._maybe_report()
-            results = batch.future.result()
-            for key, src, res in zip(batch.keys, batch.sources, results, strict=True):
-                if res[0] is None:
-                    dead.append(Output(key, {"id": key, "source": src, "reason": res[1]}))
-                    continue
-                version, score, class_id = res
-                scores.append(
-                    Output(
-                        key,
-                        {
-                            "id": key,
-                            "score": score,
-                            "class_id": class_id,
-                            "version": version,
-                            "source": src,
-                        },
-                    )
+            got: _Scored = batch.future.result()
+            keys, sources = batch.keys, batch.sources
+            if got.refused:
+                for i, reason in got.refused.items():
+                    why = f"model server refused the record: {reason}"
+                    doc = {"id": keys[i], "source": sources[i], "reason": why}
+                    dead.append(Output.of(keys[i], doc))
+                keep = [i for i in range(len(keys)) if i not in got.refused]
+                assert isinstance(got.versions, list)
+                keys = [keys[i] for i in keep]
+                sources = [sources[i] for i in keep]
+                got = _Scored(
+                    [got.versions[i] for i in keep],
+                    [got.scores[i] for i in keep],
+                    [got.classes[i] for i in keep],
+                    {},
                 )
-                self.stats.version = version
+            scores = encode_scores(keys, sources, got.scores, got.classes, got.versions)
+            if scores:
+                last = got.versions if isinstance(got.versions, int) else got.versions[-1]
+                self.stats.version = last
         self.engine.commit(scores, dead, batch.messages)
-        self._inflight_ids.difference_update(m.id for m in batch.messages)
+        with self._ids_lock:
+            self._inflight_ids.difference_update(m.id for m in batch.messages)
         self.stats.scored += len(scores)
         self.stats.dead += len(dead)
         self.stats.batches += 1
@@ -424,17 +491,22 @@ class Scorer:
         now = time.monotonic()
         if now >= self._next_claim:
             # our own batches still at the server may be idle that long too: not again
-            claimed = [
-                m
-                for m in self.engine.claim(self.claim_idle_ms, self.batch_size)
-                if m.id not in self._inflight_ids
-            ]
+            got = self.engine.claim(self.claim_idle_ms, self.batch_size)
+            with self._ids_lock:
+                claimed = [m for m in got if m.id not in self._inflight_ids]
             if claimed:
                 self.stats.claimed += len(claimed)
                 log.info("claimed %d records another scorer left pending", len(claimed))
                 return claimed
             self._next_claim = now + self.claim_idle_ms / 2000
         return self.engine.read(self.batch_size, self.max_wait_ms)
+
+    def _wait(self, committed: cf.Future[None]) -> None:
+        """Wait for a batch's commit (its errors raise here), reporting while it takes."""
+        while not committed.done():  # the server is slow or down: keep reporting
+            cf.wait([committed], timeout=self.report_s / 2)
+            self._maybe_report()
+        committed.result()
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
@@ -477,17 +549,13 @@ class Scorer:
         Returns:
             The final statistics.
         """
-        inflight: collections.deque[_Batch] = collections.deque()
+        inflight: collections.deque[cf.Future[None]] = collections.deque()  # commits
         idle_since = time.monotonic()
         self.report()
         try:
             while not self.stop.is_set():
-                while inflight and (
-                    len(inflight) >= self.max_in_flight
-                    or inflight[0].future is None
-                    or inflight[0].future.done()
-                ):
-                    self._finish(inflight.popleft())
+                while inflight and (len(inflight) >= self.max_batches or inflight[0].done()):
+                    self._wait(inflight.popleft())
                 if max_records is not None and self.stats.read >= max_records:
                     break
                 messages = self._fetch()
@@ -495,19 +563,24 @@ class Scorer:
                 self._maybe_report()
                 if not messages:
                     if inflight:
-                        self._finish(inflight.popleft())
+                        self._wait(inflight.popleft())
                     elif exit_when_idle_s is not None and now - idle_since > exit_when_idle_s:
                         break
                     continue
                 idle_since = now
                 self.stats.read += len(messages)
-                self._inflight_ids.update(m.id for m in messages)
-                inflight.append(self._prepare(messages))
+                with self._ids_lock:
+                    self._inflight_ids.update(m.id for m in messages)
+                inflight.append(self._committer.submit(self._finish, self._prepare(messages)))
             while inflight:  # finish and commit what is in flight
-                self._finish(inflight.popleft())
+                self._wait(inflight.popleft())
         except Stopped:
             log.info("stopped with %d batches in flight (left pending)", len(inflight))
+        except BaseException:
+            self.stop.set()  # batches waiting for the server give up: they stay pending
+            raise
         finally:
+            self._committer.shutdown(wait=True, cancel_futures=True)
             self._pool.shutdown(wait=False, cancel_futures=True)
             self.report(final=True)
         return self.stats
