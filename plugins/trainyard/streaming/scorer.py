@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures as cf
+import gc
 import http.client
 import logging
 import math
@@ -70,6 +71,8 @@ from trainyard.streaming.records import RecordChecker
 log = logging.getLogger("trainyard.streaming")
 
 MAX_BACKOFF_S = 5.0
+GC_THRESHOLD = 50_000
+"""Allocations between young-generation collections while scoring (Python's default: 700)."""
 
 
 class Stopped(Exception):
@@ -552,6 +555,11 @@ class Scorer:
         inflight: collections.deque[cf.Future[None]] = collections.deque()  # commits
         idle_since = time.monotonic()
         self.report()
+        # A batch makes thousands of short-lived tuples, which would start the cyclic
+        # collector every few records; what exists now (modules, config) never needs it.
+        threshold = gc.get_threshold()
+        gc.freeze()
+        gc.set_threshold(max(threshold[0], GC_THRESHOLD), *threshold[1:])
         try:
             while not self.stop.is_set():
                 while inflight and (len(inflight) >= self.max_batches or inflight[0].done()):
@@ -582,6 +590,8 @@ class Scorer:
         finally:
             self._committer.shutdown(wait=True, cancel_futures=True)
             self._pool.shutdown(wait=False, cancel_futures=True)
+            gc.set_threshold(*threshold)
+            gc.unfreeze()
             self.report(final=True)
         return self.stats
 
