@@ -4,7 +4,8 @@
 SIGKILLed mid-way and a second one claims what it left pending; the champion is promoted
 while the second one runs. Every valid record must have exactly one score keyed by its
 id, computed by the version written with it, every invalid one a dead letter with its
-reason, and nothing may be left pending.
+reason, and nothing may be left pending. Then the Redis server itself is SIGKILLed under
+a supervised scorer.
 """
 
 from __future__ import annotations
@@ -275,3 +276,70 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     assert orjson.loads(status_file.read_bytes())["state"] == "stopped"
     # a pipeline without scoring.stream starts nothing
     assert steps.roll_scorer(cfg.model_copy(update={"scoring": type(cfg.scoring)()}), True) is None
+
+
+def test_redis_killed_mid_run_loses_nothing(project, tmp_path: Path) -> None:
+    """SIGKILL the Redis server while a supervised scorer commits on its own thread.
+
+    The scorer exits with one line naming Redis; its supervisor starts it again, which
+    starts the project's Redis again from its append-only file; every record ends up
+    scored or dead-lettered, a record scored twice shows the same source entry, and
+    nothing stays pending.
+    """
+    redis_dir = project["root"] / "redis"
+    engine = RedisStreams(project["url"], STREAMS, consumer="test-producer")
+    engine.r.delete(STREAMS.input, STREAMS.output, STREAMS.dead_letter)
+    engine.r.xgroup_create(STREAMS.input, STREAMS.group, id="0", mkstream=True)
+    records, bad = make_records(6000, bad_every=40, seed=11)
+    engine.produce([(None, v) for v in records])
+    engine.close()
+    log_path = tmp_path / "scorer.log"
+    with open(log_path, "wb") as log:
+        sup = subprocess.Popen(
+            [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events",
+             "--consumer", "survivor", "--supervise"],
+            env=project["env"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def reachable() -> RedisStreams | None:
+        try:
+            return RedisStreams(project["url"], STREAMS, consumer="test-watch", socket_timeout_s=5)
+        except Exception:
+            return None
+
+    try:
+        watch = reachable()
+        assert watch is not None
+        _wait(lambda: watch.r.xlen(STREAMS.output) >= 500, 60, "the first scores", poll=0.002)
+        os.kill(int((redis_dir / redis_server.PID_FILE).read_text()), signal.SIGKILL)
+        watch.close()
+
+        def finished() -> bool:
+            w = reachable()
+            if w is None:
+                return False
+            try:
+                done = w.r.xlen(STREAMS.output) + w.r.xlen(STREAMS.dead_letter)
+                return done >= 6000 and w.r.xpending(STREAMS.input, STREAMS.group)["pending"] == 0
+            finally:
+                w.close()
+
+        _wait(finished, 120, "every record after the Redis restart", poll=0.2)
+    finally:
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
+    r = reachable()
+    assert r is not None
+    scores, dead = _entries(r.r, STREAMS.output), _entries(r.r, STREAMS.dead_letter)
+    r.close()
+    valid = {f"ev-{i}" for i in range(6000)} - bad
+    sources = collections.defaultdict(set)
+    for s in scores:
+        sources[s["id"]].add(s["source"])
+    assert set(sources) == valid
+    assert all(len(v) == 1 for v in sources.values()), "a record scored from two entries"
+    assert {d["id"] for d in dead} == bad
+    text = log_path.read_text()
+    assert "trainyard score-stream: StreamError: redis " in text, text[-3000:]
+    assert "scorer exited with 1; restarting" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
