@@ -10,6 +10,9 @@ Redis server (both in a temporary folder):
 * records/s of the same records scored by direct batched ``:predict`` calls: each record
   decoded, batches of ``--batch`` built as columns and posted on ``--in-flight`` keep-alive
   connections, the responses decoded (no stream, no contract, nothing written);
+* the floor: the same Redis commands and ``:predict`` calls with everything the scorer
+  computes per record done before the timer (:func:`_floor`): the stream's and the
+  model's work alone; ``floor_ratio`` is its records/s over the baseline's;
 * where ours spends its CPU per record (the scorer, the model server, Redis), and Redis's
   part measured apart for each thing the scorer asks of it (reading through the group,
   with ``NOACK`` for comparison, and the commit of scores and acknowledgements);
@@ -22,7 +25,7 @@ per-round ratios. The machine may be shared, so CPU time per record is measured 
 process, the model server and, for the stream, the Redis server): ``cpu_ratio`` is the
 baseline's CPU per record over ours, which other load disturbs far less. Last line:
 ``BENCH stream_scoring ratio=<ours/baseline> ours=<records/s> baseline=<records/s>
-p50_ms=<n> p99_ms=<n> ... cpu_ratio=<n> redis_us=<read + commit> ...``.
+p50_ms=<n> p99_ms=<n> ... cpu_ratio=<n> redis_us=<read + commit> floor_ratio=<n> ...``.
 """
 
 from __future__ import annotations
@@ -112,6 +115,83 @@ def _ours(records: list[bytes], cpu: CPU) -> tuple[float, list[float]]:
     scorer.engine.close()
     assert stats.scored == len(records), (stats.scored, stats.dead)
     assert engine.r.xlen(s.output) == len(records)
+    engine.close()
+    return took, used
+
+
+def _floor(
+    records: list[bytes], port: int, batch: int, in_flight: int, cpu: CPU
+) -> tuple[float, list[float]]:
+    """The least any stream scorer must do here: the stream's work and the model's alone.
+
+    Returns seconds, and CPU seconds of each of ``cpu``'s parts.
+
+    The same Redis commands (``XREADGROUP`` through the group, one transaction of an
+    ``XADD`` per score and the ``XACK``) and the same ``:predict`` calls as the scorer,
+    with everything the scorer computes per record (JSON, contract, columns, output
+    documents) done before the timer starts: ``in_flight`` threads post prebuilt bodies,
+    one more commits prebuilt outputs on a connection of its own, and this thread reads.
+    What is left of this process's CPU is reading the replies (hiredis), packing the
+    commands and ``http.client``: a scorer could beat this only by doing those for less.
+    """
+    from trainyard.config import load_pipeline
+    from trainyard.serving.client import ServingClient
+    from trainyard.streaming.engines import Output
+    from trainyard.streaming.scorer import open_engine
+
+    engine = open_engine(load_pipeline("events"), consumer="bench-floor")
+    s = engine.streams
+    engine.r.delete(s.input, s.output, s.dead_letter)
+    engine.r.xgroup_create(s.input, s.group, id="0", mkstream=True)
+    for i in range(0, len(records), 5000):
+        engine.produce([(None, v) for v in records[i : i + 5000]])
+    rows = [orjson.loads(r) for r in records]
+    bodies, outputs = [], []
+    for i in range(0, len(rows), batch):
+        chunk = rows[i : i + batch]
+        inputs = {
+            name: np.fromiter((r[name] for r in chunk), dtype=np.float32, count=len(chunk))
+            for name in ("a", "b")
+        }
+        bodies.append(orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY))
+        outputs.append(
+            [Output.of(r["id"], {"id": r["id"], "score": 0.5, "class_id": 1, "version": 1})
+             for r in chunk]
+        )  # fmt: skip
+    local = threading.local()
+
+    def score(k: int) -> None:
+        client = getattr(local, "c", None) or ServingClient("127.0.0.1", port)
+        local.c = client
+        status, data = client.request("POST", "/v1/models/events/versions/1:predict", bodies[k])
+        assert status == 200, data[:200]
+
+    def commit(scored: cf.Future[None], k: int, messages: list) -> int:
+        scored.result()
+        engine.commit(outputs[k][: len(messages)], [], messages)
+        return len(messages)
+
+    read = k = 0
+    c = cpu.parts()
+    t = time.perf_counter()
+    with cf.ThreadPoolExecutor(in_flight) as pool, cf.ThreadPoolExecutor(1) as committer:
+        out: list[cf.Future[int]] = []
+        while read < len(records):
+            if len(out) >= 2 * in_flight + 1:  # the scorer's bound on batches out
+                cf.wait(out, return_when=cf.FIRST_COMPLETED)
+                out = [f for f in out if not f.done() or f.result() < 0]
+                continue
+            messages = engine.read(batch, 1)
+            read += len(messages)
+            if messages:
+                j = k % len(bodies)
+                out.append(committer.submit(commit, pool.submit(score, j), j, messages))
+                k += 1
+    took = time.perf_counter() - t
+    used = [after - before for before, after in zip(c, cpu.parts(), strict=True)]
+    done = engine.r.xlen(s.output)
+    assert done == len(records), (done, len(records))
+    engine.r.delete(s.input, s.output, s.dead_letter)
     engine.close()
     return took, used
 
@@ -258,13 +338,16 @@ def main() -> None:
             server_pid = int(orjson.loads(pid_file.read_bytes())["pid"])
             redis_pid = int((root / "redis" / redis_server.PID_FILE).read_text())
             cpu_ours, cpu_base = CPU([server_pid, redis_pid]), CPU([server_pid])
-            ours, base, ratios, cpu_ratios = [], [], [], []
+            ours, base, ratios, cpu_ratios, floors = [], [], [], [], []
             for r in range(a.rounds):
                 t_ours, parts = _ours(records, cpu_ours)
                 c_ours = sum(parts)
                 c = cpu_base.now()
                 t_base = _baseline(records, port, a.batch, a.in_flight)
                 c_base = cpu_base.now() - c
+                t_floor, f_used = _floor(records, port, a.batch, a.in_flight, cpu_ours)
+                f_us = [x / a.records * 1e6 for x in f_used]
+                floors.append(t_base / t_floor)
                 ours.append(a.records / t_ours)
                 base.append(a.records / t_base)
                 ratios.append(ours[-1] / base[-1])
@@ -276,7 +359,11 @@ def main() -> None:
                     f"{scorer_us:.1f}, model server {server_us:.1f}, Redis {redis_us:.1f}), "
                     f"direct predict {base[-1]:.0f} records/s "
                     f"({c_base / a.records * 1e6:.1f} us), "
-                    f"ratio {ratios[-1]:.3f}, cpu_ratio {cpu_ratios[-1]:.3f}",
+                    f"ratio {ratios[-1]:.3f}, cpu_ratio {cpu_ratios[-1]:.3f}; "
+                    f"the stream's and the model's work alone {a.records / t_floor:.0f} "
+                    f"records/s (floor_ratio {floors[-1]:.3f}; {sum(f_us):.1f} us CPU per "
+                    f"record: client {f_us[0]:.1f}, model server {f_us[1]:.1f}, "
+                    f"Redis {f_us[2]:.1f})",
                     flush=True,
                 )
             costs = _redis_costs(records, redis_pid, a.batch)
@@ -296,6 +383,7 @@ def main() -> None:
         f"p50_ms={p50:.1f} p99_ms={p99:.1f} ratio_min={min(ratios):.3f} "
         f"ratio_max={max(ratios):.3f} cpu_ratio={statistics.median(cpu_ratios):.3f} "
         f"redis_us={costs['read'] + costs['commit']:.2f} "
+        f"floor_ratio={statistics.median(floors):.3f} "
         f"batch={a.batch} in_flight={a.in_flight} "
         f"records={a.records} rounds={a.rounds}"
     )

@@ -277,22 +277,26 @@ class RecordChecker:
         decided for every record together (bounds in numpy); a record anything looks
         wrong with goes through :meth:`check`, which gives its reason.
         """
-        n = len(records)
-        suspect = [type(r) is not dict or not (self._required_keys <= r.keys()) for r in records]
-        if not self._extra_ok:
+        required = self._required_keys
+        if self._extra_ok:
+            suspect = [type(r) is not dict or not (required <= r.keys()) for r in records]
+        else:
             known = self._known_keys
-            suspect = [s or not (r.keys() <= known) for s, r in zip(suspect, records, strict=True)]
-        ok = [i for i in range(n) if not suspect[i]]
+            suspect = [type(r) is not dict or not (required <= r.keys() <= known) for r in records]
+        ok = [i for i, s in enumerate(suspect) if not s]
+        rows = records if len(ok) == len(records) else [records[i] for i in ok]
         for name, fast in self._fast:
             if not ok:
                 break
             missing = object()
-            values = [records[i].get(name, missing) for i in ok]
-            bad = fast(values, missing)
+            bad = fast([r.get(name, missing) for r in rows], missing)
             if bad is not None:
                 for j in np.flatnonzero(bad):
                     suspect[ok[j]] = True
                 ok = [i for i in ok if not suspect[i]]
+                rows = [records[i] for i in ok]
+        if not any(suspect):
+            return [None] * len(records)
         return [self.check(r) if suspect[i] else None for i, r in enumerate(records)]
 
     def parse(self, raw: bytes) -> tuple[Any, str | None]:

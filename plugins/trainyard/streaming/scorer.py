@@ -407,10 +407,13 @@ class Scorer:
     # -- one batch
 
     def _prepare(self, messages: list[Message]) -> _Batch:
+        records, reasons = self.checker.parse_batch([m.value for m in messages])
+        if not any(reasons):  # every record passed: the lists at once
+            key = self.checker.key
+            keys = [r[key] for r in records]
+            return self._submit(_Batch(messages, [], keys, [m.id for m in messages], records))
         batch = _Batch(messages, [], [], [], [])
-        for m, record, reason in zip(
-            messages, *self.checker.parse_batch([m.value for m in messages]), strict=True
-        ):
+        for m, record, reason in zip(messages, records, reasons, strict=True):
             key = record.get(self.checker.key) if isinstance(record, dict) else None
             if reason is not None:
                 batch.dead.append(
@@ -428,6 +431,10 @@ class Scorer:
                 batch.keys.append(key)
                 batch.sources.append(m.id)
                 batch.records.append(record)
+        return self._submit(batch)
+
+    def _submit(self, batch: _Batch) -> _Batch:
+        """Send the batch's valid records to the model server (on the scoring pool)."""
         if batch.records:
             inputs = self.checker.columns(batch.records)
             batch.future = self._pool.submit(self._score, inputs, len(batch.records))
