@@ -33,6 +33,8 @@ PROBE = ROOT / "tests" / "dags" / "parse_probe.py"
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
+    # a dag-processor imports the plugins from cached bytecode (images compile them)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
         AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),

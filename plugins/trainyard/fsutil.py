@@ -379,7 +379,7 @@ def yaml_line_index(text: str) -> tuple[dict[tuple[Any, ...], int], list[tuple[A
             for i, item in enumerate(node.value):
                 walk(item, (*path, i))
 
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if root is not None:
         walk(root, ())
     return lines, duplicates
