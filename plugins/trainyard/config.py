@@ -298,8 +298,8 @@ class ScoringConfig(_Strict):
     batch_size: int = Field(default=256, ge=1, le=65536)
     max_wait_ms: int = Field(default=20, ge=1, le=60_000)
     max_in_flight: int = Field(default=2, ge=1, le=64)
-    claim_idle_s: float = Field(default=60, gt=0)
-    request_timeout_s: float = Field(default=30, gt=0)
+    claim_idle_s: float = Field(default=60, gt=0, le=86_400, allow_inf_nan=False)
+    request_timeout_s: float = Field(default=30, gt=0, le=3600, allow_inf_nan=False)
 
 
 class TriggerStreamConfig(_Strict):

@@ -18,16 +18,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from serving_support import free_port
-from stream_support import SPEC, build_models, make_records, write_project
+from stream_support import CONTRACT, SPEC, build_models, make_records, write_project
 
 from trainyard.serving import model_config
 from trainyard.serving.client import ServingClient
 from trainyard.serving.deploy import ensure_local_server, publish_version, stop_local_server
 from trainyard.streaming import redis_server
-from trainyard.streaming.engines import RedisStreams, Streams
+from trainyard.streaming.engines import Output, RedisStreams, StreamError, Streams
 
 N = 10_000
 FIRST = 5_000
@@ -343,3 +344,81 @@ def test_redis_killed_mid_run_loses_nothing(project, tmp_path: Path) -> None:
     assert "trainyard score-stream: StreamError: redis " in text, text[-3000:]
     assert "scorer exited with 1; restarting" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+
+
+def test_commit_writes_and_acknowledges_all_or_nothing(project) -> None:
+    """An output key that is not a stream: nothing written, nothing acknowledged."""
+    streams = Streams("wt.in", "wt.out", "wt.dead", "wt-group")
+    engine = RedisStreams(project["url"], streams, consumer="wt")
+    r = engine.r
+    try:
+        engine.produce([(None, b'{"id": "ev-%d"}' % i) for i in range(3)])
+        messages = engine.read(10, 10)
+        outs = [Output.of(f"ev-{i}", {"id": f"ev-{i}", "score": 0.5}) for i in range(3)]
+        dead = [Output.of("ev-x", {"id": "ev-x", "reason": "r"})]
+        r.set("wt.dead", "not a stream")
+        with pytest.raises(StreamError, match=r"WRONGTYPE wt\.dead holds a string"):
+            engine.commit(outs, dead, messages)
+        assert r.xpending("wt.in", "wt-group")["pending"] == 3
+        assert r.exists("wt.out") == 0, "a score was written for an unacknowledged batch"
+        r.delete("wt.dead")
+        r.script_flush()  # a restarted server has forgotten the script: loaded again
+        engine.commit(outs, dead, messages)
+        assert r.xpending("wt.in", "wt-group")["pending"] == 0
+        assert (r.xlen("wt.out"), r.xlen("wt.dead")) == (3, 1)
+    finally:
+        r.delete("wt.in", "wt.out", "wt.dead")
+        engine.close()
+
+
+def test_a_record_the_model_cannot_take_is_dead_lettered_and_the_rest_scored(project) -> None:
+    """Contract-valid values beyond float32, and a batch the server refuses, one by one."""
+    from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.records import RecordChecker
+    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+
+    streams = Streams("big.in", "big.out", "big.dead", "big-group")
+    engine = RedisStreams(project["url"], streams, consumer="big")
+    r = engine.r
+    r.delete("big.in", "big.out", "big.dead")
+    records, _ = make_records(20, seed=3)
+    huge = [
+        orjson.dumps({"id": "ev-9001", "a": 5.0, "b": 1e39}),
+        b'{"id": "ev-9002", "a": 1.0, "b": -3.5e38}',
+    ]
+    engine.produce([(None, v) for v in records[:10] + huge + records[10:]])
+    checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
+    endpoint = ModelEndpoint("127.0.0.1", project["port"], "events")
+    scorer = Scorer(RedisStreams(project["url"], streams, consumer="s"), checker, endpoint)
+    try:
+        stats = scorer.run(max_records=22, exit_when_idle_s=5)
+        assert (stats.scored, stats.dead) == (20, 2)
+        dead = {d["id"]: d for d in _entries(r, "big.dead")}
+        assert set(dead) == {"ev-9001", "ev-9002"}
+        assert dead["ev-9001"]["reason"] == "b: 1e+39 does not fit the model's float32 input"
+        assert dead["ev-9001"]["value"] == huge[0].decode()
+        assert len({s["id"] for s in _entries(r, "big.out")}) == 20
+        assert r.xpending("big.in", "big-group")["pending"] == 0
+
+        # a batch the server refuses (a non-finite value goes as null) goes one by one
+        got = scorer._score({"a": np.float32([1, np.inf]), "b": np.float32([1, 2])}, 2)
+        assert list(got.refused) == [1] and "null" in got.refused[1]
+        assert isinstance(got.versions, list) and isinstance(got.versions[0], int)
+        assert got.versions[1] is None
+    finally:
+        r.delete("big.in", "big.out", "big.dead")
+        engine.close()
+
+
+def test_a_deleted_input_stream_gets_its_group_again(project, caplog) -> None:
+    streams = Streams("gone.in", "gone.out", "gone.dead", "gone-group")
+    engine = RedisStreams(project["url"], streams, consumer="g")
+    try:
+        assert engine.read(10, 1) == []
+        engine.r.delete("gone.in")  # the group goes with it
+        engine.produce([(None, b'{"id": "ev-1"}'), (None, b'{"id": "ev-2"}')])
+        assert [m.value for m in engine.read(10, 1)] == [b'{"id": "ev-1"}', b'{"id": "ev-2"}']
+        assert "has no group gone-group (deleted?)" in caplog.text
+    finally:
+        engine.r.delete("gone.in")
+        engine.close()

@@ -344,3 +344,47 @@ def test_encode_scores_non_finite_and_per_row_versions() -> None:
     }  # fmt: skip
     outs = encode_scores(["a", "b"], ["1-0", "1-1"], [0.25, 0.5], [0, 1], [3, 4])
     assert [orjson.loads(o.value)["version"] for o in outs] == [3, 4]
+
+
+@pytest.mark.parametrize(
+    ("scoring", "message"),
+    [
+        ({"claim_idle_s": float("inf")}, "claim_idle_s"),
+        ({"request_timeout_s": float("inf")}, "request_timeout_s"),
+        ({"request_timeout_s": float("nan")}, "request_timeout_s"),
+        ({"claim_idle_s": 10**9}, "claim_idle_s"),
+    ],
+)
+def test_scoring_times_must_be_finite(scoring: dict[str, Any], message: str) -> None:
+    raw = _pipeline(None).model_dump(mode="json")
+    raw["scoring"].update(scoring)
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig.model_validate(raw)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--report-s", "0"],
+        ["--report-s", "-1"],
+        ["--report-s", "nan"],
+        ["--max-records", "-5"],
+        ["--exit-when-idle", "nan"],
+        ["--exit-when-idle", "inf"],
+    ],
+)
+def test_score_stream_refuses_bad_flags(flags: list[str], capsys: pytest.CaptureFixture) -> None:
+    from trainyard.streaming.scorer import cli_main
+
+    assert cli_main(["--pipeline", "transactions", *flags]) == 2
+    assert flags[0] in capsys.readouterr().err
+
+
+def test_redis_errors_hide_the_password_and_name_a_bad_url() -> None:
+    from trainyard.streaming.engines import RedisStreams
+
+    with pytest.raises(StreamError) as e:
+        RedisStreams("redis://:secretpw@127.0.0.1:1/0", STREAMS, socket_timeout_s=2)
+    assert "secretpw" not in str(e.value) and "redis://:***@127.0.0.1:1/0" in str(e.value)
+    with pytest.raises(StreamError, match="redis URL 'garbage'"):
+        RedisStreams("garbage", STREAMS)

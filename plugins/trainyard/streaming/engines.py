@@ -6,9 +6,9 @@ dead letters *then* acknowledge the records they came from, ``lag`` and ``produc
 
 * **Redis Streams** (:class:`RedisStreams`): ``XREADGROUP`` (the group is created at the
   stream's start with ``MKSTREAM``, so records produced before the first scorer count),
-  ``XAUTOCLAIM`` of entries idle longer than the claim time, and ``commit`` as one
-  ``MULTI``/``EXEC`` transaction, which Redis runs atomically: the ``XADD`` of every score
-  and dead letter, then the ``XACK`` of their inputs. A killed scorer therefore leaves a
+  ``XAUTOCLAIM`` of entries idle longer than the claim time, and ``commit`` as one Lua
+  script, which Redis runs atomically: the ``XADD`` of every score and dead letter, then
+  the ``XACK`` of their inputs. A killed scorer therefore leaves a
   batch either written and acknowledged, or neither (pending, claimed by the next scorer).
 * **Kafka** (:class:`KafkaStreams`, confluent-kafka): a consumer group with auto commit
   off; ``commit`` produces every output (idempotent producer, ``acks=all``), waits for
@@ -25,6 +25,7 @@ Kafka message value (the message key is optional). Outputs are JSON too: a Redis
 from __future__ import annotations
 
 import abc
+import hashlib
 import logging
 import socket
 import threading
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from trainyard.errors import TrainyardError
+from trainyard.fsutil import redact_url
 
 log = logging.getLogger("trainyard.streaming")
 
@@ -139,6 +141,33 @@ def resp(*args: bytes | str | int) -> bytes:
     return b"".join(parts)
 
 
+COMMIT_SCRIPT = b"""
+for _, key in ipairs({KEYS[1], KEYS[2]}) do
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'stream' and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. kind .. ', not a stream')
+  end
+end
+local i = 4
+for n, key in ipairs({KEYS[1], KEYS[2]}) do
+  for _ = 1, tonumber(ARGV[n + 1]) do
+    redis.call('XADD', key, '*', 'key', ARGV[i], 'value', ARGV[i + 1])
+    i = i + 2
+  end
+end
+local acked = 0
+while i <= #ARGV do
+  local last = math.min(i + 999, #ARGV)
+  acked = acked + redis.call('XACK', KEYS[3], ARGV[1], unpack(ARGV, i, last))
+  i = last + 1
+end
+return acked
+"""
+"""The commit: KEYS output, dead letters, input; ARGV group, score count, dead-letter count,
+then ``key value`` per output and the entry ids to acknowledge."""
+COMMIT_SHA = hashlib.sha1(COMMIT_SCRIPT).hexdigest().encode()
+
+
 class RedisStreams(StreamEngine):
     """Redis Streams through redis-py (hiredis parser)."""
 
@@ -159,20 +188,29 @@ class RedisStreams(StreamEngine):
         import redis
 
         super().__init__(streams, consumer)
-        self.url = url
+        self.url = redact_url(url)  # as messages and logs show it: no password
         self._redis = redis
-        self.r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, protocol=2)
         try:
-            self.r.xgroup_create(streams.input, streams.group, id="0", mkstream=True)
-        except redis.ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise StreamError(f"redis {url}: cannot create group {streams.group}: {e}") from e
-        except redis.RedisError as e:
-            raise StreamError(f"redis {url}: {type(e).__name__}: {e}") from e
+            self.r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, protocol=2)
+        except ValueError as e:
+            raise StreamError(f"redis URL {self.url!r}: {e}") from None
+        self._create_group()
         self._claim_from = "0-0"
         self._local = threading.local()  # each thread's own connection and reply parser
         self._lock = threading.Lock()
         self._conns: list[Any] = []
+
+    def _create_group(self) -> None:
+        """The consumer group at the input stream's start (the stream too), unless it exists."""
+        redis = self._redis
+        group = self.streams.group
+        try:
+            self.r.xgroup_create(self.streams.input, group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise StreamError(f"redis {self.url}: cannot create group {group}: {e}") from e
+        except redis.RedisError as e:
+            raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
 
     @staticmethod
     def _messages(entries: Any) -> list[Message]:
@@ -201,13 +239,27 @@ class RedisStreams(StreamEngine):
             raise self._redis.ResponseError(str(reply))
         return reply
 
+    def _read_reply(self, command: bytes) -> Any:
+        try:
+            return self._call(command)
+        except self._redis.ResponseError as e:
+            if not str(e).startswith("NOGROUP"):
+                raise StreamError(f"redis {self.url}: {e}") from None
+        # the input stream (and with it the group) was deleted: start again at its start
+        log.warning(
+            "redis %s: stream %s has no group %s (deleted?): created again at its start",
+            self.url, self.streams.input, self.streams.group,
+        )  # fmt: skip
+        self._create_group()
+        return self._call(command)
+
     def read(self, count: int, block_ms: int) -> list[Message]:
         """``XREADGROUP GROUP <g> <me> COUNT n BLOCK ms STREAMS <in> >``."""
         command = resp(
             "XREADGROUP", "GROUP", self.streams.group, self.consumer, "COUNT", count,
             "BLOCK", max(1, block_ms), "STREAMS", self.streams.input, ">",
         )  # fmt: skip
-        got = self._call(command)
+        got = self._read_reply(command)
         if not got:
             return []
         out = []
@@ -256,36 +308,44 @@ class RedisStreams(StreamEngine):
     def commit(
         self, scores: Sequence[Output], dead: Sequence[Output], done: Sequence[Message]
     ) -> None:
-        """One ``MULTI``/``EXEC`` sent at once: ``XADD`` every output, then ``XACK``.
+        """One script (:data:`COMMIT_SCRIPT`): ``XADD`` every output, then ``XACK``.
 
-        Redis runs the transaction as one (and writes it to the append-only file as one;
-        a transaction cut short by a crash is dropped when the file is loaded), so a
-        killed scorer leaves a batch written and acknowledged, or neither.
+        Redis runs a script as one and writes its effects to the append-only file as one
+        transaction (dropped when the file is loaded if a crash cut it short), so a killed
+        scorer leaves a batch written and acknowledged, or neither. Unlike ``MULTI``, a
+        script stops at the first command that fails: an output key that is not a stream
+        is refused before anything is written, and nothing is acknowledged after a
+        failed ``XADD``.
+
+        Raises:
+            StreamError: If Redis refuses the batch (the records stay pending).
         """
-        parts = [b"*1\r\n$5\r\nMULTI\r\n"]
-        for stream, outs in ((self.streams.output, scores), (self.streams.dead_letter, dead)):
-            head = b"*7\r\n$4\r\nXADD\r\n$%d\r\n%b\r\n$1\r\n*\r\n$3\r\nkey\r\n" % (
-                len(stream.encode()),
-                stream.encode(),
+        args = [
+            b"3", self.streams.output.encode(), self.streams.dead_letter.encode(),
+            self.streams.input.encode(), self.streams.group.encode(),
+            b"%d" % len(scores), b"%d" % len(dead),
+        ]  # fmt: skip
+        tail = [
+            b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(k), k, len(o.value), o.value)
+            for k, o in ((o.key.encode(), o) for outs in (scores, dead) for o in outs)
+        ]
+        tail += [b"$%d\r\n%b\r\n" % (len(i), i) for i in (m.id.encode() for m in done)]
+        count = 2 + len(args) + 2 * (len(scores) + len(dead)) + len(done)
+        body = b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args) + b"".join(tail)
+        for verb, script in ((b"EVALSHA", COMMIT_SHA), (b"EVAL", COMMIT_SCRIPT)):
+            head = b"*%d\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+                count,
+                len(verb),
+                verb,
+                len(script),
+                script,
             )
-            parts += [
-                b"%b$%d\r\n%b\r\n$5\r\nvalue\r\n$%d\r\n%b\r\n" % (head, len(k), k, len(v), v)
-                for k, v in ((o.key.encode(), o.value) for o in outs)
-            ]
-        queued = len(parts) - 1
-        if done:
-            parts.append(
-                resp("XACK", self.streams.input, self.streams.group, *[m.id for m in done])
-            )
-            queued += 1
-        parts.append(b"*1\r\n$4\r\nEXEC\r\n")
-        replies = self._call_many(b"".join(parts), queued + 2)
-        result = replies[-1]
-        if not isinstance(result, list) or len(result) != queued:
-            raise StreamError(f"redis {self.url}: transaction not executed ({replies[-3:]})")
-        for r in result:
-            if isinstance(r, Exception):
-                raise StreamError(f"redis {self.url}: {r}")
+            (reply,) = self._call_many(head + body, 1)
+            if not isinstance(reply, Exception):
+                return
+            if not str(reply).startswith("NOSCRIPT"):  # else: load it, once per server start
+                break
+        raise StreamError(f"redis {self.url}: {reply}; the batch stays pending")
 
     def _call_many(self, commands: bytes, replies: int) -> list[Any]:
         """Send packed commands at once and read ``replies`` replies (errors as values).

@@ -29,7 +29,7 @@ def _type_check(col: Column) -> Check:
     if col.type == "string":
 
         def check(v: Any) -> str | None:
-            return None if isinstance(v, str) else f"expected a string, got {_show(v)}"
+            return None if isinstance(v, str) else f"expected a string, got {show_value(v)}"
 
     elif col.type in ("int32", "int64"):
 
@@ -37,14 +37,14 @@ def _type_check(col: Column) -> Check:
             if isinstance(v, bool) or not isinstance(v, int):
                 if isinstance(v, float) and v.is_integer():
                     return None
-                return f"expected an integer, got {_show(v)}"
+                return f"expected an integer, got {show_value(v)}"
             return None
 
     elif col.type in ("float32", "float64"):
 
         def check(v: Any) -> str | None:
             if isinstance(v, bool) or not isinstance(v, int | float):
-                return f"expected a number, got {_show(v)}"
+                return f"expected a number, got {show_value(v)}"
             if isinstance(v, float) and not math.isfinite(v):
                 return f"expected a finite number, got {v}"
             return None
@@ -52,17 +52,20 @@ def _type_check(col: Column) -> Check:
     elif col.type == "bool":
 
         def check(v: Any) -> str | None:
-            return None if isinstance(v, bool) else f"expected true or false, got {_show(v)}"
+            return None if isinstance(v, bool) else f"expected true or false, got {show_value(v)}"
 
     else:  # date, timestamp, binary...: a string in JSON
 
         def check(v: Any) -> str | None:
-            return None if isinstance(v, str) else f"expected a {col.type} string, got {_show(v)}"
+            if isinstance(v, str):
+                return None
+            return f"expected a {col.type} string, got {show_value(v)}"
 
     return check
 
 
-def _show(v: Any) -> str:
+def show_value(v: Any) -> str:
+    """A value as a reason shows it: its repr, cut to 40 characters."""
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -78,7 +81,7 @@ def _column_checks(col: Column) -> list[Check]:
         lo, excl = col.min, col.min_exclusive
         checks.append(
             lambda v: (
-                f"{_show(v)} is below the minimum {lo:g}{' (exclusive)' if excl else ''}"
+                f"{show_value(v)} is below the minimum {lo:g}{' (exclusive)' if excl else ''}"
                 if (v <= lo if excl else v < lo)
                 else None
             )
@@ -87,18 +90,20 @@ def _column_checks(col: Column) -> list[Check]:
         hi, excl_hi = col.max, col.max_exclusive
         checks.append(
             lambda v: (
-                f"{_show(v)} is above the maximum {hi:g}{' (exclusive)' if excl_hi else ''}"
+                f"{show_value(v)} is above the maximum {hi:g}{' (exclusive)' if excl_hi else ''}"
                 if (v >= hi if excl_hi else v > hi)
                 else None
             )
         )
     if col.allowed_values is not None and blocking("allowed_values"):
         allowed = set(col.allowed_values)
-        checks.append(lambda v: None if v in allowed else f"{_show(v)} is not an allowed value")
+        checks.append(
+            lambda v: None if v in allowed else f"{show_value(v)} is not an allowed value"
+        )
     if col.regex is not None and blocking("regex"):
         pattern = re.compile(col.regex)
         checks.append(
-            lambda v: None if pattern.search(v) else f"{_show(v)} does not match {col.regex!r}"
+            lambda v: None if pattern.search(v) else f"{show_value(v)} does not match {col.regex!r}"
         )
     if col.min_length is not None and blocking("min_length"):
         n = col.min_length
@@ -324,7 +329,8 @@ class RecordChecker:
 
     def columns(self, records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         """The model's inputs for checked records: feature → float32 array (batch first)."""
-        return {
-            name: np.fromiter((r[name] for r in records), dtype=np.float32, count=len(records))
-            for name in self.features
-        }
+        with np.errstate(over="ignore"):  # beyond float32 becomes inf: the scorer refuses it
+            return {
+                name: np.fromiter((r[name] for r in records), dtype=np.float32, count=len(records))
+                for name in self.features
+            }

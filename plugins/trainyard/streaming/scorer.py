@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from trainyard.argtypes import positive_float, positive_int
 from trainyard.config import PipelineConfig, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
 from trainyard.fsutil import atomic_write_json, cmdline_has, process_alive, terminate
@@ -66,11 +67,15 @@ from trainyard.streaming.engines import (
     StreamEngine,
     Streams,
 )
-from trainyard.streaming.records import RecordChecker
+from trainyard.streaming.records import RecordChecker, show_value
 
 log = logging.getLogger("trainyard.streaming")
 
 MAX_BACKOFF_S = 5.0
+MAX_ID_CHARS = 1024
+"""A longer record id is not copied into its dead letter (the entry id keys it instead)."""
+MAX_DEAD_VALUE_BYTES = 65536
+"""How much of a refused record a dead letter keeps."""
 GC_THRESHOLD = 50_000
 """Allocations between young-generation collections while scoring (Python's default: 700)."""
 
@@ -116,7 +121,9 @@ def open_engine(cfg: PipelineConfig, consumer: str | None = None) -> StreamEngin
         from trainyard.streaming import redis_server
 
         url = redis_server.ensure_running()
-    return RedisStreams(url, streams, consumer)
+    # a read may wait max_wait_ms for records: the socket waits longer than that
+    timeout_s = 30.0 + cfg.scoring.max_wait_ms / 1000
+    return RedisStreams(url, streams, consumer, socket_timeout_s=timeout_s)
 
 
 # --------------------------------------------------------------------------- the model
@@ -280,6 +287,7 @@ class _Batch:
     keys: list[str]
     sources: list[str]
     records: list[dict[str, Any]]
+    raw: list[bytes]  # each valid record's bytes, for a dead letter the server causes
     future: cf.Future[Any] | None = None
 
 
@@ -407,38 +415,66 @@ class Scorer:
     # -- one batch
 
     def _prepare(self, messages: list[Message]) -> _Batch:
-        records, reasons = self.checker.parse_batch([m.value for m in messages])
+        raws = [m.value for m in messages]
+        records, reasons = self.checker.parse_batch(raws)
         if not any(reasons):  # every record passed: the lists at once
             key = self.checker.key
             keys = [r[key] for r in records]
-            return self._submit(_Batch(messages, [], keys, [m.id for m in messages], records))
-        batch = _Batch(messages, [], [], [], [])
+            sources = [m.id for m in messages]
+            return self._submit(_Batch(messages, [], keys, sources, records, raws))
+        batch = _Batch(messages, [], [], [], [], [])
         for m, record, reason in zip(messages, records, reasons, strict=True):
             key = record.get(self.checker.key) if isinstance(record, dict) else None
             if reason is not None:
-                batch.dead.append(
-                    Output.of(
-                        str(key) if isinstance(key, str) else m.id,
-                        {
-                            "id": key if isinstance(key, str) else None,
-                            "source": m.id,
-                            "reason": reason,
-                            "value": m.value[:65536].decode("utf-8", "replace"),
-                        },
-                    )
-                )
+                batch.dead.append(self._dead(key, m.id, reason, m.value))
             else:
                 batch.keys.append(key)
                 batch.sources.append(m.id)
                 batch.records.append(record)
+                batch.raw.append(m.value)
         return self._submit(batch)
 
     def _submit(self, batch: _Batch) -> _Batch:
-        """Send the batch's valid records to the model server (on the scoring pool)."""
-        if batch.records:
-            inputs = self.checker.columns(batch.records)
-            batch.future = self._pool.submit(self._score, inputs, len(batch.records))
+        """Send the batch's valid records to the model server (on the scoring pool).
+
+        A record the contract accepts whose feature does not fit the model's float32
+        input (beyond ±3.4e38) is dead-lettered here, naming the feature.
+        """
+        if not batch.records:
+            return batch
+        inputs = self.checker.columns(batch.records)
+        unfit = None
+        for col in inputs.values():
+            if not np.isfinite(col).all():
+                unfit = ~np.isfinite(col) if unfit is None else unfit | ~np.isfinite(col)
+        if unfit is not None:
+            keep = []
+            for i in range(len(batch.records)):
+                if not unfit[i]:
+                    keep.append(i)
+                    continue
+                name = next(n for n, c in inputs.items() if not np.isfinite(c[i]))
+                value = batch.records[i][name]
+                why = f"{name}: {show_value(value)} does not fit the model's float32 input"
+                batch.dead.append(self._dead(batch.keys[i], batch.sources[i], why, batch.raw[i]))
+            batch.keys = [batch.keys[i] for i in keep]
+            batch.sources = [batch.sources[i] for i in keep]
+            batch.records = [batch.records[i] for i in keep]
+            batch.raw = [batch.raw[i] for i in keep]
+            inputs = {n: c[keep] for n, c in inputs.items()}
+            if not keep:
+                return batch
+        batch.future = self._pool.submit(self._score, inputs, len(batch.records))
         return batch
+
+    @staticmethod
+    def _dead(key: Any, source: str, reason: str, value: bytes | None) -> Output:
+        """A dead letter: keyed by the record id (its entry id when it has none usable)."""
+        usable = isinstance(key, str) and len(key) <= MAX_ID_CHARS
+        doc = {"id": key if usable else None, "source": source, "reason": reason}
+        if value is not None:
+            doc["value"] = value[:MAX_DEAD_VALUE_BYTES].decode("utf-8", "replace")
+        return Output.of(key if usable else source, doc)
 
     def _score(self, inputs: dict[str, np.ndarray], rows: int) -> _Scored:
         """The batch's scores, or per row the server's reason if it refuses some."""
@@ -447,10 +483,11 @@ class Scorer:
         except ServerRefused as e:
             if rows == 1:
                 return _Scored([None], [math.nan], [None], {0: e.message})
-            out = _Scored([], [], [], {})
+            versions: list[int | None] = []
+            out = _Scored(versions, [], [], {})
             for i in range(rows):  # find the record(s) it refuses
                 one = self._score({k: v[i : i + 1] for k, v in inputs.items()}, 1)
-                out.versions += one.versions
+                versions.append(one.versions if isinstance(one.versions, int) else None)
                 out.scores += one.scores
                 out.classes += one.classes
                 if one.refused:
@@ -472,8 +509,7 @@ class Scorer:
             if got.refused:
                 for i, reason in got.refused.items():
                     why = f"model server refused the record: {reason}"
-                    doc = {"id": keys[i], "source": sources[i], "reason": why}
-                    dead.append(Output.of(keys[i], doc))
+                    dead.append(self._dead(keys[i], sources[i], why, batch.raw[i]))
                 keep = [i for i in range(len(keys)) if i not in got.refused]
                 assert isinstance(got.versions, list)
                 keys = [keys[i] for i in keep]
@@ -650,10 +686,15 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--consumer", help="member name in the group (default host-pid)")
     parser.add_argument("--status-file", type=Path, help="write progress and lag here (JSON)")
-    parser.add_argument("--report-s", type=float, default=5.0, help="report every N seconds")
-    parser.add_argument("--max-records", type=int, help="stop after reading N records")
     parser.add_argument(
-        "--exit-when-idle", type=float, metavar="S", help="stop after S seconds with nothing read"
+        "--report-s", type=positive_float, default=5.0, help="report every N seconds"
+    )
+    parser.add_argument("--max-records", type=positive_int, help="stop after reading N records")
+    parser.add_argument(
+        "--exit-when-idle",
+        type=positive_float,
+        metavar="S",
+        help="stop after S seconds with nothing read",
     )
     parser.add_argument(
         "--supervise",
