@@ -126,8 +126,8 @@ def _floor(
 
     Returns seconds, and CPU seconds of each of ``cpu``'s parts.
 
-    The same Redis commands (``XREADGROUP`` through the group, one transaction of an
-    ``XADD`` per score and the ``XACK``) and the same ``:predict`` calls as the scorer,
+    The same Redis commands (``XREADGROUP`` through the group, the commit script's
+    ``XADD`` per score and ``XACK``) and the same ``:predict`` calls as the scorer,
     with everything the scorer computes per record (JSON, contract, columns, output
     documents) done before the timer starts: ``in_flight`` threads post prebuilt bodies,
     one more commits prebuilt outputs on a connection of its own, and this thread reads.
@@ -201,7 +201,7 @@ def _redis_costs(records: list[bytes], redis_pid: int, batch: int) -> dict[str, 
 
     ``read``: delivered through the group (``XREADGROUP``, which adds each entry to the
     pending-entries list and logs that to the append-only file); ``read_noack``: the same
-    with ``NOACK`` (no pending entry); ``commit``: the scorer's transaction of one ``XADD``
+    with ``NOACK`` (no pending entry); ``commit``: the scorer's commit script, one ``XADD``
     per score and the ``XACK``. The scorer's own calls, on the benchmark's project Redis.
     """
     from trainyard.config import load_pipeline
