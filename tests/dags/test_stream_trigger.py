@@ -20,6 +20,7 @@ from trainyard.orchestration.stream_trigger import (
     kafka_message,
     message_interval,
     requeue,
+    split_days,
     stream_trigger,
 )
 from trainyard.streaming import redis_server
@@ -264,3 +265,28 @@ def test_the_dag_is_scheduled_on_the_watched_asset_or_its_cron(tmp_path: Path) -
     collected = AssetModelOperation.collect({dag.dag_id: lazy}).assets
     arrivals = next(a for (name, _), a in collected.items() if name.startswith("trainyard.arr"))
     assert len(arrivals.watchers) == 1
+
+
+def test_a_multi_day_arrival_becomes_one_run_a_day(redis_url: str, tmp_path: Path) -> None:
+    """For a source with one file a day, days after the first go back as arrivals of their own.
+
+    (A cold user's arrival of 2026-11-18..2026-11-20 staged 2026-11-18 alone.)
+    """
+    span = {"interval_start": "2026-11-18", "interval_end": "2026-11-21"}
+    arrival = {"id": "9-0", **message_interval(span, None, TODAY)}
+    days = split_days(arrival)
+    assert [(d["id"], d["interval_start"], d["interval_end"]) for d in days] == [
+        ("9-0", "2026-11-18", "2026-11-19"),
+        ("9-0@2026-11-19", "2026-11-19", "2026-11-20"),
+        ("9-0@2026-11-20", "2026-11-20", "2026-11-21"),
+    ]
+    one = {"id": "9-1", **message_interval({"ds": "2026-11-18"}, None, TODAY)}
+    assert split_days(one) == [one]
+
+    cfg = _pipeline(tmp_path, {"stream": {"name": "arrivals", "url": redis_url}})
+    requeue(cfg.trigger.stream, "digits", "A", days[1:])
+    copies = asyncio.run(_take(stream_trigger(cfg, cfg.trigger.stream), 2))
+    assert [(c["id"], c["interval_start"]) for c in copies] == [
+        ("9-0@2026-11-19", "2026-11-19"),
+        ("9-0@2026-11-20", "2026-11-20"),
+    ]

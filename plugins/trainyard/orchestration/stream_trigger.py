@@ -126,6 +126,31 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def split_days(arrival: dict[str, Any]) -> list[dict[str, Any]]:
+    """An arrival spanning several days as one arrival a day, oldest first.
+
+    For a source partitioned by day (``{ds}`` in its URL, one file a day), a run stages
+    one day: the first day keeps the arrival's id, each later day is ``<id>@<day>``.
+
+    Args:
+        arrival: ``id``, ``interval_start`` and ``interval_end`` (ISO days, end excluded).
+    """
+    start = dt.date.fromisoformat(arrival["interval_start"][:10])
+    end = dt.date.fromisoformat(arrival["interval_end"][:10])
+    out = []
+    for n in range((end - start).days or 1):
+        day = start + dt.timedelta(days=n)
+        out.append(
+            {
+                **arrival,
+                "id": arrival["id"] if n == 0 else f"{arrival['id']}@{day.isoformat()}",
+                "interval_start": day.isoformat(),
+                "interval_end": (day + dt.timedelta(days=1)).isoformat(),
+            }
+        )
+    return out
+
+
 def retry_stream(stream: TriggerStreamConfig, pipeline: str) -> str:
     """Where a pipeline's runs send back arrivals they did not take (its own, not shared)."""
     return f"{stream.name}.retry.{pipeline}"
@@ -443,6 +468,12 @@ def arrivals_task(cfg: PipelineConfig, asset: Asset) -> Any:
                 f"every arrival announced on {stream.name} was taken by another run"
             )
         if "interval_start" in mine:  # else the message named no day: the day the run runs
+            if "{ds}" in cfg.source.url:  # one file a day: a run a day
+                days = split_days(mine)
+                if len(days) > 1:
+                    log.info("%s spans %d days: one run a day", mine["id"], len(days))
+                    send_back(days[1:])
+                mine = days[0]
             start, end = mine["interval_start"], mine["interval_end"]
         log.info("staging %s .. %s (message %s on %s)", start, end, mine["id"], stream.name)
         return {"arrival": mine["id"], "interval_start": start, "interval_end": end}
