@@ -98,6 +98,8 @@ def test_record_shape(checker: RecordChecker) -> None:
     assert checker.check(missing) == "hour: missing (the key and every feature are required)"
     assert checker.check([1, 2]) == "not a JSON object (list)"
     assert checker.parse(b"{not json")[1].startswith("not JSON: ")
+    assert checker.parse(b"")[1] == "empty: no record in the entry"
+    assert checker.parse_batch([b"", b"{"])[1][0] == "empty: no record in the entry"
     record, reason = checker.parse(orjson.dumps(GOOD))
     assert reason is None
     cols = checker.columns([record, {**GOOD, "amount": 1.0}])

@@ -309,7 +309,7 @@ class RecordChecker:
         try:
             record = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
-            return None, f"not JSON: {e}"
+            return None, "empty: no record in the entry" if not raw else f"not JSON: {e}"
         return record, self.check(record)
 
     def parse_batch(self, raws: list[bytes]) -> tuple[list[Any], list[str | None]]:
@@ -321,7 +321,7 @@ class RecordChecker:
                 records.append(orjson.loads(raw))
             except orjson.JSONDecodeError as e:
                 records.append(None)
-                errors[i] = f"not JSON: {e}"
+                errors[i] = "empty: no record in the entry" if not raw else f"not JSON: {e}"
         reasons = self.check_batch(records)
         for i, e in errors.items():
             reasons[i] = e
