@@ -410,6 +410,9 @@ class Scorer:
         self._next_claim = 0.0
         self._inflight_ids: set[str] = set()
         self._ids_lock = threading.Lock()
+        # A claim and a commit never overlap: a claim's reply may list entries a commit
+        # then acknowledges, which the claim must still see as ours in flight.
+        self._claim_lock = threading.Lock()
         self._next_report = time.monotonic() + report_s
 
     # -- one batch
@@ -524,9 +527,10 @@ class Scorer:
             if scores:
                 last = got.versions if isinstance(got.versions, int) else got.versions[-1]
                 self.stats.version = last
-        self.engine.commit(scores, dead, batch.messages)
-        with self._ids_lock:
-            self._inflight_ids.difference_update(m.id for m in batch.messages)
+        with self._claim_lock:
+            self.engine.commit(scores, dead, batch.messages)
+            with self._ids_lock:
+                self._inflight_ids.difference_update(m.id for m in batch.messages)
         self.stats.scored += len(scores)
         self.stats.dead += len(dead)
         self.stats.batches += 1
@@ -537,9 +541,10 @@ class Scorer:
         now = time.monotonic()
         if now >= self._next_claim:
             # our own batches still at the server may be idle that long too: not again
-            got = self.engine.claim(self.claim_idle_ms, self.batch_size)
-            with self._ids_lock:
-                claimed = [m for m in got if m.id not in self._inflight_ids]
+            with self._claim_lock:
+                got = self.engine.claim(self.claim_idle_ms, self.batch_size)
+                with self._ids_lock:
+                    claimed = [m for m in got if m.id not in self._inflight_ids]
             if claimed:
                 self.stats.claimed += len(claimed)
                 log.info("claimed %d records another scorer left pending", len(claimed))
