@@ -179,7 +179,9 @@ def _floor(
         while read < len(records):
             if len(out) >= 2 * in_flight + 1:  # the scorer's bound on batches out
                 cf.wait(out, return_when=cf.FIRST_COMPLETED)
-                out = [f for f in out if not f.done() or f.result() < 0]
+                for f in [f for f in out if f.done()]:
+                    f.result()  # a failed batch raises here
+                    out.remove(f)
                 continue
             messages = engine.read(batch, 1)
             read += len(messages)

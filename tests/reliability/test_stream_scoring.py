@@ -11,6 +11,7 @@ a supervised scorer.
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import os
 import signal
 import subprocess
@@ -375,7 +376,7 @@ def test_a_record_the_model_cannot_take_is_dead_lettered_and_the_rest_scored(pro
     """Contract-valid values beyond float32, and a batch the server refuses, one by one."""
     from trainyard.contracts import parse_contract_text
     from trainyard.streaming.records import RecordChecker
-    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+    from trainyard.streaming.scorer import ModelEndpoint, Scorer, _Batch
 
     streams = Streams("big.in", "big.out", "big.dead", "big-group")
     engine = RedisStreams(project["url"], streams, consumer="big")
@@ -405,6 +406,22 @@ def test_a_record_the_model_cannot_take_is_dead_lettered_and_the_rest_scored(pro
         assert list(got.refused) == [1] and "null" in got.refused[1]
         assert isinstance(got.versions, list) and isinstance(got.versions[0], int)
         assert got.versions[1] is None
+
+        # ... and the row it refused is dead-lettered, the other scored, both acknowledged
+        r.delete("big.out", "big.dead")
+        engine.produce([(None, v) for v in records[:2]])
+        messages = scorer.engine.read(2, 100)
+        keys = [orjson.loads(m.value)["id"] for m in messages]
+        batch = _Batch(messages, [], keys, [m.id for m in messages], [{}, {}], [b"r0", b"r1"])
+        batch.future = cf.Future()
+        batch.future.set_result(got)
+        scorer._finish(batch)
+        assert [(d["id"], d["value"]) for d in _entries(r, "big.dead")] == [(keys[1], "r1")]
+        assert "model server refused the record: " in _entries(r, "big.dead")[0]["reason"]
+        assert [(o["id"], o["version"]) for o in _entries(r, "big.out")] == [
+            (keys[0], got.versions[0])
+        ]
+        assert r.xpending("big.in", "big-group")["pending"] == 0
     finally:
         r.delete("big.in", "big.out", "big.dead")
         engine.close()

@@ -280,6 +280,15 @@ def scores_of(outputs: dict[str, Any], rows: int) -> tuple[list[float], list[int
 # --------------------------------------------------------------------------- the loop
 
 
+def dead_letter(key: Any, source: str, reason: str, value: bytes | None) -> Output:
+    """A dead letter: keyed by the record id (its entry id when it has none usable)."""
+    usable = isinstance(key, str) and len(key) <= MAX_ID_CHARS
+    doc = {"id": key if usable else None, "source": source, "reason": reason}
+    if value is not None:
+        doc["value"] = value[:MAX_DEAD_VALUE_BYTES].decode("utf-8", "replace")
+    return Output.of(key if usable else source, doc)
+
+
 @dataclass
 class _Batch:
     messages: list[Message]
@@ -289,6 +298,21 @@ class _Batch:
     records: list[dict[str, Any]]
     raw: list[bytes]  # each valid record's bytes, for a dead letter the server causes
     future: cf.Future[Any] | None = None
+
+    def dead_letter_rows(self, reasons: dict[int, str]) -> list[int]:
+        """Move the valid rows ``reasons`` names (row → why) to the dead letters.
+
+        Returns:
+            The rows kept, as indices into the lists before the move.
+        """
+        for i, why in reasons.items():
+            self.dead.append(dead_letter(self.keys[i], self.sources[i], why, self.raw[i]))
+        keep = [i for i in range(len(self.keys)) if i not in reasons]
+        self.keys = [self.keys[i] for i in keep]
+        self.sources = [self.sources[i] for i in keep]
+        self.records = [self.records[i] for i in keep]
+        self.raw = [self.raw[i] for i in keep]
+        return keep
 
 
 @dataclass
@@ -303,6 +327,16 @@ class _Scored:
     scores: list[float]
     classes: list[int | None]
     refused: dict[int, str]
+
+    def rows(self, keep: list[int]) -> _Scored:
+        """The answer for the rows ``keep`` only (after rows went one by one)."""
+        assert isinstance(self.versions, list)
+        return _Scored(
+            [self.versions[i] for i in keep],
+            [self.scores[i] for i in keep],
+            [self.classes[i] for i in keep],
+            {},
+        )
 
 
 def encode_scores(
@@ -429,7 +463,7 @@ class Scorer:
         for m, record, reason in zip(messages, records, reasons, strict=True):
             key = record.get(self.checker.key) if isinstance(record, dict) else None
             if reason is not None:
-                batch.dead.append(self._dead(key, m.id, reason, m.value))
+                batch.dead.append(dead_letter(key, m.id, reason, m.value))
             else:
                 batch.keys.append(key)
                 batch.sources.append(m.id)
@@ -451,33 +485,17 @@ class Scorer:
             if not np.isfinite(col).all():
                 unfit = ~np.isfinite(col) if unfit is None else unfit | ~np.isfinite(col)
         if unfit is not None:
-            keep = []
-            for i in range(len(batch.records)):
-                if not unfit[i]:
-                    keep.append(i)
-                    continue
+            reasons = {}
+            for i in np.flatnonzero(unfit).tolist():
                 name = next(n for n, c in inputs.items() if not np.isfinite(c[i]))
                 value = batch.records[i][name]
-                why = f"{name}: {show_value(value)} does not fit the model's float32 input"
-                batch.dead.append(self._dead(batch.keys[i], batch.sources[i], why, batch.raw[i]))
-            batch.keys = [batch.keys[i] for i in keep]
-            batch.sources = [batch.sources[i] for i in keep]
-            batch.records = [batch.records[i] for i in keep]
-            batch.raw = [batch.raw[i] for i in keep]
+                reasons[i] = f"{name}: {show_value(value)} does not fit the model's float32 input"
+            keep = batch.dead_letter_rows(reasons)
             inputs = {n: c[keep] for n, c in inputs.items()}
             if not keep:
                 return batch
         batch.future = self._pool.submit(self._score, inputs, len(batch.records))
         return batch
-
-    @staticmethod
-    def _dead(key: Any, source: str, reason: str, value: bytes | None) -> Output:
-        """A dead letter: keyed by the record id (its entry id when it has none usable)."""
-        usable = isinstance(key, str) and len(key) <= MAX_ID_CHARS
-        doc = {"id": key if usable else None, "source": source, "reason": reason}
-        if value is not None:
-            doc["value"] = value[:MAX_DEAD_VALUE_BYTES].decode("utf-8", "replace")
-        return Output.of(key if usable else source, doc)
 
     def _score(self, inputs: dict[str, np.ndarray], rows: int) -> _Scored:
         """The batch's scores, or per row the server's reason if it refuses some."""
@@ -505,34 +523,21 @@ class Scorer:
         Runs on the committer thread, one batch after another in the order read.
         """
         scores: list[Output] = []
-        dead = list(batch.dead)
         if batch.future is not None:
             got: _Scored = batch.future.result()
-            keys, sources = batch.keys, batch.sources
             if got.refused:
-                for i, reason in got.refused.items():
-                    why = f"model server refused the record: {reason}"
-                    dead.append(self._dead(keys[i], sources[i], why, batch.raw[i]))
-                keep = [i for i in range(len(keys)) if i not in got.refused]
-                assert isinstance(got.versions, list)
-                keys = [keys[i] for i in keep]
-                sources = [sources[i] for i in keep]
-                got = _Scored(
-                    [got.versions[i] for i in keep],
-                    [got.scores[i] for i in keep],
-                    [got.classes[i] for i in keep],
-                    {},
-                )
-            scores = encode_scores(keys, sources, got.scores, got.classes, got.versions)
+                why = "model server refused the record: "
+                got = got.rows(batch.dead_letter_rows({i: why + r for i, r in got.refused.items()}))
+            scores = encode_scores(batch.keys, batch.sources, got.scores, got.classes, got.versions)
             if scores:
                 last = got.versions if isinstance(got.versions, int) else got.versions[-1]
                 self.stats.version = last
         with self._claim_lock:
-            self.engine.commit(scores, dead, batch.messages)
+            self.engine.commit(scores, batch.dead, batch.messages)
             with self._ids_lock:
                 self._inflight_ids.difference_update(m.id for m in batch.messages)
         self.stats.scored += len(scores)
-        self.stats.dead += len(dead)
+        self.stats.dead += len(batch.dead)
         self.stats.batches += 1
 
     # -- the loop
