@@ -670,9 +670,54 @@ def check_pipeline(path: Path) -> PipelineConfig:
                     f"{', '.join(TASK_METRICS[task])})",
                 )
             )
+    model_name = field("serving", "model_name")
+    if isinstance(model_name, str) and (owner := serving_name_owner(model_name, path.stem)):
+        problems.append(where(("serving", "model_name"), shared_serving_name(model_name, owner)))
     if problems or cfg is None:
         raise _Invalid(path, problems)
     return cfg
+
+
+def serving_name_owner(
+    model_name: str, pipeline: str, pipelines_dir: Path | None = None
+) -> str | None:
+    """The first other valid pipeline serving under ``model_name``, or None.
+
+    Names are compared case-blind: the served model's folder is named after it, and
+    a laptop's file system may be too.
+    """
+    for path in pipeline_files(pipelines_dir):
+        if path.stem == pipeline:
+            continue
+        try:
+            other = parse_pipeline(path)
+        except ConfigError:
+            continue
+        if other.serving.model_name.casefold() == model_name.casefold():
+            return other.name
+    return None
+
+
+def ensure_own_serving_name(cfg: PipelineConfig) -> None:
+    """Refuse to serve ``cfg`` under a model name another pipeline serves under.
+
+    Raises:
+        ConfigError: Naming both pipelines.
+    """
+    if owner := serving_name_owner(cfg.serving.model_name, cfg.name):
+        raise ConfigError(
+            f"pipeline {cfg.name!r}: serving.model_name: "
+            + shared_serving_name(cfg.serving.model_name, owner)
+        )
+
+
+def shared_serving_name(model_name: str, owner: str) -> str:
+    """The message for a ``serving.model_name`` another pipeline already serves under."""
+    return (
+        f"{model_name!r} is also the serving.model_name of pipeline {owner!r}: each pipeline "
+        "needs its own (both would publish their versions into one served model and "
+        "overwrite each other's)"
+    )
 
 
 def cli_main(argv: list[str]) -> int:

@@ -28,7 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from trainyard.config import PipelineConfig, TrainingConfig, load_pipeline
+from trainyard.config import (
+    PipelineConfig,
+    TrainingConfig,
+    ensure_own_serving_name,
+    load_pipeline,
+)
 from trainyard.errors import (
     ConfigError,
     DeployError,
@@ -450,6 +455,7 @@ def deploy(
     from trainyard.serving.deploy import ensure_local_server, serve_champion
 
     cfg = load_pipeline(pipeline)
+    ensure_own_serving_name(cfg)
     settings = get_settings()
     registry = _registry(cfg)
     version = int(version)
@@ -552,6 +558,7 @@ def follow_registry(pipeline: str) -> str:
     from trainyard.serving.deploy import ensure_local_server, serve_champion, wait_available
 
     cfg = load_pipeline(pipeline)
+    ensure_own_serving_name(cfg)
     settings = get_settings()
     registry = _registry(cfg)
     champion = registry.champion()

@@ -134,7 +134,8 @@ def make_project(
     for name, spec in wanted.items():
         updates = {k: v for k, v in spec.items() if k != "from"}
         base = yaml.safe_load((ROOT / "dags" / "pipelines" / f"{spec['from']}.yaml").read_text())
-        cfg = _merge(_merge(base, {"name": name, "serving": {"port": port}}), updates)
+        own = {"name": name, "serving": {"port": port, "model_name": name}}
+        cfg = _merge(_merge(base, own), updates)
         (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ)
     env.update(

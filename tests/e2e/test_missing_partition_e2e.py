@@ -34,7 +34,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     use_contracts(proj.env, tmp / "contracts")
     for mode, extra in (("skip", {}), ("wait", {"wait_poke_s": 2, "wait_timeout_s": 600})):
         cfg = pipeline_dict(tmp / f"raw_{mode}", source={"when_missing": mode, **extra})
-        cfg["name"] = f"cancer_{mode}"
+        cfg["name"] = cfg["serving"]["model_name"] = f"cancer_{mode}"
         cfg["serving"]["port"] = proj.port
         (tmp / "pipelines" / f"cancer_{mode}.yaml").write_text(yaml.safe_dump(cfg))
     init_airflow(proj)

@@ -28,9 +28,8 @@ def env(tmp_path: Path, volume_root: Path) -> dict[str, str]:
     pipelines.mkdir()
     for mode in ("fail", "skip", "wait"):
         cfg = pipeline_dict(tmp_path / "raw", source={"when_missing": mode})
-        (pipelines / f"cancer_{mode}.yaml").write_text(
-            json.dumps({**cfg, "name": f"cancer_{mode}"})
-        )
+        cfg["name"] = cfg["serving"]["model_name"] = f"cancer_{mode}"
+        (pipelines / f"cancer_{mode}.yaml").write_text(json.dumps(cfg))
     return {
         **os.environ,
         "TRAINYARD_PIPELINES_DIR": str(pipelines),

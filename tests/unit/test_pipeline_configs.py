@@ -125,3 +125,41 @@ def test_every_problem_of_a_file_is_reported_at_once() -> None:
         ":14: gate.metrics[1]: unknown metric 'f1'",
     ):
         assert needle in text, text
+
+
+def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkeypatch) -> None:
+    # A user copied digits.yaml for a variant and kept serving.model_name: both pipelines
+    # would publish their version 1, 2, ... into one served model, each over the other's.
+    from trainyard.config import ensure_own_serving_name
+    from trainyard.orchestration.graph import build_dags
+
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    text = (ROOT / "dags" / "pipelines" / "digits.yaml").read_text()
+    (folder / "digits.yaml").write_text(text)
+    variant = text.replace("name: digits\n", "name: digits_wide\n", 1)
+    variant = variant.replace("model_name: digits", "model_name: Digits")  # case-blind
+    (folder / "digits_wide.yaml").write_text(variant)
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(folder))
+    monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(tmp_path / "v"))
+    line = variant.splitlines().index("  model_name: Digits") + 1
+
+    with pytest.raises(ConfigError) as exc:
+        check_pipeline(folder / "digits_wide.yaml")
+    assert (
+        f"digits_wide.yaml:{line}: serving.model_name: 'Digits' is also the "
+        "serving.model_name of pipeline 'digits'"
+    ) in str(exc.value)
+    with pytest.raises(ConfigError, match="pipeline 'digits_wide': serving.model_name"):
+        ensure_own_serving_name(parse_pipeline(folder / "digits_wide.yaml"))
+
+    dags = build_dags(folder)  # the first (sorted) keeps its DAG; the second is broken
+    assert dags["trainyard_digits"].task_ids != ["invalid_config"]
+    assert dags["trainyard_digits_wide"].task_ids == ["invalid_config"]
+    assert "is also the serving.model_name of pipeline 'digits'" in (
+        dags["trainyard_digits_wide"].doc_md
+    )
+
+    (folder / "digits_wide.yaml").write_text(variant.replace("Digits", "digits_wide"))
+    assert check_pipeline(folder / "digits_wide.yaml").serving.model_name == "digits_wide"
+    ensure_own_serving_name(parse_pipeline(folder / "digits_wide.yaml"))

@@ -33,6 +33,7 @@ from trainyard.config import (
     TrainingConfig,
     parse_pipeline,
     pipeline_files,
+    shared_serving_name,
     training_pool_name,
 )
 from trainyard.errors import ConfigError
@@ -604,9 +605,15 @@ def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
     """
     settings = get_settings()
     dags = {}
+    served_by: dict[str, str] = {}  # serving.model_name, case-blind → pipeline
     for path in pipeline_files(pipelines_dir or settings.pipelines_dir):
         try:
-            dag = build_dag(parse_pipeline(path), settings)
+            cfg = parse_pipeline(path)
+            owner = served_by.setdefault(cfg.serving.model_name.casefold(), cfg.name)
+            if owner != cfg.name:
+                why = shared_serving_name(cfg.serving.model_name, owner)
+                raise ConfigError(f"{path}: serving.model_name: {why}")
+            dag = build_dag(cfg, settings)
         except ConfigError as e:
             log.error("%s", e)
             dag = broken_dag(path, e)
