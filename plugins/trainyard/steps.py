@@ -542,6 +542,25 @@ def roll_scorer(cfg: PipelineConfig, local: bool) -> str | None:
     return f"scorer running (pid {pid}) on {cfg.scoring.stream.engine} {cfg.scoring.stream.input}"
 
 
+def ensure_scorer(cfg: PipelineConfig, local: bool) -> str | None:
+    """Start the pipeline's stream scorer if it has one and none runs here.
+
+    After ``models promote`` or ``rollback``: a running scorer follows the served version
+    by itself and is left alone; one stopped (``make stop``) is started as a deploy would.
+
+    Returns:
+        One line saying what runs, or None when there is nothing to run here.
+    """
+    if cfg.scoring.stream is None or not local:
+        return None
+    from trainyard.streaming.scorer import local_scorer_pid
+
+    pid = local_scorer_pid(cfg.name)
+    if pid is not None:
+        return f"scorer running (pid {pid}), following the served version"
+    return roll_scorer(cfg, local=True)
+
+
 def follow_registry(pipeline: str) -> str:
     """Serve the pipeline's registry champion (after ``models promote`` / ``rollback``).
 
@@ -549,6 +568,8 @@ def follow_registry(pipeline: str) -> str:
     was removed), then waits for the server to answer from the champion: locally the
     server is started if none answers (as the deploy step does); a server elsewhere
     (``TRAINYARD_SERVING_HOST``) that does not serve it within a minute is said so.
+    Locally the stream scorer is started too if the pipeline has one and it is stopped
+    (:func:`ensure_scorer`).
 
     Returns:
         One line saying what is served now, and where.
@@ -578,6 +599,12 @@ def follow_registry(pipeline: str) -> str:
             served += f" on {where}"
         except (TrainyardError, OSError) as e:
             served += f"; but the server on {where} does not serve it yet: {e}"
+        try:
+            scorer = ensure_scorer(cfg, local=host == cfg.serving.host)
+        except TrainyardError as e:
+            scorer = f"the stream scorer did not start: {e}"
+        if scorer is not None:
+            served += f"; {scorer}"
     _mirror(cfg, registry, None)
     return served
 

@@ -150,7 +150,7 @@ def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkey
         f"digits_wide.yaml:{line}: serving.model_name: 'Digits' is also the "
         "serving.model_name of pipeline 'digits'"
     ) in str(exc.value)
-    with pytest.raises(ConfigError, match="pipeline 'digits_wide': serving.model_name"):
+    with pytest.raises(ConfigError, match=r"pipeline 'digits_wide': serving\.model_name"):
         ensure_own_serving_name(parse_pipeline(folder / "digits_wide.yaml"))
 
     dags = build_dags(folder)  # the first (sorted) keeps its DAG; the second is broken
