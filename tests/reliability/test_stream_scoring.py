@@ -449,3 +449,33 @@ def test_a_deleted_input_stream_gets_its_group_again(project, caplog) -> None:
     finally:
         engine.r.delete("gone.in")
         engine.close()
+
+
+def test_lag_is_counted_when_a_restarted_redis_lost_count(tmp_path: Path, monkeypatch) -> None:
+    """Redis 7.0 replays the group's reads from its append-only file without the count of
+    entries read, and reports no lag until the group reaches the stream's end again."""
+    from trainyard.streaming import engines
+
+    streams = Streams("lag.in", "lag.out", "lag.dead", "lag-group")
+    url = redis_server.ensure_running(tmp_path / "redis")
+    try:
+        engine = RedisStreams(url, streams, consumer="c")
+        records, _ = make_records(25, seed=5)
+        engine.produce([(None, v) for v in records])
+        assert len(engine.read(5, 100)) == 5
+        assert engine.lag() == {"lag": 20, "pending": 5}
+        engine.close()
+        redis_server.stop(tmp_path / "redis")
+        redis_server.ensure_running(tmp_path / "redis")
+        engine = RedisStreams(url, streams, consumer="c")
+        (group,) = engine.r.xinfo_groups("lag.in")
+        assert group["lag"] is None  # what Redis itself says now
+        assert engine.lag() == {"lag": 20, "pending": 5}
+        monkeypatch.setattr(engines, "LAG_COUNT_MAX", 7)
+        assert engine.lag() == {"lag": 7, "pending": 5}  # counted up to the cap: at least
+        monkeypatch.undo()
+        assert len(engine.read(100, 100)) == 20  # the end: Redis counts again
+        assert engine.lag() == {"lag": 0, "pending": 25}
+        engine.close()
+    finally:
+        redis_server.stop(tmp_path / "redis")
