@@ -391,6 +391,25 @@ def test_synthetic_transactions_is_deterministic_and_learnable(tmp_path: Path):
     ]
     assert sum(night_big) / len(night_big) > 3 * sum(day_small) / len(day_small)
 
+    # What the model sees (the contract's features) must be able to pass the shipped
+    # pipeline's gate: a day's linear model ranks another day's transactions with an AUC
+    # well above its auc threshold (once 0.62 at best, against a gate of 0.75).
+    import yaml
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.preprocessing import StandardScaler
+
+    root = Path(__file__).resolve().parents[2]
+    contract = yaml.safe_load((root / "data_contracts" / "transactions.yaml").read_text())
+    features = contract["roles"]["features"]
+    gate = yaml.safe_load((root / "dags" / "pipelines" / "transactions.yaml").read_text())
+    u = pcsv.read_csv(c).to_pydict()
+    x_a, x_c = ([[row[f] for f in features] for row in _rows(t)] for t in (t, u))
+    scale = StandardScaler().fit(x_a)
+    model = LogisticRegression().fit(scale.transform(x_a), t["is_fraud"])
+    auc = roc_auc_score(u["is_fraud"], model.decision_function(scale.transform(x_c)))
+    assert auc >= gate["gate"]["thresholds"]["auc"]["min"] + 0.05, auc
+
 
 def test_intervals_backfill_and_rerun(volume_root: Path, contracts: Path, tmp_path: Path):
     cfg = tx_pipeline(tmp_path)
@@ -546,3 +565,7 @@ def test_partitioned_source_needs_an_interval(volume_root: Path, contracts: Path
     with pytest.raises(StagingError, match="partitioned by"):
         stage(tx_pipeline(tmp_path), quiet=True)
     assert not (tmp_path / "lake").exists()
+
+
+def _rows(table: dict[str, list]) -> list[dict]:
+    return [dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True)]
