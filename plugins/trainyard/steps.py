@@ -542,7 +542,7 @@ def roll_scorer(cfg: PipelineConfig, local: bool) -> str | None:
     return f"scorer running (pid {pid}) on {cfg.scoring.stream.engine} {cfg.scoring.stream.input}"
 
 
-def ensure_scorer(cfg: PipelineConfig, local: bool) -> str | None:
+def start_scorer_if_stopped(cfg: PipelineConfig, local: bool) -> str | None:
     """Start the pipeline's stream scorer if it has one and none runs here.
 
     After ``models promote`` or ``rollback``: a running scorer follows the served version
@@ -569,7 +569,7 @@ def follow_registry(pipeline: str) -> str:
     server is started if none answers (as the deploy step does); a server elsewhere
     (``TRAINYARD_SERVING_HOST``) that does not serve it within a minute is said so.
     Locally the stream scorer is started too if the pipeline has one and it is stopped
-    (:func:`ensure_scorer`).
+    (:func:`start_scorer_if_stopped`).
 
     Returns:
         One line saying what is served now, and where.
@@ -600,7 +600,7 @@ def follow_registry(pipeline: str) -> str:
         except (TrainyardError, OSError) as e:
             served += f"; but the server on {where} does not serve it yet: {e}"
         try:
-            scorer = ensure_scorer(cfg, local=host == cfg.serving.host)
+            scorer = start_scorer_if_stopped(cfg, local=host == cfg.serving.host)
         except TrainyardError as e:
             scorer = f"the stream scorer did not start: {e}"
         if scorer is not None:

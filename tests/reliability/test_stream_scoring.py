@@ -277,14 +277,14 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     assert not (folder / scoring.PID_FILE).exists()
     assert orjson.loads(status_file.read_bytes())["state"] == "stopped"
     # models promote / rollback after make stop start it again, and leave a running one
-    line = steps.ensure_scorer(cfg, local=True)
+    line = steps.start_scorer_if_stopped(cfg, local=True)
     assert line is not None and "scorer running" in line
     third = scoring.local_scorer_pid("events")
     assert third and third not in (first, second)
-    assert steps.ensure_scorer(cfg, local=True) == (
+    assert steps.start_scorer_if_stopped(cfg, local=True) == (
         f"scorer running (pid {third}), following the served version"
     )
-    assert steps.ensure_scorer(cfg, local=False) is None  # the cluster's Deployment
+    assert steps.start_scorer_if_stopped(cfg, local=False) is None  # the cluster's Deployment
     assert scoring.stop_all_local_scorers() == ["events"]
     # a pipeline without scoring.stream starts nothing
     assert steps.roll_scorer(cfg.model_copy(update={"scoring": type(cfg.scoring)()}), True) is None
