@@ -233,10 +233,24 @@ class GateConfig(_Strict):
         return self.model_copy(update={"metrics": list(DEFAULT_GATE_METRICS[task])})
 
 
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _serving_model_name(value: str) -> str:
+    if not MODEL_NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r}: use 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit "
+            "(it names a folder of the serving root and a path of the serving API)"
+        )
+    return value
+
+
 class ServingConfig(_Strict):
     """Where and how the promoted model is served."""
 
-    model_name: str
+    model_name: Annotated[str, AfterValidator(_serving_model_name)] = Field(
+        json_schema_extra={"pattern": MODEL_NAME_RE.pattern}
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8501, ge=1, le=65535)
     smoke_rows: int = Field(default=8, ge=1)
@@ -517,7 +531,7 @@ def _schema_problems(err: ValidationError, where: YamlWhere) -> list[str]:
     return lines
 
 
-class _Invalid(ConfigError):
+class InvalidPipelineConfig(ConfigError):
     """A pipeline config with problems, each ``file:line: field: message``."""
 
     def __init__(self, path: Path, problems: list[str]) -> None:
@@ -561,11 +575,11 @@ def parse_pipeline(path: Path) -> PipelineConfig:
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as e:
-        raise _Invalid(path, problems + _schema_problems(e, where)) from e
+        raise InvalidPipelineConfig(path, problems + _schema_problems(e, where)) from e
     if cfg.name != path.stem:
         problems.append(where(("name",), f"{cfg.name!r} must equal the file name {path.stem!r}"))
     if problems:
-        raise _Invalid(path, problems)
+        raise InvalidPipelineConfig(path, problems)
     return cfg
 
 
@@ -588,7 +602,7 @@ def check_pipeline(path: Path) -> PipelineConfig:
     cfg: PipelineConfig | None = None
     try:
         cfg = parse_pipeline(path)
-    except _Invalid as e:  # go on: the names the file refers to are checked too
+    except InvalidPipelineConfig as e:  # go on: the names the file refers to are checked too
         problems = list(e.problems)
     text = path.read_text(encoding="utf-8")
     raw: dict[str, Any] = load_yaml(text, path)
@@ -674,21 +688,26 @@ def check_pipeline(path: Path) -> PipelineConfig:
     if isinstance(model_name, str) and (owner := serving_name_owner(model_name, path.stem)):
         problems.append(where(("serving", "model_name"), shared_serving_name(model_name, owner)))
     if problems or cfg is None:
-        raise _Invalid(path, problems)
+        raise InvalidPipelineConfig(path, problems)
     return cfg
 
 
 def serving_name_owner(
     model_name: str, pipeline: str, pipelines_dir: Path | None = None
 ) -> str | None:
-    """The first other valid pipeline serving under ``model_name``, or None.
+    """The valid pipeline before ``pipeline`` (by file name) serving under ``model_name``.
 
-    Names are compared case-blind: the served model's folder is named after it, and
-    a laptop's file system may be too.
+    The first pipeline to name a model keeps it, as its DAG does (:func:`build_dags`): a
+    copy added later is refused, never the pipeline that already ran. Names are compared
+    case-blind: the served model's folder is named after it, and a laptop's file system
+    may be too.
+
+    Returns:
+        That pipeline's name, or None.
     """
     for path in pipeline_files(pipelines_dir):
-        if path.stem == pipeline:
-            continue
+        if path.stem >= pipeline:
+            break
         try:
             other = parse_pipeline(path)
         except ConfigError:

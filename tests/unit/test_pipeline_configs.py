@@ -160,6 +160,22 @@ def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkey
         dags["trainyard_digits_wide"].doc_md
     )
 
+    # the pipeline that had the name keeps it: only the copy added later is refused
+    assert check_pipeline(folder / "digits.yaml").serving.model_name == "digits"
+    ensure_own_serving_name(parse_pipeline(folder / "digits.yaml"))
+
     (folder / "digits_wide.yaml").write_text(variant.replace("Digits", "digits_wide"))
     assert check_pipeline(folder / "digits_wide.yaml").serving.model_name == "digits_wide"
     ensure_own_serving_name(parse_pipeline(folder / "digits_wide.yaml"))
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "has space", "trânsactions", ".", "x" * 64])
+def test_a_model_name_is_one_safe_folder_and_path_name(tmp_path: Path, name: str) -> None:
+    # it names a folder of the serving root and a path of the serving API: "../evil"
+    # wrote a model config outside the serving root
+    raw = yaml.safe_load((ROOT / "dags" / "pipelines" / "digits.yaml").read_text())
+    raw["serving"]["model_name"] = name
+    path = tmp_path / "digits.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"serving\.model_name: .*use 1 to 63 of A-Z"):
+        parse_pipeline(path)
