@@ -453,7 +453,8 @@ def test_a_deleted_input_stream_gets_its_group_again(project, caplog) -> None:
 
 def test_lag_is_counted_when_a_restarted_redis_lost_count(tmp_path: Path, monkeypatch) -> None:
     """Redis 7.0 replays the group's reads from its append-only file without the count of
-    entries read, and reports no lag until the group reaches the stream's end again."""
+    entries read, and reports no lag until the group reaches the stream's end again (or,
+    after a SIGKILL, a wrong one): the scorer counts."""
     from trainyard.streaming import engines
 
     streams = Streams("lag.in", "lag.out", "lag.dead", "lag-group")
@@ -475,6 +476,12 @@ def test_lag_is_counted_when_a_restarted_redis_lost_count(tmp_path: Path, monkey
         assert engine.lag() == {"lag": 7, "pending": 5}  # counted up to the cap: at least
         monkeypatch.undo()
         assert len(engine.read(100, 100)) == 20  # the end: Redis counts again
+        assert engine.lag() == {"lag": 0, "pending": 25}
+        # a wrong count (a cold user's SIGKILLed Redis kept lag 24912 with nothing unread)
+        (group,) = engine.r.xinfo_groups("lag.in")
+        last = group["last-delivered-id"]
+        engine.r.execute_command("XGROUP", "SETID", "lag.in", "lag-group", last, "ENTRIESREAD", 3)
+        assert engine.r.xinfo_groups("lag.in")[0]["lag"] == 22
         assert engine.lag() == {"lag": 0, "pending": 25}
         engine.close()
     finally:

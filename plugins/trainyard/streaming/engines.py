@@ -407,19 +407,20 @@ class RedisStreams(StreamEngine):
         return out
 
     def lag(self) -> dict[str, int | None]:
-        """From ``XINFO GROUPS`` (Redis 7: ``lag``, ``pending``).
+        """``lag`` (entries after the group's last delivered id) and ``pending``.
 
-        A Redis restarted from its append-only file has lost count of what the group read
-        until the group next reaches the stream's end: the entries after the group's last
-        delivered id are then counted (:data:`LAG_SCRIPT`), up to :data:`LAG_COUNT_MAX`,
-        which then means at least that many.
+        The entries are counted (:data:`LAG_SCRIPT`) up to :data:`LAG_COUNT_MAX`; beyond
+        that Redis's own ``lag`` from ``XINFO GROUPS`` is taken, or the cap (then: at
+        least that many) when Redis has none. Redis's figure alone is not enough: a Redis
+        restarted from its append-only file has no count until the group next reaches
+        the stream's end, and after a SIGKILL it can keep a wrong one.
         """
         for g in self.r.xinfo_groups(self.streams.input):
             if _s(g["name"]) == self.streams.group:
-                lag = g.get("lag")
-                if lag is None:
-                    last = _s(g["last-delivered-id"])
-                    lag = self.r.eval(LAG_SCRIPT, 1, self.streams.input, last, LAG_COUNT_MAX)
+                last = _s(g["last-delivered-id"])
+                lag = self.r.eval(LAG_SCRIPT, 1, self.streams.input, last, LAG_COUNT_MAX)
+                if lag >= LAG_COUNT_MAX and g.get("lag") is not None:
+                    lag = max(lag, int(g["lag"]))
                 return {"lag": int(lag), "pending": int(g["pending"])}
         return {"lag": None, "pending": None}
 
