@@ -772,7 +772,8 @@ def data_intervals(
         ``(start, end)`` ISO datetimes, oldest first.
 
     Raises:
-        ConfigError: If ``last`` is before ``first`` or the range has no interval.
+        ConfigError: If ``last`` is before ``first`` or after today, ``first`` is before
+            the pipeline's ``start_date``, or the range has no interval.
     """
     from croniter import croniter
 
@@ -787,6 +788,12 @@ def data_intervals(
     last = last or first
     if last < first:
         raise ConfigError(f"--end-ds {last} is before --ds {first}")
+    today = dt.datetime.now(utc).date()
+    if last > today:
+        flag = "--end-ds" if last != first else "--ds"
+        raise ConfigError(f"{flag} {last} is after today ({today}): its data cannot have arrived")
+    if first < cfg.start_date:
+        raise ConfigError(f"--ds {first} is before the pipeline's start_date {cfg.start_date}")
     lo = dt.datetime.combine(first, dt.time(), utc)
     hi = dt.datetime.combine(last + dt.timedelta(days=1), dt.time(), utc)
     it = croniter(cron, lo - dt.timedelta(microseconds=1))
