@@ -90,6 +90,8 @@ def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> Tr
     """
     from pydantic import ValidationError
 
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ConfigError(f"overrides: expected a JSON object, got {json.dumps(overrides)[:200]}")
     unknown = sorted(set(overrides or {}) - set(TRAINING_OVERRIDES))
     if unknown:
         raise ConfigError(
@@ -829,6 +831,8 @@ def run_all(
         The run summary of the last interval.
     """
     overrides = overrides or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"overrides: expected a JSON object, got {json.dumps(overrides)[:200]}")
     force = {"force_promote", "force_reason"}
     if overrides.get("force_promote") and not overrides.get("force_reason"):
         raise ConfigError("force_promote needs a force_reason (recorded with who and when)")
@@ -1225,6 +1229,8 @@ def run_cli_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.end_ds and not args.ds:
         p.error("--end-ds needs --ds")
+    if not isinstance(args.overrides, dict):
+        p.error(f"--overrides: expected a JSON object, got {json.dumps(args.overrides)[:200]}")
     intervals = (
         data_intervals(load_pipeline(args.pipeline), args.ds, args.end_ds) if args.ds else None
     )

@@ -72,6 +72,8 @@ def test_bad_ranges_are_refused_before_anything_runs(tmp_path) -> None:
     assert out.returncode == 2 and "--end-ds needs --ds" in out.stderr
     out = proj.trainyard("run", "--pipeline", "digits", "--ds", "yesterday")
     assert out.returncode == 2 and "--ds" in out.stderr
+    out = proj.trainyard("run", "--pipeline", "digits", "--overrides", "[1]")  # was a traceback
+    assert out.returncode == 2 and "--overrides: expected a JSON object, got [1]" in out.stderr
     # a future day would train on data that cannot exist yet (the bootstrap makes some up)
     # and become a champion no real run could beat; before start_date is no interval
     tomorrow = (dt.datetime.now(dt.UTC).date() + dt.timedelta(days=1)).isoformat()
