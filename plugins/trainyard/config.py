@@ -684,27 +684,50 @@ def check_pipeline(path: Path) -> PipelineConfig:
                     f"{', '.join(TASK_METRICS[task])})",
                 )
             )
-    model_name = field("serving", "model_name")
-    if isinstance(model_name, str) and (owner := serving_name_owner(model_name, path.stem)):
-        problems.append(where(("serving", "model_name"), shared_serving_name(model_name, owner)))
+    if cfg is not None:
+        for keys, why in shared_names(cfg, path.stem):
+            problems.append(where(keys, why))
     if problems or cfg is None:
         raise InvalidPipelineConfig(path, problems)
     return cfg
 
 
-def serving_name_owner(
-    model_name: str, pipeline: str, pipelines_dir: Path | None = None
-) -> str | None:
-    """The valid pipeline before ``pipeline`` (by file name) serving under ``model_name``.
+def owned_names(cfg: PipelineConfig) -> dict[tuple[str, ...], tuple[str, str]]:
+    """What no two pipelines may share: field → (the value, what it is compared as).
 
-    The first pipeline to name a model keeps it, as its DAG does (:func:`build_dags`): a
-    copy added later is refused, never the pipeline that already ran. Names are compared
-    case-blind: the served model's folder is named after it, and a laptop's file system
-    may be too.
+    The served model's name (case-blind: it names a folder, and a laptop's file system
+    may be case-blind too), and the streams the scorer writes (scores and dead letters of
+    two pipelines in one stream could not be told apart), as engine, server and name.
+    """
+    out = {("serving", "model_name"): (cfg.serving.model_name, cfg.serving.model_name.casefold())}
+    st = cfg.scoring.stream
+    if st is not None:
+        server = st.bootstrap_servers if st.engine == "kafka" else st.url or ""
+        for name in ("output", "dead_letter"):
+            value = getattr(st, name)
+            out[("scoring", "stream", name)] = (value, f"stream {st.engine} {server} {value}")
+    return out
+
+
+def shared_names(
+    cfg: PipelineConfig, pipeline: str | None = None, pipelines_dir: Path | None = None
+) -> list[tuple[tuple[str, ...], str]]:
+    """The names ``cfg`` shares with a valid pipeline before it (by file name).
+
+    The first pipeline to own a name keeps it, as its DAG does (:func:`build_dags`): a
+    copy added later is refused, never the pipeline that already ran.
+
+    Args:
+        cfg: The pipeline.
+        pipeline: Its file's name (default: ``cfg.name``).
+        pipelines_dir: The pipelines folder (default: the settings').
 
     Returns:
-        That pipeline's name, or None.
+        ``(field, message)`` per name shared.
     """
+    pipeline = pipeline or cfg.name
+    mine = owned_names(cfg)
+    out = []
     for path in pipeline_files(pipelines_dir):
         if path.stem >= pipeline:
             break
@@ -712,31 +735,33 @@ def serving_name_owner(
             other = parse_pipeline(path)
         except ConfigError:
             continue
-        if other.serving.model_name.casefold() == model_name.casefold():
-            return other.name
-    return None
+        theirs = {key: keys for keys, (_, key) in owned_names(other).items()}
+        for keys, (value, key) in mine.items():
+            if key in theirs and keys not in {k for k, _ in out}:
+                out.append((keys, shared_name_message(keys, value, other.name, theirs[key])))
+    return out
 
 
-def ensure_own_serving_name(cfg: PipelineConfig) -> None:
-    """Refuse to serve ``cfg`` under a model name another pipeline serves under.
+def shared_name_message(
+    keys: tuple[str, ...], value: str, owner: str, owner_keys: tuple[str, ...]
+) -> str:
+    """The message for a name (at ``keys``) pipeline ``owner`` owns (at ``owner_keys``)."""
+    theirs = ".".join(owner_keys)
+    if keys == ("serving", "model_name"):
+        why = "both would publish their versions into one served model, each over the other's"
+    else:
+        why = "consumers could not tell whose scores and dead letters an entry holds"
+    return f"{value!r} is also the {theirs} of pipeline {owner!r}: each needs its own ({why})"
+
+
+def ensure_own_names(cfg: PipelineConfig) -> None:
+    """Refuse to serve or score for ``cfg`` under a name a pipeline before it owns.
 
     Raises:
-        ConfigError: Naming both pipelines.
+        ConfigError: Naming the field and both pipelines.
     """
-    if owner := serving_name_owner(cfg.serving.model_name, cfg.name):
-        raise ConfigError(
-            f"pipeline {cfg.name!r}: serving.model_name: "
-            + shared_serving_name(cfg.serving.model_name, owner)
-        )
-
-
-def shared_serving_name(model_name: str, owner: str) -> str:
-    """The message for a ``serving.model_name`` another pipeline already serves under."""
-    return (
-        f"{model_name!r} is also the serving.model_name of pipeline {owner!r}: each pipeline "
-        "needs its own (both would publish their versions into one served model and "
-        "overwrite each other's)"
-    )
+    for keys, why in shared_names(cfg):
+        raise ConfigError(f"pipeline {cfg.name!r}: {'.'.join(keys)}: {why}")
 
 
 def cli_main(argv: list[str]) -> int:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from trainyard.config import (
     PipelineConfig,
     TrainingConfig,
-    ensure_own_serving_name,
+    ensure_own_names,
     load_pipeline,
 )
 from trainyard.errors import (
@@ -457,7 +457,7 @@ def deploy(
     from trainyard.serving.deploy import ensure_local_server, serve_champion
 
     cfg = load_pipeline(pipeline)
-    ensure_own_serving_name(cfg)
+    ensure_own_names(cfg)
     settings = get_settings()
     registry = _registry(cfg)
     version = int(version)
@@ -581,7 +581,7 @@ def follow_registry(pipeline: str) -> str:
     from trainyard.serving.deploy import ensure_local_server, serve_champion, wait_available
 
     cfg = load_pipeline(pipeline)
-    ensure_own_serving_name(cfg)
+    ensure_own_names(cfg)
     settings = get_settings()
     registry = _registry(cfg)
     champion = registry.champion()

@@ -130,7 +130,7 @@ def test_every_problem_of_a_file_is_reported_at_once() -> None:
 def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkeypatch) -> None:
     # A user copied digits.yaml for a variant and kept serving.model_name: both pipelines
     # would publish their version 1, 2, ... into one served model, each over the other's.
-    from trainyard.config import ensure_own_serving_name
+    from trainyard.config import ensure_own_names
     from trainyard.orchestration.graph import build_dags
 
     folder = tmp_path / "pipelines"
@@ -151,7 +151,7 @@ def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkey
         "serving.model_name of pipeline 'digits'"
     ) in str(exc.value)
     with pytest.raises(ConfigError, match=r"pipeline 'digits_wide': serving\.model_name"):
-        ensure_own_serving_name(parse_pipeline(folder / "digits_wide.yaml"))
+        ensure_own_names(parse_pipeline(folder / "digits_wide.yaml"))
 
     dags = build_dags(folder)  # the first (sorted) keeps its DAG; the second is broken
     assert dags["trainyard_digits"].task_ids != ["invalid_config"]
@@ -162,11 +162,11 @@ def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkey
 
     # the pipeline that had the name keeps it: only the copy added later is refused
     assert check_pipeline(folder / "digits.yaml").serving.model_name == "digits"
-    ensure_own_serving_name(parse_pipeline(folder / "digits.yaml"))
+    ensure_own_names(parse_pipeline(folder / "digits.yaml"))
 
     (folder / "digits_wide.yaml").write_text(variant.replace("Digits", "digits_wide"))
     assert check_pipeline(folder / "digits_wide.yaml").serving.model_name == "digits_wide"
-    ensure_own_serving_name(parse_pipeline(folder / "digits_wide.yaml"))
+    ensure_own_names(parse_pipeline(folder / "digits_wide.yaml"))
 
 
 @pytest.mark.parametrize("name", ["../evil", "a/b", "has space", "trânsactions", ".", "x" * 64])
@@ -179,3 +179,41 @@ def test_a_model_name_is_one_safe_folder_and_path_name(tmp_path: Path, name: str
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=r"serving\.model_name: .*use 1 to 63 of A-Z"):
         parse_pipeline(path)
+
+
+def test_two_pipelines_may_not_write_scores_to_one_stream(tmp_path: Path, monkeypatch) -> None:
+    # A cold user's copy with the same scoring.stream doubled every score in the output,
+    # with nothing in an entry to tell the two pipelines' scores apart.
+    from trainyard.config import ensure_own_names
+
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    base = yaml.safe_load((ROOT / "dags" / "pipelines" / "transactions.yaml").read_text())
+    same = {"input": "tx.in", "output": "tx.scores", "dead_letter": "tx.dead"}
+    base["scoring"] = {"stream": same}
+    (folder / "transactions.yaml").write_text(yaml.safe_dump(base))
+    copy = {**base, "name": "tx_copy", "serving": {**base["serving"], "model_name": "tx_copy"}}
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(folder))
+
+    def check(stream: dict) -> str:
+        copy["scoring"] = {"stream": stream}
+        (folder / "tx_copy.yaml").write_text(yaml.safe_dump(copy))
+        try:
+            ensure_own_names(parse_pipeline(folder / "tx_copy.yaml"))
+            check_pipeline(folder / "tx_copy.yaml")
+        except ConfigError as e:
+            return str(e)
+        return "ok"
+
+    assert "scoring.stream.output: 'tx.scores' is also the scoring.stream.output of " in (
+        check(same)
+    )
+    # its dead letters into the other's scores
+    crossed = {"input": "tx.in", "output": "copy.scores", "dead_letter": "tx.scores"}
+    assert "scoring.stream.dead_letter: 'tx.scores' is also the scoring.stream.output of" in (
+        check(crossed)
+    )
+    # reading the same input is a second consumer group: allowed, as are other servers
+    assert check({"input": "tx.in", "output": "copy.scores", "dead_letter": "copy.dead"}) == "ok"
+    assert check({**same, "url": "redis://other:6379/0"}) == "ok"
+    assert check_pipeline(folder / "transactions.yaml").name == "transactions"

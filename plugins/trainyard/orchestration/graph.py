@@ -31,9 +31,10 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from trainyard.config import (
     PipelineConfig,
     TrainingConfig,
+    owned_names,
     parse_pipeline,
     pipeline_files,
-    shared_serving_name,
+    shared_name_message,
     training_pool_name,
 )
 from trainyard.errors import ConfigError
@@ -605,14 +606,17 @@ def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
     """
     settings = get_settings()
     dags = {}
-    served_by: dict[str, str] = {}  # serving.model_name, case-blind → pipeline
+    owners: dict[str, tuple[str, tuple[str, ...]]] = {}  # owned_names → pipeline, field
     for path in pipeline_files(pipelines_dir or settings.pipelines_dir):
         try:
             cfg = parse_pipeline(path)
-            owner = served_by.setdefault(cfg.serving.model_name.casefold(), cfg.name)
-            if owner != cfg.name:
-                why = shared_serving_name(cfg.serving.model_name, owner)
-                raise ConfigError(f"{path}: serving.model_name: {why}")
+            names = owned_names(cfg)
+            for keys, (value, key) in names.items():
+                owner, owner_keys = owners.get(key, (cfg.name, keys))
+                if owner != cfg.name:
+                    why = shared_name_message(keys, value, owner, owner_keys)
+                    raise ConfigError(f"{path}: {'.'.join(keys)}: {why}")
+            owners.update({key: (cfg.name, keys) for keys, (_, key) in names.items()})
             dag = build_dag(cfg, settings)
         except ConfigError as e:
             log.error("%s", e)

@@ -54,7 +54,7 @@ import numpy as np
 import orjson
 
 from trainyard.argtypes import positive_float, positive_int
-from trainyard.config import PipelineConfig, load_pipeline
+from trainyard.config import PipelineConfig, ensure_own_names, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
 from trainyard.fsutil import atomic_write_json, cmdline_has, process_alive, terminate
 from trainyard.serving.client import ServingClient
@@ -662,6 +662,7 @@ def build_scorer(
     from trainyard.contracts import load_contract
 
     cfg = load_pipeline(pipeline)
+    ensure_own_names(cfg)
     sc = cfg.scoring
     streams_of(cfg)  # one clear error when there is nothing to score
     checker = RecordChecker(load_contract(cfg.dataset))
