@@ -676,7 +676,12 @@ def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) ->
     args = parser.parse_args(argv)
     if not NAME_RE.match(args.pipeline):
         parser.error(f"invalid pipeline name {args.pipeline!r}")
+    if getattr(args, "reason", None) is not None and not args.reason.strip():
+        parser.error("--reason must say why (it is recorded with who and when)")
     reg = Registry(get_settings().models_root, args.pipeline)
+    if getattr(args, "version", None) is not None and args.version not in reg.list_versions():
+        known = ", ".join(map(str, reg.list_versions())) or "none"
+        parser.error(f"pipeline {reg.pipeline!r} has no version {args.version} (known: {known})")
     out = sys.stdout
     if args.action == "list":
         out.write(_list(reg))

@@ -377,8 +377,17 @@ def test_cli_list_show_promote_rollback(
     assert "champion is now 1" in capsys.readouterr().out
     assert cli(["models", "rollback", "--pipeline", "digits", "--reason", "bad too"]) == 1
     assert "--unserve to take the model offline" in capsys.readouterr().err
-    assert cli(["models", "show", "--pipeline", "digits", "9"]) == 1
-    assert "RegistryError: pipeline 'digits' has no version 9" in capsys.readouterr().err
+    # a version that is not there, or no reason, is a usage error: no retry fixes it
+    for argv in (
+        ["show", "--pipeline", "digits", "9"],
+        ["promote", "--pipeline", "digits", "9", "--reason", "x"],
+        ["rollback", "--pipeline", "digits", "--reason", " "],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            cli(["models", *argv])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "has no version 9 (known: 1, 2)" in err or "--reason must say why" in err
     assert cli(["models", "history", "--pipeline", "digits"]) == 0
     assert [json.loads(line)["event"] for line in capsys.readouterr().out.splitlines()] == [
         "promote",
