@@ -486,3 +486,70 @@ def test_lag_is_counted_when_a_restarted_redis_lost_count(tmp_path: Path, monkey
         engine.close()
     finally:
         redis_server.stop(tmp_path / "redis")
+
+
+def _redis_servers(redis_dir: Path) -> list[int]:
+    """Pids of redis-server processes serving ``redis_dir``'s socket."""
+    import psutil
+
+    sock = str(redis_dir.resolve() / redis_server.SOCKET)
+    return [
+        p.pid
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "redis-server" and sock in " ".join(p.info["cmdline"] or [])
+    ]
+
+
+def test_scorers_restarted_at_once_start_one_redis(tmp_path: Path) -> None:
+    """A cold user's two scorers, restarted together after a Redis SIGKILL, each started a
+    server on the same socket and append-only file; one wrote to a deleted file."""
+    import concurrent.futures as futures
+
+    folder = tmp_path / "redis"
+    try:
+        for _ in range(2):  # a fresh folder, then one whose server was SIGKILLed
+            with futures.ThreadPoolExecutor(4) as pool:
+                urls = set(pool.map(lambda _: redis_server.ensure_running(folder), range(4)))
+            assert len(urls) == 1
+            servers = _redis_servers(folder)
+            assert len(servers) == 1, servers
+            os.kill(servers[0], signal.SIGKILL)
+            _wait(lambda: not _redis_servers(folder), 10, "the killed Redis")
+    finally:
+        redis_server.stop(folder)
+        for pid in _redis_servers(folder):  # the extra ones a failure leaves
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_two_deploys_at_once_leave_one_scorer(project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two deploys rolling the scorer together left two supervisors; make stop stopped one."""
+    import concurrent.futures as futures
+
+    import psutil
+
+    from trainyard.streaming import scorer as scoring
+
+    for k, v in project["env"].items():
+        if k.startswith("TRAINYARD_"):
+            monkeypatch.setenv(k, v)
+
+    def supervisors() -> list[int]:
+        return [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if {"score-stream", "--supervise", "events"} <= set(p.info["cmdline"] or [])
+        ]
+
+    try:
+        with futures.ThreadPoolExecutor(2) as pool:
+            pids = list(pool.map(lambda _: scoring.start_local_scorer("events"), range(2)))
+        assert len(set(pids)) == 2  # the second stopped the first's and started its own
+        assert supervisors() == [scoring.local_scorer_pid("events")] == [pids[1]] or (
+            supervisors() == [scoring.local_scorer_pid("events")] == [pids[0]]
+        )
+    finally:
+        assert scoring.stop_all_local_scorers() == ["events"]
+        left = supervisors()
+        for pid in left:  # what a failure leaves
+            os.killpg(pid, signal.SIGTERM)
+    assert left == []

@@ -12,6 +12,7 @@ installs (``make test``); ``TRAINYARD_REDIS_SERVER`` names another binary.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -28,6 +29,7 @@ SOCKET = "redis.sock"
 PID_FILE = "redis.pid"
 LOG_FILE = "redis.log"
 CONF_FILE = "redis.conf"
+START_LOCK = "start.lock"
 
 
 class RedisServerError(TrainyardError):
@@ -131,24 +133,33 @@ def ensure_running(redis_dir: Path | None = None, timeout_s: float = 15.0) -> st
     redis_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(redis_dir, 0o700)
     (redis_dir / "data").mkdir(exist_ok=True)
-    pid = _read_pid(redis_dir)
-    if pid is not None and not (_alive(pid) and _is_redis(pid)):
-        (redis_dir / PID_FILE).unlink(missing_ok=True)  # left by a killed server
-    sock.unlink(missing_ok=True)
-    conf = redis_dir / CONF_FILE
-    conf.write_text(_config(redis_dir))
-    done = subprocess.run(
-        [binary, str(conf)], capture_output=True, text=True, timeout=timeout_s, check=False
-    )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    # Scorers restarted at once (after a Redis kill) all find no answer: one starts the
+    # server, the others wait for it. Two servers on one append-only file lose writes.
+    with open(redis_dir / START_LOCK, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if _ping(sock):
             return url(redis_dir)
-        time.sleep(0.05)
+        pid = _read_pid(redis_dir)
+        done: subprocess.CompletedProcess[str] | None = None
+        if pid is not None and not (_alive(pid) and _is_redis(pid)):
+            (redis_dir / PID_FILE).unlink(missing_ok=True)  # left by a killed server
+            pid = None
+        if pid is None:  # else ours is alive, still loading its append-only file: wait
+            sock.unlink(missing_ok=True)
+            conf = redis_dir / CONF_FILE
+            conf.write_text(_config(redis_dir))
+            done = subprocess.run(
+                [binary, str(conf)], capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if _ping(sock):
+                return url(redis_dir)
+            time.sleep(0.05)
+    how = f"exit {done.returncode}: {done.stderr.strip()[-300:]}" if done else f"pid {pid}"
     raise RedisServerError(
         f"redis-server did not answer on {sock} within {timeout_s:.0f}s "
-        f"(exit {done.returncode}: {done.stderr.strip()[-300:]}); log {redis_dir / LOG_FILE}:\n"
-        + _tail(redis_dir / LOG_FILE)
+        f"({how}); log {redis_dir / LOG_FILE}:\n" + _tail(redis_dir / LOG_FILE)
     )
 
 

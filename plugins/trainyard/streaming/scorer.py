@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures as cf
+import fcntl
 import gc
 import http.client
 import logging
@@ -793,6 +794,7 @@ def supervise(cmd: list[str], max_backoff_s: float = 30.0) -> int:
 PID_FILE = "scorer.pid"
 LOG_FILE = "scorer.log"
 STATUS_FILE = "status.json"
+START_LOCK = "start.lock"
 
 
 def scorer_dir(pipeline: str) -> Path:
@@ -859,16 +861,24 @@ def start_local_scorer(pipeline: str, timeout_s: float = 60.0) -> int:
         RedisServerError, StreamError: If its Redis server cannot be started or reached.
         TrainyardError: If it exits or reports nothing within ``timeout_s`` (with its log).
     """
-    import subprocess
-
-    import trainyard
-
     cfg = load_pipeline(pipeline)
     streams_of(cfg)
     if cfg.scoring.stream is not None and cfg.scoring.stream.engine == "redis":
         open_engine(cfg).close()  # the Redis server answers (started if it is ours)
     folder = scorer_dir(pipeline)
     folder.mkdir(parents=True, exist_ok=True)
+    # Two deploys at once: the second waits, then stops the first one's scorer and starts
+    # its own, so one scorer (the pid file's) runs.
+    with open(folder / START_LOCK, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_locked(pipeline, folder, timeout_s)
+
+
+def _start_locked(pipeline: str, folder: Path, timeout_s: float) -> int:
+    import subprocess
+
+    import trainyard
+
     stop_local_scorer(pipeline)
     status = folder / STATUS_FILE
     status.unlink(missing_ok=True)
