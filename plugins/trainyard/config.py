@@ -685,7 +685,7 @@ def check_pipeline(path: Path) -> PipelineConfig:
                 )
             )
     if cfg is not None:
-        for keys, why in shared_names(cfg, path.stem):
+        for keys, why in shared_names(cfg):
             problems.append(where(keys, why))
     if problems or cfg is None:
         raise InvalidPipelineConfig(path, problems)
@@ -709,49 +709,73 @@ def owned_names(cfg: PipelineConfig) -> dict[tuple[str, ...], tuple[str, str]]:
     return out
 
 
-def shared_names(
-    cfg: PipelineConfig, pipeline: str | None = None, pipelines_dir: Path | None = None
+def has_models(pipeline: str) -> bool:
+    """Whether the pipeline has registered a model version (it has run, maybe served)."""
+    versions = get_settings().models_root / pipeline / "versions"
+    return versions.is_dir() and any(versions.iterdir())
+
+
+def name_owners(
+    cfgs: list[PipelineConfig],
+) -> dict[str, tuple[str, tuple[str, ...], str]]:
+    """Who owns each of :func:`owned_names`: compared name → (pipeline, field, value).
+
+    A pipeline that has registered models keeps its names over one that has not (a new
+    copy never takes them from the pipeline that ran); between equals the file that sorts
+    first does.
+    """
+    owners: dict[str, tuple[str, tuple[str, ...], str]] = {}
+    for cfg in sorted(cfgs, key=lambda c: (not has_models(c.name), c.name)):
+        for keys, (value, key) in owned_names(cfg).items():
+            owners.setdefault(key, (cfg.name, keys, value))
+    return owners
+
+
+def name_clashes(
+    cfg: PipelineConfig, owners: dict[str, tuple[str, tuple[str, ...], str]]
 ) -> list[tuple[tuple[str, ...], str]]:
-    """The names ``cfg`` shares with a valid pipeline before it (by file name).
+    """``(field, message)`` for each name of ``cfg`` another pipeline owns (:func:`name_owners`)."""
+    out = []
+    for keys, (value, key) in owned_names(cfg).items():
+        owner, owner_keys, owner_value = owners.get(key, (cfg.name, keys, value))
+        if owner != cfg.name:
+            out.append((keys, shared_name_message(value, owner, owner_keys, owner_value)))
+    return out
 
-    The first pipeline to own a name keeps it, as its DAG does (:func:`build_dags`): a
-    copy added later is refused, never the pipeline that already ran.
 
-    Args:
-        cfg: The pipeline.
-        pipeline: Its file's name (default: ``cfg.name``).
-        pipelines_dir: The pipelines folder (default: the settings').
+def shared_names(
+    cfg: PipelineConfig, pipelines_dir: Path | None = None
+) -> list[tuple[tuple[str, ...], str]]:
+    """The names ``cfg`` shares with another valid pipeline that owns them (:func:`name_owners`).
 
     Returns:
         ``(field, message)`` per name shared.
     """
-    pipeline = pipeline or cfg.name
-    mine = owned_names(cfg)
-    out = []
+    others = []
     for path in pipeline_files(pipelines_dir):
-        if path.stem >= pipeline:
-            break
+        if path.stem == cfg.name:
+            continue
         try:
-            other = parse_pipeline(path)
+            others.append(parse_pipeline(path))
         except ConfigError:
             continue
-        theirs = {key: keys for keys, (_, key) in owned_names(other).items()}
-        for keys, (value, key) in mine.items():
-            if key in theirs and keys not in {k for k, _ in out}:
-                out.append((keys, shared_name_message(keys, value, other.name, theirs[key])))
-    return out
+    return name_clashes(cfg, name_owners([*others, cfg]))
 
 
 def shared_name_message(
-    keys: tuple[str, ...], value: str, owner: str, owner_keys: tuple[str, ...]
+    value: str, owner: str, owner_keys: tuple[str, ...], owner_value: str
 ) -> str:
-    """The message for a name (at ``keys``) pipeline ``owner`` owns (at ``owner_keys``)."""
+    """The message for a name pipeline ``owner`` owns (as ``owner_value`` at ``owner_keys``)."""
     theirs = ".".join(owner_keys)
-    if keys == ("serving", "model_name"):
+    spelled = "" if owner_value == value else f" (as {owner_value!r})"
+    if owner_keys == ("serving", "model_name"):
         why = "both would publish their versions into one served model, each over the other's"
     else:
         why = "consumers could not tell whose scores and dead letters an entry holds"
-    return f"{value!r} is also the {theirs} of pipeline {owner!r}: each needs its own ({why})"
+    return (
+        f"{value!r} is also{spelled} the {theirs} of pipeline {owner!r}, which keeps it: "
+        f"each needs its own ({why})"
+    )
 
 
 def ensure_own_names(cfg: PipelineConfig) -> None:

@@ -632,13 +632,19 @@ def _list(reg: Registry) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n" + unreadable
 
 
-def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) -> int:
+def cli_main(
+    argv: list[str],
+    after_move: Callable[[str], str] | None = None,
+    before_move: Callable[[str], None] | None = None,
+) -> int:
     """``python -m trainyard models list|show|promote|rollback|history --pipeline P``.
 
     Args:
         argv: Arguments after ``models``.
         after_move: Called with the pipeline after a promote or rollback (serving follows
             the new champion); its line is printed.
+        before_move: Called with the pipeline before a promote or rollback; what it
+            raises stops the move before anything is written.
 
     Returns:
         The exit code (trainyard errors propagate to the dispatcher, which prints them).
@@ -682,6 +688,8 @@ def cli_main(argv: list[str], after_move: Callable[[str], str] | None = None) ->
     if getattr(args, "version", None) is not None and args.version not in reg.list_versions():
         known = ", ".join(map(str, reg.list_versions())) or "none"
         parser.error(f"pipeline {reg.pipeline!r} has no version {args.version} (known: {known})")
+    if args.action in ("promote", "rollback") and before_move is not None:
+        before_move(reg.pipeline)
     out = sys.stdout
     if args.action == "list":
         out.write(_list(reg))

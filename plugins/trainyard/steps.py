@@ -1250,4 +1250,9 @@ def models_main(argv: list[str]) -> int:
     """
     from trainyard.registry import cli_main
 
-    return cli_main(argv, after_move=follow_registry)
+    return cli_main(argv, after_move=follow_registry, before_move=_check_before_move)
+
+
+def _check_before_move(pipeline: str) -> None:
+    """Refuse ``models promote|rollback`` that serving could not follow: checked first."""
+    ensure_own_names(load_pipeline(pipeline))

@@ -599,8 +599,17 @@ def test_one_invalid_pipeline_does_not_hide_the_others(tmp_path: Path, monkeypat
     shutil.copytree(ROOT / "dags" / "pipelines", folder)
     (folder / "broken.yaml").write_text("name: broken\ndataset: [\n")
     (folder / "wrong.yaml").write_text(yaml.safe_dump({"name": "wrong", "dataset": "x"}))
+    # a broken file whose DAG id is a working pipeline's ("tx-sp" → trainyard_tx_sp) took
+    # that pipeline's DAG; it now gets a suffix
+    tx = yaml.safe_load((folder / "transactions.yaml").read_text())
+    tx["name"] = tx["serving"]["model_name"] = "tx_sp"
+    (folder / "tx_sp.yaml").write_text(yaml.safe_dump(tx))
+    (folder / "tx-sp.yaml").write_text(yaml.safe_dump({**tx, "name": "tx-sp"}))
     monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(tmp_path / "v"))
     dags = build_dags(folder)
+    assert dags["trainyard_tx_sp"].task_ids != ["invalid_config"]
+    (stray,) = [d for i, d in dags.items() if i.startswith("trainyard_tx_sp_")]
+    assert stray.task_ids == ["invalid_config"] and "tx-sp.yaml" in stray.doc_md
     assert {f"trainyard_{p}" for p in PIPELINES} <= set(dags)
     for bad in ("trainyard_broken", "trainyard_wrong"):
         assert dags[bad].task_ids == ["invalid_config"]

@@ -147,8 +147,8 @@ def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkey
     with pytest.raises(ConfigError) as exc:
         check_pipeline(folder / "digits_wide.yaml")
     assert (
-        f"digits_wide.yaml:{line}: serving.model_name: 'Digits' is also the "
-        "serving.model_name of pipeline 'digits'"
+        f"digits_wide.yaml:{line}: serving.model_name: 'Digits' is also (as 'digits') the "
+        "serving.model_name of pipeline 'digits', which keeps it"
     ) in str(exc.value)
     with pytest.raises(ConfigError, match=r"pipeline 'digits_wide': serving\.model_name"):
         ensure_own_names(parse_pipeline(folder / "digits_wide.yaml"))
@@ -156,9 +156,21 @@ def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkey
     dags = build_dags(folder)  # the first (sorted) keeps its DAG; the second is broken
     assert dags["trainyard_digits"].task_ids != ["invalid_config"]
     assert dags["trainyard_digits_wide"].task_ids == ["invalid_config"]
-    assert "is also the serving.model_name of pipeline 'digits'" in (
+    assert "serving.model_name of pipeline 'digits', which keeps it" in (
         dags["trainyard_digits_wide"].doc_md
     )
+    # a pipeline that has registered models keeps its names over one that has none:
+    # a new file sorting first never takes them from the pipeline that ran
+    (tmp_path / "v" / "_models" / "digits_wide" / "versions" / "1").mkdir(parents=True)
+    assert check_pipeline(folder / "digits_wide.yaml").name == "digits_wide"
+    with pytest.raises(ConfigError, match="pipeline 'digits_wide', which keeps it"):
+        check_pipeline(folder / "digits.yaml")
+    dags = build_dags(folder)
+    assert dags["trainyard_digits"].task_ids == ["invalid_config"]
+    assert dags["trainyard_digits_wide"].task_ids != ["invalid_config"]
+    import shutil
+
+    shutil.rmtree(tmp_path / "v" / "_models")
 
     # the pipeline that had the name keeps it: only the copy added later is refused
     assert check_pipeline(folder / "digits.yaml").serving.model_name == "digits"

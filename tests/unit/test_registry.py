@@ -441,3 +441,25 @@ def test_stale_private_copies_are_cleaned(
     os.utime(leftover, (then, then))
     reg.register(make_model(tmp_path), meta())
     assert leftover.exists() is kept
+
+
+def test_a_promote_serving_could_not_follow_moves_nothing(
+    reg: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    # A cold user's rollback printed "champion is now none", then failed on the config:
+    # the registry moved while serving stayed. The config is now checked first.
+    model = make_model(tmp_path)
+    reg.register(model, meta("snapA"))
+    reg.register(model, meta("snapB"))
+    reg.promote(1, "first", "al")
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    text = (Path(__file__).parents[2] / "dags" / "pipelines" / "digits.yaml").read_text()
+    (folder / "digits.yaml").write_text(text)
+    (folder / "a_digits.yaml").write_text(text.replace("name: digits\n", "name: a_digits\n", 1))
+    Registry(reg.root.parent, "a_digits").register(model, meta("snapC"))  # it ran too
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(folder))
+    for argv in (["promote", "--pipeline", "digits", "2"], ["rollback", "--pipeline", "digits"]):
+        assert cli(["models", *argv, "--reason", "x"]) == 3
+        assert "is also the serving.model_name of pipeline 'a_digits'" in capsys.readouterr().err
+        assert reg.champion() == 1 and [e["event"] for e in reg.history()] == ["promote"]

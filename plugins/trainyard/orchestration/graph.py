@@ -17,6 +17,7 @@ here does I/O at import time beyond reading the small pipeline YAML files.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import os
 import re
@@ -31,10 +32,10 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from trainyard.config import (
     PipelineConfig,
     TrainingConfig,
-    owned_names,
+    name_clashes,
+    name_owners,
     parse_pipeline,
     pipeline_files,
-    shared_name_message,
     training_pool_name,
 )
 from trainyard.errors import ConfigError
@@ -560,7 +561,7 @@ def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
     raise AirflowSkipException(f"gate rejected the candidate: {decision.get('reason')}")
 
 
-def broken_dag(path: Path, error: ConfigError) -> DAG:
+def broken_dag(path: Path, error: ConfigError, dag_id: str | None = None) -> DAG:
     """A stand-in DAG for a pipeline config that does not load: it shows the error.
 
     One bad YAML file must not hide every other pipeline (an exception in the DAG file
@@ -570,6 +571,7 @@ def broken_dag(path: Path, error: ConfigError) -> DAG:
     Args:
         path: The pipeline file.
         error: Why it does not load.
+        dag_id: Its id (default ``trainyard_<stem>``).
 
     Returns:
         The stand-in DAG.
@@ -581,7 +583,7 @@ def broken_dag(path: Path, error: ConfigError) -> DAG:
         raise AirflowFailException(message)
 
     dag = DAG(
-        dag_id=f"trainyard_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)[:200]}",
+        dag_id=dag_id or f"trainyard_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)[:200]}",
         description=f"invalid pipeline config: {message.splitlines()[0]}"[:250],
         schedule=None,
         start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
@@ -598,6 +600,10 @@ def broken_dag(path: Path, error: ConfigError) -> DAG:
 def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
     """Build one DAG per pipeline YAML file, in sorted order; each loads or fails alone.
 
+    A name two pipelines claim (:func:`~trainyard.config.name_owners`) breaks only the
+    DAG of the one that does not own it, and a working pipeline's DAG id is never taken
+    by a broken file's (that one gets a suffix).
+
     Args:
         pipelines_dir: Folder of pipeline configs (defaults to the settings').
 
@@ -605,23 +611,34 @@ def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
         DAGs keyed by dag_id (a :func:`broken_dag` for each config that does not load).
     """
     settings = get_settings()
-    dags = {}
-    owners: dict[str, tuple[str, tuple[str, ...]]] = {}  # owned_names → pipeline, field
+    parsed: dict[Path, PipelineConfig | ConfigError] = {}
     for path in pipeline_files(pipelines_dir or settings.pipelines_dir):
         try:
-            cfg = parse_pipeline(path)
-            names = owned_names(cfg)
-            for keys, (value, key) in names.items():
-                owner, owner_keys = owners.get(key, (cfg.name, keys))
-                if owner != cfg.name:
-                    why = shared_name_message(keys, value, owner, owner_keys)
-                    raise ConfigError(f"{path}: {'.'.join(keys)}: {why}")
-            owners.update({key: (cfg.name, keys) for keys, (_, key) in names.items()})
-            dag = build_dag(cfg, settings)
+            parsed[path] = parse_pipeline(path)
+        except ConfigError as e:
+            parsed[path] = e
+    owners = name_owners([c for c in parsed.values() if isinstance(c, PipelineConfig)])
+    built: dict[Path, DAG] = {}
+    for path, cfg in parsed.items():
+        try:
+            if isinstance(cfg, ConfigError):
+                raise cfg
+            clashes = name_clashes(cfg, owners)
+            if clashes:
+                raise ConfigError(
+                    "\n".join(f"{path}: {'.'.join(keys)}: {why}" for keys, why in clashes)
+                )
+            built[path] = build_dag(cfg, settings)
         except ConfigError as e:
             log.error("%s", e)
-            dag = broken_dag(path, e)
-        if dag.dag_id in dags:
-            dag = broken_dag(path, ConfigError(f"{path}: DAG id {dag.dag_id} is taken"))
+            built[path] = broken_dag(path, e)
+    working = {d.dag_id: p for p, d in built.items() if "invalid-config" not in d.tags}
+    dags: dict[str, DAG] = {}
+    for path, dag in built.items():
+        owner = working.get(dag.dag_id, path)
+        if owner != path or dag.dag_id in dags:
+            why = ConfigError(f"{path}: its DAG id {dag.dag_id} is {owner.name}'s")
+            suffix = hashlib.sha1(path.name.encode()).hexdigest()[:8]
+            dag = broken_dag(path, why, dag_id=f"{dag.dag_id}_{suffix}")
         dags[dag.dag_id] = dag
     return dags
