@@ -807,6 +807,12 @@ def data_intervals(
         start = end
     if not out:
         raise ConfigError(f"schedule {cron!r} has no interval starting from {first} to {last}")
+    if dt.datetime.fromisoformat(out[-1][1]) > dt.datetime.now(utc):
+        flag = "--end-ds" if last != first else "--ds"
+        raise ConfigError(
+            f"{flag} {last}: its interval {out[-1][0]} to {out[-1][1]} has not ended, so its "
+            "data is not complete (a DAG run of it would not have started yet)"
+        )
     return out
 
 
@@ -1231,9 +1237,11 @@ def run_cli_main(argv: list[str]) -> int:
         p.error("--end-ds needs --ds")
     if not isinstance(args.overrides, dict):
         p.error(f"--overrides: expected a JSON object, got {json.dumps(args.overrides)[:200]}")
-    intervals = (
-        data_intervals(load_pipeline(args.pipeline), args.ds, args.end_ds) if args.ds else None
-    )
+    try:
+        cfg = load_pipeline(args.pipeline)
+        intervals = data_intervals(cfg, args.ds, args.end_ds) if args.ds else None
+    except ConfigError as e:
+        p.error(str(e))
     record = run_all(args.pipeline, args.overrides, intervals)
     sys.stdout.write(format_summary(record) + "\n")
     return EXIT_OK

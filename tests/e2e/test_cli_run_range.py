@@ -78,7 +78,11 @@ def test_bad_ranges_are_refused_before_anything_runs(tmp_path) -> None:
     # and become a champion no real run could beat; before start_date is no interval
     tomorrow = (dt.datetime.now(dt.UTC).date() + dt.timedelta(days=1)).isoformat()
     out = proj.trainyard("run", "--pipeline", "digits", "--ds", tomorrow)
-    assert out.returncode != 0 and f"--ds {tomorrow} is after today" in out.stderr
+    assert out.returncode == 2 and f"--ds {tomorrow} is after today" in out.stderr
     out = proj.trainyard("run", "--pipeline", "digits", "--ds", "2026-10-01")
+    assert out.returncode == 2
     assert "--ds 2026-10-01 is before the pipeline's start_date 2026-11-01" in out.stderr
+    today = dt.datetime.now(dt.UTC).date().isoformat()  # its interval has not ended
+    out = proj.trainyard("run", "--pipeline", "digits", "--ds", today)
+    assert out.returncode == 2 and "has not ended, so its data is not complete" in out.stderr
     assert not (proj.volume_root / "digits").exists()
