@@ -813,6 +813,9 @@ def cli_main(argv: list[str]) -> int:
         sys.stdout.write(pipeline_json_schema() + "\n")
         return 0
     files = args.files or pipeline_files()
+    if not args.files:
+        for stray in sorted(get_settings().pipelines_dir.glob("*.yml")):
+            sys.stderr.write(f"{stray}: ignored: pipeline files end in .yaml\n")
     if not files:
         sys.stderr.write(f"no pipelines found in {get_settings().pipelines_dir}\n")
         return 1

@@ -229,3 +229,13 @@ def test_two_pipelines_may_not_write_scores_to_one_stream(tmp_path: Path, monkey
     assert check({"input": "tx.in", "output": "copy.scores", "dead_letter": "copy.dead"}) == "ok"
     assert check({**same, "url": "redis://other:6379/0"}) == "ok"
     assert check_pipeline(folder / "transactions.yaml").name == "transactions"
+
+
+def test_check_says_a_yml_file_is_ignored(tmp_path: Path, monkeypatch, capsys) -> None:
+    from trainyard.config import cli_main
+
+    (tmp_path / "digits.yaml").write_text((ROOT / "dags" / "pipelines" / "digits.yaml").read_text())
+    (tmp_path / "tx.yml").write_text("name: tx\n")  # a user's copy: no DAG, said nowhere
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(tmp_path))
+    assert cli_main(["check"]) == 0
+    assert f"{tmp_path / 'tx.yml'}: ignored: pipeline files end in .yaml" in capsys.readouterr().err
