@@ -553,3 +553,45 @@ def test_two_deploys_at_once_leave_one_scorer(project, monkeypatch: pytest.Monke
         for pid in left:  # what a failure leaves
             os.killpg(pid, signal.SIGTERM)
     assert left == []
+
+
+def test_the_status_file_says_why_a_scorer_keeps_failing(project, tmp_path: Path) -> None:
+    """A dead-letter key that is not a stream: the supervised scorer failed and restarted
+    forever while its status said running, server ok, no error."""
+    from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.records import RecordChecker
+    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+
+    streams = Streams("st.in", "st.out", "st.dead", "st-group")
+    engine = RedisStreams(project["url"], streams, consumer="st")
+    r = engine.r
+    r.delete("st.in", "st.out", "st.dead")
+    status = tmp_path / "status.json"
+    checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
+
+    def scorer() -> Scorer:
+        endpoint = ModelEndpoint("127.0.0.1", project["port"], "events")
+        return Scorer(
+            RedisStreams(project["url"], streams, consumer="s"), checker, endpoint,
+            status_file=status, claim_idle_s=0.1,
+        )  # fmt: skip
+
+    try:
+        r.set("st.dead", "not a stream")
+        engine.produce([(None, b"not json")])
+        with pytest.raises(StreamError, match="WRONGTYPE"):
+            scorer().run(max_records=1)
+        doc = orjson.loads(status.read_bytes())
+        assert doc["state"] == "failed" and "WRONGTYPE st.dead" in doc["error"]
+        again = scorer()  # as the supervisor's restart: it says what failed before
+        again.report()
+        doc = orjson.loads(status.read_bytes())
+        assert doc["state"] == "running" and "WRONGTYPE st.dead" in doc["last_failure"]
+        r.delete("st.dead")  # fixed: once a batch commits, the failure is history
+        again.run(max_records=1, exit_when_idle_s=2)
+        doc = orjson.loads(status.read_bytes())
+        assert doc["state"] == "stopped" and doc["error"] is None and doc["last_failure"] is None
+        assert r.xlen("st.dead") == 1
+    finally:
+        r.delete("st.in", "st.out", "st.dead")
+        engine.close()

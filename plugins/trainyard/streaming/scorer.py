@@ -449,6 +449,17 @@ class Scorer:
         # then acknowledges, which the claim must still see as ours in flight.
         self._claim_lock = threading.Lock()
         self._next_report = time.monotonic() + report_s
+        self._error: str | None = None
+        # A supervisor restarts a scorer that failed: what failed stays in the status file
+        # until this one commits a batch, so a scorer failing over and over says why.
+        self._last_failure: str | None = None
+        if status_file is not None and status_file.is_file():
+            try:
+                previous = orjson.loads(status_file.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                previous = {}
+            if isinstance(previous, dict) and previous.get("state") == "failed":
+                self._last_failure = previous.get("error") or previous.get("last_failure")
 
     # -- one batch
 
@@ -579,7 +590,10 @@ class Scorer:
             log.debug("lag: %s", e)
         doc = self.stats.doc()
         doc["server"] = self.endpoint.failing or "ok"
-        doc["state"] = "stopped" if final else "running"
+        doc["state"] = "running" if not final else "failed" if self._error else "stopped"
+        doc["error"] = self._error
+        before = None if self.stats.batches else self._last_failure
+        doc["last_failure"] = self._error or before
         log.info(
             "scored %d (%.0f/s), dead-lettered %d, claimed %d, lag %s, pending %s, version %s%s",
             self.stats.scored,
@@ -638,8 +652,9 @@ class Scorer:
                 self._wait(inflight.popleft())
         except Stopped:
             log.info("stopped with %d batches in flight (left pending)", len(inflight))
-        except BaseException:
+        except BaseException as e:
             self.stop.set()  # batches waiting for the server give up: they stay pending
+            self._error = f"{type(e).__name__}: {e}"[:500]
             raise
         finally:
             self._committer.shutdown(wait=True, cancel_futures=True)
