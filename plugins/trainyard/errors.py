@@ -67,6 +67,13 @@ class RegistryError(TrainyardError):
     """The model registry is missing a version or its champion pointer is unreadable."""
 
 
+class RegistryRefused(RegistryError):
+    """The registry refuses what was asked: no retry changes the answer.
+
+    No such version, a gate's rejection, no champion to roll back.
+    """
+
+
 class DeployError(TrainyardError):
     """A deployment failed its smoke test or never became available (after rollback)."""
 

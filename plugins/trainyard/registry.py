@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard import __version__
-from trainyard.errors import RegistryError
+from trainyard.errors import RegistryError, RegistryRefused
 from trainyard.fsutil import (
     atomic_write_bytes,
     atomic_write_json,
@@ -141,7 +141,7 @@ class Registry:
         """
         path = self.versions_root / str(int(version))
         if not (path / "metadata.json").is_file():
-            raise RegistryError(
+            raise RegistryRefused(
                 f"pipeline {self.pipeline!r} has no version {version} (looked in {path}; "
                 f"known: {self.list_versions() or 'none'})"
             )
@@ -408,7 +408,7 @@ class Registry:
             gate = self.read_file(version, "gate.json")
             verdict = (gate or {}).get("verdict")
             if verdict == "reject" and not forced:
-                raise RegistryError(
+                raise RegistryRefused(
                     f"version {version} was rejected by its gate ({(gate or {}).get('reason')}); "
                     "promote it with forced=True (CLI: --force) and a reason to override"
                 )
@@ -453,10 +453,10 @@ class Registry:
             state = self._read_pointer() or {}
             current = state.get("version")
             if current is None:
-                raise RegistryError(f"pipeline {self.pipeline!r} has no champion to roll back")
+                raise RegistryRefused(f"pipeline {self.pipeline!r} has no champion to roll back")
             previous = list(state.get("previous", []))
             if not previous and not unserve:
-                raise RegistryError(
+                raise RegistryRefused(
                     f"version {current} is {self.pipeline!r}'s first champion: rolling it back "
                     "leaves no model to serve; promote another version instead, or pass "
                     "--unserve to take the model offline"
@@ -696,7 +696,7 @@ def cli_main(
     elif args.action == "show":
         version = args.version if args.version is not None else reg.champion()
         if version is None:
-            raise RegistryError(f"pipeline {reg.pipeline!r} has no champion; name a version")
+            raise RegistryRefused(f"pipeline {reg.pipeline!r} has no champion; name a version")
         shown = {
             "version": version,
             "champion": version == reg.champion(),

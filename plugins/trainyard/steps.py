@@ -1146,6 +1146,7 @@ def deterministic(error: BaseException) -> bool:
         ConfigError,
         DeployError,
         GateRejected,
+        RegistryRefused,
         SourceInvalid,
         SourceMissing,
         TrainingError,
@@ -1159,6 +1160,7 @@ def deterministic(error: BaseException) -> bool:
         ConfigError
         | ValidationFailed
         | GateRejected
+        | RegistryRefused
         | SnapshotError
         | DeployError
         | SourceInvalid

@@ -375,7 +375,7 @@ def test_cli_list_show_promote_rollback(
     )
     assert cli(["models", "rollback", "--pipeline", "digits", "--reason", "regression"]) == 0
     assert "champion is now 1" in capsys.readouterr().out
-    assert cli(["models", "rollback", "--pipeline", "digits", "--reason", "bad too"]) == 1
+    assert cli(["models", "rollback", "--pipeline", "digits", "--reason", "bad too"]) == 3
     assert "--unserve to take the model offline" in capsys.readouterr().err
     # a version that is not there, or no reason, is a usage error: no retry fixes it
     for argv in (
@@ -463,3 +463,12 @@ def test_a_promote_serving_could_not_follow_moves_nothing(
         assert cli(["models", *argv, "--reason", "x"]) == 3
         assert "is also the serving.model_name of pipeline 'a_digits'" in capsys.readouterr().err
         assert reg.champion() == 1 and [e["event"] for e in reg.history()] == ["promote"]
+
+
+def test_a_refusal_is_not_retried() -> None:
+    # deploy --version 99 and a promote of a rejected version exited 1, "a retry may fix"
+    from trainyard.errors import RegistryRefused
+    from trainyard.steps import deterministic
+
+    assert deterministic(RegistryRefused("pipeline 'digits' has no version 99"))
+    assert not deterministic(RegistryError("version 3 appeared while the lock was held"))
