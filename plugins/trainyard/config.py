@@ -724,11 +724,15 @@ def name_owners(
     copy never takes them from the pipeline that ran); between equals the file that sorts
     first does.
     """
-    owners: dict[str, tuple[str, tuple[str, ...], str]] = {}
-    for cfg in sorted(cfgs, key=lambda c: (not has_models(c.name), c.name)):
+    claims: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
+    for cfg in sorted(cfgs, key=lambda c: c.name):
         for keys, (value, key) in owned_names(cfg).items():
-            owners.setdefault(key, (cfg.name, keys, value))
-    return owners
+            claims.setdefault(key, []).append((cfg.name, keys, value))
+    # the models volume is looked at only for a name claimed twice (DAG parsing reads it)
+    return {
+        key: min(them, key=lambda c: not has_models(c[0])) if len(them) > 1 else them[0]
+        for key, them in claims.items()
+    }
 
 
 def name_clashes(

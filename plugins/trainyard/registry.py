@@ -685,9 +685,10 @@ def cli_main(
     if getattr(args, "reason", None) is not None and not args.reason.strip():
         parser.error("--reason must say why (it is recorded with who and when)")
     reg = Registry(get_settings().models_root, args.pipeline)
-    if getattr(args, "version", None) is not None and args.version not in reg.list_versions():
-        known = ", ".join(map(str, reg.list_versions())) or "none"
-        parser.error(f"pipeline {reg.pipeline!r} has no version {args.version} (known: {known})")
+    version = getattr(args, "version", None)
+    if version is not None and version not in (known := reg.list_versions()):
+        listed = ", ".join(map(str, known)) or "none"
+        parser.error(f"pipeline {reg.pipeline!r} has no version {version} (known: {listed})")
     if args.action in ("promote", "rollback") and before_move is not None:
         before_move(reg.pipeline)
     out = sys.stdout

@@ -78,6 +78,19 @@ def _snapshot_path(cfg: PipelineConfig, snapshot_id: str) -> Path:
     return path
 
 
+def overrides_object(overrides: Any) -> dict[str, Any]:
+    """The trigger form's overrides as a dict (None: none).
+
+    Raises:
+        ConfigError: If they are not a JSON object.
+    """
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"overrides: expected a JSON object, got {json.dumps(overrides)[:200]}")
+    return overrides
+
+
 def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> TrainingConfig:
     """The pipeline's training config with trigger-form overrides applied (and re-validated).
 
@@ -90,9 +103,7 @@ def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> Tr
     """
     from pydantic import ValidationError
 
-    if overrides is not None and not isinstance(overrides, dict):
-        raise ConfigError(f"overrides: expected a JSON object, got {json.dumps(overrides)[:200]}")
-    unknown = sorted(set(overrides or {}) - set(TRAINING_OVERRIDES))
+    unknown = sorted(set(overrides_object(overrides)) - set(TRAINING_OVERRIDES))
     if unknown:
         raise ConfigError(
             f"unknown training override(s) {unknown} (known: {', '.join(TRAINING_OVERRIDES)})"
@@ -580,8 +591,7 @@ def follow_registry(pipeline: str) -> str:
     from trainyard.serving.client import ServingClient
     from trainyard.serving.deploy import ensure_local_server, serve_champion, wait_available
 
-    cfg = load_pipeline(pipeline)
-    ensure_own_names(cfg)
+    cfg = load_pipeline(pipeline)  # its names were checked before the move
     settings = get_settings()
     registry = _registry(cfg)
     champion = registry.champion()
@@ -836,9 +846,7 @@ def run_all(
     Returns:
         The run summary of the last interval.
     """
-    overrides = overrides or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"overrides: expected a JSON object, got {json.dumps(overrides)[:200]}")
+    overrides = overrides_object(overrides)
     force = {"force_promote", "force_reason"}
     if overrides.get("force_promote") and not overrides.get("force_reason"):
         raise ConfigError("force_promote needs a force_reason (recorded with who and when)")
@@ -1237,8 +1245,10 @@ def run_cli_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.end_ds and not args.ds:
         p.error("--end-ds needs --ds")
-    if not isinstance(args.overrides, dict):
-        p.error(f"--overrides: expected a JSON object, got {json.dumps(args.overrides)[:200]}")
+    try:
+        overrides_object(args.overrides)
+    except ConfigError as e:
+        p.error(f"--{e}")
     try:
         cfg = load_pipeline(args.pipeline)
         intervals = data_intervals(cfg, args.ds, args.end_ds) if args.ds else None

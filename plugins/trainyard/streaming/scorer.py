@@ -450,16 +450,8 @@ class Scorer:
         self._claim_lock = threading.Lock()
         self._next_report = time.monotonic() + report_s
         self._error: str | None = None
-        # A supervisor restarts a scorer that failed: what failed stays in the status file
-        # until this one commits a batch, so a scorer failing over and over says why.
-        self._last_failure: str | None = None
-        if status_file is not None and status_file.is_file():
-            try:
-                previous = orjson.loads(status_file.read_bytes())
-            except (OSError, orjson.JSONDecodeError):
-                previous = {}
-            if isinstance(previous, dict) and previous.get("state") == "failed":
-                self._last_failure = previous.get("error") or previous.get("last_failure")
+        self._last_failure: str | None = None  # the previous run's, read by the first report
+        self._failure_read = False
 
     # -- one batch
 
@@ -591,6 +583,8 @@ class Scorer:
         doc = self.stats.doc()
         doc["server"] = self.endpoint.failing or "ok"
         doc["state"] = "running" if not final else "failed" if self._error else "stopped"
+        if not self._failure_read:
+            self._last_failure, self._failure_read = previous_failure(self.status_file), True
         doc["error"] = self._error
         before = None if self.stats.batches else self._last_failure
         doc["last_failure"] = self._error or before
@@ -663,6 +657,24 @@ class Scorer:
             gc.unfreeze()
             self.report(final=True)
         return self.stats
+
+
+def previous_failure(status_file: Path | None) -> str | None:
+    """Why the scorer that last wrote ``status_file`` failed, or None.
+
+    A supervisor restarts a scorer that failed: that failure stays in the status file
+    (``last_failure``) until the new one commits a batch, so one failing over and over
+    says why.
+    """
+    if status_file is None or not status_file.is_file():
+        return None
+    try:
+        previous = orjson.loads(status_file.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if isinstance(previous, dict) and previous.get("state") == "failed":
+        return previous.get("error") or previous.get("last_failure")
+    return None
 
 
 # --------------------------------------------------------------------------- CLI
