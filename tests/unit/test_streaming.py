@@ -8,14 +8,16 @@ back-end runs for real in ``tests/reliability/test_stream_scoring.py``.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from kubernetes import client as k
 
-from trainyard import k8s
+from trainyard import k8s, native
 from trainyard.config import PipelineConfig
 from trainyard.contracts import parse_contract_text
 from trainyard.errors import ConfigError
@@ -24,14 +26,16 @@ from trainyard.streaming.engines import (
     KafkaStreams,
     Message,
     Output,
+    Scores,
     StreamError,
     Streams,
+    encode_scores,
     kafka_consumer_config,
     kafka_producer_config,
     next_offsets,
 )
 from trainyard.streaming.records import RecordChecker
-from trainyard.streaming.scorer import encode_scores, scores_of
+from trainyard.streaming.scorer import scores_of
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = Streams("txn.in", "txn.scores", "txn.dead", "trainyard-transactions")
@@ -91,6 +95,88 @@ def test_check_batch_answers_as_check_does(checker: RecordChecker) -> None:
     recs, reasons = checker.parse_batch(raws)
     assert reasons[0] is None and reasons[1].startswith("not JSON")
     assert reasons[2] == "hour: 99 is above the maximum 23" and recs[0] == GOOD
+
+
+HOSTILE_VALUES: list[Any] = [
+    None, True, False, 0, 1, 2, -1, 3.5, 3.0, -0.0, 23, 24, 0.0, 2e6, 95, 18, 1e39, -1e39,
+    float("inf"), float("nan"), 2**53, 2**53 + 1, -(2**53) - 1, 2**63, 10**30, "x", "t-1", "",
+    "t 1", "fuel", "toys", "ünï", "a" * 70, [1], {"a": 1}, b"b",
+]  # fmt: skip
+
+
+class _Dict(dict):
+    """A dict subclass: not what orjson makes, so the C checker leaves it to check()."""
+
+
+def _hostile_records(good: dict[str, Any], keys: list[str], n: int) -> list[Any]:
+    rnd = random.Random(11)
+    out: list[Any] = [good, [1], "s", None, 7, _Dict(good)]
+    for _ in range(n):
+        r = dict(good)
+        for _ in range(rnd.randint(0, 3)):
+            k = rnd.choice(keys)
+            if rnd.random() < 0.15:
+                r.pop(k, None)
+            else:
+                r[k] = rnd.choice(HOSTILE_VALUES)
+        out.append(r)
+    return out
+
+
+EXTRA_OK = """\
+dataset: loose
+version: 1.0.0
+owner: tests@example.com
+source: {format: jsonl}
+allow_extra_columns: true
+columns:
+  - {name: id, type: string, nullable: false, min_length: 2, max_length: 8, regex: "^t-"}
+  - {name: x, type: float32, nullable: false, min: -2, max: 9007199254740992, max_exclusive: true}
+  - {name: n, type: int64, nullable: false, min: 0, allowed_values: [0, 1, 2, 3]}
+  - {name: flag, type: bool, nullable: true}
+  - {name: day, type: timestamp, nullable: true, severity: {nullable: warn}}
+  - {name: y, type: int32, nullable: true}
+roles: {key: id, label: y, features: [x, n, flag], num_classes: 2}
+split: {holdout_fraction: 0.2, by: id}
+"""
+
+
+@pytest.mark.parametrize("contract", ["transactions", "loose"])
+def test_c_checker_answers_as_check_does(checker: RecordChecker, contract: str) -> None:
+    """The C checker's reasons and model inputs are the Python checks' exactly, for every
+    hostile value (bools, huge and non-integral numbers, NaN, nested values, subclasses)."""
+    assert native.load("trainyard.streaming._hotpath") is not None, "make native"
+    if contract == "loose":
+        checker = RecordChecker(parse_contract_text(EXTRA_OK, Path("loose.yaml")))
+        good = {"id": "t-1", "x": 0.5, "n": 1, "flag": True, "extra": [1]}
+        keys = ["id", "x", "n", "flag", "day", "y", "extra", "zz"]
+    else:
+        good, keys = GOOD, ["txn_id", "amount", "hour", "customer_age", "merchant_category"]
+        keys += ["is_fraud", "zz"]
+    assert checker._hot is not None  # the C checker runs for this contract
+    records = _hostile_records(good, keys, 4000)
+    reasons, inputs = checker.check_parsed(records)
+    assert reasons == [checker.check(r) for r in records]
+    passing = [r for r, why in zip(records, reasons, strict=True) if why is None]
+    assert 100 < len(passing) < len(records) - 100
+    want = checker.columns(passing)
+    assert list(inputs) == list(want)
+    for name, column in want.items():
+        assert inputs[name].dtype == np.float32
+        np.testing.assert_array_equal(inputs[name], column)  # inf where it does not fit
+    clean = [r for r in passing if all(isinstance(v, float | int) for v in r.values() if v)]
+    assert checker.check_parsed(clean)[0] == [None] * len(clean)  # the all-pass path
+
+
+def test_c_checker_steps_aside_for_rules_it_does_not_take() -> None:
+    """A bound beyond 2**53 keeps the contract's checks in Python, which still answer."""
+    text = EXTRA_OK.replace("max: 9007199254740992", "max: 9007199254740993")
+    checker = RecordChecker(parse_contract_text(text, Path("loose.yaml")))
+    assert checker._hot is None
+    records = [{"id": "t-1", "x": 0.5, "n": 1, "flag": False}, {"id": "t-1", "x": 0.5, "n": 9}]
+    reasons, inputs = checker.check_parsed(records)
+    assert reasons == [None, "flag: missing (the key and every feature are required)"]
+    assert inputs["x"].tolist() == [0.5]
 
 
 def test_record_shape(checker: RecordChecker) -> None:
@@ -346,6 +432,81 @@ def test_encode_scores_non_finite_and_per_row_versions() -> None:
     }  # fmt: skip
     outs = encode_scores(["a", "b"], ["1-0", "1-1"], [0.25, 0.5], [0, 1], [3, 4])
     assert [orjson.loads(o.value)["version"] for o in outs] == [3, 4]
+
+
+def _resp(outputs: list[Output]) -> bytes:
+    return b"".join(
+        b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(o.key.encode()), o.key.encode(), len(o.value), o.value)
+        for o in outputs
+    )
+
+
+def test_c_packer_writes_the_python_paths_bytes() -> None:
+    """The C packer writes exactly what encode_scores plus RESP packing write, for every
+    control character, quote, backslash, non-ASCII key and awkward float."""
+    encode = native.load("trainyard.streaming._hotpath")
+    assert encode is not None, "trainyard.streaming._hotpath is not built (make native)"
+    rng = random.Random(7)
+    keys = HOSTILE_KEYS + [chr(c) for c in range(0x80)] + ["", "x" * 5000, "\\u00e9"]
+    for _ in range(300):
+        chars = (rng.choice([rng.randrange(0x20), rng.randrange(0x20, 0x110000)]) for _ in "12345")
+        keys.append("".join(chr(c) for c in chars if not 0xD800 <= c < 0xE000))
+    floats = [0.5, 1e-05, 0.1 + 0.2, 5e-324, 1e16, 1e22, 123456789.0, -0.0, 1.7976931348623157e308]
+    scores = [rng.choice(floats) if rng.random() < 0.2 else rng.random() for _ in keys]
+    classes: list[int | None] = [rng.choice([None, 0, 1, -3, 2**62]) for _ in keys]
+    sources = [f"{rng.randrange(1 << 45)}-{i}" if i % 3 else f"t/{i}/é" for i, _ in enumerate(keys)]
+    for version in (1, 0, 2**40):
+        packed = encode.scores_resp(keys, sources, scores, classes, version)
+        assert packed == _resp(encode_scores(keys, sources, scores, classes, version))
+    ids = [f"1795-{i}" for i in range(50)] + ["é"]
+    assert encode.bulk_strings(ids) == b"".join(
+        b"$%d\r\n%b\r\n" % (len(i.encode()), i.encode()) for i in ids
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["nan", "inf", "int score", "numpy float", "big class", "str class", "surrogate"],
+)
+def test_c_packer_leaves_the_unusual_to_python(case: str) -> None:
+    """None (the Python path decides) for a score it cannot write as Python would."""
+    encode = native.load("trainyard.streaming._hotpath")
+    assert encode is not None, "trainyard.streaming._hotpath is not built (make native)"
+    keys, sources, scores = ["a", "b"], ["1-0", "1-1"], [0.25, 0.5]
+    classes: list[Any] = [0, 1]
+    if case == "nan":
+        scores[1] = float("nan")
+    elif case == "inf":
+        scores[0] = float("-inf")
+    elif case == "int score":
+        scores[0] = 1  # type: ignore[call-overload]
+    elif case == "numpy float":
+        import numpy as np
+
+        scores[0] = np.float32(0.25)  # type: ignore[call-overload]
+    elif case == "big class":
+        classes[0] = 2**70
+    elif case == "str class":
+        classes[0] = "1"
+    else:
+        keys[0] = "\ud800"
+    assert encode.scores_resp(keys, sources, scores, classes, 3) is None
+    with pytest.raises(ValueError, match="differ in length"):
+        encode.scores_resp(keys, sources[:1], [0.1, 0.2], [0, 1], 3)
+
+
+def test_scores_commit_the_same_bytes_with_or_without_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Redis engine's packing of a batch of Scores, C and Python, and of NaN scores."""
+    from trainyard.streaming import engines
+
+    batch = Scores(HOSTILE_KEYS, [f"9-{i}" for i in range(7)], [0.1] * 6 + [1e-7], [1] * 7, 4)
+    with_c = engines._pack_scores(batch)
+    monkeypatch.setattr(engines, "_hotpath", None)
+    assert engines._pack_scores(batch) == with_c == (7, _resp(batch.outputs()))
+    nan = Scores(["a"], ["1-0"], [float("nan")], [None], [5])
+    assert engines._pack_scores(nan)[1].endswith(
+        b'"score":null,"class_id":null,"version":5,"source":"1-0"}\r\n'
+    )
 
 
 @pytest.mark.parametrize(

@@ -19,10 +19,14 @@ from typing import Any
 import numpy as np
 import orjson
 
+from trainyard import native
 from trainyard.contracts import Column, Contract, feature_spec
 from trainyard.errors import ConfigError
 
 Check = Callable[[Any], str | None]
+_hotpath = native.load("trainyard.streaming._hotpath")
+EXACT_INT = 2**53
+"""Integers up to this are exact doubles (a bound beyond it keeps a contract in Python)."""
 
 
 def _type_check(col: Column) -> Check:
@@ -215,6 +219,70 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
     return strings
 
 
+def _passing(records: list[Any], reasons: list[str | None]) -> list[Any]:
+    return [r for r, why in zip(records, reasons, strict=True) if why is None]
+
+
+def _exact_bound(value: float | None) -> float | None:
+    """A bound as the C checker's double, or raise ValueError if that is not exact."""
+    if value is None:
+        return None
+    if isinstance(value, int) and abs(value) > EXACT_INT:
+        raise ValueError(value)
+    return float(value)
+
+
+def hot_plan(contract: Contract, features: list[str], required: frozenset[str]) -> tuple | None:
+    """The contract's per-record rules for the C checker (``_hotpath.check_rows``).
+
+    Returns:
+        ``(columns, text_patterns)``: a tuple per column, and the compiled regexes of the
+        columns whose strings the caller matches itself; None when a rule is beyond the C
+        checker (a bound on a non-number, a length or regex on a non-string, a bound
+        beyond 2**53, a feature that is not a number): the Python checks then run alone.
+    """
+    kinds = {"int32": 1, "int64": 1, "float32": 2, "float64": 2, "bool": 3}
+    columns, patterns = [], []
+    for c in contract.columns:
+        kind = kinds.get(c.type, 0)  # any other type is a string in JSON
+
+        def blocking(rule: str, col: Column = c) -> bool:
+            return col.severity_of(rule) == "error"
+
+        try:
+            lo = _exact_bound(c.min if blocking("min") else None)
+            hi = _exact_bound(c.max if blocking("max") else None)
+        except ValueError:
+            return None
+        min_len = c.min_length if c.min_length is not None and blocking("min_length") else -1
+        max_len = c.max_length if c.max_length is not None and blocking("max_length") else -1
+        regex = c.regex if blocking("regex") else None
+        if kind == 0 and (lo is not None or hi is not None):
+            return None
+        if kind != 0 and (min_len >= 0 or max_len >= 0 or regex is not None):
+            return None
+        feature = features.index(c.name) if c.name in features else -1
+        if feature >= 0 and kind == 0:
+            return None
+        allowed = (
+            frozenset(c.allowed_values)
+            if c.allowed_values is not None and blocking("allowed_values")
+            else None
+        )
+        text = -1
+        if regex is not None:
+            text = len(patterns)
+            patterns.append(re.compile(regex))
+        null_ok = (c.nullable or c.severity_of("nullable") == "warn") and c.name not in required
+        columns.append(
+            (c.name, kind, c.name in required, null_ok, lo, c.min_exclusive, hi,
+             c.max_exclusive, allowed, min_len, max_len, feature, text)
+        )  # fmt: skip
+    if any(f not in [c[0] for c in columns] for f in features):
+        return None
+    return tuple(columns), patterns
+
+
 class RecordChecker:
     """A contract's per-record rules, compiled once.
 
@@ -250,6 +318,7 @@ class RecordChecker:
         self._fast = [
             (c.name, _fast_check(c, c.name in self._required_keys)) for c in contract.columns
         ]
+        self._hot = hot_plan(contract, self.features, self._required_keys) if _hotpath else None
 
     def check(self, record: Any) -> str | None:
         """The reason ``record`` fails the contract, or None if it passes."""
@@ -312,8 +381,9 @@ class RecordChecker:
             return None, "empty: no record in the entry" if not raw else f"not JSON: {e}"
         return record, self.check(record)
 
-    def parse_batch(self, raws: list[bytes]) -> tuple[list[Any], list[str | None]]:
-        """:meth:`parse` for many records: ``(records, reasons)``, checked together."""
+    @staticmethod
+    def _decode(raws: list[bytes]) -> tuple[list[Any], dict[int, str]]:
+        """Each record decoded (None if it is not JSON), and why those are not."""
         records: list[Any] = []
         errors: dict[int, str] = {}
         for i, raw in enumerate(raws):
@@ -322,10 +392,65 @@ class RecordChecker:
             except orjson.JSONDecodeError as e:
                 records.append(None)
                 errors[i] = "empty: no record in the entry" if not raw else f"not JSON: {e}"
+        return records, errors
+
+    def parse_batch(self, raws: list[bytes]) -> tuple[list[Any], list[str | None]]:
+        """:meth:`parse` for many records: ``(records, reasons)``, checked together."""
+        records, errors = self._decode(raws)
         reasons = self.check_batch(records)
         for i, e in errors.items():
             reasons[i] = e
         return records, reasons
+
+    def parse_inputs(
+        self, raws: list[bytes]
+    ) -> tuple[list[Any], list[str | None], dict[str, np.ndarray]]:
+        """:meth:`parse_batch`, and the model's inputs for the records that pass.
+
+        Returns:
+            ``(records, reasons, inputs)``: inputs as :meth:`check_parsed` gives them.
+        """
+        records, errors = self._decode(raws)
+        reasons, inputs = self.check_parsed(records)
+        for i, e in errors.items():
+            reasons[i] = e
+        return records, reasons, inputs
+
+    def check_parsed(self, records: list[Any]) -> tuple[list[str | None], dict[str, np.ndarray]]:
+        """:meth:`check_batch`, and the model's inputs for the records that pass.
+
+        With the C checker (``_hotpath.check_rows``) the common case is decided and its
+        inputs built in one pass; the records it flags go through :meth:`check`, and
+        regexes run here. Without it, :meth:`check_batch` then :meth:`columns`.
+
+        Returns:
+            Per record its reason or None, and feature → float32 array of the passing
+            records, in order.
+        """
+        if self._hot is None:
+            reasons = self.check_batch(records)
+            return reasons, self.columns(_passing(records, reasons))
+        specs, patterns = self._hot
+        flags, features, texts = _hotpath.check_rows(
+            records, specs, self._extra_ok, len(self.features), len(patterns)
+        )
+        for pattern, values in zip(patterns, texts, strict=True):
+            if all(map(pattern.search, [v for v in values if v is not None])):
+                continue
+            for i, v in enumerate(values):
+                if v is not None and not flags[i] and not pattern.search(v):
+                    flags[i] = 1
+        columns = {
+            n: np.frombuffer(f, dtype=np.float32)
+            for n, f in zip(self.features, features, strict=True)
+        }
+        if not any(flags):
+            return [None] * len(records), columns
+        reasons = [self.check(r) if flags[i] else None for i, r in enumerate(records)]
+        if any(flags[i] and why is None for i, why in enumerate(reasons)):  # flagged, passes
+            return reasons, self.columns(_passing(records, reasons))
+        keep = np.frombuffer(flags, dtype=bool) == 0
+        return reasons, {n: c[keep] for n, c in columns.items()}
 
     def columns(self, records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         """The model's inputs for checked records: feature → float32 array (batch first)."""

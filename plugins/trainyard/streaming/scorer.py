@@ -65,6 +65,7 @@ from trainyard.streaming.engines import (
     Message,
     Output,
     RedisStreams,
+    Scores,
     StreamEngine,
     Streams,
 )
@@ -340,41 +341,6 @@ class _Scored:
         )
 
 
-def encode_scores(
-    keys: list[str],
-    sources: list[str],
-    scores: list[float],
-    classes: list[int | None],
-    versions: int | list[int | None],
-) -> list[Output]:
-    """The output documents ``{id, score, class_id, version, source}``, one per record.
-
-    Formatted directly (a few hundred thousand a second are written): the same JSON
-    ``orjson.dumps`` writes for finite scores; a batch with a NaN or infinite score
-    (written as null) goes through orjson.
-
-    Args:
-        keys: Record ids.
-        sources: Input positions (stream entry ids, ``topic/partition/offset``).
-        scores: Per record score.
-        classes: Per record class id, or None.
-        versions: The model version that scored the batch, or one per record.
-    """
-    if isinstance(versions, int) and all(map(math.isfinite, scores)):
-        head = b'{"id":%b,"score":%a,"class_id":%b,"version":' + b"%d" % versions
-        fmt = head + b',"source":%b}'
-        dumps = orjson.dumps
-        return [
-            Output(k, fmt % (dumps(k), s, b"null" if c is None else b"%d" % c, dumps(src)))
-            for k, src, s, c in zip(keys, sources, scores, classes, strict=True)
-        ]
-    each = [versions] * len(keys) if isinstance(versions, int) else versions
-    return [
-        Output.of(k, {"id": k, "score": s, "class_id": c, "version": v, "source": src})
-        for k, src, s, c, v in zip(keys, sources, scores, classes, each, strict=True)
-    ]
-
-
 @dataclass
 class Stats:
     """What the scorer did so far (logged and written to the status file)."""
@@ -457,12 +423,12 @@ class Scorer:
 
     def _prepare(self, messages: list[Message]) -> _Batch:
         raws = [m.value for m in messages]
-        records, reasons = self.checker.parse_batch(raws)
+        records, reasons, inputs = self.checker.parse_inputs(raws)
         if not any(reasons):  # every record passed: the lists at once
             key = self.checker.key
             keys = [r[key] for r in records]
             sources = [m.id for m in messages]
-            return self._submit(_Batch(messages, [], keys, sources, records, raws))
+            return self._submit(_Batch(messages, [], keys, sources, records, raws), inputs)
         batch = _Batch(messages, [], [], [], [], [])
         for m, record, reason in zip(messages, records, reasons, strict=True):
             key = record.get(self.checker.key) if isinstance(record, dict) else None
@@ -473,17 +439,16 @@ class Scorer:
                 batch.sources.append(m.id)
                 batch.records.append(record)
                 batch.raw.append(m.value)
-        return self._submit(batch)
+        return self._submit(batch, inputs)
 
-    def _submit(self, batch: _Batch) -> _Batch:
-        """Send the batch's valid records to the model server (on the scoring pool).
+    def _submit(self, batch: _Batch, inputs: dict[str, np.ndarray]) -> _Batch:
+        """Send the batch's valid records (``inputs``, their features) to the model server.
 
-        A record the contract accepts whose feature does not fit the model's float32
-        input (beyond ±3.4e38) is dead-lettered here, naming the feature.
+        On the scoring pool. A record the contract accepts whose feature does not fit the
+        model's float32 input (beyond ±3.4e38) is dead-lettered here, naming the feature.
         """
         if not batch.records:
             return batch
-        inputs = self.checker.columns(batch.records)
         unfit = None
         for col in inputs.values():
             if not np.isfinite(col).all():
@@ -526,13 +491,13 @@ class Scorer:
 
         Runs on the committer thread, one batch after another in the order read.
         """
-        scores: list[Output] = []
+        scores = Scores([], [], [], [], 0)
         if batch.future is not None:
             got: _Scored = batch.future.result()
             if got.refused:
                 why = "model server refused the record: "
                 got = got.rows(batch.dead_letter_rows({i: why + r for i, r in got.refused.items()}))
-            scores = encode_scores(batch.keys, batch.sources, got.scores, got.classes, got.versions)
+            scores = Scores(batch.keys, batch.sources, got.scores, got.classes, got.versions)
             if scores:
                 last = got.versions if isinstance(got.versions, int) else got.versions[-1]
                 self.stats.version = last

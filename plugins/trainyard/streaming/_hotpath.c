@@ -1,0 +1,448 @@
+/*
+ * trainyard.streaming._hotpath: the stream scorer's per-record work in C: a batch's
+ * contract checks and model inputs, its score documents and the commit's Redis bulk strings.
+ *
+ *   check_rows(records, columns, extra_ok, n_features, n_texts)
+ *       -> (suspect: bytearray, features: list[bytearray], texts: list[list])
+ *   scores_resp(keys, sources, scores, classes, version) -> bytes | None
+ *   bulk_strings(texts) -> bytes
+ *
+ * check_rows over-approximates records.RecordChecker.check: it flags (suspect[i] = 1)
+ * every record check() might refuse, and some it accepts (a float in an integer column,
+ * an integer of 2**53 or more, a value of an unexpected Python type), and never passes
+ * one it refuses; the caller asks check() about the flagged ones, which words the reason.
+ * columns is a tuple per contract column: (name, kind, required, null_ok, lo, lo_excl,
+ * hi, hi_excl, allowed, min_len, max_len, feature, text), kind 0 a string, 1 an integer,
+ * 2 a number, 3 a bool; lo and hi floats or None (bounds exactly representable as
+ * doubles), allowed a frozenset or None (membership as Python's `in`), min_len and
+ * max_len -1 for none, feature the column's index among the model's inputs or -1, text
+ * its index among the columns whose strings the caller checks itself (a regex) or -1.
+ * For each record not flagged, features[k] holds the float32 of feature k (as numpy's
+ * float32 of the Python value) and texts[t] the string of text column t (None elsewhere).
+ *
+ * scores_resp writes, per record i, the two RESP bulk strings of the commit script's
+ * "key value" arguments: keys[i] (UTF-8), then the document
+ *
+ *   {"id":<keys[i]>,"score":<scores[i]>,"class_id":<classes[i] or null>,
+ *    "version":<version>,"source":<sources[i]>}
+ *
+ * byte for byte as scorer.encode_scores writes it: strings escaped as orjson escapes them
+ * (", \, the short escapes \b \f \n \r \t, other control characters as \u00xx, everything
+ * else verbatim UTF-8) and the score as repr(float) writes it. It returns None when a
+ * score is not finite (the Python path writes null) or an argument is not of the types
+ * above (lists of str, of float, of int or None; an int version), so the caller falls back
+ * to the Python path for anything unusual. bulk_strings writes each text as a RESP bulk
+ * string (the entry ids a commit acknowledges).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    char *buf;
+    Py_ssize_t len, cap;
+} out_t;
+
+static int reserve(out_t *o, Py_ssize_t more) {
+    if (o->len + more <= o->cap) return 0;
+    Py_ssize_t cap = o->cap ? o->cap : 4096;
+    while (cap < o->len + more) cap *= 2;
+    char *grown = PyMem_Realloc(o->buf, (size_t)cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->buf = grown;
+    o->cap = cap;
+    return 0;
+}
+
+static inline void put(out_t *o, const char *s, Py_ssize_t n) {
+    memcpy(o->buf + o->len, s, (size_t)n);
+    o->len += n;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* The JSON string literal of s[0:n] (UTF-8) as orjson writes it; o has room for 6n + 2. */
+static void put_json_string(out_t *o, const unsigned char *s, Py_ssize_t n) {
+    char *w = o->buf + o->len;
+    *w++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *w++ = (char)c;
+            continue;
+        }
+        *w++ = '\\';
+        switch (c) {
+            case '"': *w++ = '"'; break;
+            case '\\': *w++ = '\\'; break;
+            case '\b': *w++ = 'b'; break;
+            case '\f': *w++ = 'f'; break;
+            case '\n': *w++ = 'n'; break;
+            case '\r': *w++ = 'r'; break;
+            case '\t': *w++ = 't'; break;
+            default:
+                *w++ = 'u';
+                *w++ = '0';
+                *w++ = '0';
+                *w++ = HEX[c >> 4];
+                *w++ = HEX[c & 15];
+        }
+    }
+    *w++ = '"';
+    o->len = w - o->buf;
+}
+
+/* The decimal digits of v (room for 20 characters). */
+static inline void put_int(out_t *o, long long v) {
+    char digits[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        digits[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0) o->buf[o->len++] = '-';
+    while (n) o->buf[o->len++] = digits[--n];
+}
+
+/* "$<n>\r\n" */
+static inline void put_bulk_head(out_t *o, Py_ssize_t n) {
+    o->buf[o->len++] = '$';
+    put_int(o, n);
+    o->buf[o->len++] = '\r';
+    o->buf[o->len++] = '\n';
+}
+
+static PyObject *finish(out_t *o) {
+    PyObject *result = PyBytes_FromStringAndSize(o->buf, o->len);
+    PyMem_Free(o->buf);
+    return result;
+}
+
+static PyObject *scores_resp(PyObject *self, PyObject *args) {
+    PyObject *keys, *sources, *scores, *classes;
+    long long version;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!L", &PyList_Type, &keys, &PyList_Type, &sources,
+                          &PyList_Type, &scores, &PyList_Type, &classes, &version))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(sources) != n || PyList_GET_SIZE(scores) != n ||
+        PyList_GET_SIZE(classes) != n) {
+        PyErr_SetString(PyExc_ValueError, "scores_resp: the lists differ in length");
+        return NULL;
+    }
+    char version_text[32];
+    int version_len = snprintf(version_text, sizeof version_text, "%lld", version);
+    out_t o = {NULL, 0, 0};
+    /* the document's value bytes go here first: its length heads its bulk string */
+    out_t doc = {NULL, 0, 0};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *src = PyList_GET_ITEM(sources, i);
+        PyObject *score = PyList_GET_ITEM(scores, i), *cls = PyList_GET_ITEM(classes, i);
+        if (!PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(src) ||
+            !PyFloat_CheckExact(score) || (cls != Py_None && !PyLong_CheckExact(cls)))
+            goto fallback;
+        double s = PyFloat_AS_DOUBLE(score);
+        if (!isfinite(s)) goto fallback;
+        long long c = 0;
+        if (cls != Py_None) {
+            int overflow;
+            c = PyLong_AsLongLongAndOverflow(cls, &overflow);
+            if (overflow || (c == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                goto fallback;
+            }
+        }
+        Py_ssize_t klen, slen;
+        const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
+        const char *sv = k ? PyUnicode_AsUTF8AndSize(src, &slen) : NULL;
+        if (sv == NULL) {  /* a lone surrogate: not UTF-8 */
+            PyErr_Clear();
+            goto fallback;
+        }
+        char *repr = PyOS_double_to_string(s, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (repr == NULL) goto error;
+        Py_ssize_t rlen = (Py_ssize_t)strlen(repr);
+        doc.len = 0;
+        if (reserve(&doc, 6 * (klen + slen) + rlen + version_len + 96) < 0) {
+            PyMem_Free(repr);
+            goto error;
+        }
+        put(&doc, "{\"id\":", 6);
+        put_json_string(&doc, (const unsigned char *)k, klen);
+        put(&doc, ",\"score\":", 9);
+        put(&doc, repr, rlen);
+        PyMem_Free(repr);
+        put(&doc, ",\"class_id\":", 12);
+        if (cls == Py_None)
+            put(&doc, "null", 4);
+        else
+            put_int(&doc, c);
+        put(&doc, ",\"version\":", 11);
+        put(&doc, version_text, version_len);
+        put(&doc, ",\"source\":", 10);
+        put_json_string(&doc, (const unsigned char *)sv, slen);
+        put(&doc, "}", 1);
+        if (reserve(&o, klen + doc.len + 64) < 0) goto error;
+        put_bulk_head(&o, klen);
+        put(&o, k, klen);
+        put(&o, "\r\n", 2);
+        put_bulk_head(&o, doc.len);
+        put(&o, doc.buf, doc.len);
+        put(&o, "\r\n", 2);
+    }
+    PyMem_Free(doc.buf);
+    return finish(&o);
+fallback:
+    PyMem_Free(doc.buf);
+    PyMem_Free(o.buf);
+    Py_RETURN_NONE;
+error:
+    PyMem_Free(doc.buf);
+    PyMem_Free(o.buf);
+    return NULL;
+}
+
+static PyObject *bulk_strings(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "bulk_strings: expected a list of str");
+        return NULL;
+    }
+    out_t o = {NULL, 0, 0};
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(arg, i);
+        if (!PyUnicode_Check(item)) {
+            PyMem_Free(o.buf);
+            PyErr_SetString(PyExc_TypeError, "bulk_strings: expected a list of str");
+            return NULL;
+        }
+        Py_ssize_t len;
+        const char *text = PyUnicode_AsUTF8AndSize(item, &len);
+        if (text == NULL || reserve(&o, len + 32) < 0) {
+            PyMem_Free(o.buf);
+            return NULL;
+        }
+        put_bulk_head(&o, len);
+        put(&o, text, len);
+        put(&o, "\r\n", 2);
+    }
+    return finish(&o);
+}
+
+enum { KIND_STRING, KIND_INT, KIND_NUMBER, KIND_BOOL };
+
+#define EXACT_INT_MAX 9007199254740992LL /* 2**53: every integer up to it is a double */
+
+typedef struct {
+    PyObject *name, *allowed;
+    int kind, required, null_ok, lo_excl, hi_excl, has_lo, has_hi;
+    double lo, hi;
+    Py_ssize_t min_len, max_len;
+    int feature, text;
+} column_t;
+
+static int parse_column(PyObject *spec, column_t *c) {
+    PyObject *lo, *hi;
+    if (!PyArg_ParseTuple(spec, "UippOpOpOnnii;check_rows: a column is (name, kind, required, "
+                          "null_ok, lo, lo_excl, hi, hi_excl, allowed, min_len, max_len, "
+                          "feature, text)",
+                          &c->name, &c->kind, &c->required, &c->null_ok, &lo, &c->lo_excl, &hi,
+                          &c->hi_excl, &c->allowed, &c->min_len, &c->max_len, &c->feature,
+                          &c->text))
+        return -1;
+    c->has_lo = lo != Py_None;
+    c->has_hi = hi != Py_None;
+    c->lo = c->has_lo ? PyFloat_AsDouble(lo) : 0.0;
+    c->hi = c->has_hi ? PyFloat_AsDouble(hi) : 0.0;
+    if (PyErr_Occurred()) return -1;
+    if (c->allowed == Py_None) c->allowed = NULL;
+    if (c->allowed != NULL && !PyFrozenSet_Check(c->allowed)) {
+        PyErr_SetString(PyExc_TypeError, "check_rows: allowed must be a frozenset or None");
+        return -1;
+    }
+    if (c->kind < KIND_STRING || c->kind > KIND_BOOL) {
+        PyErr_SetString(PyExc_ValueError, "check_rows: unknown column kind");
+        return -1;
+    }
+    return 0;
+}
+
+/* 1 if v is in the frozenset, 0 if not (or comparing raised: the caller's check decides). */
+static inline int member(PyObject *set, PyObject *v) {
+    int got = PySet_Contains(set, v);
+    if (got < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return got;
+}
+
+/* The value of a number check() accepts for the column's kind, exactly, in *d; 0 if the
+ * record must go to check() (another type, not finite, an integer beyond 2**53). */
+static inline int number_of(PyObject *v, int kind, double *d) {
+    if (kind == KIND_BOOL) {
+        if (v != Py_True && v != Py_False) return 0;
+        *d = v == Py_True ? 1.0 : 0.0;
+        return 1;
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || n > EXACT_INT_MAX || n < -EXACT_INT_MAX) return 0;
+        *d = (double)n;
+        return 1;
+    }
+    if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (!isfinite(x) || (kind == KIND_INT && floor(x) != x)) return 0;
+        *d = x;
+        return 1;
+    }
+    return 0;
+}
+
+/* 1 if the column's non-null value v passes (as far as this side checks), else 0. */
+static inline int value_passes(const column_t *c, PyObject *v, double *d) {
+    if (c->kind == KIND_STRING) {
+        if (!PyUnicode_Check(v)) return 0;
+        Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+        if ((c->min_len >= 0 && n < c->min_len) || (c->max_len >= 0 && n > c->max_len)) return 0;
+        return c->allowed == NULL || member(c->allowed, v);
+    }
+    if (!number_of(v, c->kind, d)) return 0;
+    if (c->has_lo && (c->lo_excl ? *d <= c->lo : *d < c->lo)) return 0;
+    if (c->has_hi && (c->hi_excl ? *d >= c->hi : *d > c->hi)) return 0;
+    return c->allowed == NULL || member(c->allowed, v);
+}
+
+static PyObject *check_rows(PyObject *self, PyObject *args) {
+    PyObject *records, *specs;
+    int extra_ok;
+    Py_ssize_t n_features, n_texts;
+    if (!PyArg_ParseTuple(args, "O!O!pnn", &PyList_Type, &records, &PyTuple_Type, &specs,
+                          &extra_ok, &n_features, &n_texts))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records), n_cols = PyTuple_GET_SIZE(specs);
+    column_t *cols = PyMem_Calloc((size_t)(n_cols ? n_cols : 1), sizeof(column_t));
+    if (cols == NULL) return PyErr_NoMemory();
+    PyObject *suspect = NULL, *features = NULL, *texts = NULL, *result = NULL;
+    for (Py_ssize_t k = 0; k < n_cols; k++) {
+        if (parse_column(PyTuple_GET_ITEM(specs, k), &cols[k]) < 0) goto done;
+        if (cols[k].feature >= n_features || cols[k].text >= n_texts ||
+            (cols[k].feature >= 0 && cols[k].kind == KIND_STRING) ||
+            (cols[k].text >= 0 && cols[k].kind != KIND_STRING)) {
+            PyErr_SetString(PyExc_ValueError, "check_rows: bad feature or text index");
+            goto done;
+        }
+    }
+    suspect = PyByteArray_FromStringAndSize(NULL, n);
+    features = PyList_New(n_features);
+    texts = PyList_New(n_texts);
+    if (suspect == NULL || features == NULL || texts == NULL) goto done;
+    char *flags = PyByteArray_AS_STRING(suspect);
+    memset(flags, 0, (size_t)n);
+    float **feature = PyMem_Calloc((size_t)(n_features ? n_features : 1), sizeof(float *));
+    if (feature == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t f = 0; f < n_features; f++) {
+        PyObject *buf = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(float));
+        if (buf == NULL) {
+            PyMem_Free(feature);
+            goto done;
+        }
+        PyList_SET_ITEM(features, f, buf);
+        feature[f] = (float *)PyByteArray_AS_STRING(buf);
+        memset(feature[f], 0, (size_t)n * sizeof(float));
+    }
+    for (Py_ssize_t t = 0; t < n_texts; t++) {
+        PyObject *list = PyList_New(n);
+        if (list == NULL) {
+            PyMem_Free(feature);
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(list, i, Py_None);
+        }
+        PyList_SET_ITEM(texts, t, list);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(records, i);
+        if (!PyDict_CheckExact(r)) {
+            flags[i] = 1;
+            continue;
+        }
+        Py_ssize_t present = 0;
+        int bad = 0;
+        for (Py_ssize_t k = 0; k < n_cols && !bad; k++) {
+            const column_t *c = &cols[k];
+            PyObject *v = PyDict_GetItemWithError(r, c->name);
+            if (v == NULL) {
+                if (PyErr_Occurred()) {
+                    PyMem_Free(feature);
+                    goto done;
+                }
+                bad = c->required;
+                continue;
+            }
+            present++;
+            if (v == Py_None) {
+                bad = !c->null_ok;
+                continue;
+            }
+            double d = 0.0;
+            if (!value_passes(c, v, &d)) {
+                bad = 1;
+                continue;
+            }
+            /* beyond float32 becomes inf, as numpy makes it: the scorer dead-letters it */
+            if (c->feature >= 0) feature[c->feature][i] = (float)d;
+            if (c->text >= 0) {
+                PyObject *list = PyList_GET_ITEM(texts, c->text);
+                PyObject *old = PyList_GET_ITEM(list, i);
+                Py_INCREF(v);
+                PyList_SET_ITEM(list, i, v);
+                Py_DECREF(old);
+            }
+        }
+        if (!bad && !extra_ok && present != PyDict_GET_SIZE(r)) bad = 1;
+        flags[i] = (char)bad;
+    }
+    PyMem_Free(feature);
+    result = PyTuple_Pack(3, suspect, features, texts);
+done:
+    PyMem_Free(cols);
+    Py_XDECREF(suspect);
+    Py_XDECREF(features);
+    Py_XDECREF(texts);
+    return result;
+}
+
+static PyMethodDef METHODS[] = {
+    {"check_rows", check_rows, METH_VARARGS,
+     "check_rows(records, columns, extra_ok, n_features, n_texts) -> (suspect, features, "
+     "texts): a batch's contract checks (flagging what check() must decide) and its model "
+     "inputs as float32."},
+    {"scores_resp", scores_resp, METH_VARARGS,
+     "scores_resp(keys, sources, scores, classes, version) -> bytes | None: each record's "
+     "key and score document as RESP bulk strings; None when the Python path must decide."},
+    {"bulk_strings", bulk_strings, METH_O,
+     "bulk_strings(texts) -> bytes: each text (UTF-8) as a RESP bulk string."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {
+    PyModuleDef_HEAD_INIT, "trainyard.streaming._hotpath",
+    "The stream scorer's per-record work: contract checks, model inputs, commit packing.", -1,
+    METHODS,
+};
+
+PyMODINIT_FUNC PyInit__hotpath(void) { return PyModule_Create(&MODULE); }
