@@ -208,6 +208,25 @@ def test_scores_of_binary_multiclass_and_plain_outputs() -> None:
     assert s == [3.5, 1.0] and c == [None, None]
 
 
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        {"probabilities": [[0.25, 0.75], [1.0, 0.0], [0.5, 0.5]], "class_id": [1, 0, 0]},
+        {"probabilities": [[0, 1], [1, 0], [0.5, 0.5]], "class_id": [1, 0, 0]},  # ints
+        {"probabilities": [[0.2, 0.8], [0.9, 0.1], [0.5, 0.5]], "class_id": [1.0, 0, 0]},
+        {"probabilities": [[0.2, 0.8], [0.9, 0.1], [0.5, 0.5]], "class_id": [True, 0, 0]},
+        {"probabilities": [0.2, 0.8, 0.9, 0.1, 0.5, 0.5], "class_id": [1, 0, 0]},  # flat
+    ],
+)
+def test_scores_of_two_classes_as_numpy_gives_them(outputs: dict[str, Any]) -> None:
+    """The list fast path for two classes gives numpy's values and types exactly."""
+    p = np.asarray(outputs["probabilities"], dtype=np.float64).reshape(3, -1)
+    want = (p[:, 1].tolist(), np.asarray(outputs["class_id"], dtype=np.int64).tolist())
+    got = scores_of(outputs, 3)
+    assert got == want
+    assert [type(x) for x in got[0]] == [float] * 3 and [type(x) for x in got[1]] == [int] * 3
+
+
 # --------------------------------------------------------------------------- Kafka
 
 
@@ -464,6 +483,25 @@ def test_c_packer_writes_the_python_paths_bytes() -> None:
     )
 
 
+def test_c_packer_writes_scores_as_repr_does() -> None:
+    """Scores as a model server prints them (float32, %g and %.9g), whole numbers, edges
+    of the short path, and random bit patterns: written exactly as repr(float) writes."""
+    encode = native.load("trainyard.streaming._hotpath")
+    assert encode is not None, "make native"
+    rng = np.random.default_rng(3)
+    f32 = rng.random(20000).astype(np.float32)
+    values = [float(f"{x:g}") for x in f32] + [float(f"{x:.9g}") for x in f32]
+    values += [float(x) for x in f32[:2000]] + [float(x) for x in rng.random(2000) * 1e-3]
+    values += [float(x) for x in rng.integers(0, 10**15, 2000)]
+    values += [0.0, -0.0, 1.0, 1e15, 1e15 - 1, 1e-4, 0.00009999999999999999, 0.1 + 0.2]
+    values += [1 - 1e-16, 5e-5, 0.99999999999999989, -0.5, -3.0, 1e300, 2.5e-310]
+    bits = rng.integers(0, 2**63, 20000, dtype=np.int64).view(np.float64)
+    values += [float(x) for x in bits if np.isfinite(x)]
+    n = len(values)
+    packed = encode.scores_resp(["k"] * n, ["s"] * n, values, [None] * n, 1)
+    assert packed == _resp(encode_scores(["k"] * n, ["s"] * n, values, [None] * n, 1))
+
+
 @pytest.mark.parametrize(
     "case",
     ["nan", "inf", "int score", "numpy float", "big class", "str class", "surrogate"],
@@ -493,6 +531,29 @@ def test_c_packer_leaves_the_unusual_to_python(case: str) -> None:
     assert encode.scores_resp(keys, sources, scores, classes, 3) is None
     with pytest.raises(ValueError, match="differ in length"):
         encode.scores_resp(keys, sources[:1], [0.1, 0.2], [0, 1], 3)
+
+
+def test_c_messages_are_the_engines_messages() -> None:
+    """Plain entries become Message tuples equal to the Python path's; anything else
+    (a key field, another field, a deleted entry, odd types) is left to Python (None)."""
+    hotpath = native.load("trainyard.streaming._hotpath")
+    assert hotpath is not None, "make native"
+    entries = [[b"1795-%d" % i, [b"value", b"{}" * i]] for i in range(300)]
+    got = hotpath.messages(entries, Message)
+    assert got == [Message(e.decode(), f[1]) for e, f in entries]
+    assert all(type(m) is Message and m.key is None and m.offset is None for m in got)
+    assert hotpath.messages([], Message) == []
+    for odd in (
+        [b"1-0", [b"key", b"k", b"value", b"v"]],
+        [b"1-0", [b"valuE", b"v"]],
+        [b"1-0", None],
+        [b"1-0", [b"value", "v"]],
+        ["1-0", [b"value", b"v"]],
+        [b"1-0"],
+    ):
+        assert hotpath.messages([*entries[:3], odd], Message) is None, odd
+    with pytest.raises(TypeError):
+        hotpath.messages(entries, dict)
 
 
 def test_scores_commit_the_same_bytes_with_or_without_c(monkeypatch: pytest.MonkeyPatch) -> None:

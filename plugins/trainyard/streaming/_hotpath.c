@@ -6,6 +6,12 @@
  *       -> (suspect: bytearray, features: list[bytearray], texts: list[list])
  *   scores_resp(keys, sources, scores, classes, version) -> bytes | None
  *   bulk_strings(texts) -> bytes
+ *   messages(entries, cls) -> list | None
+ *
+ * messages turns the entries of an XREADGROUP reply as hiredis parses them ([id, [field,
+ * value, ...]] each) into cls(id, value, None, None, None) tuples (cls a 5-field
+ * namedtuple: engines.Message), or returns None when an entry is not exactly
+ * [id, [b"value", value]] (the Python path reads keyed and odd entries).
  *
  * check_rows over-approximates records.RecordChecker.check: it flags (suspect[i] = 1)
  * every record check() might refuse, and some it accepts (a float in an integer column,
@@ -118,6 +124,41 @@ static inline void put_bulk_head(out_t *o, Py_ssize_t n) {
     o->buf[o->len++] = '\n';
 }
 
+static const double P10[] = {1e0, 1e1, 1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                             1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
+
+/* repr(d) into buf (room for 32) for the scores most models give: 0.0, whole numbers below
+ * 1e15, and 1e-4 <= d < 1 with at most 15 significant digits; returns its length, or 0
+ * when d is none of these (then PyOS_double_to_string writes it). For such d the shortest
+ * decimal that reads back as d (what repr writes) is m / 10**k for the least k with an
+ * integer m that does: m / 10**k, both exact doubles, is correctly rounded as strtod's
+ * reading of the decimal is; d * 10**k is within m * 2**-52 < 0.25 of such an m, so
+ * rounding it finds m; and below 1 with k <= 15 a step of 10**-k exceeds d's ulp, so at
+ * most one m reads back and none is closer. */
+static int short_float_repr(double d, char *buf) {
+    if (d >= 0.0 && d < 1e15 && d == floor(d) && !(d == 0.0 && signbit(d))) {
+        out_t o = {buf, 0, 32};
+        put_int(&o, (long long)d);
+        memcpy(buf + o.len, ".0", 2);
+        return (int)o.len + 2;
+    }
+    if (!(d >= 1e-4 && d < 1.0)) return 0;
+    for (int k = 1; k <= 15; k++) {
+        double m = nearbyint(d * P10[k]);
+        if (m <= 0.0 || m / P10[k] != d) continue;
+        char digits[24];
+        int n = 0;
+        for (long long u = (long long)m; u; u /= 10) digits[n++] = (char)('0' + u % 10);
+        int len = 0;
+        buf[len++] = '0';
+        buf[len++] = '.';
+        for (int z = n; z < k; z++) buf[len++] = '0';
+        while (n) buf[len++] = digits[--n];
+        return len;
+    }
+    return 0;
+}
+
 static PyObject *finish(out_t *o) {
     PyObject *result = PyBytes_FromStringAndSize(o->buf, o->len);
     PyMem_Free(o->buf);
@@ -165,9 +206,13 @@ static PyObject *scores_resp(PyObject *self, PyObject *args) {
             PyErr_Clear();
             goto fallback;
         }
-        char *repr = PyOS_double_to_string(s, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-        if (repr == NULL) goto error;
-        Py_ssize_t rlen = (Py_ssize_t)strlen(repr);
+        char short_repr[32];
+        int rlen = short_float_repr(s, short_repr);
+        char *repr = rlen ? NULL : PyOS_double_to_string(s, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (!rlen) {
+            if (repr == NULL) goto error;
+            rlen = (int)strlen(repr);
+        }
         doc.len = 0;
         if (reserve(&doc, 6 * (klen + slen) + rlen + version_len + 96) < 0) {
             PyMem_Free(repr);
@@ -176,7 +221,7 @@ static PyObject *scores_resp(PyObject *self, PyObject *args) {
         put(&doc, "{\"id\":", 6);
         put_json_string(&doc, (const unsigned char *)k, klen);
         put(&doc, ",\"score\":", 9);
-        put(&doc, repr, rlen);
+        put(&doc, repr ? repr : short_repr, rlen);
         PyMem_Free(repr);
         put(&doc, ",\"class_id\":", 12);
         if (cls == Py_None)
@@ -426,7 +471,61 @@ done:
     return result;
 }
 
+static PyObject *messages(PyObject *self, PyObject *args) {
+    PyObject *entries;
+    PyTypeObject *cls;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &entries, &PyType_Type, &cls)) return NULL;
+    if (!PyType_IsSubtype(cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "messages: cls must be a tuple subclass");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(entries);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entry = PyList_GET_ITEM(entries, i), *fields, *id_bytes, *value;
+        if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 2) goto fallback;
+        id_bytes = PyList_GET_ITEM(entry, 0);
+        fields = PyList_GET_ITEM(entry, 1);
+        if (!PyBytes_CheckExact(id_bytes) || !PyList_CheckExact(fields) ||
+            PyList_GET_SIZE(fields) != 2)
+            goto fallback;
+        PyObject *name = PyList_GET_ITEM(fields, 0);
+        value = PyList_GET_ITEM(fields, 1);
+        if (!PyBytes_CheckExact(name) || PyBytes_GET_SIZE(name) != 5 ||
+            memcmp(PyBytes_AS_STRING(name), "value", 5) != 0 || !PyBytes_CheckExact(value))
+            goto fallback;
+        PyObject *id = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(id_bytes),
+                                            PyBytes_GET_SIZE(id_bytes), "strict");
+        if (id == NULL) goto error;
+        /* as tuple.__new__(cls, ...) makes one: the namedtuple's own __new__ adds nothing */
+        PyObject *m = cls->tp_alloc(cls, 5);
+        if (m == NULL) {
+            Py_DECREF(id);
+            goto error;
+        }
+        Py_INCREF(value);
+        PyTuple_SET_ITEM(m, 0, id);
+        PyTuple_SET_ITEM(m, 1, value);
+        for (int k = 2; k < 5; k++) {
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(m, k, Py_None);
+        }
+        PyList_SET_ITEM(out, i, m);
+    }
+    return out;
+fallback:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef METHODS[] = {
+    {"messages", messages, METH_VARARGS,
+     "messages(entries, cls) -> list | None: an XREADGROUP reply's plain entries as "
+     "cls(id, value, None, None, None); None when one is not [id, [b'value', value]]."},
     {"check_rows", check_rows, METH_VARARGS,
      "check_rows(records, columns, extra_ok, n_features, n_texts) -> (suspect, features, "
      "texts): a batch's contract checks (flagging what check() must decide) and its model "

@@ -354,6 +354,8 @@ class RedisStreams(StreamEngine):
         got = self._read_reply(command)
         if not got:
             return []
+        if _hotpath is not None and (plain := _hotpath.messages(got[0][1], Message)) is not None:
+            return plain
         out = []
         for entry_id, fields in got[0][1]:
             if len(fields) == 2 and fields[0] == b"value":  # what producers usually write

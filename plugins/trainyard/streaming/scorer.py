@@ -265,6 +265,20 @@ def scores_of(outputs: dict[str, Any], rows: int) -> tuple[list[float], list[int
     """
     probs = outputs.get("probabilities")
     classes = outputs.get("class_id")
+    if (  # two classes, as JSON lists: what numpy below would give, without it
+        type(probs) is list
+        and type(classes) is list
+        and len(probs) == len(classes) == rows
+        and set(map(type, probs)) <= {list}
+        and set(map(len, probs)) <= {2}
+    ):
+        scores = [p[1] for p in probs]
+        if (
+            set(map(type, scores)) <= {float}
+            and set(map(type, classes)) <= {int}
+            and (not classes or -(2**63) <= min(classes) <= max(classes) < 2**63)
+        ):
+            return scores, classes
     if probs is not None:
         p = np.asarray(probs, dtype=np.float64).reshape(rows, -1)
         c = (
