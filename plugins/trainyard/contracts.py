@@ -358,6 +358,20 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
         need_column(["roles", "features", i], feature, numeric=True)
         if feature in (roles["key"], roles["label"]):
             errs.append(where(["roles", "features", i], f"{feature!r} is also the key or label"))
+        at = next((j for j, c in enumerate(raw["columns"]) if c["name"] == feature), None)
+        col = raw["columns"][at] if at is not None else {}
+        severity = col.get("severity")
+        if col.get("nullable") is True or (
+            isinstance(severity, dict) and severity.get("nullable") == "warn"
+        ):
+            errs.append(
+                where(
+                    ["columns", at, "nullable" if col.get("nullable") else "severity"],
+                    f"feature {feature!r} may be null, and the model takes no nulls: declare "
+                    "it nullable: false with an error severity (or drop it from "
+                    "roles.features)",
+                )
+            )
     label = next((c for c in raw["columns"] if c["name"] == roles["label"]), None)
     if roles.get("task", "classification") == "regression":
         errs += _regression_errors(raw, label, where)
@@ -472,13 +486,16 @@ def _regression_errors(
     return errs
 
 
-def _label_rules(col: dict[str, Any], roles: dict[str, Any]) -> dict[str, Any]:
-    """The label column with the rules its role implies, checked by validation like any.
+def _role_rules(col: dict[str, Any], roles: dict[str, Any]) -> dict[str, Any]:
+    """A label or feature column with the rules its role implies, checked by validation.
 
-    Every label is non-null; a classifier's label takes only its class ids
-    (``allowed_values: 0..n-1`` when the contract gives ``num_classes`` alone), so a row
-    outside the class count rejects the snapshot instead of failing training.
+    Every label and feature is non-null (a feature declared nullable is refused by the
+    contract check); a classifier's label takes only its class ids (``allowed_values:
+    0..n-1`` when the contract gives ``num_classes`` alone), so a row outside the class
+    count rejects the snapshot instead of failing training.
     """
+    if col["name"] in roles["features"] and "nullable" not in col:
+        return {**col, "nullable": False}
     if col["name"] != roles["label"]:
         return col
     col = {**col, "nullable": False}
@@ -511,7 +528,7 @@ def _build(raw: dict[str, Any], path: Path | None) -> Contract:
                 allowed_values=tuple(c["allowed_values"]) if "allowed_values" in c else None,
                 severity=_severity_map(c),
             )
-            for c in (_label_rules(col, raw["roles"]) for col in raw["columns"])
+            for c in (_role_rules(col, raw["roles"]) for col in raw["columns"])
         ],
         roles=Roles(
             **{k: v for k, v in raw["roles"].items() if k != "class_names"},

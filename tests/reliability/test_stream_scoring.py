@@ -437,6 +437,48 @@ def test_a_record_the_model_cannot_take_is_dead_lettered_and_the_rest_scored(pro
         engine.close()
 
 
+def test_an_entry_without_a_value_field_is_dead_lettered_with_its_fields(project) -> None:
+    """A producer that names the field otherwise: its entry's dead letter says so and keeps
+    what it wrote (it used to read as "empty" with nothing kept), also when claimed."""
+    from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.records import RecordChecker
+    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+
+    streams = Streams("nv.in", "nv.out", "nv.dead", "nv-group")
+    engine = RedisStreams(project["url"], streams, consumer="nv")
+    r = engine.r
+    r.delete("nv.in", "nv.out", "nv.dead")
+    records, _ = make_records(4, seed=5)
+    r.xadd("nv.in", {"data": records[0]})
+    r.xadd("nv.in", {"id": "ev-7", "a": "3.5", "key": "k-7"})
+    engine.produce([(None, v) for v in records[1:3]])
+    r.xadd("nv.in", {"payload": b"\xff\xfe"})
+    checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
+    endpoint = ModelEndpoint("127.0.0.1", project["port"], "events")
+    scorer = Scorer(RedisStreams(project["url"], streams, consumer="s"), checker, endpoint)
+    try:
+        stats = scorer.run(max_records=5, exit_when_idle_s=5)
+        assert (stats.scored, stats.dead) == (2, 3)
+        dead = _entries(r, "nv.dead")
+        assert [d["reason"] for d in dead] == [
+            "no 'value' field in the entry (its fields: data)",
+            "no 'value' field in the entry (its fields: id, a, key)",
+            "no 'value' field in the entry (its fields: payload)",
+        ]
+        assert orjson.loads(dead[0]["value"]) == {"data": records[0].decode()}
+        assert orjson.loads(dead[1]["value"]) == {"id": "ev-7", "a": "3.5", "key": "k-7"}
+        assert orjson.loads(dead[2]["value"]) == {"payload": "\ufffd\ufffd"}
+        assert [d["id"] for d in dead] == [None, "k-7", None]
+        # read by XAUTOCLAIM (another member left it pending), the same
+        r.xadd("nv.in", {"data": b"x"})
+        engine.read(10, 1)
+        (claimed,) = scorer.engine.claim(0, 10)
+        assert claimed.fields is not None and orjson.loads(claimed.fields) == {"data": "x"}
+    finally:
+        r.delete("nv.in", "nv.out", "nv.dead")
+        engine.close()
+
+
 def test_a_deleted_input_stream_gets_its_group_again(project, caplog) -> None:
     streams = Streams("gone.in", "gone.out", "gone.dead", "gone-group")
     engine = RedisStreams(project["url"], streams, consumer="g")

@@ -56,6 +56,16 @@ def test_negative_fixtures_fail_with_a_clear_message(path: Path) -> None:
     assert ":" in message.split(str(path), 1)[1][:6], "names the line"
 
 
+def test_features_are_non_null_unless_declared_otherwise() -> None:
+    """A feature that says nothing about nulls is non-null (the model takes none), so a
+    null in it rejects the snapshot at validation instead of failing training."""
+    text = (FIXTURES / "negative" / "nullable_feature.yaml").read_text()
+    text = text.replace("    nullable: true\n", "")
+    contract = parse_contract_text(text, Path("nullable_feature.yaml"))
+    assert contract.column("x").nullable is False
+    assert contract.column("y").nullable is False  # the label, as before
+
+
 def test_python_tag_is_never_constructed(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     text = (FIXTURES / "positive" / "minimal.yaml").read_text()

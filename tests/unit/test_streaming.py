@@ -63,6 +63,9 @@ GOOD = {"txn_id": "t-1", "amount": 12.5, "hour": 3, "customer_age": 40}
         ({"hour": 3.5}, "hour: expected an integer, got 3.5"),
         ({"hour": 24}, "hour: 24 is above the maximum 23"),
         ({"hour": None}, "hour: null"),
+        ({"customer_age": 2**63}, "customer_age: 9223372036854775808 is outside the int64 range"),
+        ({"customer_age": 1e20}, "customer_age: 1e+20 is outside the int64 range"),
+        ({"customer_age": 2**63 - 1}, None),  # max is a warn rule: scored
         ({"txn_id": "t 1"}, "txn_id: 't 1' does not match '^[A-Za-z0-9_-]+$'"),
         ({"txn_id": 7}, "txn_id: expected a string, got 7"),
         ({"merchant_category": "toys"}, "merchant_category: 'toys' is not an allowed value"),
@@ -100,6 +103,8 @@ def test_check_batch_answers_as_check_does(checker: RecordChecker) -> None:
 HOSTILE_VALUES: list[Any] = [
     None, True, False, 0, 1, 2, -1, 3.5, 3.0, -0.0, 23, 24, 0.0, 2e6, 95, 18, 1e39, -1e39,
     float("inf"), float("nan"), 2**53, 2**53 + 1, -(2**53) - 1, 2**63, 10**30, "x", "t-1", "",
+    2**63 - 1, -(2**63), -(2**63) - 1, 2**31, 2**31 - 1, -(2**31), -(2**31) - 1, 1e20, 2.0**62,
+    -9.3e18, 3e9,
     "t 1", "fuel", "toys", "ünï", "a" * 70, [1], {"a": 1}, b"b",
 ]  # fmt: skip
 
@@ -133,9 +138,10 @@ columns:
   - {name: id, type: string, nullable: false, min_length: 2, max_length: 8, regex: "^t-"}
   - {name: x, type: float32, nullable: false, min: -2, max: 9007199254740992, max_exclusive: true}
   - {name: n, type: int64, nullable: false, min: 0, allowed_values: [0, 1, 2, 3]}
-  - {name: flag, type: bool, nullable: true}
+  - {name: flag, type: bool, nullable: false}
   - {name: day, type: timestamp, nullable: true, severity: {nullable: warn}}
   - {name: y, type: int32, nullable: true}
+  - {name: w, type: int32, nullable: true, max: 10000000000}
 roles: {key: id, label: y, features: [x, n, flag], num_classes: 2}
 split: {holdout_fraction: 0.2, by: id}
 """
@@ -149,7 +155,7 @@ def test_c_checker_answers_as_check_does(checker: RecordChecker, contract: str) 
     if contract == "loose":
         checker = RecordChecker(parse_contract_text(EXTRA_OK, Path("loose.yaml")))
         good = {"id": "t-1", "x": 0.5, "n": 1, "flag": True, "extra": [1]}
-        keys = ["id", "x", "n", "flag", "day", "y", "extra", "zz"]
+        keys = ["id", "x", "n", "flag", "day", "y", "w", "extra", "zz"]
     else:
         good, keys = GOOD, ["txn_id", "amount", "hour", "customer_age", "merchant_category"]
         keys += ["is_fraud", "zz"]

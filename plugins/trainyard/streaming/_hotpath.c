@@ -9,14 +9,13 @@
  *   messages(entries, cls) -> list | None
  *
  * messages turns the entries of an XREADGROUP reply as hiredis parses them ([id, [field,
- * value, ...]] each) into cls(id, value, None, None, None) tuples (cls a 5-field
- * namedtuple: engines.Message), or returns None when an entry is not exactly
+ * value, ...]] each) into cls(id, value, None, ...) tuples (cls a namedtuple of at least
+ * two fields: engines.Message), or returns None when an entry is not exactly
  * [id, [b"value", value]] (the Python path reads keyed and odd entries).
  *
  * check_rows over-approximates records.RecordChecker.check: it flags (suspect[i] = 1)
- * every record check() might refuse, and some it accepts (a float in an integer column,
- * an integer of 2**53 or more, a value of an unexpected Python type), and never passes
- * one it refuses; the caller asks check() about the flagged ones, which words the reason.
+ * every record check() might refuse, and some it accepts (an integer of 2**53 or more,
+ * a value of an unexpected Python type), and never passes one it refuses; the caller asks check() about the flagged ones, which words the reason.
  * columns is a tuple per contract column: (name, kind, required, null_ok, lo, lo_excl,
  * hi, hi_excl, allowed, min_len, max_len, feature, text), kind 0 a string, 1 an integer,
  * 2 a number, 3 a bool; lo and hi floats or None (bounds exactly representable as
@@ -345,7 +344,9 @@ static inline int number_of(PyObject *v, int kind, double *d) {
     }
     if (PyFloat_CheckExact(v)) {
         double x = PyFloat_AS_DOUBLE(v);
-        if (!isfinite(x) || (kind == KIND_INT && floor(x) != x)) return 0;
+        if (!isfinite(x)) return 0;
+        if (kind == KIND_INT && (floor(x) != x || x > EXACT_INT_MAX || x < -EXACT_INT_MAX))
+            return 0;
         *d = x;
         return 1;
     }
@@ -479,6 +480,14 @@ static PyObject *messages(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "messages: cls must be a tuple subclass");
         return NULL;
     }
+    PyObject *names = PyObject_GetAttrString((PyObject *)cls, "_fields");
+    Py_ssize_t size = names == NULL ? -1 : PyObject_Length(names);
+    Py_XDECREF(names);
+    if (size < 2) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "messages: cls must have at least two fields");
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(entries);
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
@@ -499,7 +508,7 @@ static PyObject *messages(PyObject *self, PyObject *args) {
                                             PyBytes_GET_SIZE(id_bytes), "strict");
         if (id == NULL) goto error;
         /* as tuple.__new__(cls, ...) makes one: the namedtuple's own __new__ adds nothing */
-        PyObject *m = cls->tp_alloc(cls, 5);
+        PyObject *m = cls->tp_alloc(cls, size);
         if (m == NULL) {
             Py_DECREF(id);
             goto error;
@@ -507,7 +516,7 @@ static PyObject *messages(PyObject *self, PyObject *args) {
         Py_INCREF(value);
         PyTuple_SET_ITEM(m, 0, id);
         PyTuple_SET_ITEM(m, 1, value);
-        for (int k = 2; k < 5; k++) {
+        for (Py_ssize_t k = 2; k < size; k++) {
             Py_INCREF(Py_None);
             PyTuple_SET_ITEM(m, k, Py_None);
         }
@@ -525,7 +534,7 @@ error:
 static PyMethodDef METHODS[] = {
     {"messages", messages, METH_VARARGS,
      "messages(entries, cls) -> list | None: an XREADGROUP reply's plain entries as "
-     "cls(id, value, None, None, None); None when one is not [id, [b'value', value]]."},
+     "cls(id, value, None, ...); None when one is not [id, [b'value', value]]."},
     {"check_rows", check_rows, METH_VARARGS,
      "check_rows(records, columns, extra_ok, n_features, n_texts) -> (suspect, features, "
      "texts): a batch's contract checks (flagging what check() must decide) and its model "

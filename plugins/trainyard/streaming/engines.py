@@ -57,6 +57,8 @@ class Message(NamedTuple):
         key: The message key, when the producer gave one.
         partition: Kafka partition (None for Redis).
         offset: Kafka offset (None for Redis).
+        fields: A Redis entry without a ``value`` field: its fields as a JSON object (its
+            dead letter keeps them; ``value`` is then empty).
     """
 
     id: str
@@ -64,6 +66,7 @@ class Message(NamedTuple):
     key: str | None = None
     partition: int | None = None
     offset: int | None = None
+    fields: bytes | None = None
 
 
 class Output(NamedTuple):
@@ -260,6 +263,25 @@ LAG_COUNT_MAX = 1000
 """The most entries :data:`LAG_SCRIPT` counts: about 2 ms of Redis's time a report."""
 
 
+def _entry_message(entry_id: bytes | str, fields: list[bytes]) -> Message:
+    """A Redis entry (its field/value list) as a :class:`Message`.
+
+    The record is the ``value`` field, the optional ``key`` field its key; an entry with
+    no ``value`` field keeps its fields (``Message.fields``) for its dead letter.
+    """
+    f = dict(zip(fields[::2], fields[1::2], strict=True))
+    key = f.get(b"key")
+    value = f.get(b"value")
+    others = None
+    if value is None:
+        text = {_s(k): v.decode("utf-8", "replace") for k, v in f.items()}
+        others = orjson.dumps(text)
+    return Message(
+        _s(entry_id), b"" if value is None else value, None if key is None else _s(key),
+        fields=others,
+    )  # fmt: skip
+
+
 class RedisStreams(StreamEngine):
     """Redis Streams through redis-py (hiredis parser)."""
 
@@ -310,14 +332,10 @@ class RedisStreams(StreamEngine):
         for entry_id, fields in entries or ():
             if fields is None:  # deleted while pending
                 continue
-            key = fields.get(b"key")
-            out.append(
-                Message(
-                    id=_s(entry_id),
-                    value=fields.get(b"value", b""),
-                    key=None if key is None else _s(key),
-                )
+            flat = (
+                [x for pair in fields.items() for x in pair] if isinstance(fields, dict) else fields
             )
+            out.append(_entry_message(entry_id, flat))
         return out
 
     def _call(self, command: bytes) -> Any:
@@ -361,15 +379,7 @@ class RedisStreams(StreamEngine):
             if len(fields) == 2 and fields[0] == b"value":  # what producers usually write
                 out.append(Message(entry_id.decode(), fields[1]))
             elif fields:
-                f = dict(zip(fields[::2], fields[1::2], strict=True))
-                key = f.get(b"key")
-                out.append(
-                    Message(
-                        entry_id.decode(),
-                        f.get(b"value", b""),
-                        None if key is None else key.decode(),
-                    )
-                )
+                out.append(_entry_message(entry_id, fields))
         return out
 
     def claim(self, min_idle_ms: int, count: int) -> list[Message]:

@@ -24,6 +24,8 @@ from trainyard.contracts import Column, Contract, feature_spec
 from trainyard.errors import ConfigError
 
 Check = Callable[[Any], str | None]
+INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+"""The values an integer column holds."""
 _hotpath = native.load("trainyard.streaming._hotpath")
 EXACT_INT = 2**53
 """Integers up to this are exact doubles (a bound beyond it keeps a contract in Python)."""
@@ -36,12 +38,14 @@ def _type_check(col: Column) -> Check:
             return None if isinstance(v, str) else f"expected a string, got {show_value(v)}"
 
     elif col.type in ("int32", "int64"):
+        lowest, highest = INT_RANGES[col.type]
 
         def check(v: Any) -> str | None:
-            if isinstance(v, bool) or not isinstance(v, int):
-                if isinstance(v, float) and v.is_integer():
-                    return None
+            integral = isinstance(v, int) and not isinstance(v, bool)
+            if not integral and not (isinstance(v, float) and v.is_integer()):
                 return f"expected an integer, got {show_value(v)}"
+            if not lowest <= v <= highest:
+                return f"{show_value(v)} is outside the {col.type} range"
             return None
 
     elif col.type in ("float32", "float64"):
@@ -141,6 +145,8 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
     if col.type in ("float32", "float64", "int32", "int64"):
         kinds = (float, int) if col.type.startswith("float") else (int,)
         kind_set = frozenset(kinds)
+        # float64 is exact for int32's range; int64's edge is left to check() (2**62 on)
+        span = {"int32": INT_RANGES["int32"], "int64": (-(2**62), 2**62)}.get(col.type)
 
         def fast(values: list[Any], missing: object) -> np.ndarray | None:
             if set(map(type, values)) <= kind_set:  # the common case, at C speed
@@ -150,6 +156,8 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
                     return np.ones(len(values), dtype=bool)
                 with np.errstate(invalid="ignore"):
                     flags = ~np.isfinite(x)
+                    if span is not None:
+                        flags |= (x < span[0]) | (x > span[1])
                     if lo is not None:
                         flags |= (x <= lo) if col.min_exclusive else (x < lo)
                     if hi is not None:
@@ -173,6 +181,8 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
                 return np.ones(len(values), dtype=bool)
             with np.errstate(invalid="ignore"):
                 flags |= ~np.isfinite(x)
+                if span is not None:
+                    flags |= (x < span[0]) | (x > span[1])
                 if lo is not None:
                     flags |= (x <= lo) if col.min_exclusive else (x < lo)
                 if hi is not None:
@@ -254,6 +264,13 @@ def hot_plan(contract: Contract, features: list[str], required: frozenset[str]) 
             hi = _exact_bound(c.max if blocking("max") else None)
         except ValueError:
             return None
+        lo_excl, hi_excl = c.min_exclusive, c.max_exclusive
+        if c.type == "int32":  # its range flags what lies beyond, for check() to word
+            lowest, highest = INT_RANGES["int32"]
+            if lo is None or lo < lowest:
+                lo, lo_excl = float(lowest), False
+            if hi is None or hi > highest:
+                hi, hi_excl = float(highest), False
         min_len = c.min_length if c.min_length is not None and blocking("min_length") else -1
         max_len = c.max_length if c.max_length is not None and blocking("max_length") else -1
         regex = c.regex if blocking("regex") else None
@@ -275,8 +292,8 @@ def hot_plan(contract: Contract, features: list[str], required: frozenset[str]) 
             patterns.append(re.compile(regex))
         null_ok = (c.nullable or c.severity_of("nullable") == "warn") and c.name not in required
         columns.append(
-            (c.name, kind, c.name in required, null_ok, lo, c.min_exclusive, hi,
-             c.max_exclusive, allowed, min_len, max_len, feature, text)
+            (c.name, kind, c.name in required, null_ok, lo, lo_excl, hi, hi_excl, allowed,
+             min_len, max_len, feature, text)
         )  # fmt: skip
     if any(f not in [c[0] for c in columns] for f in features):
         return None

@@ -446,7 +446,11 @@ class Scorer:
         batch = _Batch(messages, [], [], [], [], [])
         for m, record, reason in zip(messages, records, reasons, strict=True):
             key = record.get(self.checker.key) if isinstance(record, dict) else None
-            if reason is not None:
+            if m.fields is not None:  # a Redis entry without a value field
+                names = ", ".join(orjson.loads(m.fields))
+                why = f"no 'value' field in the entry (its fields: {names})"
+                batch.dead.append(dead_letter(m.key, m.id, why, m.fields))
+            elif reason is not None:
                 batch.dead.append(dead_letter(key, m.id, reason, m.value))
             else:
                 batch.keys.append(key)
