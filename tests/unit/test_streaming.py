@@ -567,11 +567,11 @@ def test_scores_commit_the_same_bytes_with_or_without_c(monkeypatch: pytest.Monk
     from trainyard.streaming import engines
 
     batch = Scores(HOSTILE_KEYS, [f"9-{i}" for i in range(7)], [0.1] * 6 + [1e-7], [1] * 7, 4)
-    with_c = engines._pack_scores(batch)
+    with_c = engines.pack_scores(batch)
     monkeypatch.setattr(engines, "_hotpath", None)
-    assert engines._pack_scores(batch) == with_c == (7, _resp(batch.outputs()))
+    assert engines.pack_scores(batch) == with_c == (7, _resp(batch.outputs()))
     nan = Scores(["a"], ["1-0"], [float("nan")], [None], [5])
-    assert engines._pack_scores(nan)[1].endswith(
+    assert engines.pack_scores(nan)[1].endswith(
         b'"score":null,"class_id":null,"version":5,"source":"1-0"}\r\n'
     )
 

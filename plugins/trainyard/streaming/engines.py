@@ -422,7 +422,20 @@ class RedisStreams(StreamEngine):
         Raises:
             StreamError: If Redis refuses the batch (the records stay pending).
         """
-        n_scores, packed = _pack_scores(scores)
+        n_scores, packed = pack_scores(scores)
+        self.commit_packed(n_scores, packed, dead, done)
+
+    def commit_packed(
+        self, n_scores: int, packed: bytes, dead: Sequence[Output], done: Sequence[Message]
+    ) -> None:
+        """:meth:`commit` of ``n_scores`` outputs already packed.
+
+        ``packed`` is each output's key and document as RESP bulk strings, as
+        :func:`pack_scores` packs them.
+
+        Raises:
+            StreamError: If Redis refuses the batch (the records stay pending).
+        """
         args = [
             b"3", self.streams.output.encode(), self.streams.dead_letter.encode(),
             self.streams.input.encode(), self.streams.group.encode(),
@@ -547,7 +560,7 @@ def _pack_outputs(outputs: Sequence[Output]) -> bytes:
     )
 
 
-def _pack_scores(scores: ScoreOutputs) -> tuple[int, bytes]:
+def pack_scores(scores: ScoreOutputs) -> tuple[int, bytes]:
     """How many outputs, and their keys and documents as RESP bulk strings.
 
     A batch scored by one version goes through the C packer when it is built; it returns
