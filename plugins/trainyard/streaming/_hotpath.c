@@ -31,12 +31,12 @@
  *   {"id":<keys[i]>,"score":<scores[i]>,"class_id":<classes[i] or null>,
  *    "version":<version>,"source":<sources[i]>}
  *
- * byte for byte as scorer.encode_scores writes it: strings escaped as orjson escapes them
- * (", \, the short escapes \b \f \n \r \t, other control characters as \u00xx, everything
- * else verbatim UTF-8) and the score as repr(float) writes it. It returns None when a
- * score is not finite (the Python path writes null) or an argument is not of the types
- * above (lists of str, of float, of int or None; an int version), so the caller falls back
- * to the Python path for anything unusual. bulk_strings writes each text as a RESP bulk
+ * byte for byte as engines.encode_scores (and orjson.dumps) writes it: strings escaped as
+ * orjson escapes them (", \, the short escapes \b \f \n \r \t, other control characters
+ * as \u00xx, everything else verbatim UTF-8), and scores[i] the i-th number of the bytes
+ * `scores`, orjson.dumps of the batch's list of floats, copied as it is. It returns None
+ * when an argument is not of the types above (lists of str, of int or None; an int
+ * version), so the caller falls back to the Python path for anything unusual. bulk_strings writes each text as a RESP bulk
  * string (the entry ids a commit acknowledges).
  */
 #define PY_SSIZE_T_CLEAN
@@ -123,41 +123,6 @@ static inline void put_bulk_head(out_t *o, Py_ssize_t n) {
     o->buf[o->len++] = '\n';
 }
 
-static const double P10[] = {1e0, 1e1, 1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
-                             1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
-
-/* repr(d) into buf (room for 32) for the scores most models give: 0.0, whole numbers below
- * 1e15, and 1e-4 <= d < 1 with at most 15 significant digits; returns its length, or 0
- * when d is none of these (then PyOS_double_to_string writes it). For such d the shortest
- * decimal that reads back as d (what repr writes) is m / 10**k for the least k with an
- * integer m that does: m / 10**k, both exact doubles, is correctly rounded as strtod's
- * reading of the decimal is; d * 10**k is within m * 2**-52 < 0.25 of such an m, so
- * rounding it finds m; and below 1 with k <= 15 a step of 10**-k exceeds d's ulp, so at
- * most one m reads back and none is closer. */
-static int short_float_repr(double d, char *buf) {
-    if (d >= 0.0 && d < 1e15 && d == floor(d) && !(d == 0.0 && signbit(d))) {
-        out_t o = {buf, 0, 32};
-        put_int(&o, (long long)d);
-        memcpy(buf + o.len, ".0", 2);
-        return (int)o.len + 2;
-    }
-    if (!(d >= 1e-4 && d < 1.0)) return 0;
-    for (int k = 1; k <= 15; k++) {
-        double m = nearbyint(d * P10[k]);
-        if (m <= 0.0 || m / P10[k] != d) continue;
-        char digits[24];
-        int n = 0;
-        for (long long u = (long long)m; u; u /= 10) digits[n++] = (char)('0' + u % 10);
-        int len = 0;
-        buf[len++] = '0';
-        buf[len++] = '.';
-        for (int z = n; z < k; z++) buf[len++] = '0';
-        while (n) buf[len++] = digits[--n];
-        return len;
-    }
-    return 0;
-}
-
 static PyObject *finish(out_t *o) {
     PyObject *result = PyBytes_FromStringAndSize(o->buf, o->len);
     PyMem_Free(o->buf);
@@ -165,17 +130,21 @@ static PyObject *finish(out_t *o) {
 }
 
 static PyObject *scores_resp(PyObject *self, PyObject *args) {
-    PyObject *keys, *sources, *scores, *classes;
+    PyObject *keys, *sources, *classes;
+    const char *scores;
+    Py_ssize_t scores_len;
     long long version;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!L", &PyList_Type, &keys, &PyList_Type, &sources,
-                          &PyList_Type, &scores, &PyList_Type, &classes, &version))
+    if (!PyArg_ParseTuple(args, "O!O!y#O!L", &PyList_Type, &keys, &PyList_Type, &sources,
+                          &scores, &scores_len, &PyList_Type, &classes, &version))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (PyList_GET_SIZE(sources) != n || PyList_GET_SIZE(scores) != n ||
-        PyList_GET_SIZE(classes) != n) {
+    if (PyList_GET_SIZE(sources) != n || PyList_GET_SIZE(classes) != n) {
         PyErr_SetString(PyExc_ValueError, "scores_resp: the lists differ in length");
         return NULL;
     }
+    /* the scores' JSON array: its numbers (no commas inside any) are copied as they are */
+    const char *at = scores + 1, *end = scores + scores_len - 1;
+    if (scores_len < 2 || scores[0] != '[' || *end != ']') goto bad_scores;
     char version_text[32];
     int version_len = snprintf(version_text, sizeof version_text, "%lld", version);
     out_t o = {NULL, 0, 0};
@@ -183,12 +152,18 @@ static PyObject *scores_resp(PyObject *self, PyObject *args) {
     out_t doc = {NULL, 0, 0};
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i), *src = PyList_GET_ITEM(sources, i);
-        PyObject *score = PyList_GET_ITEM(scores, i), *cls = PyList_GET_ITEM(classes, i);
+        PyObject *cls = PyList_GET_ITEM(classes, i);
+        const char *comma = memchr(at, ',', (size_t)(end - at));
+        const char *score_end = comma ? comma : end;
+        Py_ssize_t rlen = score_end - at;
+        if (rlen == 0 || (comma == NULL) != (i == n - 1)) {
+            PyMem_Free(doc.buf);
+            PyMem_Free(o.buf);
+            goto bad_scores;
+        }
         if (!PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(src) ||
-            !PyFloat_CheckExact(score) || (cls != Py_None && !PyLong_CheckExact(cls)))
+            (cls != Py_None && !PyLong_CheckExact(cls)))
             goto fallback;
-        double s = PyFloat_AS_DOUBLE(score);
-        if (!isfinite(s)) goto fallback;
         long long c = 0;
         if (cls != Py_None) {
             int overflow;
@@ -205,23 +180,13 @@ static PyObject *scores_resp(PyObject *self, PyObject *args) {
             PyErr_Clear();
             goto fallback;
         }
-        char short_repr[32];
-        int rlen = short_float_repr(s, short_repr);
-        char *repr = rlen ? NULL : PyOS_double_to_string(s, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-        if (!rlen) {
-            if (repr == NULL) goto error;
-            rlen = (int)strlen(repr);
-        }
         doc.len = 0;
-        if (reserve(&doc, 6 * (klen + slen) + rlen + version_len + 96) < 0) {
-            PyMem_Free(repr);
-            goto error;
-        }
+        if (reserve(&doc, 6 * (klen + slen) + rlen + version_len + 96) < 0) goto error;
         put(&doc, "{\"id\":", 6);
         put_json_string(&doc, (const unsigned char *)k, klen);
         put(&doc, ",\"score\":", 9);
-        put(&doc, repr ? repr : short_repr, rlen);
-        PyMem_Free(repr);
+        put(&doc, at, rlen);
+        at = score_end + 1;
         put(&doc, ",\"class_id\":", 12);
         if (cls == Py_None)
             put(&doc, "null", 4);
@@ -240,8 +205,13 @@ static PyObject *scores_resp(PyObject *self, PyObject *args) {
         put(&o, doc.buf, doc.len);
         put(&o, "\r\n", 2);
     }
+    if (n == 0 && at != end) goto bad_scores;
     PyMem_Free(doc.buf);
     return finish(&o);
+bad_scores:
+    PyErr_SetString(PyExc_ValueError,
+                    "scores_resp: scores must be a JSON array of one number per key");
+    return NULL;
 fallback:
     PyMem_Free(doc.buf);
     PyMem_Free(o.buf);
