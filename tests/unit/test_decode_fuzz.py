@@ -13,14 +13,10 @@ out-of-bounds access, use after free or undefined behaviour.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+from sanitizer_support import run_sanitized, sanitized_build
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "plugins" / "trainyard" / "serving" / "_decode.c"
@@ -159,47 +155,10 @@ print(f"FUZZ cases={cases} accepted={accepted} printed={printed}")
 """
 
 
-def _sanitized_build(tmp: Path) -> Path:
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    assert cc, "a C compiler is required (the C modules are built by make)"
-    out = tmp / ("_decode" + str(sysconfig.get_config_var("EXT_SUFFIX")))
-    cmd = [
-        cc, "-O1", "-g", "-shared", "-fPIC", "-pthread", "-Wall",
-        "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-        "-fno-omit-frame-pointer", f"-I{sysconfig.get_paths()['include']}",
-        str(SOURCE), "-o", str(out),
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return out
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_c_parser_under_sanitizers_agrees_with_json(seed: int, tmp_path: Path) -> None:
-    if not sys.platform.startswith("linux"):
-        pytest.skip("AddressSanitizer preload is set up for Linux here")
-    module = _sanitized_build(tmp_path)
-    libasan = subprocess.run(
-        [shutil.which("gcc") or "gcc", "-print-file-name=libasan.so"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert Path(libasan).is_file(), "libasan is required for the sanitized build"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "plugins"),
-        # Python itself is not instrumented: ASan must come first, leaks are Python's
-        "LD_PRELOAD": libasan,
-        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:allocator_may_return_null=1",
-        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", FUZZ, str(module), str(seed), "12"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    module = sanitized_build(SOURCE, tmp_path)
+    out = run_sanitized(FUZZ, str(module), str(seed), "12")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("FUZZ"))
     fields = dict(kv.split("=") for kv in line.split()[1:])
