@@ -30,6 +30,26 @@ roles: {key: id, label: label, features: [a, b], num_classes: 2}
 split: {holdout_fraction: 0.2, by: id}
 """
 
+LOOSE_CONTRACT = """\
+dataset: loose
+version: 1.0.0
+owner: tests@example.com
+source: {format: jsonl}
+allow_extra_columns: true
+columns:
+  - {name: id, type: string, nullable: false, min_length: 2, max_length: 8, regex: "^t-"}
+  - {name: x, type: float32, nullable: false, min: -2, max: 9007199254740992, max_exclusive: true}
+  - {name: n, type: int64, nullable: false, min: 0, allowed_values: [0, 1, 2, 3]}
+  - {name: flag, type: bool, nullable: false}
+  - {name: day, type: timestamp, nullable: true, severity: {nullable: warn}}
+  - {name: y, type: int32, nullable: true}
+  - {name: w, type: int32, nullable: true, max: 10000000000}
+roles: {key: id, label: y, features: [x, n, flag], num_classes: 2}
+split: {holdout_fraction: 0.2, by: id}
+"""
+"""A contract that allows extra fields, with a rule of each kind the record checks take
+(lengths, a regex, bounds up to 2**53, allowed values, a bool feature, int32 columns)."""
+
 PIPELINE = """\
 name: events
 dataset: events

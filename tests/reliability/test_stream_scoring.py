@@ -382,11 +382,20 @@ def test_commit_writes_and_acknowledges_all_or_nothing(project) -> None:
         engine.close()
 
 
-def test_a_record_the_model_cannot_take_is_dead_lettered_and_the_rest_scored(project) -> None:
-    """Contract-valid values beyond float32, and a batch the server refuses, one by one."""
+def _in_process_scorer(project, streams: Streams):
+    """A scorer of the events contract on ``streams``, in this process (member ``s``)."""
     from trainyard.contracts import parse_contract_text
     from trainyard.streaming.records import RecordChecker
-    from trainyard.streaming.scorer import ModelEndpoint, Scorer, _Batch
+    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+
+    checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
+    endpoint = ModelEndpoint("127.0.0.1", project["port"], "events")
+    return Scorer(RedisStreams(project["url"], streams, consumer="s"), checker, endpoint)
+
+
+def test_a_record_the_model_cannot_take_is_dead_lettered_and_the_rest_scored(project) -> None:
+    """Contract-valid values beyond float32, and a batch the server refuses, one by one."""
+    from trainyard.streaming.scorer import _Batch
 
     streams = Streams("big.in", "big.out", "big.dead", "big-group")
     engine = RedisStreams(project["url"], streams, consumer="big")
@@ -398,9 +407,7 @@ def test_a_record_the_model_cannot_take_is_dead_lettered_and_the_rest_scored(pro
         b'{"id": "ev-9002", "a": 1.0, "b": -3.5e38}',
     ]
     engine.produce([(None, v) for v in records[:10] + huge + records[10:]])
-    checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
-    endpoint = ModelEndpoint("127.0.0.1", project["port"], "events")
-    scorer = Scorer(RedisStreams(project["url"], streams, consumer="s"), checker, endpoint)
+    scorer = _in_process_scorer(project, streams)
     try:
         stats = scorer.run(max_records=22, exit_when_idle_s=5)
         assert (stats.scored, stats.dead) == (20, 2)
@@ -440,10 +447,6 @@ def test_a_record_the_model_cannot_take_is_dead_lettered_and_the_rest_scored(pro
 def test_an_entry_without_a_value_field_is_dead_lettered_with_its_fields(project) -> None:
     """A producer that names the field otherwise: its entry's dead letter says so and keeps
     what it wrote (it used to read as "empty" with nothing kept), also when claimed."""
-    from trainyard.contracts import parse_contract_text
-    from trainyard.streaming.records import RecordChecker
-    from trainyard.streaming.scorer import ModelEndpoint, Scorer
-
     streams = Streams("nv.in", "nv.out", "nv.dead", "nv-group")
     engine = RedisStreams(project["url"], streams, consumer="nv")
     r = engine.r
@@ -453,9 +456,7 @@ def test_an_entry_without_a_value_field_is_dead_lettered_with_its_fields(project
     r.xadd("nv.in", {"id": "ev-7", "a": "3.5", "key": "k-7"})
     engine.produce([(None, v) for v in records[1:3]])
     r.xadd("nv.in", {"payload": b"\xff\xfe"})
-    checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
-    endpoint = ModelEndpoint("127.0.0.1", project["port"], "events")
-    scorer = Scorer(RedisStreams(project["url"], streams, consumer="s"), checker, endpoint)
+    scorer = _in_process_scorer(project, streams)
     try:
         stats = scorer.run(max_records=5, exit_when_idle_s=5)
         assert (stats.scored, stats.dead) == (2, 3)

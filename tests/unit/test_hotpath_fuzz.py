@@ -38,21 +38,7 @@ assert records._hotpath is module and engines._hotpath is module, "not the sanit
 rng = random.Random(int(sys.argv[2]))
 budget = float(sys.argv[3])
 root = Path(sys.argv[4])
-loose = '''dataset: loose
-version: 1.0.0
-owner: t@example.com
-source: {format: jsonl}
-allow_extra_columns: true
-columns:
-  - {name: id, type: string, nullable: false, min_length: 2, max_length: 8, regex: "^t-"}
-  - {name: x, type: float32, nullable: false, min: -2, max: 100, max_exclusive: true}
-  - {name: n, type: int64, nullable: false, min: 0, allowed_values: [0, 1, 2, 3]}
-  - {name: flag, type: bool, nullable: false}
-  - {name: w, type: int32, nullable: true}
-  - {name: y, type: int32, nullable: true}
-roles: {key: id, label: y, features: [x, n, flag], num_classes: 2}
-split: {holdout_fraction: 0.2, by: id}
-'''
+from stream_support import LOOSE_CONTRACT as loose
 path = root / "data_contracts" / "transactions.yaml"
 checkers = [
     (records.RecordChecker(parse_contract_text(path.read_text(), path)),

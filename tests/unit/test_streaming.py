@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from kubernetes import client as k
+from stream_support import LOOSE_CONTRACT
 
 from trainyard import k8s, native
 from trainyard.config import PipelineConfig
@@ -77,29 +78,6 @@ def test_record_rules(checker: RecordChecker, change: dict[str, Any], reason: st
     assert checker.check({**GOOD, **change}) == reason
 
 
-def test_check_batch_answers_as_check_does(checker: RecordChecker) -> None:
-    import random
-
-    rnd = random.Random(4)
-    pool = [None, True, 0, 1, 2, -1, 3.5, 23, 24, 0.0, 2e6, 95, 18, float("inf"), "x", "t-1"]
-    keys = ["txn_id", "amount", "hour", "customer_age", "merchant_category", "is_fraud", "zz"]
-    records: list[Any] = [GOOD, [1], "s", None]
-    for _ in range(3000):
-        r = dict(GOOD)
-        for _ in range(rnd.randint(0, 2)):
-            k = rnd.choice(keys)
-            if rnd.random() < 0.15:
-                r.pop(k, None)
-            else:
-                r[k] = rnd.choice([*pool, "fuel", "toys"])
-        records.append(r)
-    assert checker.check_batch(records) == [checker.check(r) for r in records]
-    raws = [orjson.dumps(GOOD), b"{oops", orjson.dumps({**GOOD, "hour": 99})]
-    recs, reasons = checker.parse_batch(raws)
-    assert reasons[0] is None and reasons[1].startswith("not JSON")
-    assert reasons[2] == "hour: 99 is above the maximum 23" and recs[0] == GOOD
-
-
 HOSTILE_VALUES: list[Any] = [
     None, True, False, 0, 1, 2, -1, 3.5, 3.0, -0.0, 23, 24, 0.0, 2e6, 95, 18, 1e39, -1e39,
     float("inf"), float("nan"), 2**53, 2**53 + 1, -(2**53) - 1, 2**63, 10**30, "x", "t-1", "",
@@ -128,23 +106,14 @@ def _hostile_records(good: dict[str, Any], keys: list[str], n: int) -> list[Any]
     return out
 
 
-EXTRA_OK = """\
-dataset: loose
-version: 1.0.0
-owner: tests@example.com
-source: {format: jsonl}
-allow_extra_columns: true
-columns:
-  - {name: id, type: string, nullable: false, min_length: 2, max_length: 8, regex: "^t-"}
-  - {name: x, type: float32, nullable: false, min: -2, max: 9007199254740992, max_exclusive: true}
-  - {name: n, type: int64, nullable: false, min: 0, allowed_values: [0, 1, 2, 3]}
-  - {name: flag, type: bool, nullable: false}
-  - {name: day, type: timestamp, nullable: true, severity: {nullable: warn}}
-  - {name: y, type: int32, nullable: true}
-  - {name: w, type: int32, nullable: true, max: 10000000000}
-roles: {key: id, label: y, features: [x, n, flag], num_classes: 2}
-split: {holdout_fraction: 0.2, by: id}
-"""
+def test_check_batch_answers_as_check_does(checker: RecordChecker) -> None:
+    keys = ["txn_id", "amount", "hour", "customer_age", "merchant_category", "is_fraud", "zz"]
+    records = _hostile_records(GOOD, keys, 3000)
+    assert checker.check_batch(records) == [checker.check(r) for r in records]
+    raws = [orjson.dumps(GOOD), b"{oops", orjson.dumps({**GOOD, "hour": 99})]
+    recs, reasons = checker.parse_batch(raws)
+    assert reasons[0] is None and reasons[1].startswith("not JSON")
+    assert reasons[2] == "hour: 99 is above the maximum 23" and recs[0] == GOOD
 
 
 @pytest.mark.parametrize("contract", ["transactions", "loose"])
@@ -153,7 +122,7 @@ def test_c_checker_answers_as_check_does(checker: RecordChecker, contract: str) 
     hostile value (bools, huge and non-integral numbers, NaN, nested values, subclasses)."""
     assert native.load("trainyard.streaming._hotpath") is not None, "make native"
     if contract == "loose":
-        checker = RecordChecker(parse_contract_text(EXTRA_OK, Path("loose.yaml")))
+        checker = RecordChecker(parse_contract_text(LOOSE_CONTRACT, Path("loose.yaml")))
         good = {"id": "t-1", "x": 0.5, "n": 1, "flag": True, "extra": [1]}
         keys = ["id", "x", "n", "flag", "day", "y", "w", "extra", "zz"]
     else:
@@ -176,7 +145,7 @@ def test_c_checker_answers_as_check_does(checker: RecordChecker, contract: str) 
 
 def test_c_checker_steps_aside_for_rules_it_does_not_take() -> None:
     """A bound beyond 2**53 keeps the contract's checks in Python, which still answer."""
-    text = EXTRA_OK.replace("max: 9007199254740992", "max: 9007199254740993")
+    text = LOOSE_CONTRACT.replace("max: 9007199254740992", "max: 9007199254740993")
     checker = RecordChecker(parse_contract_text(text, Path("loose.yaml")))
     assert checker._hot is None
     records = [{"id": "t-1", "x": 0.5, "n": 1, "flag": False}, {"id": "t-1", "x": 0.5, "n": 9}]

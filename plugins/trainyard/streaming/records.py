@@ -187,8 +187,10 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
                     flags |= (x <= lo) if col.min_exclusive else (x < lo)
                 if hi is not None:
                     flags |= (x >= hi) if col.max_exclusive else (x > hi)
-            if allowed is not None:
-                flags |= np.fromiter((v not in allowed for v in values), bool, len(values))
+            if allowed is not None:  # other types are flagged above (and may not hash)
+                flags |= np.fromiter(
+                    (type(v) in kinds and v not in allowed for v in values), bool, len(values)
+                )
             if not required:
                 flags &= np.fromiter((v is not missing for v in values), bool, len(values))
             return flags if flags.any() else None
