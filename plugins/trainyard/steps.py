@@ -622,7 +622,10 @@ def follow_registry(pipeline: str) -> str:
 
 
 def summary(
-    pipeline: str, run_id: str | None = None, results: dict[str, Any] | None = None
+    pipeline: str,
+    run_id: str | None = None,
+    results: dict[str, Any] | None = None,
+    log_it: bool = True,
 ) -> dict[str, Any]:
     """Record a run's results (``runs/<run>.json``, ``last_run.json``), or read the last.
 
@@ -630,6 +633,7 @@ def summary(
         pipeline: Pipeline name.
         run_id: The run; ``None`` returns the last recorded run.
         results: Each step's return value keyed by step name (missing when skipped).
+        log_it: Log the recorded summary (``run`` prints its last one instead).
 
     Returns:
         The record (written, or read back).
@@ -661,7 +665,8 @@ def summary(
         )
     atomic_write_json(layout.run_record(cfg.name, run_id), record)
     atomic_write_json(layout.last_run(cfg.name), record)
-    log.info("run summary:\n%s", format_summary(record))
+    if log_it:
+        log.info("run summary:\n%s", format_summary(record))
     return record
 
 
@@ -893,7 +898,7 @@ def run_all(
                     pipeline, version, pipeline, version, pipeline, version,
                 )  # fmt: skip
                 results["approve"] = {"approved": None, "by": None, "reason": "waiting"}
-        record = summary(pipeline, run_id, results)
+        record = summary(pipeline, run_id, results, log_it=not last)  # the CLI prints the last
     return record
 
 

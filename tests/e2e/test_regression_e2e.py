@@ -113,6 +113,7 @@ def test_a_regressor_trains_gates_on_rmse_and_serves_numbers(project: Project) -
     out = project.trainyard("run", "--pipeline", "diabetes", "--ds", DAY, timeout=1100)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "gate          promote" in out.stdout, out.stdout
+    assert "run summary:" not in out.stderr  # printed once, on stdout
     # the workers' streamed output says what they did, not what TensorFlow prints on
     # start-up; GX's INFO logging about itself is left out
     streamed = [line for line in out.stderr.splitlines() if "[worker:" in line]
