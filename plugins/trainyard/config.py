@@ -709,6 +709,28 @@ def owned_names(cfg: PipelineConfig) -> dict[tuple[str, ...], tuple[str, str]]:
     return out
 
 
+def read_streams(cfg: PipelineConfig) -> dict[tuple[str, ...], tuple[str, str]]:
+    """The streams ``cfg`` reads: field → (the name, what it is compared as).
+
+    The scorer's input and the trigger stream, as engine, server and name (the form of
+    :func:`owned_names`; a Kafka trigger's server is its Airflow connection).
+    """
+    out = {}
+    st = cfg.scoring.stream
+    if st is not None:
+        server = st.bootstrap_servers if st.engine == "kafka" else st.url or ""
+        out[("scoring", "stream", "input")] = (st.input, f"stream {st.engine} {server} {st.input}")
+    tr = cfg.trigger.stream
+    if tr is not None:
+        server = tr.url or "" if tr.engine == "redis" else tr.kafka_config_id or "kafka_default"
+        out[("trigger", "stream", "name")] = (tr.name, f"stream {tr.engine} {server} {tr.name}")
+    return out
+
+
+READ = "read "
+"""Prefix of :func:`name_owners`'s keys for streams a pipeline reads (the first reader)."""
+
+
 def has_models(pipeline: str) -> bool:
     """Whether the pipeline has registered a model version (it has run, maybe served)."""
     versions = get_settings().models_root / pipeline / "versions"
@@ -729,10 +751,14 @@ def name_owners(
         for keys, (value, key) in owned_names(cfg).items():
             claims.setdefault(key, []).append((cfg.name, keys, value))
     # the models volume is looked at only for a name claimed twice (DAG parsing reads it)
-    return {
+    owners = {
         key: min(them, key=lambda c: not has_models(c[0])) if len(them) > 1 else them[0]
         for key, them in claims.items()
     }
+    for cfg in sorted(cfgs, key=lambda c: c.name):
+        for keys, (value, key) in read_streams(cfg).items():
+            owners.setdefault(READ + key, (cfg.name, keys, value))
+    return owners
 
 
 def name_clashes(
@@ -740,10 +766,24 @@ def name_clashes(
 ) -> list[tuple[tuple[str, ...], str]]:
     """``(field, message)`` for each name of ``cfg`` another pipeline owns (:func:`name_owners`)."""
     out = []
+    own_reads = {key: keys for keys, (_, key) in read_streams(cfg).items()}
     for keys, (value, key) in owned_names(cfg).items():
         owner, owner_keys, owner_value = owners.get(key, (cfg.name, keys, value))
         if owner != cfg.name:
             out.append((keys, shared_name_message(value, owner, owner_keys, owner_value)))
+        elif keys[0] == "scoring" and (READ + key in owners or key in own_reads):
+            reader, reader_keys, _ = owners.get(READ + key) or (cfg.name, own_reads[key], value)
+            if reader == cfg.name and key in own_reads:
+                reader_keys = own_reads[key]
+            out.append(
+                (
+                    keys,
+                    f"{value!r} is the {'.'.join(reader_keys)} of pipeline {reader!r}: a "
+                    "stream a scorer writes must not be one a pipeline reads (its entries "
+                    "would be read as records or arrivals, and dead letters could go "
+                    "round between pipelines for ever)",
+                )
+            )
     return out
 
 

@@ -229,6 +229,40 @@ def test_two_pipelines_may_not_write_scores_to_one_stream(tmp_path: Path, monkey
     assert check({"input": "tx.in", "output": "copy.scores", "dead_letter": "copy.dead"}) == "ok"
     assert check({**same, "url": "redis://other:6379/0"}) == "ok"
     assert check_pipeline(folder / "transactions.yaml").name == "transactions"
+    # a cold user's two pipelines sent each other's dead letters back and forth: Redis
+    # grew to 713 MB in 10 s. A stream a scorer writes is never one a pipeline reads.
+    loop = {"input": "copy.in", "output": "copy.scores", "dead_letter": "tx.in"}
+    why = check(loop)
+    assert "scoring.stream.dead_letter: 'tx.in' is the scoring.stream.input of pipeline " in why
+    assert "'transactions': a stream a scorer writes must not be one a pipeline reads" in why
+    assert "scoring.stream.output: 'tx.in'" in check(
+        {**loop, "output": "tx.in", "dead_letter": "d"}
+    )
+    # ... the other way round the first pipeline is refused too
+    copy["scoring"] = {"stream": {"input": "copy.in", "output": "c.out", "dead_letter": "c.dead"}}
+    (folder / "tx_copy.yaml").write_text(yaml.safe_dump(copy))
+    base["scoring"] = {"stream": {**same, "dead_letter": "copy.in"}}
+    (folder / "transactions.yaml").write_text(yaml.safe_dump(base))
+    with pytest.raises(
+        ConfigError, match=re.escape("'copy.in' is the scoring.stream.input of pipeline 'tx_")
+    ):
+        check_pipeline(folder / "transactions.yaml")
+    # scores into a pipeline's trigger stream (its own too) would start runs
+    base["scoring"] = {"stream": same}
+    (folder / "transactions.yaml").write_text(yaml.safe_dump(base))
+    copy["trigger"] = {"stream": {"name": "c.out"}}
+    (folder / "tx_copy.yaml").write_text(yaml.safe_dump(copy))
+    with pytest.raises(
+        ConfigError, match=re.escape("'c.out' is the trigger.stream.name of pipeline 'tx_")
+    ):
+        check_pipeline(folder / "tx_copy.yaml")
+    copy["trigger"] = {"stream": {"name": "tx.scores"}}
+    (folder / "tx_copy.yaml").write_text(yaml.safe_dump(copy))
+    with pytest.raises(
+        ConfigError, match=re.escape("'tx.scores' is the trigger.stream.name of pipeline 'tx_")
+    ):
+        check_pipeline(folder / "transactions.yaml")
+    del copy["trigger"]
 
 
 def test_check_says_a_yml_file_is_ignored(tmp_path: Path, monkeypatch, capsys) -> None:
