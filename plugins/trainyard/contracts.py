@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -279,16 +280,107 @@ def _schema_errors(raw: Any, where: _Where) -> list[str]:
     return out
 
 
+INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+"""The values an integer column holds."""
+
+
 def _value_fits(value: Any, type_: str) -> bool:
     if type_ == "string":
         return isinstance(value, str)
     if type_ == "bool":
         return isinstance(value, bool)
-    if type_ in ("int32", "int64"):
-        return isinstance(value, int) and not isinstance(value, bool)
+    if type_ in INT_RANGES:
+        lowest, highest = INT_RANGES[type_]
+        return isinstance(value, int) and not isinstance(value, bool) and lowest <= value <= highest
     if type_ in ("float32", "float64"):
-        return isinstance(value, int | float) and not isinstance(value, bool)
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
     return False
+
+
+def nested_repetition(pattern: str) -> bool:
+    """Whether a repeated group of ``pattern`` itself holds an unbounded repeat.
+
+    Such a group (``(a+)+``, ``([a-z]+,)*``) can make Python's backtracking matcher take
+    exponential time on a value that almost matches: a record could stall the scorer and
+    validation. Possessive repeats (``a++``) and atomic groups (``(?>...)``) give nothing
+    back to backtrack into, so a repeat inside them does not count.
+    """
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser  # type: ignore[attr-defined]
+
+    repeats = (c.MAX_REPEAT, c.MIN_REPEAT)
+
+    def items(seq: Any) -> Any:
+        for op, av in seq:
+            yield op, av
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+                yield from items(av[2])
+            elif op == c.SUBPATTERN:
+                yield from items(av[3])
+            elif op == c.ATOMIC_GROUP:
+                yield from items(av)
+            elif op == c.BRANCH:
+                for branch in av[1]:
+                    yield from items(branch)
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                yield from items(av[1])
+
+    def unbounded_inside(seq: Any) -> bool:
+        for op, av in seq:
+            if op in repeats and av[1] == c.MAXREPEAT:
+                return True
+            if op == c.SUBPATTERN and unbounded_inside(av[3]):
+                return True
+            if op == c.BRANCH and any(unbounded_inside(b) for b in av[1]):
+                return True
+        return False
+
+    return any(
+        op in repeats and av[1] > 1 and unbounded_inside(av[2])
+        for op, av in items(_parser.parse(pattern))
+    )
+
+
+def _empty_range(col: dict[str, Any], type_: str, at: list[Any], where: _Where) -> list[str]:
+    """The error when no value (no integer, for an integer column) lies within the bounds."""
+    lo, hi = col.get("min"), col.get("max")
+    if not (_value_fits(lo, "float64") and _value_fits(hi, "float64")):
+        return []
+    lo_ex, hi_ex = col.get("min_exclusive", False), col.get("max_exclusive", False)
+    if lo > hi:
+        return [where([*at, "min"], f"min {lo} is greater than max {hi}")]
+    if type_ in INT_RANGES:
+        first = math.floor(lo) + 1 if lo_ex else math.ceil(lo)
+        last = math.ceil(hi) - 1 if hi_ex else math.floor(hi)
+        empty = first > last
+    else:
+        empty = lo == hi and (lo_ex or hi_ex)
+    if empty:
+        kind = "integer" if type_ in INT_RANGES else "value"
+        return [where([*at, "min"], f"no {kind} lies between min {lo} and max {hi} as given")]
+    return []
+
+
+def _breaks_rules(value: Any, col: dict[str, Any]) -> str | None:
+    """Why an allowed value fails the column's own bounds, lengths or regex, or None."""
+    if isinstance(value, str):
+        if "min_length" in col and len(value) < col["min_length"]:
+            return f"is shorter than min_length {col['min_length']}"
+        if "max_length" in col and len(value) > col["max_length"]:
+            return f"is longer than max_length {col['max_length']}"
+        if "regex" in col and not re.search(col["regex"], value):
+            return f"does not match the regex {col['regex']!r}"
+        return None
+    if isinstance(value, bool):
+        return None
+    lo, hi = col.get("min"), col.get("max")
+    if lo is not None and (value <= lo if col.get("min_exclusive") else value < lo):
+        return f"is below min {lo}"
+    if hi is not None and (value >= hi if col.get("max_exclusive") else value > hi):
+        return f"is above max {hi}"
+    return None
 
 
 def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> list[str]:
@@ -308,10 +400,14 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
                     where([*at, rule], f"{rule} needs a numeric column, {name!r} is {type_}")
                 )
         for flag, rule in (("min_exclusive", "min"), ("max_exclusive", "max")):
-            if col.get(flag) and rule not in col:
+            if flag in col and rule not in col:
                 errs.append(where([*at, flag], f"{flag} needs {rule}"))
-        if "min" in col and "max" in col and col["min"] > col["max"]:
-            errs.append(where([*at, "min"], f"min {col['min']} is greater than max {col['max']}"))
+        for rule in ("min", "max"):
+            if rule in col and not _value_fits(col[rule], "float64"):
+                errs.append(
+                    where([*at, rule], f"{rule} must be a finite number, got {col[rule]!r}")
+                )
+        errs += _empty_range(col, type_, at, where)
         for rule in ("regex", "min_length", "max_length"):
             if rule in col and type_ != "string":
                 errs.append(
@@ -322,11 +418,24 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
         if "regex" in col:
             try:
                 re.compile(col["regex"])
+                nested = nested_repetition(col["regex"])
             except re.error as e:
                 errs.append(where([*at, "regex"], f"invalid regular expression: {e}"))
+            else:
+                if nested:
+                    errs.append(
+                        where(
+                            [*at, "regex"],
+                            "a repeated group holds a repeat: a value that almost matches "
+                            "can take exponential time; make the inner repeat possessive "
+                            "(a++) or the group atomic ((?>...))",
+                        )
+                    )
         for j, value in enumerate(col.get("allowed_values", [])):
             if not _value_fits(value, type_):
                 errs.append(where([*at, "allowed_values", j], f"{value!r} is not a {type_} value"))
+            elif (why := _breaks_rules(value, col)) is not None:
+                errs.append(where([*at, "allowed_values", j], f"{value!r} {why}"))
         if col.get("all_values_present") and "allowed_values" not in col:
             errs.append(where([*at, "all_values_present"], "needs allowed_values"))
         if col.get("unique") and type_ in ("float32", "float64"):

@@ -154,6 +154,48 @@ def test_c_checker_steps_aside_for_rules_it_does_not_take() -> None:
     assert inputs["x"].tolist() == [0.5]
 
 
+def test_records_json_refuses_are_read_leniently_to_name_the_field(
+    checker: RecordChecker,
+) -> None:
+    """NaN and Infinity (what Python's json writes by default) and numbers beyond float64
+    name the field and keep the id; what the scorer could not write back stays refused."""
+    head = b'{"txn_id":"t-1","hour":3,"customer_age":40,'
+    raws = [
+        head + b'"amount":NaN}',
+        head + b'"amount":-Infinity}',
+        head + b'"amount":1e999999}',
+        head + b'"amount":1' + b"0" * 400 + b"}",  # an int beyond 64 bits
+        b'{"txn_id":"\\ud800","amount":NaN}',  # a lone surrogate
+        b'{"txn_id":"t-4","amount":5,"hour":3,"customer_age":-9223372036854775809}',
+        b"{nope",
+    ]
+    records, reasons, inputs = checker.parse_inputs(raws)
+    assert reasons[:3] == [
+        "amount: expected a finite number, got nan",
+        "amount: expected a finite number, got -inf",
+        "amount: expected a finite number, got inf",
+    ]
+    assert records[0]["txn_id"] == "t-1"
+    assert reasons[3].startswith("not JSON: number is infinity when parsed as double")
+    assert reasons[4].startswith("not JSON: ") and records[4] is None
+    # beyond int64 orjson reads a float, which rounds to -2**63: not taken as an integer
+    assert reasons[5] == (
+        "customer_age: -9.223372036854776e+18 is not an exact integer (a float beyond 2**53)"
+    )
+    assert reasons[6].startswith("not JSON: unexpected character")
+    assert all(len(c) == 0 for c in inputs.values())
+
+
+def test_a_cut_dead_letter_says_how_big_the_record_was() -> None:
+    from trainyard.streaming.scorer import MAX_DEAD_VALUE_BYTES, dead_letter
+
+    big = b'{"id": "' + b"x" * 100_000 + b'"}'
+    doc = orjson.loads(dead_letter(None, "1-0", "id: longer than 32 characters", big).value)
+    assert len(doc["value"]) == MAX_DEAD_VALUE_BYTES and doc["value_bytes"] == len(big)
+    small = orjson.loads(dead_letter("k", "1-0", "why", b"{}").value)
+    assert small == {"id": "k", "source": "1-0", "reason": "why", "value": "{}"}
+
+
 def test_record_shape(checker: RecordChecker) -> None:
     missing = {k: v for k, v in GOOD.items() if k != "hour"}
     assert checker.check(missing) == "hour: missing (the key and every feature are required)"

@@ -20,12 +20,10 @@ import numpy as np
 import orjson
 
 from trainyard import native
-from trainyard.contracts import Column, Contract, feature_spec
+from trainyard.contracts import INT_RANGES, Column, Contract, feature_spec
 from trainyard.errors import ConfigError
 
 Check = Callable[[Any], str | None]
-INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
-"""The values an integer column holds."""
 _hotpath = native.load("trainyard.streaming._hotpath")
 EXACT_INT = 2**53
 """Integers up to this are exact doubles (a bound beyond it keeps a contract in Python)."""
@@ -46,6 +44,8 @@ def _type_check(col: Column) -> Check:
                 return f"expected an integer, got {show_value(v)}"
             if not lowest <= v <= highest:
                 return f"{show_value(v)} is outside the {col.type} range"
+            if not integral and abs(v) > EXACT_INT:  # 2**64 and beyond arrive as floats
+                return f"{show_value(v)} is not an exact integer (a float beyond 2**53)"
             return None
 
     elif col.type in ("float32", "float64"):
@@ -231,6 +231,23 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
     return strings
 
 
+def _lenient(raw: bytes) -> Any:
+    """``raw`` read by Python's ``json`` (it takes NaN, Infinity, numbers beyond float64).
+
+    Returns:
+        The record, or None when it is not JSON even so, or holds what orjson cannot
+        write back (lone surrogates, integers beyond 64 bits) and so the scorer could not.
+    """
+    import json
+
+    try:
+        record = json.loads(raw)
+        orjson.dumps(record)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return record
+
+
 def _passing(records: list[Any], reasons: list[str | None]) -> list[Any]:
     return [r for r, why in zip(records, reasons, strict=True) if why is None]
 
@@ -402,15 +419,23 @@ class RecordChecker:
 
     @staticmethod
     def _decode(raws: list[bytes]) -> tuple[list[Any], dict[int, str]]:
-        """Each record decoded (None if it is not JSON), and why those are not."""
+        """Each record decoded (None if it is not JSON), and why those are not.
+
+        A record orjson refuses for ``NaN``, ``Infinity`` or a number beyond float64, as
+        Python's ``json`` writes them by default, is read by ``json`` instead, so that the
+        check names the field (``amount: expected a finite number, got nan``); anything
+        else orjson refuses stays refused with its message.
+        """
         records: list[Any] = []
         errors: dict[int, str] = {}
         for i, raw in enumerate(raws):
             try:
                 records.append(orjson.loads(raw))
             except orjson.JSONDecodeError as e:
-                records.append(None)
-                errors[i] = "empty: no record in the entry" if not raw else f"not JSON: {e}"
+                lenient = _lenient(raw)
+                records.append(lenient)
+                if lenient is None:
+                    errors[i] = "empty: no record in the entry" if not raw else f"not JSON: {e}"
         return records, errors
 
     def parse_batch(self, raws: list[bytes]) -> tuple[list[Any], list[str | None]]:

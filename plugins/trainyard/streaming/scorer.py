@@ -302,6 +302,8 @@ def dead_letter(key: Any, source: str, reason: str, value: bytes | None) -> Outp
     doc = {"id": key if usable else None, "source": source, "reason": reason}
     if value is not None:
         doc["value"] = value[:MAX_DEAD_VALUE_BYTES].decode("utf-8", "replace")
+        if len(value) > MAX_DEAD_VALUE_BYTES:  # cut: its size says so
+            doc["value_bytes"] = len(value)
     return Output.of(key if usable else source, doc)
 
 
