@@ -15,7 +15,8 @@
  *
  * check_rows over-approximates records.RecordChecker.check: it flags (suspect[i] = 1)
  * every record check() might refuse, and some it accepts (an integer of 2**53 or more,
- * a value of an unexpected Python type), and never passes one it refuses; the caller asks check() about the flagged ones, which words the reason.
+ * a value of an unexpected Python type), and never passes one it refuses; the caller
+ * asks check() about the flagged ones, which words the reason.
  * columns is a tuple per contract column: (name, kind, required, null_ok, lo, lo_excl,
  * hi, hi_excl, allowed, min_len, max_len, feature, text), kind 0 a string, 1 an integer,
  * 2 a number, 3 a bool; lo and hi floats or None (bounds exactly representable as
@@ -36,8 +37,10 @@
  * as \u00xx, everything else verbatim UTF-8), and scores[i] the i-th number of the bytes
  * `scores`, orjson.dumps of the batch's list of floats, copied as it is. It returns None
  * when an argument is not of the types above (lists of str, of int or None; an int
- * version), so the caller falls back to the Python path for anything unusual. bulk_strings writes each text as a RESP bulk
- * string (the entry ids a commit acknowledges).
+ * version), so the caller falls back to the Python path for anything unusual.
+ *
+ * bulk_strings writes each text as a RESP bulk string (the entry ids a commit
+ * acknowledges).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

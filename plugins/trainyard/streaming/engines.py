@@ -287,6 +287,32 @@ def _entry_message(entry_id: bytes | str, fields: list[bytes]) -> Message:
     )  # fmt: skip
 
 
+def _pack_outputs(outputs: Sequence[Output]) -> bytes:
+    """Each output's key and value as RESP bulk strings."""
+    return b"".join(
+        b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(k), k, len(o.value), o.value)
+        for k, o in ((o.key.encode(), o) for o in outputs)
+    )
+
+
+def pack_scores(scores: ScoreOutputs) -> tuple[int, bytes]:
+    """How many outputs, and their keys and documents as RESP bulk strings.
+
+    A batch scored by one version goes through the C packer when it is built (its scores
+    formatted by one ``orjson.dumps``); anything the packer does not take (types other
+    than the plain ones) is packed by the Python path, to the same bytes.
+    """
+    if _hotpath is not None and isinstance(scores, Scores) and isinstance(scores.versions, int):
+        s = scores
+        if set(map(type, s.scores)) <= {float}:
+            texts = orjson.dumps(s.scores)
+            packed = _hotpath.scores_resp(s.keys, s.sources, texts, s.classes, s.versions)
+            if packed is not None:
+                return len(s), packed
+    outputs = outputs_of(scores)
+    return len(outputs), _pack_outputs(outputs)
+
+
 class RedisStreams(StreamEngine):
     """Redis Streams through redis-py (hiredis parser)."""
 
@@ -555,32 +581,6 @@ class RedisStreams(StreamEngine):
 
 
 # --------------------------------------------------------------------------- Kafka
-
-
-def _pack_outputs(outputs: Sequence[Output]) -> bytes:
-    """Each output's key and value as RESP bulk strings."""
-    return b"".join(
-        b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(k), k, len(o.value), o.value)
-        for k, o in ((o.key.encode(), o) for o in outputs)
-    )
-
-
-def pack_scores(scores: ScoreOutputs) -> tuple[int, bytes]:
-    """How many outputs, and their keys and documents as RESP bulk strings.
-
-    A batch scored by one version goes through the C packer when it is built (its scores
-    formatted by one ``orjson.dumps``); it returns None (and the Python path decides) for
-    anything but plain types.
-    """
-    if _hotpath is not None and isinstance(scores, Scores) and isinstance(scores.versions, int):
-        s = scores
-        if set(map(type, s.scores)) <= {float}:
-            texts = orjson.dumps(s.scores)
-            packed = _hotpath.scores_resp(s.keys, s.sources, texts, s.classes, s.versions)
-            if packed is not None:
-                return len(s), packed
-    outputs = outputs_of(scores)
-    return len(outputs), _pack_outputs(outputs)
 
 
 def kafka_consumer_config(bootstrap: str, group: str, client_id: str) -> dict[str, Any]:

@@ -411,11 +411,8 @@ class RecordChecker:
 
     def parse(self, raw: bytes) -> tuple[Any, str | None]:
         """Decode one record's bytes and check it: ``(record, reason or None)``."""
-        try:
-            record = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            return None, "empty: no record in the entry" if not raw else f"not JSON: {e}"
-        return record, self.check(record)
+        (record,), reasons = self.parse_batch([raw])
+        return record, reasons[0]
 
     @staticmethod
     def _decode(raws: list[bytes]) -> tuple[list[Any], dict[int, str]]:
