@@ -1,8 +1,9 @@
 """Build a C module of trainyard with AddressSanitizer and UBSan, and run Python on it.
 
-Python itself is not instrumented, so ASan's runtime is preloaded; leaks are Python's and
-not reported. Any out-of-bounds access, use after free or undefined behaviour aborts the
-child process.
+Python itself is not instrumented, so ASan's runtime is preloaded, and Python takes every
+object from malloc (not its own pools), so that a read past a small bytes object is
+caught too; leaks are Python's and not reported. Any out-of-bounds access, use after
+free or undefined behaviour aborts the child process.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def run_sanitized(code: str, *args: str, timeout: float = 300) -> subprocess.Com
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT / "tests")]),
         "LD_PRELOAD": libasan,
+        # every object from malloc, so that ASan sees the bounds of small ones too
+        "PYTHONMALLOC": "malloc",
         "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:allocator_may_return_null=1",
         "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
     }

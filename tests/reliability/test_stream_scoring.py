@@ -638,3 +638,111 @@ def test_the_status_file_says_why_a_scorer_keeps_failing(project, tmp_path: Path
     finally:
         r.delete("st.in", "st.out", "st.dead")
         engine.close()
+
+
+def test_a_slow_server_does_not_make_the_scorer_claim_its_own_batches(project) -> None:
+    """Batches at a server slower than ``claim_idle_s`` are idle pending entries of the
+    scorer itself: its claims must leave them alone, or each would be scored twice."""
+    import http.server
+    import threading
+
+    from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.records import RecordChecker
+    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+
+    class SlowProxy(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _forward(self, method: str) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if method == "POST":
+                time.sleep(0.6)  # three times claim_idle_s
+            with ServingClient("127.0.0.1", project["port"]) as c:
+                status, data = c.request(method, self.path, body if method == "POST" else None)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._forward("GET")
+
+        def do_POST(self) -> None:
+            self._forward("POST")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowProxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    streams = Streams("slow.in", "slow.out", "slow.dead", "slow-group")
+    engine = RedisStreams(project["url"], streams, consumer="producer")
+    r = engine.r
+    r.delete("slow.in", "slow.out", "slow.dead")
+    records, _ = make_records(1000, seed=11)
+    engine.produce([(None, v) for v in records])
+    checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
+    endpoint = ModelEndpoint("127.0.0.1", proxy.server_address[1], "events")
+    scorer = Scorer(
+        RedisStreams(project["url"], streams, consumer="s"), checker, endpoint,
+        batch_size=128, claim_idle_s=0.2,
+    )  # fmt: skip
+    try:
+        stats = scorer.run(max_records=1000, exit_when_idle_s=5)
+        assert (stats.scored, stats.dead, stats.claimed) == (1000, 0, 0)
+        ids = [s["id"] for s in _entries(r, "slow.out")]
+        assert len(ids) == len(set(ids)) == 1000
+        assert r.xpending("slow.in", "slow-group")["pending"] == 0
+    finally:
+        proxy.shutdown()
+        scorer.engine.close()
+        r.delete("slow.in", "slow.out", "slow.dead")
+        engine.close()
+
+
+def test_reads_are_the_same_with_or_without_the_c_reader(project, monkeypatch) -> None:
+    """The C reader of ``XREADGROUP`` replies and hiredis with the Python path give the
+    same Messages for every entry a real Redis sends: plain ones with hostile bytes, a
+    keyed one, one without a value field, and nothing (BLOCK runs out)."""
+    import types
+
+    from trainyard.streaming import engines
+
+    r = RedisStreams(project["url"], STREAMS, consumer="producer").r
+    r.delete("rd.in")
+    values = [b"", b"\r\n", b"$5\r\nvalue\r\n*-1\r\n", bytes(range(256)), b"{}" * 600]
+    for i in range(40):
+        r.xadd("rd.in", {"value": values[i % len(values)]})
+    r.xadd("rd.in", {"key": "k-1", "value": b"v"})
+    r.xadd("rd.in", {"data": "x"})
+    for i in range(30):
+        r.xadd("rd.in", {"value": b'{"id": "ev-%d"}' % i})
+    calls = []
+    hot = engines._hotpath
+    assert hot is not None, "make native"
+
+    def stream_reply(data, cls):
+        calls.append(got := hot.stream_reply(data, cls))
+        return got
+
+    monkeypatch.setattr(engines, "_hotpath", types.SimpleNamespace(
+        stream_reply=stream_reply, bulk_strings=hot.bulk_strings,
+    ))  # fmt: skip
+
+    def read_all(group: str) -> list[list]:
+        engine = RedisStreams(project["url"], Streams("rd.in", "x", "y", group), consumer="c")
+        try:
+            return [engine.read(16, 10) for _ in range(6)]
+        finally:
+            engine.close()
+
+    try:
+        fast = read_all("rd-fast")
+        assert any(isinstance(c, tuple) for c in calls) and False in calls
+        monkeypatch.setattr(engines, "_hotpath", None)
+        assert read_all("rd-python") == fast
+        assert [len(b) for b in fast] == [16, 16, 16, 16, 8, 0]
+        assert fast[2][8].key == "k-1" and fast[2][9].fields is not None
+    finally:
+        r.delete("rd.in")

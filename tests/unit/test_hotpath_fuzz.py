@@ -5,8 +5,9 @@ non-integral numbers, NaN, nested values, wrong types, missing and unknown field
 dict subclasses, non-dicts) are checked by ``check_parsed`` on two contracts and must get
 ``check``'s reasons and ``columns``' inputs exactly; random score batches (hostile keys,
 every float, classes of every size) must pack to the Python path's bytes, and mangled
-score arrays must be refused with ValueError; random reply entries must become the
-Python path's Messages or be left to it. The sanitizers abort the process on any
+score arrays must be refused with ValueError; random XREADGROUP replies, cut and
+mangled, must read as hiredis and the Python path read them, or ask for more bytes
+exactly when hiredis does, or be left to them. The sanitizers abort the process on any
 out-of-bounds access, use after free or undefined behaviour.
 """
 
@@ -22,7 +23,7 @@ SOURCE = ROOT / "plugins" / "trainyard" / "streaming" / "_hotpath.c"
 FUZZ = r"""
 import importlib.machinery, importlib.util, random, sys, time
 from pathlib import Path
-import numpy as np, orjson
+import hiredis, numpy as np, orjson
 
 name = "trainyard.streaming._hotpath"
 spec = importlib.util.spec_from_file_location(
@@ -103,6 +104,25 @@ def mangle(b):
     return bytes(b)
 
 
+def resp_reply(x):
+    if x is None:
+        return b"*-1\r\n"
+    if isinstance(x, list):
+        return b"*%d\r\n" % len(x) + b"".join(map(resp_reply, x))
+    return b"$%d\r\n%b\r\n" % (len(x), x)
+
+
+def mangle_resp(b):
+    b = bytearray(b)
+    for _ in range(rng.randrange(1, 4)):
+        i = rng.randrange(len(b) + 1)
+        if rng.random() < 0.5 and b:
+            b[min(i, len(b) - 1)] = rng.randrange(256)
+        else:
+            b[i:i] = rng.choice([b"\r", b"\n", b"$", b"*", b"9", b"-1", b"\x00", b"0" * 17])
+    return bytes(b)
+
+
 deadline = time.monotonic() + budget
 checked = packed = refused = entries = 0
 while time.monotonic() < deadline:
@@ -137,12 +157,29 @@ while time.monotonic() < deadline:
            for i in range(rng.randrange(50))]
     if raw and rng.random() < 0.3:
         raw[rng.randrange(len(raw))] = rng.choice([
-            [b"1-0", [b"key", b"k", b"value", b"v"]], [b"1-0", None], [b"1-0"], "x",
-            [b"1-0", [b"value"]], [b"1-0", [b"valu", b"v"]], [1, [b"value", b"v"]],
+            [b"1-0", [b"key", b"k", b"value", b"v"]], [b"1-0", None], [b"1-0"], b"x",
+            [b"1-0", [b"value"]], [b"1-0", [b"valu", b"v"]], [b"1-\xff", [b"value", b"v"]],
         ])
-    got = module.messages(raw, engines.Message)
-    if got is not None:
-        assert got == [engines.Message(e.decode(), f[1]) for e, f in raw]
+    data = resp_reply(rng.choice([[[b"in", raw]], None, [[b"in", raw], [b"in2", raw]]]))
+    if rng.random() < 0.5:
+        data = mangle_resp(data) if rng.random() < 0.5 else data[: rng.randrange(len(data) + 1)]
+    got = module.stream_reply(data, engines.Message)
+    reader = hiredis.Reader()
+    reader.feed(data)
+    try:
+        parsed = reader.gets()
+    except hiredis.ProtocolError:
+        parsed = "refused"
+    if got is None:
+        assert parsed is False, data
+    elif got is not False:
+        messages, end = got
+        reader = hiredis.Reader()
+        reader.feed(data[:end])
+        parsed = reader.gets()
+        read = [] if parsed is None else parsed[0][1]
+        want = [engines.Message(e.decode(), f[1]) for e, f in read]
+        assert messages == want and reader.gets() is False, data
     entries += len(raw)
 print(f"FUZZ checked={checked} packed={packed} refused={refused} entries={entries}")
 """

@@ -539,27 +539,57 @@ def test_c_packer_refuses_scores_that_are_not_one_per_key(scores: bytes) -> None
         encode.scores_resp(["a", "b"], ["1-0"], b"[0.1,0.2]", [0, 1], 3)
 
 
-def test_c_messages_are_the_engines_messages() -> None:
-    """Plain entries become Message tuples equal to the Python path's; anything else
-    (a key field, another field, a deleted entry, odd types) is left to Python (None)."""
+def resp_reply(x: Any) -> bytes:
+    """``x`` (nested lists of bytes, None for nil) as Redis writes a RESP2 reply."""
+    if x is None:
+        return b"*-1\r\n"
+    if isinstance(x, list):
+        return b"*%d\r\n" % len(x) + b"".join(map(resp_reply, x))
+    return b"$%d\r\n%b\r\n" % (len(x), x)
+
+
+VALUES = [b"", b"\r\n", b"$5\r\nvalue\r\n*-1\r\n", bytes(range(256)), b"{}" * 600, "ü".encode()]
+
+
+def test_c_stream_reply_reads_what_hiredis_reads() -> None:
+    """An XREADGROUP reply of plain entries, read from the socket's bytes, is the Messages
+    hiredis and the Python path make of it; a cut reply asks for more (None); anything
+    else (an error, keyed or odd entries, two streams) is left to hiredis (False)."""
+    import hiredis
+
     hotpath = native.load("trainyard.streaming._hotpath")
     assert hotpath is not None, "make native"
-    entries = [[b"1795-%d" % i, [b"value", b"{}" * i]] for i in range(300)]
-    got = hotpath.messages(entries, Message)
-    assert got == [Message(e.decode(), f[1]) for e, f in entries]
-    assert all(type(m) is Message and m.key is None and m.offset is None for m in got)
-    assert hotpath.messages([], Message) == []
+    entries = [[b"1795-%d" % i, [b"value", VALUES[i % len(VALUES)]]] for i in range(300)]
+    data = resp_reply([[b"events.in", entries]])
+    reader = hiredis.Reader()
+    reader.feed(data)
+    want = [Message(e.decode(), f[1]) for e, f in reader.gets()[0][1]]
+    got, end = hotpath.stream_reply(data, Message)
+    assert (got, end) == (want, len(data))
+    assert all(type(m) is Message and m.key is None and m.fields is None for m in got)
+    assert hotpath.stream_reply(bytearray(data), Message) == (want, len(data))
+    assert hotpath.stream_reply(data + b"+OK\r\n", Message) == (want, len(data))
+    cuts = [*range(0, 200), *range(200, len(data), 89), len(data) - 2, len(data) - 1]
+    assert all(hotpath.stream_reply(data[:i], Message) is None for i in cuts)
+    assert hotpath.stream_reply(b"*-1\r\n", Message) == ([], 5)
+    empty = resp_reply([[b"in", []]])
+    assert hotpath.stream_reply(empty, Message) == ([], len(empty))
+    plain = entries[:3]
     for odd in (
-        [b"1-0", [b"key", b"k", b"value", b"v"]],
-        [b"1-0", [b"valuE", b"v"]],
-        [b"1-0", None],
-        [b"1-0", [b"value", "v"]],
-        ["1-0", [b"value", b"v"]],
-        [b"1-0"],
+        [[b"in", [*plain, [b"1-0", [b"key", b"k", b"value", b"v"]]]]],
+        [[b"in", [*plain, [b"1-0", [b"valuE", b"v"]]]]],
+        [[b"in", [*plain, [b"1-0", None]]]],  # deleted while pending
+        [[b"in", [*plain, [b"1-0", [b"value"]]]]],
+        [[b"in", [*plain, ["1-ü".encode(), [b"value", b"v"]]]]],
+        [[b"in", plain], [b"other", plain]],
+        [[b"in", plain, b"x"]],
+        [],
     ):
-        assert hotpath.messages([*entries[:3], odd], Message) is None, odd
+        assert hotpath.stream_reply(resp_reply(odd), Message) is False, odd
+    for odd in (b"-NOGROUP No such key\r\n", b"*1\r\n*2\r\n$2\r\nin\r\n*x\r\n", b"+OK\r\n"):
+        assert hotpath.stream_reply(odd, Message) is False, odd
     with pytest.raises(TypeError):
-        hotpath.messages(entries, dict)
+        hotpath.stream_reply(data, dict)
 
 
 def test_scores_commit_the_same_bytes_with_or_without_c(monkeypatch: pytest.MonkeyPatch) -> None:

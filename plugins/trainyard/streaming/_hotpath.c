@@ -6,12 +6,14 @@
  *       -> (suspect: bytearray, features: list[bytearray], texts: list[list])
  *   scores_resp(keys, sources, scores, classes, version) -> bytes | None
  *   bulk_strings(texts) -> bytes
- *   messages(entries, cls) -> list | None
+ *   stream_reply(data, cls) -> (list, end) | None | False
  *
- * messages turns the entries of an XREADGROUP reply as hiredis parses them ([id, [field,
- * value, ...]] each) into cls(id, value, None, ...) tuples (cls a namedtuple of at least
- * two fields: engines.Message), or returns None when an entry is not exactly
- * [id, [b"value", value]] (the Python path reads keyed and odd entries).
+ * stream_reply reads the XREADGROUP reply (RESP2) at the start of the bytes data, as the
+ * socket gave them, into cls(id, value, None, ...) tuples (cls a namedtuple of at least
+ * two fields: engines.Message), and where the reply ends. It returns None when data ends
+ * before the reply does (read more), and False when the reply is anything but nil or one
+ * stream of plain entries, each exactly [id, [b"value", value]] with an ASCII id: an
+ * error, keyed and odd entries go to hiredis and the Python path.
  *
  * check_rows over-approximates records.RecordChecker.check: it flags (suspect[i] = 1)
  * every record check() might refuse, and some it accepts (an integer of 2**53 or more,
@@ -445,48 +447,82 @@ done:
     return result;
 }
 
-static PyObject *messages(PyObject *self, PyObject *args) {
-    PyObject *entries;
-    PyTypeObject *cls;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &entries, &PyType_Type, &cls)) return NULL;
-    if (!PyType_IsSubtype(cls, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "messages: cls must be a tuple subclass");
-        return NULL;
+/* stream_reply's RESP2 reader: pos moves through d[0:len]. */
+typedef struct {
+    const char *d;
+    Py_ssize_t len, pos;
+} resp_t;
+
+enum { RESP_DONE = 0, RESP_MORE = 1, RESP_ODD = 2 };
+
+/* "<c><digits>\r\n", its number in *n: RESP_MORE when the bytes end first, RESP_ODD when
+ * they are something else. */
+static int resp_head(resp_t *r, char c, Py_ssize_t *n) {
+    if (r->pos >= r->len) return RESP_MORE;
+    if (r->d[r->pos] != c) return RESP_ODD;
+    Py_ssize_t p = r->pos + 1, v = 0;
+    for (; p < r->len && r->d[p] >= '0' && r->d[p] <= '9'; p++) {
+        if (p - r->pos > 15) return RESP_ODD;
+        v = v * 10 + (r->d[p] - '0');
     }
-    PyObject *names = PyObject_GetAttrString((PyObject *)cls, "_fields");
-    Py_ssize_t size = names == NULL ? -1 : PyObject_Length(names);
-    Py_XDECREF(names);
-    if (size < 2) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "messages: cls must have at least two fields");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(entries);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *entry = PyList_GET_ITEM(entries, i), *fields, *id_bytes, *value;
-        if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 2) goto fallback;
-        id_bytes = PyList_GET_ITEM(entry, 0);
-        fields = PyList_GET_ITEM(entry, 1);
-        if (!PyBytes_CheckExact(id_bytes) || !PyList_CheckExact(fields) ||
-            PyList_GET_SIZE(fields) != 2)
-            goto fallback;
-        PyObject *name = PyList_GET_ITEM(fields, 0);
-        value = PyList_GET_ITEM(fields, 1);
-        if (!PyBytes_CheckExact(name) || PyBytes_GET_SIZE(name) != 5 ||
-            memcmp(PyBytes_AS_STRING(name), "value", 5) != 0 || !PyBytes_CheckExact(value))
-            goto fallback;
-        PyObject *id = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(id_bytes),
-                                            PyBytes_GET_SIZE(id_bytes), "strict");
-        if (id == NULL) goto error;
+    if (p + 1 >= r->len) return RESP_MORE;
+    if (p == r->pos + 1 || r->d[p] != '\r' || r->d[p + 1] != '\n') return RESP_ODD;
+    r->pos = p + 2;
+    *n = v;
+    return RESP_DONE;
+}
+
+/* "$<n>\r\n<n bytes>\r\n": where its bytes start, and n. */
+static int resp_bulk(resp_t *r, Py_ssize_t *start, Py_ssize_t *n) {
+    int st = resp_head(r, '$', n);
+    if (st != RESP_DONE) return st;
+    if (r->len - r->pos < *n + 2) return RESP_MORE;
+    if (r->d[r->pos + *n] != '\r' || r->d[r->pos + *n + 1] != '\n') return RESP_ODD;
+    *start = r->pos;
+    r->pos += *n + 2;
+    return RESP_DONE;
+}
+
+#define TAKE(call)                      \
+    do {                                \
+        int st_ = (call);               \
+        if (st_ != RESP_DONE) return st_;    \
+    } while (0)
+#define WANT(cond) \
+    if (!(cond)) return RESP_ODD
+
+/* One XREADGROUP reply of plain entries: [[stream, [[id, [b"value", value]], ...]]].
+ * With out NULL it only reads (the entries' count in *count); otherwise it fills out. */
+static int stream_walk(resp_t *r, Py_ssize_t *count, PyObject *out, PyTypeObject *cls,
+                       Py_ssize_t size) {
+    Py_ssize_t n, s;
+    TAKE(resp_head(r, '*', &n));
+    WANT(n == 1);
+    TAKE(resp_head(r, '*', &n));
+    WANT(n == 2);
+    TAKE(resp_bulk(r, &s, &n)); /* the stream's name */
+    TAKE(resp_head(r, '*', count));
+    for (Py_ssize_t i = 0; i < *count; i++) {
+        Py_ssize_t id_at, id_n, v_at, v_n;
+        TAKE(resp_head(r, '*', &n));
+        WANT(n == 2);
+        TAKE(resp_bulk(r, &id_at, &id_n));
+        for (Py_ssize_t k = 0; k < id_n; k++) WANT((unsigned char)r->d[id_at + k] < 0x80);
+        TAKE(resp_head(r, '*', &n));
+        WANT(n == 2);
+        TAKE(resp_bulk(r, &s, &n));
+        WANT(n == 5 && memcmp(r->d + s, "value", 5) == 0);
+        TAKE(resp_bulk(r, &v_at, &v_n));
+        if (out == NULL) continue;
+        PyObject *id = PyUnicode_DecodeASCII(r->d + id_at, id_n, "strict");
+        PyObject *value = PyBytes_FromStringAndSize(r->d + v_at, v_n);
         /* as tuple.__new__(cls, ...) makes one: the namedtuple's own __new__ adds nothing */
-        PyObject *m = cls->tp_alloc(cls, size);
+        PyObject *m = (id && value) ? cls->tp_alloc(cls, size) : NULL;
         if (m == NULL) {
-            Py_DECREF(id);
-            goto error;
+            Py_XDECREF(id);
+            Py_XDECREF(value);
+            return -1;
         }
-        Py_INCREF(value);
         PyTuple_SET_ITEM(m, 0, id);
         PyTuple_SET_ITEM(m, 1, value);
         for (Py_ssize_t k = 2; k < size; k++) {
@@ -495,19 +531,56 @@ static PyObject *messages(PyObject *self, PyObject *args) {
         }
         PyList_SET_ITEM(out, i, m);
     }
-    return out;
-fallback:
-    Py_DECREF(out);
-    Py_RETURN_NONE;
-error:
-    Py_DECREF(out);
-    return NULL;
+    return RESP_DONE;
+}
+
+static PyObject *stream_reply(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    PyTypeObject *cls;
+    if (!PyArg_ParseTuple(args, "y*O!", &buf, &PyType_Type, &cls)) return NULL;
+    PyObject *result = NULL, *out = NULL;
+    if (!PyType_IsSubtype(cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "stream_reply: cls must be a tuple subclass");
+        goto done;
+    }
+    PyObject *names = PyObject_GetAttrString((PyObject *)cls, "_fields");
+    Py_ssize_t size = names == NULL ? -1 : PyObject_Length(names);
+    Py_XDECREF(names);
+    if (size < 2) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "stream_reply: cls must have at least two fields");
+        goto done;
+    }
+    static const char NIL[] = "*-1\r\n"; /* BLOCK ran out: nothing new */
+    Py_ssize_t head = buf.len < 5 ? buf.len : 5;
+    if (memcmp(buf.buf, NIL, head) == 0) {
+        if (head < 5) result = Py_NewRef(Py_None);
+        else if ((out = PyList_New(0)) != NULL) result = Py_BuildValue("(On)", out, (Py_ssize_t)5);
+        goto done;
+    }
+    resp_t r = {buf.buf, buf.len, 0};
+    Py_ssize_t count = 0;
+    int st = stream_walk(&r, &count, NULL, cls, size);
+    if (st != RESP_DONE) {
+        result = Py_NewRef(st == RESP_MORE ? Py_None : Py_False);
+        goto done;
+    }
+    Py_ssize_t end = r.pos;
+    if ((out = PyList_New(count)) == NULL) goto done;
+    r.pos = 0;
+    if (stream_walk(&r, &count, out, cls, size) != RESP_DONE) goto done;
+    result = Py_BuildValue("(On)", out, end);
+done:
+    Py_XDECREF(out);
+    PyBuffer_Release(&buf);
+    return result;
 }
 
 static PyMethodDef METHODS[] = {
-    {"messages", messages, METH_VARARGS,
-     "messages(entries, cls) -> list | None: an XREADGROUP reply's plain entries as "
-     "cls(id, value, None, ...); None when one is not [id, [b'value', value]]."},
+    {"stream_reply", stream_reply, METH_VARARGS,
+     "stream_reply(data, cls) -> (list, end) | None | False: the XREADGROUP reply at the "
+     "start of data, its plain entries as cls(id, value, None, ...); None when data ends "
+     "first, False when the reply is anything else."},
     {"check_rows", check_rows, METH_VARARGS,
      "check_rows(records, columns, extra_ok, n_features, n_texts) -> (suspect, features, "
      "texts): a batch's contract checks (flagging what check() must decide) and its model "

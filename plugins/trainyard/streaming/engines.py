@@ -369,20 +369,23 @@ class RedisStreams(StreamEngine):
             out.append(_entry_message(entry_id, flat))
         return out
 
-    def _call(self, command: bytes) -> Any:
+    def _call(self, command: bytes, entries: bool = False) -> Any:
         """Send one packed command on the engine's own connection; its raw reply.
+
+        With ``entries`` (an ``XREADGROUP``), a reply of plain entries is read straight
+        into Messages by the C module and comes back as ``(messages, end)``.
 
         Raises:
             redis.ResponseError: If Redis answers with an error.
         """
-        (reply,) = self._call_many(command, 1)
+        (reply,) = self._call_many(command, 1, entries)
         if isinstance(reply, Exception):
             raise self._redis.ResponseError(str(reply))
         return reply
 
     def _read_reply(self, command: bytes) -> Any:
         try:
-            return self._call(command)
+            return self._call(command, entries=True)
         except self._redis.ResponseError as e:
             if not str(e).startswith("NOGROUP"):
                 raise StreamError(f"redis {self.url}: {e}") from None
@@ -392,7 +395,7 @@ class RedisStreams(StreamEngine):
             self.url, self.streams.input, self.streams.group,
         )  # fmt: skip
         self._create_group()
-        return self._call(command)
+        return self._call(command, entries=True)
 
     def read(self, count: int, block_ms: int) -> list[Message]:
         """``XREADGROUP GROUP <g> <me> COUNT n BLOCK ms STREAMS <in> >``."""
@@ -401,10 +404,10 @@ class RedisStreams(StreamEngine):
             "BLOCK", max(1, block_ms), "STREAMS", self.streams.input, ">",
         )  # fmt: skip
         got = self._read_reply(command)
+        if isinstance(got, tuple):  # read by the C module (hiredis gives lists)
+            return got[0]
         if not got:
             return []
-        if _hotpath is not None and (plain := _hotpath.messages(got[0][1], Message)) is not None:
-            return plain
         out = []
         for entry_id, fields in got[0][1]:
             if len(fields) == 2 and fields[0] == b"value":  # what producers usually write
@@ -497,14 +500,16 @@ class RedisStreams(StreamEngine):
                 break
         raise StreamError(f"redis {self.url}: {reply}; the batch stays pending")
 
-    def _call_many(self, commands: bytes, replies: int) -> list[Any]:
+    def _call_many(self, commands: bytes, replies: int, entries: bool = False) -> list[Any]:
         """Send packed commands at once and read ``replies`` replies (errors as values).
 
         The hot path (read, commit) skips redis-py's per-argument packing and per-reply
         parsing, which cost more than Redis itself: the bytes go out on the engine's own
         connection (one per thread: the scorer reads on one while it commits on another)
-        and hiredis parses what comes back. A broken connection is dropped and reopened
-        on the next call.
+        and hiredis parses what comes back. With ``entries`` (one ``XREADGROUP``), the C
+        module reads a reply of plain entries straight into Messages instead, as
+        ``(messages, end)``; anything else it leaves to hiredis. A broken connection is
+        dropped and reopened on the next call.
         """
         import hiredis
 
@@ -520,6 +525,17 @@ class RedisStreams(StreamEngine):
             sock = conn._sock
             sock.sendall(commands)
             reader = local.reader
+            if entries and _hotpath is not None and not reader.has_data():
+                data = bytearray()
+                while (got := _hotpath.stream_reply(data, Message)) is None:
+                    if not (chunk := sock.recv(1 << 16)):
+                        raise ConnectionError(f"redis {self.url}: connection closed")
+                    data += chunk
+                if got is not False:
+                    if got[1] < len(data):  # more than the one reply asked for: keep it
+                        reader.feed(bytes(data[got[1] :]))
+                    return [got]
+                reader.feed(bytes(data))
             while len(out) < replies:
                 reply = reader.gets()
                 if reply is False:

@@ -425,7 +425,9 @@ class Scorer:
         # batch's scores while this thread reads and checks the next.
         self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="commit")
         self._next_claim = 0.0
-        self._inflight_ids: set[str] = set()
+        # the message lists read and not yet committed (by id() of the list): a claim's
+        # answer is checked against them, which is rare, not each batch's ids kept in a set
+        self._inflight: dict[int, list[Message]] = {}
         self._ids_lock = threading.Lock()
         # A claim and a commit never overlap: a claim's reply may list entries a commit
         # then acknowledges, which the claim must still see as ours in flight.
@@ -524,7 +526,7 @@ class Scorer:
         with self._claim_lock:
             self.engine.commit(scores, batch.dead, batch.messages)
             with self._ids_lock:
-                self._inflight_ids.difference_update(m.id for m in batch.messages)
+                self._inflight.pop(id(batch.messages), None)
         self.stats.scored += len(scores)
         self.stats.dead += len(batch.dead)
         self.stats.batches += 1
@@ -537,8 +539,11 @@ class Scorer:
             # our own batches still at the server may be idle that long too: not again
             with self._claim_lock:
                 got = self.engine.claim(self.claim_idle_ms, self.batch_size)
-                with self._ids_lock:
-                    claimed = [m for m in got if m.id not in self._inflight_ids]
+                claimed = got
+                if got:
+                    with self._ids_lock:
+                        ours = {m.id for ms in self._inflight.values() for m in ms}
+                    claimed = [m for m in got if m.id not in ours]
             if claimed:
                 self.stats.claimed += len(claimed)
                 log.info("claimed %d records another scorer left pending", len(claimed))
@@ -625,7 +630,7 @@ class Scorer:
                 idle_since = now
                 self.stats.read += len(messages)
                 with self._ids_lock:
-                    self._inflight_ids.update(m.id for m in messages)
+                    self._inflight[id(messages)] = messages
                 inflight.append(self._committer.submit(self._finish, self._prepare(messages)))
             while inflight:  # finish and commit what is in flight
                 self._wait(inflight.popleft())
