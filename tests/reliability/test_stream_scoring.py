@@ -746,3 +746,54 @@ def test_reads_are_the_same_with_or_without_the_c_reader(project, monkeypatch) -
         assert fast[2][8].key == "k-1" and fast[2][9].fields is not None
     finally:
         r.delete("rd.in")
+
+
+def test_a_record_that_hangs_every_scorer_is_dead_lettered(project, tmp_path: Path) -> None:
+    """A regex the contract check cannot see is catastrophic (``(a|aa)*`` on 60 a's and a
+    mismatch) hung the scorer for ever, its status still "running". Now its supervisor
+    kills it once its status is stale; the records of the batch it hung on are claimed,
+    then taken alone, and the one that hangs every scorer is dead-lettered: every other
+    record is scored exactly once."""
+    root = tmp_path / "poison"
+    env = {**project["env"], **write_project(root, project["port"], batch_size=64)}
+    env["TRAINYARD_REDIS_DIR"] = project["env"]["TRAINYARD_REDIS_DIR"]  # the project's Redis
+    contract = root / "contracts" / "events.yaml"
+    text = contract.read_text().replace('"^ev-[0-9]+$", max_length: 32', '"^ev-(a|aa)*[0-9]+$"')
+    contract.write_text(text)
+    pipeline = root / "pipelines" / "events.yaml"
+    pipeline.write_text(
+        pipeline.read_text()
+        .replace("events.", "poison.")
+        .replace("claim_idle_s: 2.0", "claim_idle_s: 0.5\n  max_deliveries: 3")
+    )
+    streams = Streams("poison.in", "poison.scores", "poison.dead", "trainyard-events")
+    engine = RedisStreams(project["url"], streams, consumer="producer")
+    r = engine.r
+    r.delete("poison.in", "poison.scores", "poison.dead")
+    records, _ = make_records(100, seed=13)
+    poison = b'{"id": "ev-%b!", "a": 1.0, "b": 2.0}' % (b"a" * 60)
+    engine.produce([(None, v) for v in [*records[:30], poison, *records[30:]]])
+    status = root / "status.json"
+    log = open(root / "scorer.log", "wb")  # noqa: SIM115 - closed by the OS
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events",
+         "--supervise", "--report-s", "0.3", "--status-file", str(status)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        _wait(lambda: r.xlen("poison.dead") == 1, 120, "the poison record's dead letter")
+        _wait(lambda: r.xlen("poison.scores") == 100, 60, "the other records' scores")
+        (dead,) = _entries(r, "poison.dead")
+        assert dead["value"] == poison.decode()
+        assert dead["reason"].startswith("delivered 4 times and never acknowledged")
+        ids = [s["id"] for s in _entries(r, "poison.scores")]
+        assert sorted(ids) == sorted(orjson.loads(x)["id"] for x in records)
+        _wait(lambda: r.xpending("poison.in", "trainyard-events")["pending"] == 0, 30, "acks")
+        _wait(lambda: orjson.loads(status.read_bytes())["dead_lettered"] == 1, 10, "the status")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        r.delete("poison.in", "poison.scores", "poison.dead")
+        engine.close()
+    text = (root / "scorer.log").read_text()
+    assert text.count("killed by its supervisor") == 3, text[-3000:]

@@ -29,7 +29,7 @@ import hashlib
 import logging
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -58,6 +58,8 @@ class Message(NamedTuple):
         offset: Kafka offset (None for Redis).
         fields: A Redis entry without a ``value`` field: its fields as a JSON object (its
             dead letter keeps them; ``value`` is then empty).
+        deliveries: A claimed record: how many times the group has delivered it, this
+            time included (None when read as new).
     """
 
     id: str
@@ -66,6 +68,7 @@ class Message(NamedTuple):
     partition: int | None = None
     offset: int | None = None
     fields: bytes | None = None
+    deliveries: int | None = None
 
 
 class Output(NamedTuple):
@@ -190,8 +193,12 @@ class StreamEngine(abc.ABC):
         """Up to ``count`` new records for this member, waiting up to ``block_ms`` for one."""
 
     @abc.abstractmethod
-    def claim(self, min_idle_ms: int, count: int) -> list[Message]:
-        """Records other members read and did not acknowledge for ``min_idle_ms``, now ours."""
+    def claim(self, min_idle_ms: int, count: int, skip: Set[str] = frozenset()) -> list[Message]:
+        """Records read and not acknowledged for ``min_idle_ms``, now ours.
+
+        Not ``skip`` (those this member has in flight); each with its ``deliveries``. One
+        that was delivered before comes alone: it may be what stopped the member that had it.
+        """
 
     @abc.abstractmethod
     def commit(self, scores: ScoreOutputs, dead: Sequence[Output], done: Sequence[Message]):
@@ -416,26 +423,49 @@ class RedisStreams(StreamEngine):
                 out.append(_entry_message(entry_id, fields))
         return out
 
-    def claim(self, min_idle_ms: int, count: int) -> list[Message]:
-        """``XAUTOCLAIM`` from where the last call stopped; deleted entries are acked."""
+    def claim(self, min_idle_ms: int, count: int, skip: Set[str] = frozenset()) -> list[Message]:
+        """``XPENDING`` (idle ones, from where the last call stopped), then ``XCLAIM``.
+
+        ``XAUTOCLAIM`` would also claim what this member has in flight (``skip``) and so
+        count a delivery of it each time: the counts must say how many scorers took a
+        record, for :meth:`Scorer._prepare` to dead-letter one that stops every scorer.
+        The records claimed are the idle ones in order up to the first that was
+        delivered before, or that one alone. Deleted entries are acknowledged.
+        """
+        s = self.streams
         try:
-            nxt, entries, deleted = self.r.xautoclaim(
-                self.streams.input,
-                self.streams.group,
-                self.consumer,
-                min_idle_time=min_idle_ms,
-                start_id=self._claim_from,
-                count=count,
+            rows = self.r.xpending_range(
+                s.input, s.group, min=self._claim_from, max="+", count=count, idle=min_idle_ms
             )
+            take: list[dict[str, Any]] = []
+            for row in rows:
+                if _s(row["message_id"]) in skip:
+                    continue
+                if row["times_delivered"] > 1 and take:
+                    break
+                take.append(row)
+                if row["times_delivered"] > 1:
+                    break
+            if take and take[-1] is not rows[-1]:
+                self._claim_from = "(" + _s(take[-1]["message_id"])
+            elif len(rows) == count:
+                self._claim_from = "(" + _s(rows[-1]["message_id"])
+            else:
+                self._claim_from = "-"
+            if not take:
+                if self._claim_from == "-":
+                    self._forget_idle_members(min_idle_ms)
+                return []
+            ids = [_s(row["message_id"]) for row in take]
+            entries = self.r.xclaim(s.input, s.group, self.consumer, min_idle_ms, ids)
+            got = {_s(i) for i, fields in entries if fields is not None}
+            if deleted := [i for i in ids if i not in got]:  # Redis before 7 keeps them
+                log.warning("%d pending entries were deleted from %s", len(deleted), s.input)
+                self.r.xack(s.input, s.group, *deleted)
         except self._redis.RedisError as e:
             raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
-        self._claim_from = _s(nxt)
-        if deleted:
-            log.warning("%d pending entries were deleted from %s", len(deleted), self.streams.input)
-            self.r.xack(self.streams.input, self.streams.group, *deleted)
-        if self._claim_from == "0-0":
-            self._forget_idle_members(min_idle_ms)
-        return self._messages(entries)
+        before = {_s(row["message_id"]): row["times_delivered"] for row in take}
+        return [m._replace(deliveries=before[m.id] + 1) for m in self._messages(entries)]
 
     def _forget_idle_members(self, min_idle_ms: int) -> None:
         for c in self.r.xinfo_consumers(self.streams.input, self.streams.group):
@@ -698,7 +728,7 @@ class KafkaStreams(StreamEngine):
                 log.warning("kafka %s: %s", self.bootstrap, err.str())
         return out
 
-    def claim(self, min_idle_ms: int, count: int) -> list[Message]:
+    def claim(self, min_idle_ms: int, count: int, skip: Set[str] = frozenset()) -> list[Message]:
         """Nothing: Kafka hands a dead member's uncommitted offsets over on rebalance."""
         return []
 

@@ -26,10 +26,17 @@ scored one by one and those it still refuses are dead-lettered with its message.
 written to ``--status-file``.
 
 **Kills.** Records a killed scorer read but did not commit stay pending in the group;
-every scorer claims entries idle for ``claim_idle_s`` (``XAUTOCLAIM``) when it starts and
-every ``claim_idle_s / 2`` after; on Kafka the next owner of the partition reads from the
-last committed offset. SIGTERM stops reading, finishes and commits what is in flight, and
-exits 0.
+every scorer claims entries idle for ``claim_idle_s`` (``XPENDING`` then ``XCLAIM``, never
+its own in flight) when it starts and every ``claim_idle_s / 2`` after; on Kafka the next
+owner of the partition reads from the last committed offset. SIGTERM stops reading,
+finishes and commits what is in flight, and exits 0.
+
+**Poison records.** A record that kills or hangs the scorer would stop every scorer that
+claims it. A claimed record delivered before is therefore scored alone, with nothing else
+in flight, and one delivered more than ``max_deliveries`` times is dead-lettered unread.
+A hung scorer writes no status: its supervisor (:func:`supervise`) kills it when the
+status file is older than :data:`STALE_AFTER_REPORTS` reports, as the Deployment's
+liveness probe does on Kubernetes.
 """
 
 from __future__ import annotations
@@ -76,6 +83,9 @@ log = logging.getLogger("trainyard.streaming")
 MAX_BACKOFF_S = 5.0
 MAX_ID_CHARS = 1024
 """A longer record id is not copied into its dead letter (the entry id keys it instead)."""
+STALE_AFTER_REPORTS = 24
+"""A scorer that wrote no status for this many report intervals is hung and killed by its
+supervisor: 120 s at the default 5 s, as ``k8s.scoring.STALE_AFTER_S`` on Kubernetes."""
 MAX_DEAD_VALUE_BYTES = 65536
 """How much of a refused record a dead letter keeps."""
 GC_THRESHOLD = 50_000
@@ -403,6 +413,7 @@ class Scorer:
         max_wait_ms: int = 20,
         max_in_flight: int = 2,
         claim_idle_s: float = 60.0,
+        max_deliveries: int = 3,
         report_s: float = 5.0,
         status_file: Path | None = None,
     ) -> None:
@@ -416,6 +427,7 @@ class Scorer:
         # read and not yet committed: those at the server, one being read, one committing
         self.max_batches = 2 * max_in_flight + 1
         self.claim_idle_ms = int(claim_idle_s * 1000)
+        self.max_deliveries = max_deliveries
         self.report_s = report_s
         self.status_file = status_file
         self.stop = endpoint.stop
@@ -440,15 +452,28 @@ class Scorer:
     # -- one batch
 
     def _prepare(self, messages: list[Message]) -> _Batch:
-        raws = [m.value for m in messages]
+        todo, dead = messages, []
+        if messages[0].deliveries is not None:  # claimed: some may stop every scorer
+            todo = []
+            for m in messages:
+                if m.deliveries is not None and m.deliveries > self.max_deliveries:
+                    why = (
+                        f"delivered {m.deliveries} times and never acknowledged: each scorer "
+                        "that took it stopped first (crashed, killed or hung on it)"
+                    )
+                    log.warning("%s: %s: dead-lettered", m.id, why)
+                    dead.append(dead_letter(m.key, m.id, why, m.fields or m.value))
+                else:
+                    todo.append(m)
+        raws = [m.value for m in todo]
         records, reasons, inputs = self.checker.parse_inputs(raws)
         if not any(reasons):  # every record passed: the lists at once
             key = self.checker.key
             keys = [r[key] for r in records]
-            sources = [m.id for m in messages]
-            return self._submit(_Batch(messages, [], keys, sources, records, raws), inputs)
-        batch = _Batch(messages, [], [], [], [], [])
-        for m, record, reason in zip(messages, records, reasons, strict=True):
+            sources = [m.id for m in todo]
+            return self._submit(_Batch(messages, dead, keys, sources, records, raws), inputs)
+        batch = _Batch(messages, dead, [], [], [], [])
+        for m, record, reason in zip(todo, records, reasons, strict=True):
             key = record.get(self.checker.key) if isinstance(record, dict) else None
             if m.fields is not None:  # a Redis entry without a value field
                 names = ", ".join(orjson.loads(m.fields))
@@ -538,15 +563,16 @@ class Scorer:
         if now >= self._next_claim:
             # our own batches still at the server may be idle that long too: not again
             with self._claim_lock:
-                got = self.engine.claim(self.claim_idle_ms, self.batch_size)
-                claimed = got
-                if got:
-                    with self._ids_lock:
-                        ours = {m.id for ms in self._inflight.values() for m in ms}
-                    claimed = [m for m in got if m.id not in ours]
+                with self._ids_lock:
+                    ours = {m.id for ms in self._inflight.values() for m in ms}
+                claimed = self.engine.claim(self.claim_idle_ms, self.batch_size, ours)
             if claimed:
                 self.stats.claimed += len(claimed)
-                log.info("claimed %d records another scorer left pending", len(claimed))
+                first = claimed[0]
+                if (first.deliveries or 0) > 2:  # one at a time: a line each would flood
+                    log.debug("claimed %s, delivered %d times", first.id, first.deliveries)
+                else:
+                    log.info("claimed %d records another scorer left pending", len(claimed))
                 return claimed
             self._next_claim = now + self.claim_idle_ms / 2000
         return self.engine.read(self.batch_size, self.max_wait_ms)
@@ -628,10 +654,16 @@ class Scorer:
                         break
                     continue
                 idle_since = now
+                # taken before by a scorer that stopped: alone, with nothing else in flight
+                alone = (messages[0].deliveries or 0) > 1
+                while alone and inflight:
+                    self._wait(inflight.popleft())
                 self.stats.read += len(messages)
                 with self._ids_lock:
                     self._inflight[id(messages)] = messages
                 inflight.append(self._committer.submit(self._finish, self._prepare(messages)))
+                while alone and inflight:
+                    self._wait(inflight.popleft())
             while inflight:  # finish and commit what is in flight
                 self._wait(inflight.popleft())
         except Stopped:
@@ -697,6 +729,7 @@ def build_scorer(
         max_wait_ms=sc.max_wait_ms,
         max_in_flight=sc.max_in_flight,
         claim_idle_s=sc.claim_idle_s,
+        max_deliveries=sc.max_deliveries,
         report_s=report_s,
         status_file=status_file,
     )
@@ -736,7 +769,9 @@ def cli_main(argv: list[str]) -> int:
         return int(e.code or 0)
     if args.supervise:
         child = [a for a in argv if a != "--supervise"]
-        return supervise([sys.executable, "-m", "trainyard", "score-stream", *child])
+        cmd = [sys.executable, "-m", "trainyard", "score-stream", *child]
+        stale = STALE_AFTER_REPORTS * args.report_s
+        return supervise(cmd, status_file=args.status_file, stale_after_s=stale)
     scorer = build_scorer(args.pipeline, args.consumer, args.status_file, args.report_s)
 
     def _term(signum: int, _frame: Any) -> None:
@@ -771,12 +806,19 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def supervise(cmd: list[str], max_backoff_s: float = 30.0) -> int:
+def supervise(
+    cmd: list[str],
+    max_backoff_s: float = 30.0,
+    status_file: Path | None = None,
+    stale_after_s: float | None = None,
+) -> int:
     """Run ``cmd`` and start it again whenever it exits other than by our SIGTERM.
 
     The child dies with the supervisor (``PR_SET_PDEATHSIG``); SIGTERM to the supervisor
     is passed on, waited for, and ends it with 0. Restarts back off from 1 s to
-    ``max_backoff_s`` (reset after a run of a minute).
+    ``max_backoff_s`` (reset after a run of a minute). A child that has not written
+    ``status_file`` for ``stale_after_s`` is hung (a scorer reports also while it waits
+    for the model server): it is killed, and the status file says so.
     """
     import subprocess
 
@@ -794,7 +836,7 @@ def supervise(cmd: list[str], max_backoff_s: float = 30.0) -> int:
     while not stopping.is_set():
         started = time.monotonic()
         proc = subprocess.Popen(cmd, preexec_fn=_pdeathsig)
-        code = proc.wait()
+        code = _wait_alive(proc, status_file, stale_after_s, stopping)
         if stopping.is_set():
             break
         if time.monotonic() - started > 60:
@@ -804,6 +846,39 @@ def supervise(cmd: list[str], max_backoff_s: float = 30.0) -> int:
             break
         backoff = min(backoff * 2, max_backoff_s)
     return 0
+
+
+def _wait_alive(
+    proc: Any, status_file: Path | None, stale_after_s: float | None, stopping: threading.Event
+) -> int:
+    """``proc``'s exit code; it is killed first if ``status_file`` goes stale."""
+    import subprocess
+
+    since = time.time()
+    while True:
+        try:
+            return proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if status_file is None or stale_after_s is None or stopping.is_set():
+            continue
+        try:
+            last = max(since, status_file.stat().st_mtime)
+        except OSError:
+            last = since
+        if time.time() - last < stale_after_s:
+            continue
+        why = f"wrote no status for {time.time() - last:.0f} s (hung?): killed by its supervisor"
+        log.error("scorer pid %d %s", proc.pid, why)
+        proc.kill()
+        code = proc.wait()
+        try:
+            doc = orjson.loads(status_file.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            doc = {}
+        if isinstance(doc, dict):
+            atomic_write_json(status_file, {**doc, "state": "failed", "error": why})
+        return code
 
 
 # --------------------------------------------------------------------------- local process
