@@ -62,6 +62,7 @@ GOOD = {"txn_id": "t-1", "amount": 12.5, "hour": 3, "customer_age": 40}
         ({"amount": float("nan")}, "amount: expected a finite number, got nan"),
         ({"amount": True}, "amount: expected a number, got True"),
         ({"hour": 3.5}, "hour: expected an integer, got 3.5"),
+        ({"hour": 3.0}, "hour: expected an integer, got 3.0"),
         ({"hour": 24}, "hour: 24 is above the maximum 23"),
         ({"hour": None}, "hour: null"),
         ({"customer_age": 2**63}, "customer_age: 9223372036854775808 is outside the int64 range"),
@@ -179,11 +180,34 @@ def test_records_json_refuses_are_read_leniently_to_name_the_field(
     assert reasons[3].startswith("not JSON: number is infinity when parsed as double")
     assert reasons[4].startswith("not JSON: ") and records[4] is None
     # beyond int64 orjson reads a float, which rounds to -2**63: not taken as an integer
-    assert reasons[5] == (
-        "customer_age: -9.223372036854776e+18 is not an exact integer (a float beyond 2**53)"
-    )
+    assert reasons[5] == "customer_age: -9.223372036854776e+18 is outside the int64 range"
     assert reasons[6].startswith("not JSON: unexpected character")
     assert all(len(c) == 0 for c in inputs.values())
+
+
+@pytest.mark.parametrize("hour", [3, 0, 3.0, 10.0, -0.0, 0.0])
+def test_the_scorer_takes_the_integers_json_lines_staging_takes(
+    checker: RecordChecker, hour: Any
+) -> None:
+    """``3.0`` in an integer column was scored though JSON Lines staging refuses it: the
+    records scored must obey the rules the training data obeyed."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    from trainyard.staging.sources import arrow_type
+
+    (col,) = [c for c in checker.contract.columns if c.name == "hour"]
+    schema = pa.schema([pa.field("hour", arrow_type(col.type))])
+    line = orjson.dumps({"hour": hour})
+    try:
+        pj.read_json(io.BytesIO(line), parse_options=pj.ParseOptions(explicit_schema=schema))
+        staged = True
+    except pa.ArrowInvalid:
+        staged = False
+    _, (reason,) = checker.parse_batch([orjson.dumps({**GOOD, "hour": hour})])
+    assert (reason is None) == staged == isinstance(hour, int), (line, reason)
 
 
 def test_a_cut_dead_letter_says_how_big_the_record_was() -> None:

@@ -319,9 +319,7 @@ static inline int number_of(PyObject *v, int kind, double *d) {
     }
     if (PyFloat_CheckExact(v)) {
         double x = PyFloat_AS_DOUBLE(v);
-        if (!isfinite(x)) return 0;
-        if (kind == KIND_INT && (floor(x) != x || x > EXACT_INT_MAX || x < -EXACT_INT_MAX))
-            return 0;
+        if (!isfinite(x) || kind == KIND_INT) return 0; /* a float is no integer */
         *d = x;
         return 1;
     }
