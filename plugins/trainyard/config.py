@@ -305,11 +305,10 @@ class ScoringConfig(_Strict):
     Without ``stream`` nothing is scored. The scorer reads micro-batches of up to
     ``batch_size`` records (waiting at most ``max_wait_ms`` for the first), keeps at most
     ``max_in_flight`` batches at the model server, and claims records a dead scorer left
-    unacknowledged for ``claim_idle_s``. A claimed record that was delivered before goes
-    alone; one delivered more than ``max_deliveries`` times without a commit (each scorer
-    that took it crashed, was killed or hung) is dead-lettered instead. At least 3: a
-    record can be delivered twice in a batch that another record stopped (read, then
-    claimed), and must then have a try of its own.
+    unacknowledged for ``claim_idle_s``, one at a time; one delivered more than
+    ``max_deliveries`` times without a commit (each scorer that took it crashed, was
+    killed or hung) is dead-lettered instead. At least 2: the first delivery is in a
+    batch, which another record may have stopped; a claimed one is tried alone.
     """
 
     stream: StreamConfig | None = None
@@ -317,7 +316,7 @@ class ScoringConfig(_Strict):
     max_wait_ms: int = Field(default=20, ge=1, le=60_000)
     max_in_flight: int = Field(default=2, ge=1, le=64)
     claim_idle_s: float = Field(default=60, gt=0, le=86_400, allow_inf_nan=False)
-    max_deliveries: int = Field(default=3, ge=3, le=1000)
+    max_deliveries: int = Field(default=2, ge=2, le=1000)
     request_timeout_s: float = Field(default=30, gt=0, le=3600, allow_inf_nan=False)
 
 

@@ -79,13 +79,21 @@ FOREIGN_TMP_MAX_AGE_S = 24 * 3600
 
 
 def process_alive(pid: int) -> bool:
-    """Whether a process with this pid runs here; a zombie child of ours counts as gone."""
+    """Whether a process with this pid runs here; a zombie counts as gone.
+
+    A zombie child of ours is reaped; another process's (its parent still running and
+    not waiting for it) has exited all the same.
+    """
     if not pid_alive(pid):
         return False
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            return True  # no /proc: pid_alive's answer
+        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
     return done == 0
 
 

@@ -196,8 +196,9 @@ class StreamEngine(abc.ABC):
     def claim(self, min_idle_ms: int, count: int, skip: Set[str] = frozenset()) -> list[Message]:
         """Records read and not acknowledged for ``min_idle_ms``, now ours.
 
-        Not ``skip`` (those this member has in flight); each with its ``deliveries``. One
-        that was delivered before comes alone: it may be what stopped the member that had it.
+        Not ``skip`` (those this member has in flight); each with its ``deliveries``. A
+        record a member read and never acknowledged may be what stopped that member: the
+        engines that count deliveries hand them over one at a time.
         """
 
     @abc.abstractmethod
@@ -424,37 +425,29 @@ class RedisStreams(StreamEngine):
         return out
 
     def claim(self, min_idle_ms: int, count: int, skip: Set[str] = frozenset()) -> list[Message]:
-        """``XPENDING`` (idle ones, from where the last call stopped), then ``XCLAIM``.
+        """``XPENDING`` (idle ones, from where the last call stopped), then ``XCLAIM`` of one.
 
-        ``XAUTOCLAIM`` would also claim what this member has in flight (``skip``) and so
-        count a delivery of it each time: the counts must say how many scorers took a
-        record, for :meth:`Scorer._prepare` to dead-letter one that stops every scorer.
-        The records claimed are the idle ones in order up to the first that was
-        delivered before, or that one alone. Deleted entries are acknowledged.
+        The first idle entry not in ``skip``, alone: it may be what stopped the scorer
+        that read it, and alone it stops only its own scorer. ``XAUTOCLAIM`` would also
+        claim what this member has in flight and so count a delivery of it each time: the
+        counts must say how many scorers took a record, for :meth:`Scorer._prepare` to
+        dead-letter one that stops every scorer. A deleted entry is acknowledged.
         """
         s = self.streams
         try:
             rows = self.r.xpending_range(
                 s.input, s.group, min=self._claim_from, max="+", count=count, idle=min_idle_ms
             )
-            take: list[dict[str, Any]] = []
-            for row in rows:
-                if _s(row["message_id"]) in skip:
-                    continue
-                if row["times_delivered"] > 1 and take:
-                    break
-                take.append(row)
-                if row["times_delivered"] > 1:
-                    break
-            if take and take[-1] is not rows[-1]:
-                self._claim_from = "(" + _s(take[-1]["message_id"])
+            take = [row for row in rows if _s(row["message_id"]) not in skip][:1]
+            if take:
+                self._claim_from = "(" + _s(take[0]["message_id"])
             elif len(rows) == count:
                 self._claim_from = "(" + _s(rows[-1]["message_id"])
             else:
                 self._claim_from = "-"
+                self._forget_idle_members(min_idle_ms)
+                return []
             if not take:
-                if self._claim_from == "-":
-                    self._forget_idle_members(min_idle_ms)
                 return []
             ids = [_s(row["message_id"]) for row in take]
             entries = self.r.xclaim(s.input, s.group, self.consumer, min_idle_ms, ids)

@@ -32,8 +32,8 @@ owner of the partition reads from the last committed offset. SIGTERM stops readi
 finishes and commits what is in flight, and exits 0.
 
 **Poison records.** A record that kills or hangs the scorer would stop every scorer that
-claims it. A claimed record delivered before is therefore scored alone, with nothing else
-in flight, and one delivered more than ``max_deliveries`` times is dead-lettered unread.
+claims it. Claimed records are therefore scored one at a time, with nothing else in
+flight, and one delivered more than ``max_deliveries`` times is dead-lettered unread.
 A hung scorer writes no status: its supervisor (:func:`supervise`) kills it when the
 status file is older than :data:`STALE_AFTER_REPORTS` reports, as the Deployment's
 liveness probe does on Kubernetes.
@@ -83,9 +83,10 @@ log = logging.getLogger("trainyard.streaming")
 MAX_BACKOFF_S = 5.0
 MAX_ID_CHARS = 1024
 """A longer record id is not copied into its dead letter (the entry id keys it instead)."""
-STALE_AFTER_REPORTS = 24
+STALE_AFTER_REPORTS = 12
 """A scorer that wrote no status for this many report intervals is hung and killed by its
-supervisor: 120 s at the default 5 s, as ``k8s.scoring.STALE_AFTER_S`` on Kubernetes."""
+supervisor: 60 s at the default 5 s (it reports also while it waits for the model server).
+On Kubernetes the liveness probe's limit is ``k8s.scoring.STALE_AFTER_S``."""
 MAX_DEAD_VALUE_BYTES = 65536
 """How much of a refused record a dead letter keeps."""
 GC_THRESHOLD = 50_000
@@ -437,6 +438,7 @@ class Scorer:
         # batch's scores while this thread reads and checks the next.
         self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="commit")
         self._next_claim = 0.0
+        self._claims_told = 0.0
         # the message lists read and not yet committed (by id() of the list): a claim's
         # answer is checked against them, which is rare, not each batch's ids kept in a set
         self._inflight: dict[int, list[Message]] = {}
@@ -567,12 +569,10 @@ class Scorer:
                     ours = {m.id for ms in self._inflight.values() for m in ms}
                 claimed = self.engine.claim(self.claim_idle_ms, self.batch_size, ours)
             if claimed:
+                if not self.stats.claimed or self._claims_told < now - 5:
+                    self._claims_told = now  # one at a time: a line each would flood the log
+                    log.info("claiming records a stopped scorer left pending, one at a time")
                 self.stats.claimed += len(claimed)
-                first = claimed[0]
-                if (first.deliveries or 0) > 2:  # one at a time: a line each would flood
-                    log.debug("claimed %s, delivered %d times", first.id, first.deliveries)
-                else:
-                    log.info("claimed %d records another scorer left pending", len(claimed))
                 return claimed
             self._next_claim = now + self.claim_idle_ms / 2000
         return self.engine.read(self.batch_size, self.max_wait_ms)
@@ -654,8 +654,9 @@ class Scorer:
                         break
                     continue
                 idle_since = now
-                # taken before by a scorer that stopped: alone, with nothing else in flight
-                alone = (messages[0].deliveries or 0) > 1
+                # claimed: read by a scorer that stopped, maybe because of it: alone, with
+                # nothing else in flight
+                alone = messages[0].deliveries is not None
                 while alone and inflight:
                     self._wait(inflight.popleft())
                 self.stats.read += len(messages)
@@ -763,10 +764,20 @@ def cli_main(argv: list[str]) -> int:
         action="store_true",
         help="run the scorer as a child process, restarting it when it dies",
     )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="start or restart the pipeline's supervised scorer in the background, as the "
+        "deploy step does (a running scorer keeps the contract and config it started with)",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    if args.restart:
+        pid = start_local_scorer(args.pipeline)
+        print(f"scorer running (pid {pid}); log {scorer_dir(args.pipeline) / LOG_FILE}")
+        return 0
     if args.supervise:
         child = [a for a in argv if a != "--supervise"]
         cmd = [sys.executable, "-m", "trainyard", "score-stream", *child]
