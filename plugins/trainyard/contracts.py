@@ -343,6 +343,89 @@ def nested_repetition(pattern: str) -> bool:
     )
 
 
+def ambiguous_alternation(pattern: str) -> bool:
+    """Whether a repeated group of ``pattern`` holds alternatives that can start alike.
+
+    ``(a|aa)+`` or ``([a-z]|[a-z]{2})*`` can split one value between its alternatives in
+    exponentially many ways, each tried on a value that almost matches, as a nested
+    repeat can (:func:`nested_repetition`). Alternatives that may match nothing, or start
+    with any character, count as starting alike; possessive repeats and atomic groups
+    give nothing back and do not count.
+    """
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser  # type: ignore[attr-defined]
+
+    repeats = (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT)
+
+    def first(seq: Any) -> set[int] | None:
+        """The characters a match of ``seq`` can start with; None: any, or none."""
+        out: set[int] = set()
+        for op, av in seq:
+            if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
+                continue
+            if op == c.LITERAL:
+                return out | {av}
+            if op == c.IN:
+                chars: set[int] = set()
+                for kind, arg in av:
+                    if kind == c.LITERAL:
+                        chars.add(arg)
+                    elif kind == c.RANGE and arg[1] - arg[0] < 4096:
+                        chars.update(range(arg[0], arg[1] + 1))
+                    else:  # a category (\w), a negation, a wide range
+                        return None
+                return out | chars
+            if op in repeats:
+                sub = first(av[2])
+                if sub is None:
+                    return None
+                out |= sub
+                if av[0] > 0:
+                    return out
+                continue  # may repeat 0 times: what follows can start the match too
+            body = {c.SUBPATTERN: lambda a: [a[3]], c.ATOMIC_GROUP: lambda a: [a]}
+            if op in body or op == c.BRANCH:
+                subs = [first(b) for b in (body[op](av) if op in body else av[1])]
+                if any(x is None for x in subs):
+                    return None
+                return out.union(*subs)  # type: ignore[arg-type]
+            return None  # any character, a back reference...
+        return None  # it may match nothing
+
+    def ambiguous(seq: Any) -> bool:
+        for op, av in seq:
+            if op == c.BRANCH:
+                starts = [first(b) for b in av[1]]
+                for i, a in enumerate(starts):
+                    for b in starts[i + 1 :]:
+                        if a is None or b is None or a & b:
+                            return True
+                if any(ambiguous(b) for b in av[1]):
+                    return True
+            inner = {c.SUBPATTERN: 3, c.MAX_REPEAT: 2, c.MIN_REPEAT: 2}.get(op)
+            if inner is not None and ambiguous(av[inner]):
+                return True
+        return False
+
+    def walk(seq: Any) -> bool:
+        for op, av in seq:
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[1] > 1 and ambiguous(av[2]):
+                return True
+            inner = {
+                c.MAX_REPEAT: lambda a: [a[2]],
+                c.MIN_REPEAT: lambda a: [a[2]],
+                c.SUBPATTERN: lambda a: [a[3]],
+                c.BRANCH: lambda a: a[1],
+                c.ASSERT: lambda a: [a[1]],
+                c.ASSERT_NOT: lambda a: [a[1]],
+            }
+            if op in inner and any(walk(x) for x in inner[op](av)):
+                return True
+        return False
+
+    return walk(_parser.parse(pattern))
+
+
 def _empty_range(col: dict[str, Any], type_: str, at: list[Any], where: _Where) -> list[str]:
     """The error when no value (no integer, for an integer column) lies within the bounds."""
     lo, hi = col.get("min"), col.get("max")
@@ -419,6 +502,7 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
             try:
                 re.compile(col["regex"])
                 nested = nested_repetition(col["regex"])
+                ambiguous = ambiguous_alternation(col["regex"])
             except re.error as e:
                 errs.append(where([*at, "regex"], f"invalid regular expression: {e}"))
             else:
@@ -429,6 +513,16 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
                             "a repeated group holds a repeat: a value that almost matches "
                             "can take exponential time; make the inner repeat possessive "
                             "(a++) or the group atomic ((?>...))",
+                        )
+                    )
+                elif ambiguous:
+                    errs.append(
+                        where(
+                            [*at, "regex"],
+                            "a repeated group holds alternatives that can start with the "
+                            "same character (or match nothing): a value that almost matches "
+                            "can take exponential time; make the repeat possessive "
+                            "((a|ab)++) or the group atomic ((?>a|ab)+)",
                         )
                     )
         for j, value in enumerate(col.get("allowed_values", [])):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +201,36 @@ def test_schema_file_is_a_valid_json_schema() -> None:
 
     schema = json.loads(contracts.schema_path().read_text())
     jsonschema.validators.validator_for(schema).check_schema(schema)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "ambiguous"),
+    [
+        ("^(a|a)+$", True),
+        ("^([A-Za-z0-9_-]|[A-Za-z0-9_-]{2})+$", True),  # a cold user's: hung the scorer
+        ("^ev-(a|aa)*[0-9]+$", True),
+        ("^(a|b|ab)+$", True),
+        ("^(ab|cd)+$", False),
+        ("^(foo|bar)*$", False),
+        ("^((a|b)c)+$", False),
+        ("^(a|aa)++$", False),  # possessive: nothing to give back
+        ("^(?>a|aa)+$", False),  # atomic alternatives
+        ("^(\\w|-)+$", False),  # one character class to the parser
+        ("^(?:https?|ftp)://[^ ]+$", False),
+        ("^(red|green|blue)$", False),
+    ],
+)
+def test_regexes_whose_repeated_alternatives_start_alike_are_refused(
+    pattern: str, ambiguous: bool
+) -> None:
+    """``(a|a)+`` and its kind passed the check and hung the scorer on a record that
+    almost matched; the ones the check passes stay fast on such a value."""
+    import time
+
+    from trainyard.contracts import ambiguous_alternation
+
+    assert ambiguous_alternation(pattern) is ambiguous
+    if not ambiguous:
+        t = time.perf_counter()
+        re.search(pattern, "a" * 40 + "!")
+        assert time.perf_counter() - t < 0.5
