@@ -165,7 +165,7 @@ def test_records_json_refuses_are_read_leniently_to_name_the_field(
         head + b'"amount":NaN}',
         head + b'"amount":-Infinity}',
         head + b'"amount":1e999999}',
-        head + b'"amount":1' + b"0" * 400 + b"}",  # an int beyond 64 bits
+        head + b'"amount":1' + b"0" * 400 + b"}",  # an int beyond 64 bits and float64
         b'{"txn_id":"\\ud800","amount":NaN}',  # a lone surrogate
         b'{"txn_id":"t-4","amount":5,"hour":3,"customer_age":-9223372036854775809}',
         b"{nope",
@@ -177,11 +177,21 @@ def test_records_json_refuses_are_read_leniently_to_name_the_field(
         "amount: expected a finite number, got inf",
     ]
     assert records[0]["txn_id"] == "t-1"
-    assert reasons[3].startswith("not JSON: number is infinity when parsed as double")
+    # an integer beyond float64 (a cold user's 10**309): as orjson reads big ones, a float
+    assert reasons[3] == "amount: expected a finite number, got inf"
+    assert records[3]["txn_id"] == "t-1"
     assert reasons[4].startswith("not JSON: ") and records[4] is None
     # beyond int64 orjson reads a float, which rounds to -2**63: not taken as an integer
     assert reasons[5] == "customer_age: -9.223372036854776e+18 is outside the int64 range"
     assert reasons[6].startswith("not JSON: unexpected character")
+    # bytes that are not UTF-8 said "str is not valid UTF-8: surrogates not allowed"
+    _, (why,) = checker.parse_batch([b"\xff\xfe not json"])
+    assert why == "not JSON: not UTF-8 text (byte 0xff at 0: invalid start byte)"
+    # 100,000 digits (beyond int()'s 4,300) in an integer column: named, with its id
+    ((record,), (why,)) = checker.parse_batch(
+        [b'{"txn_id":"t-5","amount":5,"customer_age":40,"hour":' + b"1" * 100_000 + b"}"]
+    )
+    assert why == "hour: inf is outside the int64 range" and record["txn_id"] == "t-5"
     assert all(len(c) == 0 for c in inputs.values())
 
 

@@ -231,17 +231,40 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
     return strings
 
 
+def _int_or_float(text: str) -> int | float:
+    """An integer literal, as a float (inf beyond float64) when it does not fit 64 bits.
+
+    orjson reads such numbers as floats too; the check then names the field.
+    """
+    if len(text) <= 21:  # int() refuses over 4,300 digits
+        value = int(text)
+        if -(2**63) <= value < 2**64:
+            return value
+    return float(text)
+
+
+def _not_json(raw: bytes, error: Exception) -> str:
+    """Why ``raw`` is no record: orjson's words, or where it is not UTF-8 text."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not JSON: not UTF-8 text (byte {raw[e.start]:#04x} at {e.start}: {e.reason})"
+    return f"not JSON: {error}"
+
+
 def _lenient(raw: bytes) -> Any:
     """``raw`` read by Python's ``json`` (it takes NaN, Infinity, numbers beyond float64).
 
+    Integers beyond 64 bits are read as floats (:func:`_int_or_float`).
+
     Returns:
         The record, or None when it is not JSON even so, or holds what orjson cannot
-        write back (lone surrogates, integers beyond 64 bits) and so the scorer could not.
+        write back (lone surrogates) and so the scorer could not.
     """
     import json
 
     try:
-        record = json.loads(raw)
+        record = json.loads(raw, parse_int=_int_or_float)
         orjson.dumps(record)
     except (ValueError, TypeError, RecursionError):
         return None
@@ -432,7 +455,7 @@ class RecordChecker:
                 lenient = _lenient(raw)
                 records.append(lenient)
                 if lenient is None:
-                    errors[i] = "empty: no record in the entry" if not raw else f"not JSON: {e}"
+                    errors[i] = "empty: no record in the entry" if not raw else _not_json(raw, e)
         return records, errors
 
     def parse_batch(self, raws: list[bytes]) -> tuple[list[Any], list[str | None]]:
