@@ -414,7 +414,7 @@ class Scorer:
         max_wait_ms: int = 20,
         max_in_flight: int = 2,
         claim_idle_s: float = 60.0,
-        max_deliveries: int = 3,
+        max_deliveries: int = 2,
         report_s: float = 5.0,
         status_file: Path | None = None,
     ) -> None:
