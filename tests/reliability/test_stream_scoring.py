@@ -474,7 +474,7 @@ def test_an_entry_without_a_value_field_is_dead_lettered_with_its_fields(project
         assert orjson.loads(dead[1]["value"]) == {"id": "ev-7", "a": "3.5", "key": "k-7"}
         assert orjson.loads(dead[2]["value"]) == {"payload": "\ufffd\ufffd"}
         assert [d["id"] for d in dead] == [None, "k-7", None]
-        # read by XAUTOCLAIM (another member left it pending), the same
+        # claimed (another member left it pending), the same
         r.xadd("nv.in", {"data": b"x"})
         engine.read(10, 1)
         (claimed,) = scorer.engine.claim(0, 10)

@@ -6,7 +6,8 @@ dead letters *then* acknowledge the records they came from, ``lag`` and ``produc
 
 * **Redis Streams** (:class:`RedisStreams`): ``XREADGROUP`` (the group is created at the
   stream's start with ``MKSTREAM``, so records produced before the first scorer count),
-  ``XAUTOCLAIM`` of entries idle longer than the claim time, and ``commit`` as one Lua
+  ``XPENDING`` and ``XCLAIM`` of entries idle longer than the claim time, one at a time
+  with their delivery counts, and ``commit`` as one Lua
   script, which Redis runs atomically: the ``XADD`` of every score and dead letter, then
   the ``XACK`` of their inputs. A killed scorer therefore leaves a
   batch either written and acknowledged, or neither (pending, claimed by the next scorer).
@@ -14,7 +15,7 @@ dead letters *then* acknowledge the records they came from, ``lag`` and ``produc
   off; ``commit`` produces every output (idempotent producer, ``acks=all``), waits for
   each delivery, then commits the next offset of each partition synchronously. A kill
   between the two re-delivers the batch to the partition's next owner (rebalance does
-  what ``XAUTOCLAIM`` does for Redis), so outputs may repeat: they are keyed by record id
+  what claims do for Redis), so outputs may repeat: they are keyed by record id
   and carry the input's position (``source``), so a duplicate is recognisable.
 
 Records are JSON objects: the Redis entry field ``value`` (an optional ``key`` field), the
