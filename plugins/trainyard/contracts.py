@@ -344,13 +344,13 @@ def nested_repetition(pattern: str) -> bool:
 
 
 def ambiguous_alternation(pattern: str) -> bool:
-    """Whether a repeated group of ``pattern`` holds alternatives that can start alike.
+    """Whether a repeated group of ``pattern`` holds parts that start alike or match nothing.
 
-    ``(a|aa)+`` or ``([a-z]|[a-z]{2})*`` can split one value between its alternatives in
-    exponentially many ways, each tried on a value that almost matches, as a nested
-    repeat can (:func:`nested_repetition`). Alternatives that may match nothing, or start
-    with any character, count as starting alike; possessive repeats and atomic groups
-    give nothing back and do not count.
+    ``(a|aa)+``, ``([a-z]|[a-z]{2})*`` or ``(a?){28}`` can split one value between their
+    parts in exponentially many ways, each tried on a value that almost matches, as a
+    nested repeat can (:func:`nested_repetition`). Alternatives that may match nothing,
+    or start with any character, count as starting alike; possessive repeats and atomic
+    groups give nothing back and do not count.
     """
     from re import _constants as c  # type: ignore[attr-defined]
     from re import _parser  # type: ignore[attr-defined]
@@ -407,9 +407,27 @@ def ambiguous_alternation(pattern: str) -> bool:
                 return True
         return False
 
+    def empty_ok(seq: Any) -> bool:
+        """Whether ``seq`` can match nothing."""
+        for op, av in seq:
+            if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
+                continue
+            if op in repeats and (av[0] == 0 or empty_ok(av[2])):
+                continue
+            if op == c.SUBPATTERN and empty_ok(av[3]):
+                continue
+            if op == c.BRANCH and any(empty_ok(b) for b in av[1]):
+                continue
+            return False
+        return True
+
     def walk(seq: Any) -> bool:
         for op, av in seq:
-            if op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[1] > 1 and ambiguous(av[2]):
+            if (
+                op in (c.MAX_REPEAT, c.MIN_REPEAT)
+                and av[1] > 1
+                and (ambiguous(av[2]) or empty_ok(av[2]))
+            ):
                 return True
             inner = {
                 c.MAX_REPEAT: lambda a: [a[2]],
@@ -520,9 +538,9 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
                         where(
                             [*at, "regex"],
                             "a repeated group holds alternatives that can start with the "
-                            "same character (or match nothing): a value that almost matches "
-                            "can take exponential time; make the repeat possessive "
-                            "((a|ab)++) or the group atomic ((?>a|ab)+)",
+                            "same character, or can match nothing ((a?){9}): a value that "
+                            "almost matches can take exponential time; make the repeat "
+                            "possessive ((a|ab)++) or the group atomic ((?>a|ab)+)",
                         )
                     )
         for j, value in enumerate(col.get("allowed_values", [])):

@@ -257,6 +257,20 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     )  # fmt: skip
     second = scoring.local_scorer_pid("events")
     assert out.stdout.startswith(f"scorer running (pid {second}); log ")
+    # a contract the new scorer could not load: refused, and the running one left alone
+    contract = project["root"] / "contracts" / "events.yaml"
+    good = contract.read_text()
+    contract.write_text(good.replace('"^ev-[0-9]+$"', '"(("'))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events",
+             "--restart"],
+            env=project["env"], capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        contract.write_text(good)
+    assert out.returncode == 3 and "invalid regular expression" in out.stderr, out.stderr
+    assert scoring.local_scorer_pid("events") == second
     assert second and second != first and not scoring._alive(first)
     _wait(lambda: len(children(second)) == 1, 30, "the supervised scorer")
     # a scorer that dies is started again by its supervisor, and scores
@@ -791,6 +805,7 @@ def test_a_record_that_hangs_every_scorer_is_dead_lettered(project, tmp_path: Pa
         _wait(lambda: r.xlen("poison.scores") == 100, 60, "the other records' scores")
         (dead,) = _entries(r, "poison.dead")
         assert dead["value"] == poison.decode()
+        assert dead["id"] == orjson.loads(poison)["id"]  # found by its key, as others are
         assert dead["reason"].startswith("delivered 3 times and never acknowledged")
         ids = [s["id"] for s in _entries(r, "poison.scores")]
         assert sorted(ids) == sorted(orjson.loads(x)["id"] for x in records)

@@ -210,6 +210,10 @@ def test_schema_file_is_a_valid_json_schema() -> None:
         ("^([A-Za-z0-9_-]|[A-Za-z0-9_-]{2})+$", True),  # a cold user's: hung the scorer
         ("^ev-(a|aa)*[0-9]+$", True),
         ("^(a|b|ab)+$", True),
+        ("^(a?){28}a{28}$", True),  # the second cold user's: 12.75 s on 28 a's
+        ("^(a?)+$", True),
+        ("^(,[a-z])*$", False),
+        ("^(a{1,5}){1,10}$", False),
         ("^(ab|cd)+$", False),
         ("^(foo|bar)*$", False),
         ("^((a|b)c)+$", False),

@@ -464,7 +464,7 @@ class Scorer:
                         "that took it stopped first (crashed, killed or hung on it)"
                     )
                     log.warning("%s: %s: dead-lettered", m.id, why)
-                    dead.append(dead_letter(m.key, m.id, why, m.fields or m.value))
+                    dead.append(dead_letter(self._key_of(m), m.id, why, m.fields or m.value))
                 else:
                     todo.append(m)
         raws = [m.value for m in todo]
@@ -489,6 +489,14 @@ class Scorer:
                 batch.records.append(record)
                 batch.raw.append(m.value)
         return self._submit(batch, inputs)
+
+    def _key_of(self, m: Message) -> Any:
+        """The record's key (its id field) if it reads as a JSON object, else its own key."""
+        try:
+            record = orjson.loads(m.value)
+        except orjson.JSONDecodeError:
+            return m.key
+        return record.get(self.checker.key, m.key) if isinstance(record, dict) else m.key
 
     def _submit(self, batch: _Batch, inputs: dict[str, np.ndarray]) -> _Batch:
         """Send the batch's valid records (``inputs``, their features) to the model server.
@@ -964,8 +972,13 @@ def start_local_scorer(pipeline: str, timeout_s: float = 60.0) -> int:
         RedisServerError, StreamError: If its Redis server cannot be started or reached.
         TrainyardError: If it exits or reports nothing within ``timeout_s`` (with its log).
     """
+    from trainyard.contracts import load_contract
+
     cfg = load_pipeline(pipeline)
     streams_of(cfg)
+    # what the new scorer would fail on, before the running one is stopped
+    ensure_own_names(cfg)
+    RecordChecker(load_contract(cfg.dataset))
     if cfg.scoring.stream is not None and cfg.scoring.stream.engine == "redis":
         open_engine(cfg).close()  # the Redis server answers (started if it is ours)
     folder = scorer_dir(pipeline)
