@@ -383,9 +383,9 @@ def ambiguous_alternation(pattern: str) -> bool:
                 if av[0] > 0:
                     return out
                 continue  # may repeat 0 times: what follows can start the match too
-            body = {c.SUBPATTERN: lambda a: [a[3]], c.ATOMIC_GROUP: lambda a: [a]}
-            if op in body or op == c.BRANCH:
-                subs = [first(b) for b in (body[op](av) if op in body else av[1])]
+            if op in (c.SUBPATTERN, c.ATOMIC_GROUP, c.BRANCH):
+                parts = [av[3]] if op == c.SUBPATTERN else [av] if op == c.ATOMIC_GROUP else av[1]
+                subs = [first(b) for b in parts]
                 if any(x is None for x in subs):
                     return None
                 return out.union(*subs)  # type: ignore[arg-type]
@@ -429,15 +429,15 @@ def ambiguous_alternation(pattern: str) -> bool:
                 and (ambiguous(av[2]) or empty_ok(av[2]))
             ):
                 return True
-            inner = {
-                c.MAX_REPEAT: lambda a: [a[2]],
-                c.MIN_REPEAT: lambda a: [a[2]],
-                c.SUBPATTERN: lambda a: [a[3]],
-                c.BRANCH: lambda a: a[1],
-                c.ASSERT: lambda a: [a[1]],
-                c.ASSERT_NOT: lambda a: [a[1]],
-            }
-            if op in inner and any(walk(x) for x in inner[op](av)):
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT):
+                parts = [av[2]]
+            elif op == c.SUBPATTERN:
+                parts = [av[3]]
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                parts = [av[1]]
+            else:
+                parts = av[1] if op == c.BRANCH else []
+            if any(walk(x) for x in parts):
                 return True
         return False
 

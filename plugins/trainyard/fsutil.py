@@ -93,7 +93,8 @@ def process_alive(pid: int) -> bool:
             stat = Path(f"/proc/{pid}/stat").read_bytes()
         except OSError:
             return True  # no /proc: pid_alive's answer
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+        state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]  # after "(comm) "
+        return state not in (b"Z", b"X")
     return done == 0
 
 

@@ -236,7 +236,7 @@ def _int_or_float(text: str) -> int | float:
 
     orjson reads such numbers as floats too; the check then names the field.
     """
-    if len(text) <= 21:  # int() refuses over 4,300 digits
+    if len(text) <= 21:  # may fit 64 bits (a sign and 20 digits); int() takes at most 4,300
         value = int(text)
         if -(2**63) <= value < 2**64:
             return value
