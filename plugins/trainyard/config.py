@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -21,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -48,11 +50,38 @@ def dns_subdomain(value: str | None) -> str | None:
     return value
 
 
-class _Strict(BaseModel):
+def _numeric_only(annotation: Any) -> bool:
+    """Whether a field's type takes numbers and not booleans (``int``, ``float | None``)."""
+    kinds: set[Any] = set()
+    todo = [annotation]
+    while todo:
+        t = todo.pop()
+        args = typing.get_args(t)
+        if typing.get_origin(t) is Annotated:
+            todo.append(args[0])
+        elif args and typing.get_origin(t) in (typing.Union, types.UnionType):
+            todo.extend(args)
+        else:
+            kinds.add(t)
+    return bool(kinds & {int, float}) and kinds <= {int, float, type(None)}
+
+
+class StrictModel(BaseModel):
+    """A frozen config model: unknown keys refused, and no boolean taken for a number."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse ``true`` for a number: pydantic would read it as 1 (``epochs: yes``)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _numeric_only(field.annotation):
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
-class SourceConfig(_Strict):
+
+class SourceConfig(StrictModel):
     """Where the raw data of an interval is read from.
 
     ``url`` is an fsspec URL or a path (relative paths are relative to the project dir);
@@ -75,7 +104,7 @@ class SourceConfig(_Strict):
     wait_poke_s: float = Field(default=300, gt=0)
 
 
-class StagingConfig(_Strict):
+class StagingConfig(StrictModel):
     """How snapshots are written and kept, and the dataset volume on Kubernetes.
 
     ``pvc_size``, ``storage_class``, ``access_mode`` and the volume snapshot options apply
@@ -99,13 +128,13 @@ class StagingConfig(_Strict):
     _dns_subdomain = field_validator("volume_snapshot_class")(dns_subdomain)
 
 
-class WindowIntervals(_Strict):
+class WindowIntervals(StrictModel):
     """Train on the last ``intervals`` data intervals whose snapshots passed validation."""
 
     intervals: int = Field(ge=1, le=100_000)
 
 
-class WindowSince(_Strict):
+class WindowSince(StrictModel):
     """Train on every validated interval snapshot whose interval starts on or after ``since``."""
 
     since: dt.date
@@ -120,7 +149,7 @@ TrainingWindow = Literal["newest"] | WindowIntervals | WindowSince
 ``{since: YYYY-MM-DD}`` (validated interval snapshots up to the run's interval)."""
 
 
-class TrainingConfig(_Strict):
+class TrainingConfig(StrictModel):
     """Distributed training parameters (defaults of the trigger form).
 
     ``window`` says which snapshots a run trains on (the union of them, each split into
@@ -170,7 +199,7 @@ class TrainingConfig(_Strict):
         )
 
 
-class Threshold(_Strict):
+class Threshold(StrictModel):
     """An absolute bound on one metric."""
 
     min: float | None = None
@@ -194,7 +223,7 @@ TASK_METRICS = {
 DEFAULT_GATE_METRICS = {"classification": ["accuracy", "loss"], "regression": ["rmse", "mae", "r2"]}
 
 
-class ChampionRule(_Strict):
+class ChampionRule(StrictModel):
     """How the candidate compares with the current champion on one metric.
 
     ``higher_is_better`` defaults to the metric's direction (:data:`HIGHER_IS_BETTER`).
@@ -215,7 +244,7 @@ class ChampionRule(_Strict):
         return data
 
 
-class GateConfig(_Strict):
+class GateConfig(StrictModel):
     """Declarative evaluation gate."""
 
     metrics: list[str] | None = None
@@ -245,7 +274,7 @@ def _serving_model_name(value: str) -> str:
     return value
 
 
-class ServingConfig(_Strict):
+class ServingConfig(StrictModel):
     """Where and how the promoted model is served."""
 
     model_name: Annotated[str, AfterValidator(_serving_model_name)] = Field(
@@ -270,7 +299,7 @@ StreamName = Annotated[str, AfterValidator(_stream_name)]
 """A Redis stream key or Kafka topic name."""
 
 
-class StreamConfig(_Strict):
+class StreamConfig(StrictModel):
     """The streams a pipeline's scorer reads and writes (``scoring.stream``).
 
     ``engine`` is ``redis`` (Redis Streams; the project's own server unless ``url`` or
@@ -299,7 +328,7 @@ class StreamConfig(_Strict):
         return self
 
 
-class ScoringConfig(_Strict):
+class ScoringConfig(StrictModel):
     """Stream scoring with the served champion (``python -m trainyard score-stream``).
 
     Without ``stream`` nothing is scored. The scorer reads micro-batches of up to
@@ -320,7 +349,7 @@ class ScoringConfig(_Strict):
     request_timeout_s: float = Field(default=30, gt=0, le=3600, allow_inf_nan=False)
 
 
-class TriggerStreamConfig(_Strict):
+class TriggerStreamConfig(StrictModel):
     """A stream whose messages say new data arrived (``trigger.stream``): each starts a run.
 
     ``engine: redis`` reads a Redis stream ``name`` with the consumer group ``group``
@@ -352,7 +381,7 @@ class TriggerStreamConfig(_Strict):
         return self
 
 
-class TriggerConfig(_Strict):
+class TriggerConfig(StrictModel):
     """What starts a run besides the schedule: ``stream`` (an Airflow ``AssetWatcher``)."""
 
     stream: TriggerStreamConfig | None = None
@@ -362,7 +391,7 @@ EMAIL_RE = re.compile(r"^[^@\s<>]+@[^@\s<>]+$")
 NOTIFY_EVENTS = ("failure", "rejection", "promotion")
 
 
-class NotifyConfig(_Strict):
+class NotifyConfig(StrictModel):
     """E-mail a pipeline's outcomes (``notify:``) through an Airflow SMTP connection.
 
     ``events`` picks what is mailed: a task that fails for good (after its retries), a
@@ -403,7 +432,7 @@ class NotifyConfig(_Strict):
         return value
 
 
-class TrackingConfig(_Strict):
+class TrackingConfig(StrictModel):
     """Mirror each training into an experiment tracker (``tracking:``); off without it.
 
     trainyard's registry stays the source of truth: the tracker gets a copy (a run per
@@ -448,7 +477,7 @@ class TrackingConfig(_Strict):
         return value
 
 
-class PipelineConfig(_Strict):
+class PipelineConfig(StrictModel):
     """One pipeline: one DAG, one dataset, one model.
 
     ``schedule`` is a cron expression (nightly by default) or null for manual runs only;

@@ -273,3 +273,16 @@ def test_check_says_a_yml_file_is_ignored(tmp_path: Path, monkeypatch, capsys) -
     monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(tmp_path))
     assert cli_main(["check"]) == 0
     assert f"{tmp_path / 'tx.yml'}: ignored: pipeline files end in .yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override", [{"epochs": True}, {"learning_rate": False}, {"workers": True}], ids=str
+)
+def test_a_boolean_is_not_a_number_in_a_training_override(override: dict) -> None:
+    """Found by a cold user: ``{"epochs": true}`` trained one epoch (pydantic read it as 1)."""
+    from trainyard.config import load_pipeline
+    from trainyard.steps import training_params
+
+    with pytest.raises(ConfigError, match=r"invalid training override: \w+: .*expected a number"):
+        training_params(load_pipeline("digits"), override)
+    assert training_params(load_pipeline("digits"), {"epochs": 3}).epochs == 3

@@ -11,18 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from trainyard.config import TRAINING_POOL, dns_subdomain, training_pool_name
+from trainyard.config import TRAINING_POOL, StrictModel, dns_subdomain, training_pool_name
 from trainyard.errors import ConfigError
 
 DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
 AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _dns_label(value: str) -> str:
@@ -31,7 +27,7 @@ def _dns_label(value: str) -> str:
     return value
 
 
-class Taint(_Strict):
+class Taint(StrictModel):
     """A node taint of a pool; pods placed on the pool tolerate it."""
 
     key: str
@@ -39,7 +35,7 @@ class Taint(_Strict):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
-class GpuPool(_Strict):
+class GpuPool(StrictModel):
     """One GPU node pool.
 
     Attributes:
@@ -62,7 +58,7 @@ class GpuPool(_Strict):
         return _dns_label(value)
 
 
-class Tier(_Strict):
+class Tier(StrictModel):
     """A priority tier: which GPU pools, in which order, at which priority.
 
     ``training_slots`` is how many trainings of this tier may run at once: the slots of
@@ -83,14 +79,14 @@ class Tier(_Strict):
         return _dns_label(value)
 
 
-class CpuPool(_Strict):
+class CpuPool(StrictModel):
     """The CPU pool for step pods, parameter servers and serving."""
 
     node_labels: dict[str, str] = Field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
 
 
-class Resources(_Strict):
+class Resources(StrictModel):
     """Container requests and limits (Kubernetes quantities)."""
 
     requests: dict[str, str] = Field(default_factory=dict)
@@ -105,7 +101,7 @@ class Resources(_Strict):
         return value
 
 
-class ResourceSet(_Strict):
+class ResourceSet(StrictModel):
     """Resources per role."""
 
     steps: Resources = Resources(requests={"cpu": "500m", "memory": "1Gi"})
@@ -114,7 +110,7 @@ class ResourceSet(_Strict):
     serving: Resources = Resources(requests={"cpu": "500m", "memory": "1Gi"})
 
 
-class Images(_Strict):
+class Images(StrictModel):
     """Container images (pinned tags; ``latest`` is refused)."""
 
     trainer: str
@@ -133,7 +129,7 @@ class Images(_Strict):
         return value
 
 
-class Storage(_Strict):
+class Storage(StrictModel):
     """Persistent volumes: one PVC per dataset, one shared models PVC.
 
     ``volume_snapshot_class`` is the default CSI VolumeSnapshotClass for snapshots of the
@@ -164,7 +160,7 @@ class Storage(_Strict):
         return value
 
 
-class Security(_Strict):
+class Security(StrictModel):
     """The non-root identity every trainyard container runs as."""
 
     run_as_user: int = Field(default=50000, ge=1)
@@ -172,13 +168,13 @@ class Security(_Strict):
     fs_group: int = Field(default=0, ge=0)
 
 
-class Kueue(_Strict):
+class Kueue(StrictModel):
     """Optional Kueue integration (queueing and quotas instead of raw priorities)."""
 
     enabled: bool = False
 
 
-class ClusterProfile(_Strict):
+class ClusterProfile(StrictModel):
     """Everything that differs between clusters, in one typed object."""
 
     namespace: str
