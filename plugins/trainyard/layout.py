@@ -15,7 +15,8 @@ reach outside its folder (``..``, ``.``, ``/``, NUL, over-long)::
     <root>/_models/<pipeline>/champion.json      the served version
     <root>/_models/<pipeline>/runs/<run>.json    run records (summary)
     <root>/_models/<pipeline>/.work/<run>/       a training run's output before register
-    <root>/_checkpoints/<pipeline>/<run>/        BackupAndRestore checkpoints of a run
+    <root>/_checkpoints/<pipeline>/<run>/        BackupAndRestore checkpoints of a run (removed
+                                                 at register; a week untouched, by another's)
     <root>/_serving/<model-name>/<n>/            TF Serving base path of a model
     <root>/_serving/<model-name>/model.config    which of its versions are served (labels)
     <root>/_serving/models.config                every model's entry (TF Serving's file)

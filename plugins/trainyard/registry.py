@@ -632,6 +632,28 @@ def _list(reg: Registry) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n" + unreadable
 
 
+def caller() -> str:
+    """Who acts by hand when no actor is named: the login name, else ``cli``."""
+    return os.environ.get("USER") or "cli"
+
+
+def _ensure_asks_approval(pipeline: str) -> None:
+    """Refuse ``models approve|reject`` for a pipeline that does not ask for approval.
+
+    Raises:
+        RegistryRefused: If its config says ``gate.approval: none``.
+        ConfigError: If it has no (valid) config.
+    """
+    from trainyard.config import load_pipeline
+
+    cfg = load_pipeline(pipeline)
+    if cfg.gate.approval != "required":
+        raise RegistryRefused(
+            f"pipeline {pipeline!r} does not ask for approval (gate.approval: "
+            f"{cfg.gate.approval}): its gate alone decides; nothing was recorded"
+        )
+
+
 def cli_main(
     argv: list[str],
     after_move: Callable[[str], str] | None = None,
@@ -669,6 +691,7 @@ def cli_main(
             p.add_argument("version", type=int, nargs="?")
         if action in ("promote", "approve", "reject"):
             p.add_argument("version", type=int)
+        if action == "promote":
             p.add_argument("--force", action="store_true", help="override a rejecting gate")
         if action == "rollback":
             p.add_argument(
@@ -678,12 +701,14 @@ def cli_main(
             )
         if action in ("promote", "rollback", "approve", "reject"):
             p.add_argument("--reason", required=True)
-            p.add_argument("--actor", default=os.environ.get("USER") or "cli")
+            p.add_argument("--actor", default=caller())
     args = parser.parse_args(argv)
     if not NAME_RE.match(args.pipeline):
         parser.error(f"invalid pipeline name {args.pipeline!r}")
     if getattr(args, "reason", None) is not None and not args.reason.strip():
         parser.error("--reason must say why (it is recorded with who and when)")
+    if args.action in ("approve", "reject"):
+        _ensure_asks_approval(args.pipeline)
     reg = Registry(get_settings().models_root, args.pipeline)
     version = getattr(args, "version", None)
     if version is not None and version not in (known := reg.list_versions()):

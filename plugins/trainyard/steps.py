@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -316,6 +317,40 @@ def train(
     )
 
 
+STALE_RUN_DAYS = 7
+"""A training run's checkpoints nothing wrote for this long belong to a run nobody retried."""
+
+
+def remove_stale_runs(runs: Path, older_than_days: float = STALE_RUN_DAYS) -> list[Path]:
+    """Remove the run folders under ``runs`` in which nothing changed for ``older_than_days``.
+
+    A killed training run keeps its checkpoints so that a retry resumes; one that no
+    retry took for that long only fills the volume. A run still training writes a
+    checkpoint each epoch, so its folder is never this old.
+
+    Returns:
+        The folders removed.
+    """
+    import shutil
+
+    cutoff = time.time() - older_than_days * 86400
+    removed = []
+    for run in sorted(runs.iterdir()) if runs.is_dir() else ():
+        if not run.is_dir() or run.is_symlink():
+            continue
+        try:
+            newest = max(
+                [run.lstat().st_mtime]
+                + [(Path(d) / f).lstat().st_mtime for d, _, fs in os.walk(run) for f in fs]
+            )
+        except OSError:  # changing now: not stale
+            continue
+        if newest < cutoff:
+            shutil.rmtree(run, ignore_errors=True)
+            removed.append(run)
+    return removed
+
+
 def register(
     pipeline: str,
     snapshot_id: str,
@@ -327,7 +362,9 @@ def register(
     """Register a run's training output as a numbered version.
 
     The output is where the run's chief wrote it (:func:`trainyard.training.spec.run_paths`
-    on the volume root); after registering it is removed, with the run's checkpoints.
+    on the volume root); after registering it is removed, with the run's checkpoints,
+    and so are those of the pipeline's runs untouched for :data:`STALE_RUN_DAYS` (killed
+    and never retried: :func:`remove_stale_runs`).
 
     Args:
         pipeline: Pipeline name.
@@ -385,6 +422,8 @@ def register(
     registry = _registry(cfg)
     version = registry.register(model_dir, metadata, extra_files=extra)
     shutil.rmtree(Path(paths.output).parent, ignore_errors=True)
+    for stale in remove_stale_runs(Path(paths.output).parent.parent):
+        log.info("removed the checkpoints of a run untouched for a week: %s", stale)
     log.info(
         "registered %s version %d (trained on %d snapshot(s), %s rows: %s)",
         cfg.name,
@@ -426,13 +465,14 @@ def evaluate(
         ``champion_metrics``, ``report`` (markdown).
     """
     from trainyard import evaluation
+    from trainyard.registry import caller
 
     cfg = load_pipeline(pipeline)
     registry = _registry(cfg)
     force = None
     if force_promote:
         force = evaluation.ForceRequest(
-            actor=actor or "unknown",
+            actor=actor or caller(),
             reason=force_reason or "",
             at=dt.datetime.now(dt.UTC).isoformat(),
         )
@@ -464,6 +504,7 @@ def deploy(
     """
     from trainyard import evaluation
     from trainyard.contracts import feature_spec, load_contract
+    from trainyard.registry import caller
     from trainyard.serving.deploy import deploy as deploy_version
     from trainyard.serving.deploy import ensure_local_server, serve_champion
 
@@ -522,7 +563,7 @@ def deploy(
         feature_spec=spec,
         previous_version=previous,
         timeout_s=120.0,
-        promote=lambda: registry.promote(version, reason=promote_reason, actor=actor or "pipeline"),
+        promote=lambda: registry.promote(version, reason=promote_reason, actor=actor or caller()),
     )
     _mirror(cfg, registry, None)
     return {
@@ -851,6 +892,8 @@ def run_all(
     Returns:
         The run summary of the last interval.
     """
+    from trainyard.registry import caller
+
     overrides = overrides_object(overrides)
     force = {"force_promote", "force_reason"}
     if overrides.get("force_promote") and not overrides.get("force_reason"):
@@ -881,14 +924,14 @@ def run_all(
                 version,
                 bool(overrides.get("force_promote")),
                 overrides.get("force_reason"),
-                "cli",
+                caller(),
             )
             cfg = load_pipeline(pipeline)
             approval = _registry(cfg).read_file(version, "approval.json") or {}
             if results["evaluate"]["promote"] and (
                 cfg.gate.approval != "required" or approval.get("approved")
             ):
-                results["deploy"] = deploy(pipeline, version, "cli")
+                results["deploy"] = deploy(pipeline, version, caller())
             elif results["evaluate"]["promote"]:
                 log.warning(
                     "%s version %s passed the gate and waits for a person's approval "

@@ -472,3 +472,64 @@ def test_a_refusal_is_not_retried() -> None:
 
     assert deterministic(RegistryRefused("pipeline 'digits' has no version 99"))
     assert not deterministic(RegistryError("version 3 appeared while the lock was held"))
+
+
+def test_cli_approve_only_for_pipelines_that_ask_for_approval(
+    reg: Registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``models approve`` on a pipeline whose gate alone decides was recorded (and meant
+    nothing); it is refused, and ``--force`` belongs to ``promote`` alone."""
+    import yaml
+
+    from trainyard.settings import get_settings
+
+    reg.register(make_model(tmp_path), meta("snapA"))
+    approve = ["models", "approve", "--pipeline", "digits", "1", "--reason", "looks right"]
+    assert cli(approve) == 3
+    assert "does not ask for approval (gate.approval: none)" in capsys.readouterr().err
+    assert reg.history() == [] and reg.read_file(1, "approval.json") is None
+    with pytest.raises(SystemExit):
+        cli([*approve, "--force"])
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    doc = yaml.safe_load((get_settings().pipelines_dir / "digits.yaml").read_text())
+    doc.setdefault("gate", {})["approval"] = "required"
+    (pipelines / "digits.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
+    monkeypatch.setenv("USER", "carol")
+    assert cli(approve) == 0
+    assert "version 1 approved by carol" in capsys.readouterr().out
+    assert reg.read_file(1, "approval.json")["approved"] is True
+
+
+def test_checkpoints_of_runs_nobody_retried_for_a_week_are_removed(tmp_path: Path) -> None:
+    """A killed training run's checkpoints stayed on the volume forever; registering a
+    version removes those untouched for :data:`STALE_RUN_DAYS`, and only those."""
+    from trainyard.steps import STALE_RUN_DAYS, remove_stale_runs
+
+    runs = tmp_path / "_checkpoints" / "digits"
+    week_ago = time.time() - (STALE_RUN_DAYS + 1) * 86400
+
+    def run(name: str, recent: str | None = None) -> Path:
+        folder = runs / name
+        (folder / "backup" / "chief").mkdir(parents=True)
+        (folder / "backup" / "chief" / "ckpt-3.index").write_bytes(b"x")
+        for d, _, files in os.walk(folder):
+            for f in [*files, "."]:
+                os.utime(Path(d) / f, (week_ago, week_ago))
+        if recent:  # written now, deep inside: a run still training
+            (folder / "backup" / "chief" / recent).write_bytes(b"y")
+        return folder
+
+    killed = run("manual__killed")
+    training = run("manual__training", recent="ckpt-4.index")
+    fresh = runs / "manual__fresh"
+    fresh.mkdir()
+    (runs / "not-a-run.txt").write_text("kept")
+    assert remove_stale_runs(runs) == [killed]
+    assert not killed.exists() and training.is_dir() and fresh.is_dir()
+    assert (runs / "not-a-run.txt").is_file()
+    assert remove_stale_runs(tmp_path / "missing") == []
