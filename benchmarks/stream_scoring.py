@@ -334,9 +334,9 @@ def main() -> None:
         serving = root / "volumes" / "_serving"
         publish_version(gt, serving, "events", 1, SPEC)
         model_config.set_served(serving, "events", [1], {model_config.STABLE: 1})
-        ensure_local_server(serving, "127.0.0.1", port)
-        redis_server.ensure_running(root / "redis")
         try:
+            ensure_local_server(serving, "127.0.0.1", port)
+            redis_server.ensure_running(root / "redis")
             with ServingClient("127.0.0.1", port) as c:
                 wait_available(c, "events", 1, 120)
             records, _ = make_records(a.records)

@@ -46,9 +46,9 @@ def project(tmp_path_factory: pytest.TempPathFactory):
     publish_version(gt, serving, "events", 1, SPEC)
     publish_version(lt, serving, "events", 2, SPEC)
     model_config.set_served(serving, "events", [1], {model_config.STABLE: 1})
-    ensure_local_server(serving, "127.0.0.1", port)
-    url = redis_server.ensure_running(root / "redis")
-    try:
+    try:  # a server started before a failure here is stopped too
+        ensure_local_server(serving, "127.0.0.1", port)
+        url = redis_server.ensure_running(root / "redis")
         yield {"root": root, "env": {**os.environ, **env}, "port": port, "url": url}
     finally:
         # scorers first: a supervised scorer would start the project's Redis again
@@ -257,6 +257,7 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     )  # fmt: skip
     second = scoring.local_scorer_pid("events")
     assert out.stdout.startswith(f"scorer running (pid {second}); log ")
+    assert "warning" not in out.stderr, out.stderr  # its model server answers
     # a contract the new scorer could not load: refused, and the running one left alone
     contract = project["root"] / "contracts" / "events.yaml"
     good = contract.read_text()

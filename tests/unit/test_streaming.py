@@ -36,7 +36,7 @@ from trainyard.streaming.engines import (
     next_offsets,
 )
 from trainyard.streaming.records import RecordChecker
-from trainyard.streaming.scorer import scores_of
+from trainyard.streaming.scorer import model_unreachable, scores_of
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = Streams("txn.in", "txn.scores", "txn.dead", "trainyard-transactions")
@@ -688,3 +688,18 @@ def test_redis_errors_hide_the_password_and_name_a_bad_url() -> None:
     assert "secretpw" not in str(e.value) and "redis://:***@127.0.0.1:1/0" in str(e.value)
     with pytest.raises(StreamError, match="redis URL 'garbage'"):
         RedisStreams("garbage", STREAMS)
+
+
+def test_model_unreachable_names_the_server_a_restarted_scorer_waits_for() -> None:
+    """Found by a cold user: ``score-stream --restart`` said only "scorer running" while
+    the model server was down (the scorer waits, reading nothing); it now warns."""
+    from serving_support import free_port
+
+    from trainyard.config import load_pipeline
+
+    cfg = load_pipeline("digits")
+    port = free_port()  # nothing listens there
+    down = cfg.model_copy(update={"serving": cfg.serving.model_copy(update={"port": port})})
+    why = model_unreachable(down, timeout_s=2)
+    assert why is not None and why.startswith(f"model server {cfg.serving.host}:{port}: ")
+    assert "Connection refused" in why or "ConnectionRefusedError" in why

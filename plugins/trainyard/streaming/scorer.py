@@ -711,6 +711,19 @@ def previous_failure(status_file: Path | None) -> str | None:
 # --------------------------------------------------------------------------- CLI
 
 
+def model_unreachable(cfg: PipelineConfig, timeout_s: float = 5.0) -> str | None:
+    """Why the pipeline's model server cannot score now (down, or no version served), or None."""
+    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    endpoint = ModelEndpoint(host, cfg.serving.port, cfg.serving.model_name, timeout_s=timeout_s)
+    try:
+        endpoint.resolve()
+    except (OSError, http.client.HTTPException, LookupError) as e:
+        return f"model server {host}:{cfg.serving.port}: {type(e).__name__}: {e}"
+    finally:
+        endpoint.close()
+    return None
+
+
 def build_scorer(
     pipeline: str,
     consumer: str | None = None,
@@ -785,6 +798,8 @@ def cli_main(argv: list[str]) -> int:
     if args.restart:
         pid = start_local_scorer(args.pipeline)
         print(f"scorer running (pid {pid}); log {scorer_dir(args.pipeline) / LOG_FILE}")
+        if why := model_unreachable(load_pipeline(args.pipeline)):
+            print(f"warning: {why}: the scorer waits for it, reading nothing", file=sys.stderr)
         return 0
     if args.supervise:
         child = [a for a in argv if a != "--supervise"]
