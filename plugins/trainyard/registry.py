@@ -384,17 +384,21 @@ class Registry:
         atomic_write_json(self.pointer, {"version": version, "previous": previous, "event": event})
         self._append_history(event)
 
-    def promote(self, version: int, reason: str, actor: str, forced: bool = False) -> None:
+    def promote(self, version: int, reason: str, actor: str, forced: bool = False) -> bool:
         """Make ``version`` the champion (atomically) and record who, when and why.
 
         A version whose attached gate decision is ``reject`` can only be promoted with
         ``forced=True``; a gate verdict of ``forced`` marks the promotion as forced.
+        The champion itself is not promoted again: nothing is recorded.
 
         Args:
             version: A published version.
             reason: Why (one sentence; required).
             actor: Who (a user name or ``pipeline``; required).
             forced: The promotion overrides the gate.
+
+        Returns:
+            False if ``version`` already was the champion (nothing written).
 
         Raises:
             RegistryError: If the version is missing, reason/actor are empty, or the gate
@@ -415,6 +419,8 @@ class Registry:
             forced = forced or verdict == "forced"
             state = self._read_pointer() or {}
             current = state.get("version")
+            if current == version:
+                return False
             previous = list(state.get("previous", []))
             if current is not None and current != version:
                 previous.append(current)
@@ -429,6 +435,7 @@ class Registry:
             if forced and gate and gate.get("force"):
                 event["force_request"] = gate["force"]
             self._move_pointer(version, previous, event)
+        return True
 
     def rollback(self, reason: str, actor: str, *, unserve: bool = False) -> int | None:
         """Make the previous champion the champion again.
@@ -457,8 +464,8 @@ class Registry:
             previous = list(state.get("previous", []))
             if not previous and not unserve:
                 raise RegistryRefused(
-                    f"version {current} is {self.pipeline!r}'s first champion: rolling it back "
-                    "leaves no model to serve; promote another version instead, or pass "
+                    f"version {current} is the first champion of {self.pipeline!r}: rolling it "
+                    "back leaves no model to serve; promote another version instead, or pass "
                     "--unserve to take the model offline"
                 )
             target = previous.pop() if previous else None
@@ -709,7 +716,16 @@ def cli_main(
         parser.error("--reason must say why (it is recorded with who and when)")
     if args.action in ("approve", "reject"):
         _ensure_asks_approval(args.pipeline)
-    reg = Registry(get_settings().models_root, args.pipeline)
+    settings = get_settings()
+    reg = Registry(settings.models_root, args.pipeline)
+    configs = {p.stem for p in settings.pipelines_dir.glob("*.yaml")}
+    if args.pipeline not in configs and not reg.root.is_dir():
+        registered = settings.models_root.iterdir() if settings.models_root.is_dir() else ()
+        known = sorted(configs | {p.name for p in registered if p.is_dir()})
+        parser.error(
+            f"unknown pipeline {args.pipeline!r}: no config in {settings.pipelines_dir} and "
+            f"nothing registered (known: {', '.join(known) or 'none'})"
+        )
     version = getattr(args, "version", None)
     if version is not None and version not in (known := reg.list_versions()):
         listed = ", ".join(map(str, known)) or "none"
@@ -733,11 +749,14 @@ def cli_main(
         }
         out.write(json.dumps(shown, indent=2, sort_keys=True, default=str) + "\n")
     elif args.action == "promote":
-        reg.promote(args.version, args.reason, args.actor, forced=args.force)
-        out.write(f"{reg.pipeline}: version {args.version} is now the champion\n")
+        if reg.promote(args.version, args.reason, args.actor, forced=args.force):
+            out.write(f"{reg.pipeline}: version {args.version} is now the champion\n")
+        else:
+            out.write(f"{reg.pipeline}: version {args.version} already is the champion\n")
     elif args.action in ("approve", "reject"):
         reg.record_approval(args.version, args.action == "approve", args.actor, args.reason)
-        out.write(f"{reg.pipeline}: version {args.version} {args.action}d by {args.actor}\n")
+        said = "approved" if args.action == "approve" else "rejected"
+        out.write(f"{reg.pipeline}: version {args.version} {said} by {args.actor}\n")
     elif args.action == "rollback":
         target = reg.rollback(args.reason, args.actor, unserve=args.unserve)
         out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")

@@ -39,6 +39,7 @@ from trainyard.errors import (
     ConfigError,
     DeployError,
     RegistryError,
+    RegistryRefused,
     SnapshotError,
     TrainyardError,
 )
@@ -119,6 +120,35 @@ def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> Tr
         raise ConfigError(f"pipeline {cfg.name}: invalid training override: {problems}") from e
 
 
+def _instant(name: str, text: str) -> dt.datetime:
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{name} {text!r} is not an ISO date or date-time") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+def check_interval(start: str | None, end: str | None) -> None:
+    """Refuse a data interval no run can have: not ISO, ending before it starts, or not begun.
+
+    Start and end may be the same day: a run without a data interval (and an hourly
+    run's) has its day as both.
+
+    Raises:
+        ConfigError: Naming the value (a step run by hand with a typo would otherwise
+            stage, and record, an interval of that name).
+    """
+    if start is None:
+        if end is not None:
+            raise ConfigError(f"interval_end {end!r} without an interval_start")
+        return
+    begins = _instant("interval_start", start)
+    if end is not None and _instant("interval_end", end) < begins:
+        raise ConfigError(f"interval_end {end} is before interval_start {start}")
+    if begins > dt.datetime.now(dt.UTC):
+        raise ConfigError(f"interval_start {start} is in the future: its data cannot have arrived")
+
+
 def stage(
     pipeline: str,
     interval_start: str | None = None,
@@ -143,6 +173,7 @@ def stage(
     """
     from trainyard.staging import stage as stage_source
 
+    check_interval(interval_start, interval_end)
     # names the config refers to (model, contract, metrics) are checked before any read
     cfg = load_pipeline(pipeline, check=True)
     if snapshot_id:
@@ -469,6 +500,13 @@ def evaluate(
 
     cfg = load_pipeline(pipeline)
     registry = _registry(cfg)
+    if int(version) == registry.champion():
+        # its gate record says what it beat when it shipped: a comparison with itself
+        # would overwrite that
+        raise RegistryRefused(
+            f"{cfg.name} version {version} is the champion: there is nothing to gate it "
+            "against (its gate record is kept)"
+        )
     force = None
     if force_promote:
         force = evaluation.ForceRequest(
@@ -480,6 +518,10 @@ def evaluate(
     log.info("gate decision for %s v%s:\n%s", cfg.name, version, decision.to_markdown())
     _mirror(cfg, registry, int(version))
     return decision.summary()
+
+
+def _version_text(version: int | None) -> str:
+    return "none" if version is None else f"version {version}"
 
 
 def deploy(
@@ -519,6 +561,17 @@ def deploy(
     if gate.get("verdict") not in ("promote", "forced"):
         reason = gate.get("reason") or "it has not been evaluated (run the evaluate step first)"
         raise DeployError(f"{cfg.name} version {version} may not be deployed: {reason}")
+    champion = registry.champion()
+    if gate["verdict"] == "promote" and version != champion and gate.get("champion") != champion:
+        # an old candidate (an old run's deploy, by hand or cleared) would demote a newer
+        # champion its gate never saw
+        raise DeployError(
+            f"{cfg.name} version {version} was gated against champion "
+            f"{_version_text(gate.get('champion'))} and the champion is now "
+            f"{_version_text(champion)}: evaluate it again (python -m trainyard evaluate "
+            f"--pipeline {cfg.name} --version {version}), or make it the champion by hand "
+            f"(python -m trainyard models promote --pipeline {cfg.name} {version} --reason ...)"
+        )
     promote_reason = f"deployed after gate on snapshot {meta['snapshot_id']}"
     if approved_by:
         registry.record_approval(version, True, approved_by, approval_reason or "")
@@ -668,19 +721,21 @@ def summary(
     results: dict[str, Any] | None = None,
     log_it: bool = True,
 ) -> dict[str, Any]:
-    """Record a run's results (``runs/<run>.json``, ``last_run.json``), or read the last.
+    """Record a run's results (``runs/<run>.json``, ``last_run.json``), or read one back.
 
     Args:
         pipeline: Pipeline name.
         run_id: The run; ``None`` returns the last recorded run.
-        results: Each step's return value keyed by step name (missing when skipped).
+        results: Each step's return value keyed by step name (missing when skipped);
+            ``None`` returns the record of ``run_id``.
         log_it: Log the recorded summary (``run`` prints its last one instead).
 
     Returns:
         The record (written, or read back).
 
     Raises:
-        RegistryError: If no run was recorded yet and none is given.
+        RegistryError: If no run was recorded yet and none is given, or ``run_id`` was
+            not recorded and no ``results`` are given.
     """
     from trainyard.layout import Layout
 
@@ -690,6 +745,14 @@ def summary(
         path = layout.last_run(cfg.name)
         if not path.is_file():
             raise RegistryError(f"no run of pipeline {cfg.name!r} recorded yet ({path})")
+        return read_json(path)
+    if results is None:  # by hand, a run to show: a typo must not record a run of that name
+        path = layout.run_record(cfg.name, run_id)
+        if not path.is_file():
+            raise RegistryRefused(
+                f"no run {run_id!r} of pipeline {cfg.name!r} recorded (runs in {path.parent}); "
+                "--results records one"
+            )
         return read_json(path)
     record = {
         "pipeline": cfg.name,
@@ -1183,7 +1246,7 @@ STEPS: dict[str, Step] = {
             summary,
             (
                 _pipeline(),
-                Arg("run_id", help="record this run (else print the last one)"),
+                Arg("run_id", help="the run: recorded with --results, else printed"),
                 Arg("results", "json", help="each step's result keyed by step name (JSON)"),
             ),
             ("pipeline", "run_id", "finished_at"),

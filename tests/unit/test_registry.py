@@ -146,7 +146,9 @@ def test_promote_rollback_and_history(reg: Registry, tmp_path: Path) -> None:
     assert reg.rollback("smoke test failed", "deploy") == 2
     assert reg.rollback("bad again", "bob") == 1
     assert reg.snapshot_ids_in_use(live_only=True) == {("digits", "snap0")}
-    with pytest.raises(RegistryError, match="first champion: rolling it back leaves no model"):
+    with pytest.raises(
+        RegistryError, match="first champion of 'digits': rolling it back leaves no model"
+    ):
         reg.rollback("first one bad too", "bob")
     assert reg.champion() == 1
     assert reg.rollback("first one bad too", "bob", unserve=True) is None
@@ -533,3 +535,51 @@ def test_checkpoints_of_runs_nobody_retried_for_a_week_are_removed(tmp_path: Pat
     assert not killed.exists() and training.is_dir() and fresh.is_dir()
     assert (runs / "not-a-run.txt").is_file()
     assert remove_stale_runs(tmp_path / "missing") == []
+
+
+def _gated(reg: Registry, version: int, champion: int | None, verdict: str = "promote") -> None:
+    gate = {"verdict": verdict, "promote": verdict != "reject", "champion": champion}
+    reg.attach(version, "gate.json", json.dumps({**gate, "reason": "checks passed"}))
+
+
+def test_the_deploy_step_never_demotes_a_champion_its_gate_did_not_see(reg: Registry, tmp_path):
+    """Found by a cold user: ``deploy --version 1`` made v1 (gated when nothing was
+    champion) the champion over v3, without force or reason; evaluating the champion
+    overwrote the gate record of its promotion with a comparison with itself."""
+    from trainyard import steps
+    from trainyard.errors import DeployError, RegistryRefused
+
+    for _ in range(3):
+        reg.register(make_model(tmp_path), meta())
+    _gated(reg, 1, None)
+    _gated(reg, 2, 1)
+    _gated(reg, 3, 1)
+    reg.promote(1, "first", "al")
+    reg.promote(3, "better", "al")
+    history = reg.history()
+    for old, seen in ((1, "none"), (2, "version 1")):
+        why = f"version {old} was gated against champion {seen} and the champion is now version 3"
+        with pytest.raises(DeployError, match=why + ": evaluate it again"):
+            steps.deploy("digits", old)
+    assert reg.champion() == 3 and reg.history() == history
+    gate = reg.read_file(3, "gate.json")
+    with pytest.raises(RegistryRefused, match="version 3 is the champion: there is nothing"):
+        steps.evaluate("digits", 3)
+    assert reg.read_file(3, "gate.json") == gate
+
+
+def test_cli_promote_of_the_champion_records_nothing_and_unknown_pipelines_are_named(
+    reg: Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a cold user: promoting the champion again added a promotion "from 7 to
+    7"; ``models history --pipeline nope`` printed nothing and exited 0."""
+    reg.register(make_model(tmp_path), meta())
+    promote = ["models", "promote", "--pipeline", "digits", "1", "--reason", "first"]
+    assert cli(promote) == 0 and cli(promote) == 0
+    assert "version 1 already is the champion" in capsys.readouterr().out
+    assert [e["event"] for e in reg.history()] == ["promote"]
+    for action in ("history", "show", "list"):
+        with pytest.raises(SystemExit) as exc:
+            cli(["models", action, "--pipeline", "nope"])
+        assert exc.value.code == 2
+        assert "unknown pipeline 'nope': no config in " in capsys.readouterr().err

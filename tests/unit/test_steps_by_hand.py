@@ -1,0 +1,67 @@
+"""Steps run by hand (``python -m trainyard <step> ...``) with the typos people make.
+
+Each was found by a new user: the step took the value, wrote a record named after it,
+and exited 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainyard import steps
+from trainyard.cli import main as cli
+from trainyard.errors import ConfigError
+from trainyard.steps import EXIT_DETERMINISTIC
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "says"),
+    [
+        ("notadate", None, "interval_start 'notadate' is not an ISO date or date-time"),
+        ("2026-11-10", "2026-11-05", "interval_end 2026-11-05 is before interval_start"),
+        ("2026-11-10", "11/12/2026", "interval_end '11/12/2026' is not an ISO date"),
+        ("2099-01-01", "2099-01-02", "interval_start 2099-01-01 is in the future"),
+        (None, "2026-11-05", "interval_end '2026-11-05' without an interval_start"),
+    ],
+)
+def test_stage_refuses_an_interval_no_run_can_have(
+    volume_root: Path, capsys: pytest.CaptureFixture[str], start, end, says: str
+) -> None:
+    argv = ["stage", "--pipeline", "digits"]
+    argv += ["--interval-start", start] if start else []
+    argv += ["--interval-end", end] if end else []
+    assert cli(argv) == EXIT_DETERMINISTIC
+    assert says in capsys.readouterr().err
+    assert not list(volume_root.rglob("intervals/*.json"))  # nothing recorded
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        ("2026-11-05", "2026-11-05"),  # a run without a data interval, or an hourly run's
+        ("2026-11-05T02:00:00+00:00", "2026-11-06T02:00:00+00:00"),
+        ("2026-11-05T02:00:00Z", None),
+    ],
+)
+def test_intervals_runs_have_pass(start: str, end: str | None) -> None:
+    steps.check_interval(start, end)
+
+
+def test_check_interval_names_the_bad_value() -> None:
+    with pytest.raises(ConfigError, match="interval_start '2026-13-01'"):
+        steps.check_interval("2026-13-01", None)
+
+
+def test_summary_of_a_run_never_recorded_is_refused_not_recorded(
+    volume_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(["summary", "--pipeline", "digits", "--run-id", "nope"]) == EXIT_DETERMINISTIC
+    assert "no run 'nope' of pipeline 'digits' recorded" in capsys.readouterr().err
+    assert not list(volume_root.rglob("*.json"))
+    recorded = ["summary", "--pipeline", "digits", "--run-id", "run-1", "--results", "{}"]
+    assert cli(recorded) == 0
+    capsys.readouterr()
+    assert cli(["summary", "--pipeline", "digits", "--run-id", "run-1"]) == 0
+    assert '"run_id": "run-1"' in capsys.readouterr().out
