@@ -112,12 +112,21 @@ def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> Tr
         )
     values = {k: v for k, v in (overrides or {}).items() if v is not None}
     try:
-        return TrainingConfig.model_validate({**cfg.training.model_dump(), **values})
+        params = TrainingConfig.model_validate({**cfg.training.model_dump(), **values})
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
         )
         raise ConfigError(f"pipeline {cfg.name}: invalid training override: {problems}") from e
+    if "priority" in values:  # the form offers the tiers; a typed override is checked here
+        from trainyard.k8s.profile import load_cluster_profile
+
+        try:
+            load_cluster_profile().tier(params.priority)
+        except ConfigError as e:
+            why = f"pipeline {cfg.name}: invalid training override: priority: {e}"
+            raise ConfigError(why) from None
+    return params
 
 
 def _instant(name: str, text: str) -> dt.datetime:

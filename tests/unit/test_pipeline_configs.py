@@ -286,3 +286,14 @@ def test_a_boolean_is_not_a_number_in_a_training_override(override: dict) -> Non
     with pytest.raises(ConfigError, match=r"invalid training override: \w+: .*expected a number"):
         training_params(load_pipeline("digits"), override)
     assert training_params(load_pipeline("digits"), {"epochs": 3}).epochs == 3
+
+
+def test_an_unknown_priority_override_is_refused_before_anything_runs() -> None:
+    """Found by a cold user: ``--overrides '{"priority": "ultra"}'`` was refused only by
+    the train step, after staging and validation had run."""
+    from trainyard.config import load_pipeline
+    from trainyard.steps import training_params
+
+    with pytest.raises(ConfigError, match=r"priority: unknown priority tier 'ultra' \(known: "):
+        training_params(load_pipeline("digits"), {"priority": "ultra"})
+    assert training_params(load_pipeline("digits"), {"priority": "low"}).priority == "low"
