@@ -51,6 +51,8 @@ from trainyard.layout import CHAMPION_FILE, HISTORY_FILE, VERSIONS_DIR
 
 #: Files a caller may attach to a published version (written atomically, never the model).
 ATTACHABLE = ("gate.md", "gate.json", "approval.json")
+MAX_REASON_CHARS = 2000
+"""The longest ``--reason`` the CLI records (every history reader shows it)."""
 #: Metadata keys every version must carry (the lineage of the model).
 REQUIRED_METADATA = ("dataset", "snapshot_id")
 _TMP_PREFIX = "reg-"
@@ -567,7 +569,13 @@ def _write_plain_json(path: Path, obj: Any) -> None:
 
 
 def _fmt_metrics(metrics: Mapping[str, Any]) -> str:
-    items = [(k, v) for k, v in sorted(metrics.items()) if "@" not in k]
+    # a version not yet evaluated shows its training figures: numbers only (not its
+    # class names, model or strategy)
+    items = [
+        (k, v)
+        for k, v in sorted(metrics.items())
+        if "@" not in k and isinstance(v, int | float) and not isinstance(v, bool)
+    ]
     return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in items)
 
 
@@ -714,6 +722,11 @@ def cli_main(
         parser.error(f"invalid pipeline name {args.pipeline!r}")
     if getattr(args, "reason", None) is not None and not args.reason.strip():
         parser.error("--reason must say why (it is recorded with who and when)")
+    if len(getattr(args, "reason", None) or "") > MAX_REASON_CHARS:
+        parser.error(
+            f"--reason is {len(args.reason)} characters: a reason is a sentence or a few "
+            f"(at most {MAX_REASON_CHARS}); link to anything longer"
+        )
     if args.action in ("approve", "reject"):
         _ensure_asks_approval(args.pipeline)
     settings = get_settings()

@@ -357,6 +357,16 @@ def train(
     )
 
 
+def _remove_run_folder(cfg: PipelineConfig, run_id: str) -> None:
+    import shutil
+
+    from trainyard.layout import Layout
+
+    folder = Layout(get_settings().volume_root).checkpoints(cfg.name, run_id)
+    shutil.rmtree(folder, ignore_errors=True)
+    log.info("removed the checkpoints of run %s (%s)", run_id, folder)
+
+
 STALE_RUN_DAYS = 7
 """A training run's checkpoints nothing wrote for this long belong to a run nobody retried."""
 
@@ -989,7 +999,13 @@ def run_all(
         results["validate"] = validate(pipeline, snap, start)
         if trains:
             window = results["validate"]["window"]
-            results["train"] = train(pipeline, snap, run_id, training, window=window)
+            try:
+                results["train"] = train(pipeline, snap, run_id, training, window=window)
+            except BaseException:
+                # nothing resumes a run of this command (its run id is new each time):
+                # its checkpoints would only fill the volume
+                _remove_run_folder(cfg, run_id)
+                raise
             version = results["train"]["version"]
             results["evaluate"] = evaluate(
                 pipeline,

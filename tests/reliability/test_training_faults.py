@@ -163,3 +163,32 @@ def test_killed_launcher_leaves_no_worker(sig: int, volume_root: Path, tmp_path:
     launcher.wait(timeout=30)
     _gone, alive = psutil.wait_procs(workers, timeout=15)
     assert alive == [], f"worker processes survived the launcher: {[p.pid for p in alive]}"
+
+
+@pytest.mark.slow
+def test_a_cli_run_stopped_in_training_leaves_no_checkpoints(volume_root: Path) -> None:
+    """Found by a cold user: ``trainyard run`` stopped by Ctrl-C in training left its
+    checkpoint folder, which nothing resumes: each run's id is new."""
+    runs = volume_root / "_checkpoints" / "digits"
+    log = volume_root.parent / "run.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainyard", "run", "--pipeline", "digits",
+             "--overrides", '{"epochs": 200, "workers": 1}'],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not list(runs.glob("*/backup/*")):  # training wrote its first checkpoint
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+        assert proc.wait(120) == 130, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "removed the checkpoints of run cli__" in text, text[-3000:]
+    assert not list(runs.iterdir())
+    _no_children_left()

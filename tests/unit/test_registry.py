@@ -384,12 +384,17 @@ def test_cli_list_show_promote_rollback(
         ["show", "--pipeline", "digits", "9"],
         ["promote", "--pipeline", "digits", "9", "--reason", "x"],
         ["rollback", "--pipeline", "digits", "--reason", " "],
+        ["rollback", "--pipeline", "digits", "--reason", "x" * 2001],
     ):
         with pytest.raises(SystemExit) as exc:
             cli(["models", *argv])
         assert exc.value.code == 2
         err = capsys.readouterr().err
-        assert "has no version 9 (known: 1, 2)" in err or "--reason must say why" in err
+        assert (
+            "has no version 9 (known: 1, 2)" in err
+            or "--reason must say why" in err
+            or "--reason is 2001 characters: a reason is a sentence or a few (at most 2000)" in err
+        )
     assert cli(["models", "history", "--pipeline", "digits"]) == 0
     assert [json.loads(line)["event"] for line in capsys.readouterr().out.splitlines()] == [
         "promote",
@@ -583,3 +588,15 @@ def test_cli_promote_of_the_champion_records_nothing_and_unknown_pipelines_are_n
             cli(["models", action, "--pipeline", "nope"])
         assert exc.value.code == 2
         assert "unknown pipeline 'nope': no config in " in capsys.readouterr().err
+
+
+def test_list_shows_a_version_not_yet_evaluated_by_its_numbers(
+    reg: Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a cold user: a version from a bare ``train`` listed every training field
+    (class names, model, strategy) in its metrics column."""
+    figures = {"accuracy": 0.9, "class_names": ["0", "1"], "model": "small_cnn", "epochs": 4}
+    reg.register(make_model(tmp_path), meta(train_metrics=figures))
+    assert cli(["models", "list", "--pipeline", "digits"]) == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.endswith("accuracy=0.9000 epochs=4"), row

@@ -174,7 +174,10 @@ def placement_for_tier(
     )
     if tolerations:
         plan.append("tolerates " + ", ".join(sorted({_taint_text(x) for x in taints})))
-    plan.append("no free allowed node: pods stay Pending until the launcher's start deadline")
+    plan.append(
+        "on a cluster with no free allowed node, pods stay Pending until the launcher's "
+        "start deadline"
+    )
     return Placement(
         tier=tier,
         node_selector=None,
