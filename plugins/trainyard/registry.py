@@ -424,7 +424,7 @@ class Registry:
             if current == version:
                 return False
             previous = list(state.get("previous", []))
-            if current is not None and current != version:
+            if current is not None:
                 previous.append(current)
             event = _event(
                 "promote",

@@ -357,7 +357,7 @@ def train(
     )
 
 
-def _remove_run_folder(cfg: PipelineConfig, run_id: str) -> None:
+def _remove_run_checkpoints(cfg: PipelineConfig, run_id: str) -> None:
     import shutil
 
     from trainyard.layout import Layout
@@ -1004,7 +1004,7 @@ def run_all(
             except BaseException:
                 # nothing resumes a run of this command (its run id is new each time):
                 # its checkpoints would only fill the volume
-                _remove_run_folder(cfg, run_id)
+                _remove_run_checkpoints(cfg, run_id)
                 raise
             version = results["train"]["version"]
             results["evaluate"] = evaluate(
