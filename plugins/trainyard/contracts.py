@@ -98,6 +98,20 @@ class Column:
         """True for integer and floating point columns."""
         return self.type in NUMERIC_TYPES
 
+    @property
+    def value_regex(self) -> str | None:
+        r"""``regex`` as values are searched with: a final ``$`` is the value's end.
+
+        Python's ``$`` also matches before a final newline, so ``^ev-[0-9]+$`` took
+        ``"ev-1\n"``; ``\Z`` matches at the end only. Validation and the stream scorer
+        both search with this.
+        """
+        pattern = self.regex
+        if pattern is None or not pattern.endswith("$"):
+            return pattern
+        escapes = len(pattern[:-1]) - len(pattern[:-1].rstrip("\\"))
+        return pattern[:-1] + "\\Z" if escapes % 2 == 0 else pattern
+
     def severity_of(self, rule: str) -> Severity:
         """The severity of one of this column's rules (``error`` unless declared ``warn``)."""
         return self.severity.get(rule, "error")

@@ -238,3 +238,25 @@ def test_regexes_whose_repeated_alternatives_start_alike_are_refused(
         t = time.perf_counter()
         re.search(pattern, "a" * 40 + "!")
         assert time.perf_counter() - t < 0.5
+
+
+@pytest.mark.parametrize(
+    ("regex", "searched"),
+    [
+        ("^ev-[0-9]+$", r"^ev-[0-9]+\Z"),
+        (r"^price \$", r"^price \$"),  # an escaped $ is a dollar sign
+        (r"^a\\$", r"^a\\\Z"),  # an escaped backslash, then the end
+        ("^t-", "^t-"),
+        ("(a|b$)c", "(a|b$)c"),  # only a final $ is rewritten
+        (None, None),
+    ],
+)
+def test_a_final_dollar_is_the_values_end(regex: str | None, searched: str | None) -> None:
+    import re
+
+    from trainyard.contracts import Column
+
+    assert Column("id", "string", regex=regex).value_regex == searched
+    if regex == "^ev-[0-9]+$":  # Python's $ takes a final newline; the value's end does not
+        assert re.search(regex, "ev-1\n") and re.search(searched, "ev-1")
+        assert not re.search(searched, "ev-1\n")

@@ -69,6 +69,7 @@ GOOD = {"txn_id": "t-1", "amount": 12.5, "hour": 3, "customer_age": 40}
         ({"customer_age": 1e20}, "customer_age: 1e+20 is outside the int64 range"),
         ({"customer_age": 2**63 - 1}, None),  # max is a warn rule: scored
         ({"txn_id": "t 1"}, "txn_id: 't 1' does not match '^[A-Za-z0-9_-]+$'"),
+        ({"txn_id": "t1\n"}, "txn_id: 't1\\n' does not match '^[A-Za-z0-9_-]+$'"),
         ({"txn_id": 7}, "txn_id: expected a string, got 7"),
         ({"merchant_category": "toys"}, "merchant_category: 'toys' is not an allowed value"),
         ({"is_fraud": 2}, "is_fraud: 2 is not an allowed value"),
@@ -84,7 +85,7 @@ HOSTILE_VALUES: list[Any] = [
     float("inf"), float("nan"), 2**53, 2**53 + 1, -(2**53) - 1, 2**63, 10**30, "x", "t-1", "",
     2**63 - 1, -(2**63), -(2**63) - 1, 2**31, 2**31 - 1, -(2**31), -(2**31) - 1, 1e20, 2.0**62,
     -9.3e18, 3e9,
-    "t 1", "fuel", "toys", "ünï", "a" * 70, [1], {"a": 1}, b"b",
+    "t 1", "fuel", "toys", "ünï", "a" * 70, [1], {"a": 1}, b"b", "t-1\n", "t-1\n\n",
 ]  # fmt: skip
 
 

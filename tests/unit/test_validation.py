@@ -60,6 +60,8 @@ BLOCKING = [
         "not in the allowed set",
     ),
     ("regex", setter("txn_id", 13, "bad id!"), ("regex", "txn_id"), "bad id!", "do not match"),
+    # Python's $ also matches before a final newline: the contract's $ is the value's end
+    ("regex-newline", setter("txn_id", 13, "t13\n"), ("regex", "txn_id"), "t13\n", "do not match"),
     ("length", setter("txn_id", 17, "x" * 70), ("length", "txn_id"), "x" * 70, "length outside"),
     (
         "duplicate-key",

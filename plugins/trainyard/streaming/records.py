@@ -109,7 +109,7 @@ def _column_checks(col: Column) -> list[Check]:
             lambda v: None if v in allowed else f"{show_value(v)} is not an allowed value"
         )
     if col.regex is not None and blocking("regex"):
-        pattern = re.compile(col.regex)
+        pattern = re.compile(col.value_regex)
         checks.append(
             lambda v: None if pattern.search(v) else f"{show_value(v)} does not match {col.regex!r}"
         )
@@ -197,7 +197,7 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
 
         return fast
     checks = _column_checks(col)
-    pattern = re.compile(col.regex) if col.regex is not None and blocking("regex") else None
+    pattern = re.compile(col.value_regex) if col.regex is not None and blocking("regex") else None
     min_len = col.min_length if blocking("min_length") else None
     max_len = col.max_length if blocking("max_length") else None
 
@@ -315,7 +315,7 @@ def hot_plan(contract: Contract, features: list[str], required: frozenset[str]) 
                 hi, hi_excl = float(highest), False
         min_len = c.min_length if c.min_length is not None and blocking("min_length") else -1
         max_len = c.max_length if c.max_length is not None and blocking("max_length") else -1
-        regex = c.regex if blocking("regex") else None
+        regex = c.value_regex if blocking("regex") else None
         if kind == 0 and (lo is not None or hi is not None):
             return None
         if kind != 0 and (min_len >= 0 or max_len >= 0 or regex is not None):

@@ -66,7 +66,7 @@ def _column_expectations(col: Column) -> list[Any]:
         sev = col.severity_of("regex")
         out.append(
             gxe.ExpectColumnValuesToMatchRegex(
-                column=name, regex=col.regex, meta=_meta("regex", name, sev, "batch")
+                column=name, regex=col.value_regex, meta=_meta("regex", name, sev, "batch")
             )
         )
     if col.min_length is not None or col.max_length is not None:
