@@ -543,6 +543,31 @@ def _version_text(version: int | None) -> str:
     return "none" if version is None else f"version {version}"
 
 
+def ensure_gated_against_champion(
+    pipeline: str, registry: Any, version: int, gate: dict[str, Any]
+) -> None:
+    """Refuse to ship a version whose gate compared it with another champion than today's.
+
+    An old candidate (an old run's deploy, by hand or cleared) would otherwise demote a
+    newer champion its gate never saw. The champion itself (a redeploy) and a forced
+    verdict pass.
+
+    Raises:
+        DeployError: Naming both champions and the ways out.
+    """
+    champion = registry.champion()
+    gated_against = gate.get("champion_version")
+    if gate.get("verdict") != "promote" or version == champion or gated_against == champion:
+        return
+    raise DeployError(
+        f"{pipeline} version {version} was gated against champion "
+        f"{_version_text(gated_against)} and the champion is now {_version_text(champion)}: "
+        f"evaluate it again (python -m trainyard evaluate --pipeline {pipeline} --version "
+        f"{version}), or make it the champion by hand (python -m trainyard models promote "
+        f"--pipeline {pipeline} {version} --reason ...)"
+    )
+
+
 def deploy(
     pipeline: str,
     version: int,
@@ -580,17 +605,7 @@ def deploy(
     if gate.get("verdict") not in ("promote", "forced"):
         reason = gate.get("reason") or "it has not been evaluated (run the evaluate step first)"
         raise DeployError(f"{cfg.name} version {version} may not be deployed: {reason}")
-    champion = registry.champion()
-    if gate["verdict"] == "promote" and version != champion and gate.get("champion") != champion:
-        # an old candidate (an old run's deploy, by hand or cleared) would demote a newer
-        # champion its gate never saw
-        raise DeployError(
-            f"{cfg.name} version {version} was gated against champion "
-            f"{_version_text(gate.get('champion'))} and the champion is now "
-            f"{_version_text(champion)}: evaluate it again (python -m trainyard evaluate "
-            f"--pipeline {cfg.name} --version {version}), or make it the champion by hand "
-            f"(python -m trainyard models promote --pipeline {cfg.name} {version} --reason ...)"
-        )
+    ensure_gated_against_champion(cfg.name, registry, version, gate)
     promote_reason = f"deployed after gate on snapshot {meta['snapshot_id']}"
     if approved_by:
         registry.record_approval(version, True, approved_by, approval_reason or "")

@@ -542,9 +542,17 @@ def test_checkpoints_of_runs_nobody_retried_for_a_week_are_removed(tmp_path: Pat
     assert remove_stale_runs(tmp_path / "missing") == []
 
 
-def _gated(reg: Registry, version: int, champion: int | None, verdict: str = "promote") -> None:
-    gate = {"verdict": verdict, "promote": verdict != "reject", "champion": champion}
-    reg.attach(version, "gate.json", json.dumps({**gate, "reason": "checks passed"}))
+def _gated(reg: Registry, version: int, champion: int | None) -> None:
+    """``gate.json`` as the evaluate step writes it (a second cold user found the deploy
+    check reading a key only the step's XCom result has: every second run failed)."""
+    from trainyard.evaluation import GateDecision
+
+    decision = GateDecision(
+        True, "promote", "checks passed", [], champion is None, version=version,
+        champion_version=champion,
+    )  # fmt: skip
+    for name, data in decision.report_files().items():
+        reg.attach(version, name, data.decode())
 
 
 def test_the_deploy_step_never_demotes_a_champion_its_gate_did_not_see(reg: Registry, tmp_path):
@@ -562,6 +570,10 @@ def test_the_deploy_step_never_demotes_a_champion_its_gate_did_not_see(reg: Regi
     reg.promote(1, "first", "al")
     reg.promote(3, "better", "al")
     history = reg.history()
+    reg.register(make_model(tmp_path), meta())
+    _gated(reg, 4, 3)  # the next candidate, gated against today's champion: it may ship
+    for ok in (3, 4):  # and the champion itself (a redeploy)
+        steps.ensure_gated_against_champion("digits", reg, ok, reg.read_file(ok, "gate.json"))
     for old, seen in ((1, "none"), (2, "version 1")):
         why = f"version {old} was gated against champion {seen} and the champion is now version 3"
         with pytest.raises(DeployError, match=why + ": evaluate it again"):
