@@ -949,12 +949,20 @@ def window_dirs(meta: Mapping[str, Any]) -> list[Path]:
 
 
 def _holdout(cfg: PipelineConfig, meta: Mapping[str, Any]) -> tuple[list[Path], Any, ExamplesLike]:
-    """The holdout split of every snapshot the candidate was trained on, as one."""
+    """The holdout split of every snapshot the candidate was trained on, as one.
+
+    Each snapshot's shards are checked against its manifest first, as validation and
+    training check them: a damaged one raises ``SnapshotError`` naming the shard, instead
+    of a gate computed on flipped bytes or a decoder's error.
+    """
     from trainyard.contracts import load_contract
     from trainyard.training.worker.data import load_window_examples
+    from trainyard.volumes import check_snapshot
 
     contract = load_contract(cfg.dataset)
     dirs = window_dirs(meta)
+    for d in dirs:
+        check_snapshot(d)
     return dirs, contract, load_window_examples(dirs, contract, "holdout")
 
 

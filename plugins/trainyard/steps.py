@@ -42,6 +42,7 @@ from trainyard.errors import (
     RegistryRefused,
     SnapshotError,
     TrainyardError,
+    ValidationFailed,
 )
 from trainyard.fsutil import atomic_write_json, read_json
 from trainyard.settings import get_settings
@@ -345,12 +346,21 @@ def train(
         ``version`` (the registered candidate), ``metrics``, ``attempts``, ``seconds``.
     """
     from trainyard.training.launcher import run_training
+    from trainyard.volumes import validation_state
 
     cfg = load_pipeline(pipeline)
     params = training_params(cfg, overrides)
     ids = window_ids(snapshot_id, window)
     for sid in ids:
-        _snapshot_path(cfg, sid)
+        state = validation_state(_snapshot_path(cfg, sid))
+        if state["state"] == "rejected":  # by hand: the DAG trains on validated ones only
+            raise ValidationFailed(
+                f"snapshot {sid} of {cfg.dataset} was rejected by validation "
+                f"({state['reason']}): no model is trained on it; correct the source and "
+                "stage again"
+            )
+        if state["state"] != "validated":
+            log.warning("snapshot %s of %s has not been validated", sid, cfg.dataset)
     result = run_training(cfg, params, snapshot_id, run_id, log=log_line, window=ids)
     return register(
         pipeline, snapshot_id, run_id, params.model_dump(), result.seconds, result.attempts

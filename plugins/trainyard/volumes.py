@@ -729,7 +729,8 @@ def check_snapshot(snapshot: Path) -> Manifest:
     One streaming pass per shard at hashing speed (BLAKE3, memory-mapped, multithreaded):
     each shard is opened without following symbolic links, must be a regular file of the
     listed size, and must hash to the listed digest; the snapshot id must match the listed
-    shards. Readers call it before they trust the data (validation, training).
+    shards. Readers call it before they trust the data (validation, training, evaluation
+    and the deploy's smoke test).
 
     Args:
         snapshot: The snapshot directory.

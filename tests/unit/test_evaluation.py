@@ -419,6 +419,20 @@ def test_evaluate_and_decide_on_a_staged_snapshot(
     assert "champion unreadable" in third.reason
     assert reg.read_file(v2, "gate.json")["verdict"] == "reject"
 
+    # found by a cold user: a flipped byte in a shard gave a gate computed on the flipped
+    # rows, and the deploy's smoke test a decoder's traceback (exit 1: retried)
+    from trainyard.errors import SnapshotError
+
+    shard = next(p for p in sorted(Path(snap.path).rglob("*")) if p.name.startswith("shard-"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    damaged = evaluate_and_decide(cfg, reg, v3)
+    assert damaged.verdict == "reject"
+    assert f"SnapshotError: snapshot {snap.snapshot_id} damaged: shard" in damaged.reason
+    with pytest.raises(SnapshotError, match="content hash differs from the manifest"):
+        smoke_examples(cfg, reg, v3, 4)
+
 
 def _save_image_model(path: Path, weights: np.ndarray) -> None:
     import tensorflow as tf

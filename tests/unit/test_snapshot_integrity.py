@@ -216,3 +216,32 @@ def test_training_worker_refuses_a_damaged_snapshot(staged: Path, contract: Path
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-2000:]
     assert f"snapshot {staged.name} damaged: shard shard-00000.tar" in proc.stderr
     assert not (out / "model").exists()
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete", "symlink"])
+def test_staging_the_source_again_repairs_a_damaged_snapshot(
+    staged: Path, tmp_path: Path, damage: str
+) -> None:
+    """Found by a cold user: staging re-read the source, found the same content and kept
+    the damaged copy ("reused"), so every later run failed on it for good."""
+    shard = staged / "shard-00000.tar"
+    if damage == "flip":
+        flip_byte(shard, 4000)
+    elif damage == "delete":
+        shard.unlink()
+    else:
+        copy = tmp_path / "elsewhere.tar"
+        copy.write_bytes(shard.read_bytes())
+        shard.unlink()
+        shard.symlink_to(copy)
+    with pytest.raises(SnapshotError):
+        volumes.check_snapshot(staged)
+    again = stage(pipeline(tmp_path / "raw"), quiet=True)
+    assert again.path == staged and not again.reused
+    assert f"same content as snapshot {staged.name}, whose damaged copy it replaced" in (
+        again.checked
+    )
+    volumes.check_snapshot(staged)
+    assert not list((staged.parent.parent / ".tmp").iterdir())
+    third = stage(pipeline(tmp_path / "raw"), quiet=True)  # intact now: reused as before
+    assert third.reused and "damaged" not in third.checked

@@ -65,3 +65,26 @@ def test_summary_of_a_run_never_recorded_is_refused_not_recorded(
     capsys.readouterr()
     assert cli(["summary", "--pipeline", "digits", "--run-id", "run-1"]) == 0
     assert '"run_id": "run-1"' in capsys.readouterr().out
+
+
+def test_train_refuses_a_snapshot_validation_rejected(volume_root: Path) -> None:
+    """Found by a cold user: ``train --snapshot-id`` of a snapshot listed ``REJECTED``
+    registered a version trained on it, with nothing saying so."""
+    import json
+
+    from trainer_fixtures import make_files_snapshot, publish_fixture
+
+    from trainyard.errors import ValidationFailed
+
+    sid = publish_fixture(
+        make_files_snapshot(volume_root / "incoming", n=40, shards=1), volume_root, "digits"
+    )
+    report = volume_root / "digits" / "snapshots" / sid / "validation"
+    report.mkdir()
+    failure = {"rule": "range", "column": "label", "reason": "1 value(s) outside [0, 9]"}
+    (report / "rejected.json").write_text(json.dumps({"success": False, "failures": [failure]}))
+    with pytest.raises(ValidationFailed, match=rf"snapshot {sid} of digits was rejected by "
+                       r"validation \(range label: 1 value\(s\) outside \[0, 9\]\)"):  # fmt: skip
+        steps.train("digits", sid, "by-hand")
+    assert not (volume_root / "_checkpoints").exists()
+    assert not (volume_root / "_models").exists()

@@ -9,6 +9,7 @@ same data reuses the existing snapshot; a data interval maps to the snapshot it 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -144,6 +145,17 @@ def _ensure_source(pipeline: PipelineConfig, url: str, ds: str | None) -> None:
     run_bootstrap(pipeline.source.bootstrap, path, ds)
 
 
+def _damage(snapshot: Path) -> str | None:
+    """What is wrong with a published snapshot, as readers check it, or None if intact."""
+    try:
+        volumes.check_snapshot(snapshot)
+    except SnapshotError as e:
+        return str(e)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def stage(
     pipeline: PipelineConfig,
     interval_start: str | None = None,
@@ -277,17 +289,30 @@ def _stage(
         )
         final = volumes.snapshot_dir(dataset, snapshot_id)
         reused = final.is_dir()
-        if not reused:
-            try:
-                atomic_write_json(tmp / volumes.MANIFEST, manifest.to_dict())
-                os.chmod(tmp / volumes.MANIFEST, 0o644)
-                reused = not publish_dir(tmp, final)
-            except OSError as e:
-                raise StagingError(f"{tmp}: cannot publish snapshot {snapshot_id}: {e}") from e
+        repaired = _damage(final) if reused else None
+        with contextlib.ExitStack() as aside:
+            if repaired is not None:  # the source's bytes are in hand: they replace the copy
+                log.warning("snapshot %s is damaged (%s): staged again", snapshot_id, repaired)
+                damaged = aside.enter_context(volumes.staging_area(dataset, "damaged"))
+                with contextlib.suppress(FileNotFoundError):  # another stager moved it
+                    os.rename(final, damaged / snapshot_id)
+                reused = False
+            if not reused:
+                try:
+                    atomic_write_json(tmp / volumes.MANIFEST, manifest.to_dict())
+                    os.chmod(tmp / volumes.MANIFEST, 0o644)
+                    reused = not publish_dir(tmp, final)
+                except OSError as e:
+                    raise StagingError(f"{tmp}: cannot publish snapshot {snapshot_id}: {e}") from e
     if reused:
         manifest = volumes.read_manifest(final)
     read = f"read {_files(src.count)} ({human_bytes(src.total_bytes)}) because {why}"
     checked = f"{read}: same content as snapshot {snapshot_id}" if reused else f"{read}: new"
+    if repaired is not None:
+        checked = (
+            f"{read}: same content as snapshot {snapshot_id}, whose damaged copy it replaced "
+            f"({repaired}; validate it again)"
+        )
     replaced = None
     if key is not None:
         new_record = {
