@@ -132,17 +132,20 @@ def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> Tr
 
 def _instant(name: str, text: str) -> dt.datetime:
     try:
+        if text[4:5] != "-" or text[7:8] != "-":  # fromisoformat takes 20261120 too
+            raise ValueError(text)
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise ConfigError(f"{name} {text!r} is not an ISO date or date-time") from None
+        raise ConfigError(f"{name} {text!r} is not an ISO date (YYYY-MM-DD) or date-time") from None
     return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
-def check_interval(start: str | None, end: str | None) -> None:
-    """Refuse a data interval no run can have: not ISO, ending before it starts, or not begun.
+def check_interval(start: str | None, end: str | None, start_date: dt.date | None = None) -> None:
+    """Refuse a data interval no run can have.
 
-    Start and end may be the same day: a run without a data interval (and an hourly
-    run's) has its day as both.
+    That is one not in ISO form, ending before it starts, not begun, or (given the
+    pipeline's ``start_date``) starting before the pipeline does. Start and end may be
+    the same day: a run without a data interval (and an hourly run's) has its day as both.
 
     Raises:
         ConfigError: Naming the value (a step run by hand with a typo would otherwise
@@ -157,6 +160,10 @@ def check_interval(start: str | None, end: str | None) -> None:
         raise ConfigError(f"interval_end {end} is before interval_start {start}")
     if begins > dt.datetime.now(dt.UTC):
         raise ConfigError(f"interval_start {start} is in the future: its data cannot have arrived")
+    if start_date is not None and begins.date() < start_date:
+        raise ConfigError(
+            f"interval_start {start} is before the pipeline's start_date {start_date}"
+        )
 
 
 def stage(
@@ -183,9 +190,9 @@ def stage(
     """
     from trainyard.staging import stage as stage_source
 
-    check_interval(interval_start, interval_end)
     # names the config refers to (model, contract, metrics) are checked before any read
     cfg = load_pipeline(pipeline, check=True)
+    check_interval(interval_start, interval_end, cfg.start_date)
     if snapshot_id:
         path = _snapshot_path(cfg, snapshot_id)
         return {

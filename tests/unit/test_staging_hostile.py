@@ -384,3 +384,16 @@ def test_hostile_staging_from_the_cli_is_one_line_no_traceback(
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "0/pipe.png: not a regular file (a FIFO)" in proc.stderr
+
+
+def test_a_csv_with_a_byte_order_mark_stages(
+    volume_root: Path, table_contract: Path, tmp_path: Path
+):
+    """Found by a cold user: a UTF-8 BOM (as Excel writes) made the first column "missing"
+    in a message that showed the header as it should be (the mark is invisible)."""
+    write_contract(table_contract)
+    src = tmp_path / "tx.csv"
+    src.write_bytes(b"\xef\xbb\xbfid,x,y\r\na,1.0,0\r\nb,2.0,1\r\n")
+    result = stage(pipeline("tx", src, "csv"), quiet=True)
+    table = pq.read_table(volumes.table_files(result.path))
+    assert table.column("id").to_pylist() == ["a", "b"] and table.schema.names == ["id", "x", "y"]

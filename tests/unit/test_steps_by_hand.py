@@ -19,7 +19,9 @@ from trainyard.steps import EXIT_DETERMINISTIC
 @pytest.mark.parametrize(
     ("start", "end", "says"),
     [
-        ("notadate", None, "interval_start 'notadate' is not an ISO date or date-time"),
+        ("notadate", None, "interval_start 'notadate' is not an ISO date (YYYY-MM-DD)"),
+        ("20261120", None, "interval_start '20261120' is not an ISO date (YYYY-MM-DD)"),
+        ("2026-10-01", None, "interval_start 2026-10-01 is before the pipeline's start_date"),
         ("2026-11-10", "2026-11-05", "interval_end 2026-11-05 is before interval_start"),
         ("2026-11-10", "11/12/2026", "interval_end '11/12/2026' is not an ISO date"),
         ("2099-01-01", "2099-01-02", "interval_start 2099-01-01 is in the future"),
@@ -50,7 +52,7 @@ def test_intervals_runs_have_pass(start: str, end: str | None) -> None:
 
 
 def test_check_interval_names_the_bad_value() -> None:
-    with pytest.raises(ConfigError, match="interval_start '2026-13-01'"):
+    with pytest.raises(ConfigError, match="interval_start '2026-13-01' is not an ISO date"):
         steps.check_interval("2026-13-01", None)
 
 

@@ -188,7 +188,7 @@ def _csv_header(src: Source, f: SourceFile) -> list[str]:
     if line is None:
         raise SourceInvalid(f"{f.path}: row 1 (header): {_TOO_LONG}")
     try:
-        text = line.decode("utf-8")
+        text = line.decode("utf-8-sig")  # a byte order mark (Excel's exports) is no name
     except UnicodeDecodeError as e:
         raise SourceInvalid(f"{f.path}: row 1 (header): not UTF-8 text ({e.reason})") from e
     try:
