@@ -825,13 +825,28 @@ def summary(
     return record
 
 
+def _since(record: dict[str, Any]) -> str:
+    """A line when the champion is no longer what the last recorded run left (or "")."""
+    try:
+        champion = _registry(load_pipeline(str(record.get("pipeline")))).champion()
+    except TrainyardError:
+        return ""
+    served = (record.get("deploy") or {}).get("version")
+    left = served if served is not None else (record.get("evaluate") or {}).get("champion")
+    if champion == left:
+        return ""
+    now = "none" if champion is None else f"version {champion}"
+    return f"now           the champion is {now} (python -m trainyard models history)\n"
+
+
 def format_summary(record: dict[str, Any]) -> str:
     """Render a run record as the few lines a person wants to read."""
     stage_r, val = record.get("stage") or {}, record.get("validate") or {}
     tr = {**(record.get("train") or {}), **(record.get("register") or {})}
     gate, dep = record.get("evaluate") or {}, record.get("deploy") or {}
+    finished = f" (finished {record['finished_at'][:19]})" if record.get("finished_at") else ""
     lines = [
-        f"pipeline      {record.get('pipeline')}   run {record.get('run_id')}",
+        f"pipeline      {record.get('pipeline')}   run {record.get('run_id')}{finished}",
         f"snapshot      {stage_r.get('snapshot_id', '-')}" + _fmt_staged(stage_r),
         f"validation    {'passed' if val.get('success') else 'not run' if not val else 'failed'}"
         + (f", {val.get('warnings')} warnings" if val.get("warnings") else ""),
@@ -1391,7 +1406,7 @@ def run_step(name: str, argv: list[str]) -> int:
         _report_error(f"trainyard {name}: interrupted")
         return 130
     if name == "summary" and kwargs.get("run_id") is None:
-        sys.stdout.write(format_summary(result) + "\n")
+        sys.stdout.write(format_summary(result) + "\n" + _since(result))
     else:
         _emit(result)
     return EXIT_OK

@@ -90,3 +90,35 @@ def test_train_refuses_a_snapshot_validation_rejected(volume_root: Path) -> None
         steps.train("digits", sid, "by-hand")
     assert not (volume_root / "_checkpoints").exists()
     assert not (volume_root / "_models").exists()
+
+
+def test_summary_of_the_last_run_says_when_the_champion_moved_since(
+    volume_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a cold user: after later runs failed and a person promoted another
+    version, ``summary`` printed the last recorded run's "served version 1" as if current."""
+    import json
+
+    from trainyard.registry import Registry
+
+    model = tmp_path / "model"
+    (model / "variables").mkdir(parents=True)
+    (model / "saved_model.pb").write_bytes(b"pb")
+    (model / "variables" / "variables.index").write_bytes(b"index")
+
+    results = {"deploy": {"version": 1, "url": "http://x/v1/models/digits/versions/1"}}
+    assert cli(["summary", "--pipeline", "digits", "--run-id", "r1", "--results",
+                json.dumps(results)]) == 0  # fmt: skip
+    capsys.readouterr()
+    reg = Registry(volume_root / "_models", "digits")
+    for _ in range(2):
+        reg.register(model, {"dataset": "digits", "snapshot_id": "s1"})
+    reg.promote(1, "first", "al")
+    assert cli(["summary", "--pipeline", "digits"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pipeline      digits   run r1 (finished 20") and "now " not in out
+    reg.promote(2, "by hand", "al")
+    assert cli(["summary", "--pipeline", "digits"]) == 0
+    assert "now           the champion is version 2 (python -m trainyard models history)" in (
+        capsys.readouterr().out
+    )
