@@ -418,7 +418,8 @@ class Registry:
                     f"version {version} was rejected by its gate ({(gate or {}).get('reason')}); "
                     "promote it with forced=True (CLI: --force) and a reason to override"
                 )
-            forced = forced or verdict == "forced"
+            # --force over a gate that passed overrides nothing: not recorded as forced
+            forced = (forced and verdict == "reject") or verdict == "forced"
             state = self._read_pointer() or {}
             current = state.get("version")
             if current == version:

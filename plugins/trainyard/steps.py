@@ -647,7 +647,7 @@ def deploy(
     spec = feature_spec(contract)
     champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
     log.info(
-        "%s",
+        "before the deploy: %s",
         serve_champion(settings.serving_root, cfg.serving.model_name, previous, champion_dir, spec),
     )
     # On a cluster the deploy pod reaches TF Serving through its Service; locally the

@@ -216,6 +216,12 @@ def test_gate_verdict_guards_promotion(reg: Registry, tmp_path: Path) -> None:
     assert last["forced"] is True and last["force_request"] == force
     with pytest.raises(RegistryError, match="cannot attach"):
         reg.attach(2, "metadata.json", "{}")
+    assert reg.history()[0]["forced"] is True  # v1 over its rejecting gate
+    # found by a cold user: --force over a gate that passed was recorded as forced
+    reg.register(model, meta())
+    reg.attach(3, "gate.json", json.dumps({"verdict": "promote", "reason": "checks passed"}))
+    reg.promote(3, "by hand", "alice", forced=True)
+    assert reg.history()[-1]["forced"] is False
 
 
 # ---------------------------------------------------------------- real processes

@@ -126,3 +126,19 @@ def test_constant_previous_column() -> None:
     assert drift_value(DriftRule(column="x", method="mean_shift", max=1), new, old) == 0
     new.update(pd.Series([5.0]))
     assert math.isinf(drift_value(DriftRule(column="x", method="mean_shift", max=1), new, old))
+
+
+def test_huge_values_update_the_drift_statistics_without_a_warning() -> None:
+    """Found by a cold user: 1e308 in a column printed numpy's overflow warning, with its
+    source line, in the middle of the validation report."""
+    import warnings
+
+    import numpy as np
+
+    from trainyard.validation.drift import NumericStats
+
+    stats = NumericStats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats.update(np.array([1e308, -1e308, 1e308, 5.0]))
+    assert stats.count == 4 and stats.max == 1e308 and stats.min == -1e308

@@ -48,8 +48,9 @@ class NumericStats:
         if n == 0:
             return
         values = values.astype(np.float64, copy=False)
-        mean = float(values.mean())
-        m2 = float(((values - mean) ** 2).sum())
+        with np.errstate(over="ignore", invalid="ignore"):  # 1e308: inf, not a warning line
+            mean = float(values.mean())
+            m2 = float(((values - mean) ** 2).sum())
         total = self.count + n
         delta = mean - self.mean
         self.mean += delta * n / total
