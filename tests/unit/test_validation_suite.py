@@ -21,7 +21,7 @@ TRANSACTIONS = [
         "regex",
         "txn_id",
         "expect_column_values_to_match_regex",
-        {"regex": "^[A-Za-z0-9_-]+$"},
+        {"regex": r"^[A-Za-z0-9_-]+\Z"},  # the contract's final $: the value's end
         "error",
         "batch",
     ),
