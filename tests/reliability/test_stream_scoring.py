@@ -250,6 +250,7 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
         return [int(c) for c in text.split()]
 
     _wait(lambda: len(children(first)) == 1, 30, "the supervised scorer")
+    _wait(lambda: scoring.model_unreachable(cfg) is None, 120, "the model", poll=0.5)
     # a restart by hand (after a contract change) does what the next deploy would
     out = subprocess.run(
         [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events", "--restart"],
