@@ -552,11 +552,16 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str] | None:
     return None
 
 
+def error_message(item: Any) -> str:
+    """One pydantic error's message, without pydantic's "Value error, " before our own."""
+    return str(item["msg"]).removeprefix("Value error, ")
+
+
 def _schema_problems(err: ValidationError, where: YamlWhere) -> list[str]:
     lines = []
     for item in err.errors():
         loc = tuple(k for k in item["loc"] if isinstance(k, int) or "[" not in str(k))
-        message = item["msg"].removeprefix("Value error, ")
+        message = error_message(item)
         if item["type"] == "extra_forbidden":
             known = _fields_at(loc[:-1])
             message = "unknown field" + (f" (known: {', '.join(known)})" if known else "")

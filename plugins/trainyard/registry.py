@@ -390,14 +390,16 @@ class Registry:
         """Make ``version`` the champion (atomically) and record who, when and why.
 
         A version whose attached gate decision is ``reject`` can only be promoted with
-        ``forced=True``; a gate verdict of ``forced`` marks the promotion as forced.
+        ``forced=True``. The promotion is recorded as forced when it overrides that
+        rejection or the gate's verdict is ``forced`` (a forced run); ``forced=True`` over
+        a gate that passed overrides nothing and is not recorded as forced.
         The champion itself is not promoted again: nothing is recorded.
 
         Args:
             version: A published version.
             reason: Why (one sentence; required).
             actor: Who (a user name or ``pipeline``; required).
-            forced: The promotion overrides the gate.
+            forced: Override a gate that rejected the version.
 
         Returns:
             False if ``version`` already was the champion (nothing written).

@@ -33,6 +33,7 @@ from trainyard.config import (
     PipelineConfig,
     TrainingConfig,
     ensure_own_names,
+    error_message,
     load_pipeline,
 )
 from trainyard.errors import (
@@ -116,7 +117,7 @@ def training_params(cfg: PipelineConfig, overrides: dict[str, Any] | None) -> Tr
         params = TrainingConfig.model_validate({**cfg.training.model_dump(), **values})
     except ValidationError as e:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+            f"{'.'.join(str(p) for p in err['loc'])}: {error_message(err)}" for err in e.errors()
         )
         raise ConfigError(f"pipeline {cfg.name}: invalid training override: {problems}") from e
     if "priority" in values:  # the form offers the tiers; a typed override is checked here
@@ -374,14 +375,15 @@ def train(
     )
 
 
-def _remove_run_checkpoints(cfg: PipelineConfig, run_id: str) -> None:
+def _remove_run_folder(cfg: PipelineConfig, run_id: str) -> Path:
+    """Remove a training run's folder (its checkpoints and output); return where it was."""
     import shutil
 
     from trainyard.layout import Layout
 
     folder = Layout(get_settings().volume_root).checkpoints(cfg.name, run_id)
     shutil.rmtree(folder, ignore_errors=True)
-    log.info("removed the checkpoints of run %s (%s)", run_id, folder)
+    return folder
 
 
 STALE_RUN_DAYS = 7
@@ -445,8 +447,6 @@ def register(
         ``version``, ``metrics``, ``attempts``, ``seconds``, ``snapshots`` (the ids it
         was trained on).
     """
-    import shutil
-
     from trainyard import __version__
     from trainyard.contracts import load_contract
     from trainyard.layout import Layout
@@ -488,8 +488,7 @@ def register(
         extra.append(out / TENSORBOARD_DIR)
     registry = _registry(cfg)
     version = registry.register(model_dir, metadata, extra_files=extra)
-    shutil.rmtree(Path(paths.output).parent, ignore_errors=True)
-    for stale in remove_stale_runs(Path(paths.output).parent.parent):
+    for stale in remove_stale_runs(_remove_run_folder(cfg, run_id).parent):
         log.info("removed the checkpoints of a run untouched for a week: %s", stale)
     log.info(
         "registered %s version %d (trained on %d snapshot(s), %s rows: %s)",
@@ -561,7 +560,7 @@ def _version_text(version: int | None) -> str:
 
 
 def ensure_gated_against_champion(
-    pipeline: str, registry: Any, version: int, gate: dict[str, Any]
+    pipeline: str, champion: int | None, version: int, gate: dict[str, Any]
 ) -> None:
     """Refuse to ship a version whose gate compared it with another champion than today's.
 
@@ -572,7 +571,6 @@ def ensure_gated_against_champion(
     Raises:
         DeployError: Naming both champions and the ways out.
     """
-    champion = registry.champion()
     gated_against = gate.get("champion_version")
     if gate.get("verdict") != "promote" or version == champion or gated_against == champion:
         return
@@ -622,7 +620,8 @@ def deploy(
     if gate.get("verdict") not in ("promote", "forced"):
         reason = gate.get("reason") or "it has not been evaluated (run the evaluate step first)"
         raise DeployError(f"{cfg.name} version {version} may not be deployed: {reason}")
-    ensure_gated_against_champion(cfg.name, registry, version, gate)
+    previous = registry.champion()
+    ensure_gated_against_champion(cfg.name, previous, version, gate)
     promote_reason = f"deployed after gate on snapshot {meta['snapshot_id']}"
     if approved_by:
         registry.record_approval(version, True, approved_by, approval_reason or "")
@@ -643,7 +642,6 @@ def deploy(
         actor = str(answer.get("actor"))
         promote_reason = f"approved by {actor}: {answer.get('reason') or '(no reason given)'}"
     smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
-    previous = registry.champion()
     spec = feature_spec(contract)
     champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
     log.info(
@@ -1051,7 +1049,8 @@ def run_all(
             except BaseException:
                 # nothing resumes a run of this command (its run id is new each time):
                 # its checkpoints would only fill the volume
-                _remove_run_checkpoints(cfg, run_id)
+                folder = _remove_run_folder(cfg, run_id)
+                log.info("removed the checkpoints of run %s (%s)", run_id, folder)
                 raise
             version = results["train"]["version"]
             results["evaluate"] = evaluate(

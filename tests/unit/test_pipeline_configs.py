@@ -283,7 +283,7 @@ def test_a_boolean_is_not_a_number_in_a_training_override(override: dict) -> Non
     from trainyard.config import load_pipeline
     from trainyard.steps import training_params
 
-    with pytest.raises(ConfigError, match=r"invalid training override: \w+: .*expected a number"):
+    with pytest.raises(ConfigError, match=r"invalid training override: \w+: expected a number"):
         training_params(load_pipeline("digits"), override)
     assert training_params(load_pipeline("digits"), {"epochs": 3}).epochs == 3
 

@@ -579,7 +579,8 @@ def test_the_deploy_step_never_demotes_a_champion_its_gate_did_not_see(reg: Regi
     reg.register(make_model(tmp_path), meta())
     _gated(reg, 4, 3)  # the next candidate, gated against today's champion: it may ship
     for ok in (3, 4):  # and the champion itself (a redeploy)
-        steps.ensure_gated_against_champion("digits", reg, ok, reg.read_file(ok, "gate.json"))
+        gate = reg.read_file(ok, "gate.json")
+        steps.ensure_gated_against_champion("digits", reg.champion(), ok, gate)
     for old, seen in ((1, "none"), (2, "version 1")):
         why = f"version {old} was gated against champion {seen} and the champion is now version 3"
         with pytest.raises(DeployError, match=why + ": evaluate it again"):

@@ -13,7 +13,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from trainyard.config import TRAINING_POOL, StrictModel, dns_subdomain, training_pool_name
+from trainyard.config import (
+    TRAINING_POOL,
+    StrictModel,
+    dns_subdomain,
+    error_message,
+    training_pool_name,
+)
 from trainyard.errors import ConfigError
 
 DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -316,7 +322,7 @@ def parse_cluster_profile(raw: Any, source: str = "<cluster profile>") -> Cluste
         lines = [f"{source}: invalid cluster profile"]
         for item in e.errors():
             where = ".".join(str(p) for p in item["loc"]) or "<root>"
-            lines.append(f"  {where}: {item['msg']}")
+            lines.append(f"  {where}: {error_message(item)}")
         raise ConfigError("\n".join(lines)) from e
 
 
