@@ -370,13 +370,22 @@ def interval_key(start: str | None, end: str | None) -> str | None:
         end: Interval end.
 
     Returns:
-        E.g. ``2026-11-01T000000+0000__2026-11-02T000000+0000``.
+        E.g. ``2026-11-01T000000+0000__2026-11-02T000000+0000``: an ISO date or date-time
+        as its instant in UTC, so a date and the date-time of its midnight (a step run by
+        hand, and Airflow's run of the same day) name one interval, not two whose
+        snapshots a training window would both take.
     """
     if not start and not end:
         return None
 
     def clean(value: str | None) -> str:
-        return re.sub(r"[^0-9A-Za-z+_-]", "", (value or "open").replace(" ", "T").replace(".", "_"))
+        try:
+            at = _instant(value or "").astimezone(dt.UTC)
+        except ValueError:
+            text = (value or "open").replace(" ", "T").replace(".", "_")
+            return re.sub(r"[^0-9A-Za-z+_-]", "", text)
+        micro = f"_{at.microsecond:06d}" if at.microsecond else ""
+        return f"{at:%Y-%m-%dT%H%M%S}{micro}+0000"
 
     return f"{clean(start)}__{clean(end)}"
 

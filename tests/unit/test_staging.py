@@ -569,3 +569,20 @@ def test_partitioned_source_needs_an_interval(volume_root: Path, contracts: Path
 
 def _rows(table: dict[str, list]) -> list[dict]:
     return [dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True)]
+
+
+def test_a_date_and_its_midnight_stage_one_interval(
+    volume_root: Path, contracts: Path, tmp_path: Path
+):
+    """Found by a cold user: ``stage --interval-start 2026-11-05`` by hand and Airflow's
+    run of that day (``2026-11-05T00:00:00+00:00``) made two interval records; after a
+    correction staged one way, a training window took both the old and the new snapshot."""
+    src = write_csv(tmp_path / "raw" / "tx.csv", 50)
+    cfg = make_pipeline("tx", str(src))
+    first = stage(cfg, "2026-11-05", "2026-11-06", quiet=True)
+    write_csv(src, 60)  # a correction, staged as Airflow's run of the day names it
+    second = stage(cfg, "2026-11-05T00:00:00+00:00", "2026-11-06T00:00:00+00:00", quiet=True)
+    assert second.snapshot_id != first.snapshot_id
+    records = sorted((volume_root / "tx" / "intervals").glob("*.json"))
+    assert [p.stem for p in records] == ["2026-11-05T000000+0000__2026-11-06T000000+0000"]
+    assert volumes.read_interval("tx", records[0].stem)["snapshot_id"] == second.snapshot_id

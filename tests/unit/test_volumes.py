@@ -251,17 +251,30 @@ def test_stale_tmp_of_dead_pids_is_cleaned(volume_root: Path):
     ("start", "end", "key"),
     [
         (None, None, None),
-        ("2026-11-01", "2026-11-02", "2026-11-01__2026-11-02"),
+        ("2026-11-01", "2026-11-02", "2026-11-01T000000+0000__2026-11-02T000000+0000"),
         (
             "2026-11-01T00:00:00+00:00",
             "2026-11-02T00:00:00+00:00",
             "2026-11-01T000000+0000__2026-11-02T000000+0000",
         ),
+        (
+            "2026-11-01T02:00:00+02:00",
+            "2026-11-02 00:00:00",
+            "2026-11-01T000000+0000__2026-11-02T000000+0000",
+        ),
+        (
+            "2026-11-26T23:09:15.109949+00:00",
+            None,
+            "2026-11-26T230915_109949+0000__open",
+        ),
         ("../../x", "y/z", "____x__yz"),
     ],
-    ids=["none", "dates", "datetimes", "traversal"],
+    ids=["none", "dates", "datetimes", "offset", "microseconds", "traversal"],
 )
 def test_interval_keys(start: str | None, end: str | None, key: str | None):
+    """A date and the date-time of its midnight (in any offset) are one interval: found
+    by a cold user, a step run by hand with ``--interval-start 2026-11-20`` and Airflow's
+    run of that day made two interval records."""
     assert volumes.interval_key(start, end) == key
 
 
