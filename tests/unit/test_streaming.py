@@ -36,7 +36,7 @@ from trainyard.streaming.engines import (
     next_offsets,
 )
 from trainyard.streaming.records import RecordChecker
-from trainyard.streaming.scorer import model_unreachable, scores_of
+from trainyard.streaming.scorer import model_unreachable, scores_of, waiting_for_the_model
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = Streams("txn.in", "txn.scores", "txn.dead", "trainyard-transactions")
@@ -693,7 +693,7 @@ def test_redis_errors_hide_the_password_and_name_a_bad_url() -> None:
 
 def test_model_unreachable_names_the_server_a_restarted_scorer_waits_for() -> None:
     """Found by a cold user: ``score-stream --restart`` said only "scorer running" while
-    the model server was down (the scorer waits, reading nothing); it now warns."""
+    the model server was down; it now warns, saying what the scorer reads meanwhile."""
     from serving_support import free_port
 
     from trainyard.config import load_pipeline
@@ -704,3 +704,29 @@ def test_model_unreachable_names_the_server_a_restarted_scorer_waits_for() -> No
     why = model_unreachable(down, timeout_s=2)
     assert why is not None and why.startswith(f"model server {cfg.serving.host}:{port}: ")
     assert "Connection refused" in why or "ConnectionRefusedError" in why
+    # found by another: the warning said "reading nothing" of a scorer that reads a window
+    window = 2 * cfg.scoring.max_in_flight + 1
+    assert waiting_for_the_model(cfg) == (
+        f"the scorer reads at most {window * cfg.scoring.batch_size} records ({window} "
+        f"batches of {cfg.scoring.batch_size}), waits for the server and leaves the rest "
+        "in the stream"
+    )
+
+
+def test_the_status_rate_is_the_current_one_not_the_lifetime_average() -> None:
+    """Found by a cold user: ``records_per_s`` was the average since the start, so an idle
+    scorer reported a rate that decayed slowly instead of 0."""
+    import time
+
+    from trainyard.streaming.scorer import Stats
+
+    stats = Stats(started=time.time() - 10, scored=1000)
+    first = stats.doc()
+    assert 99 <= first["records_per_s"] <= 100 and 99 <= first["average_records_per_s"] <= 100
+    time.sleep(0.2)
+    idle = stats.doc()  # nothing scored since the last report
+    assert idle["records_per_s"] == 0 and idle["average_records_per_s"] > 90
+    time.sleep(0.2)
+    stats.scored += 200
+    busy = stats.doc()
+    assert busy["records_per_s"] > 500 and busy["average_records_per_s"] < 130

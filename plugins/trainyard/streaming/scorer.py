@@ -381,10 +381,18 @@ class Stats:
     version: int | None = None
     lag: int | None = None
     pending: int | None = None
+    _rate_from: tuple[float, int] | None = None  # (time, scored) of the previous doc
 
     def doc(self) -> dict[str, Any]:
-        """As JSON."""
-        up = max(time.time() - self.started, 1e-9)
+        """As JSON.
+
+        ``records_per_s`` is the rate since the previous call (the last report),
+        ``average_records_per_s`` the rate since the start.
+        """
+        now = time.time()
+        up = max(now - self.started, 1e-9)
+        since, before = self._rate_from or (self.started, 0)
+        self._rate_from = (now, self.scored)
         return {
             "pid": os.getpid(),
             "updated_at": time.time(),
@@ -394,7 +402,8 @@ class Stats:
             "dead_lettered": self.dead,
             "claimed": self.claimed,
             "batches": self.batches,
-            "records_per_s": round(self.scored / up, 1),
+            "records_per_s": round((self.scored - before) / max(now - since, 1e-9), 1),
+            "average_records_per_s": round(self.scored / up, 1),
             "version": self.version,
             "lag": self.lag,
             "pending": self.pending,
@@ -724,6 +733,16 @@ def model_unreachable(cfg: PipelineConfig, timeout_s: float = 5.0) -> str | None
     return None
 
 
+def waiting_for_the_model(cfg: PipelineConfig) -> str:
+    """What a scorer does while its model server does not answer (back-pressure)."""
+    sc = cfg.scoring
+    batches = 2 * sc.max_in_flight + 1
+    return (
+        f"the scorer reads at most {batches * sc.batch_size} records ({batches} batches of "
+        f"{sc.batch_size}), waits for the server and leaves the rest in the stream"
+    )
+
+
 def build_scorer(
     pipeline: str,
     consumer: str | None = None,
@@ -798,8 +817,9 @@ def cli_main(argv: list[str]) -> int:
     if args.restart:
         pid = start_local_scorer(args.pipeline)
         print(f"scorer running (pid {pid}); log {scorer_dir(args.pipeline) / LOG_FILE}")
-        if why := model_unreachable(load_pipeline(args.pipeline)):
-            print(f"warning: {why}: the scorer waits for it, reading nothing", file=sys.stderr)
+        cfg = load_pipeline(args.pipeline)
+        if why := model_unreachable(cfg):
+            print(f"warning: {why}: {waiting_for_the_model(cfg)}", file=sys.stderr)
         return 0
     if args.supervise:
         child = [a for a in argv if a != "--supervise"]
