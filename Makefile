@@ -46,12 +46,15 @@ airflow-init: $(STAMP) postgres
 	$(ENV) airflow db migrate > .trainyard/airflow_init.log 2>&1 || { tail -n 40 .trainyard/airflow_init.log; exit 1; }
 	$(ENV) airflow pools set trainyard_training 1 "one distributed training at a time on this machine" >> .trainyard/airflow_init.log 2>&1
 
+# Airflow standalone in a process group of its own (plugins/trainyard/standalone.py): Ctrl-C,
+# `kill %1` or `make stop` stop all of it; AIRFLOW_PORT=N moves it off 8080
 standalone: airflow-init native
-	$(ENV) airflow standalone
+	$(ENV) python -m trainyard.standalone run $(if $(AIRFLOW_PORT),--port $(AIRFLOW_PORT))
 
 stop:
-	$(ENV) python -c "from trainyard.streaming.scorer import stop_all_local_scorers; stop_all_local_scorers()"
-	$(ENV) python -c "from trainyard.serving.deploy import stop_local_server; from trainyard.settings import get_settings; stop_local_server(get_settings().serving_root)"
+	$(ENV) python -m trainyard.standalone stop
+	$(ENV) python -c "from trainyard.streaming.scorer import stop_all_local_scorers; print('stream scorers stopped:', ', '.join(stop_all_local_scorers()) or 'none running')"
+	$(ENV) python -c "from trainyard.serving.deploy import stop_local_server; from trainyard.settings import get_settings; print('model server(s) stopped' if stop_local_server(get_settings().serving_root) else 'model server: not running')"
 	$(ENV) python -m trainyard.streaming.redis_server stop
 	$(ENV) python -m trainyard.metadb stop
 
@@ -70,6 +73,7 @@ bench: $(STAMP) native
 	$(ENV) for b in benchmarks/*.py; do python $$b || exit 1; done
 
 clean:
+	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.standalone stop
 	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.metadb stop
 	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -c "from trainyard.streaming.scorer import stop_all_local_scorers; stop_all_local_scorers()"
 	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.streaming.redis_server stop

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import quote
 
 import yaml
@@ -210,38 +210,77 @@ def wait_http(url: str, deadline_s: float) -> None:
     raise TimeoutError(f"{url} did not answer within {deadline_s} s")
 
 
-@contextmanager
-def standalone(project: Project, api_port: int, log_path: Path) -> Iterator[str]:
-    """Run ``airflow standalone`` for ``project`` (made with ``api_port``); yield its URL.
+def start_standalone(project: Project, api_port: int, log: IO[str]) -> subprocess.Popen:
+    """Start ``make standalone``'s command (:mod:`trainyard.standalone`) for ``project``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainyard.standalone", "run", "--port", str(api_port)],
+        env=project.env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
-    Starts the project's PostgreSQL first if it has one. Stops it all (standalone's whole
-    process group, the LocalExecutor's workers, the model server, PostgreSQL) on exit.
+
+def standalone_group(project: Project, deadline_s: float = 60) -> int:
+    """The process group of the project's running standalone (from its record)."""
+    record = Path(project.env["AIRFLOW_HOME"]) / "standalone.json"
+    end = time.monotonic() + deadline_s
+    while not record.is_file():
+        if time.monotonic() > end:
+            raise TimeoutError(f"{record} was not written")
+        time.sleep(0.2)
+    return int(json.loads(record.read_text())["pgid"])
+
+
+def stop_standalone(project: Project, proc: subprocess.Popen, pgid: int) -> None:
+    """SIGTERM the standalone as ``kill %1`` does; check that none of its processes is left.
+
+    Found by a cold user: on SIGTERM Airflow's scheduler waited for its LocalExecutor
+    workers, which never exit, and the README's ``kill %1`` left all of them running.
     """
     import signal
-    import time
 
+    from trainyard.standalone import group_members
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        left = group_members(pgid)
+        if left:
+            os.killpg(pgid, signal.SIGKILL)
+    assert code == 0, code
+    assert not left, [p.cmdline() for p in left]
+    assert not (Path(project.env["AIRFLOW_HOME"]) / "standalone.json").exists()
+
+
+@contextmanager
+def standalone(project: Project, api_port: int, log_path: Path) -> Iterator[str]:
+    """Run ``make standalone``'s command for ``project`` (made with ``api_port``); yield its URL.
+
+    Starts the project's PostgreSQL first if it has one. Stops it all on exit (and checks
+    that nothing of standalone is left), then the model server and PostgreSQL.
+    """
     project.start_postgres()
     with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("airflow")), "standalone"],
-            env=project.env,
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = start_standalone(project, api_port, log)
         base = f"http://127.0.0.1:{api_port}"
+        pgid = None
         try:
+            pgid = standalone_group(project)
             wait_http(f"{base}/api/v2/monitor/health", 240)
             pool = project.airflow("pools", "set", "trainyard_training", "1", "training")
             assert pool.returncode == 0, pool.stderr[-2000:]
             yield base
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            if pgid is None:
+                proc.kill()
+            else:
+                stop_standalone(project, proc, pgid)
             time.sleep(1)
             project.stop_server()
             project.stop_postgres()

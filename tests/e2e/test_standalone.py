@@ -14,11 +14,7 @@ project's PostgreSQL (``trainyard.metadb``, a cluster in the test's folder).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import BROWSER_ARGS, ROOT, Project, free_port, make_project, wait_http
+from tests.e2e.harness import (
+    BROWSER_ARGS,
+    Project,
+    free_port,
+    make_project,
+    standalone_group,
+    start_standalone,
+    stop_standalone,
+    wait_http,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow]
 
@@ -70,16 +75,11 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Project, str]:
     assert project.postgres is not None
     project.start_postgres()
     log = (tmp_path / "standalone.log").open("w")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("airflow")), "standalone"],
-        env=project.env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = start_standalone(project, api_port, log)
     base = f"http://127.0.0.1:{api_port}"
+    pgid = None
     try:
+        pgid = standalone_group(project)
         wait_http(f"{base}/api/v2/monitor/health", 240)
         # The execution API builds its versioned routes on its first request, in the
         # api-server's event loop: measured here 5 s to 26 s on a busy 2-core machine,
@@ -89,16 +89,15 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Project, str]:
         assert pool.returncode == 0, pool.stderr[-2000:]
         yield project, base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        project.stop_postgres()
-        # LocalExecutor workers may linger after the supervisor exits.
-        subprocess.run(["pkill", "-9", "-f", str(project.home)], check=False)
-        project.stop_server()
-        log.close()
+            if pgid is None:
+                proc.kill()
+            else:  # after runs: the LocalExecutor's workers exist, and must go too
+                stop_standalone(project, proc, pgid)
+        finally:
+            project.stop_postgres()
+            project.stop_server()
+            log.close()
 
 
 def _token(base: str, password: str) -> str:

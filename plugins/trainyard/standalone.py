@@ -1,0 +1,187 @@
+"""``make standalone``: Airflow standalone for this checkout, and all of it stopped after.
+
+``python -m trainyard.standalone run [--port N]`` runs ``airflow standalone`` in a process
+group of its own and records it in ``$AIRFLOW_HOME/standalone.json``. Stopping it (Ctrl-C,
+SIGTERM to this process as ``kill %1`` sends, or ``python -m trainyard.standalone stop``,
+which ``make stop`` runs) sends SIGTERM to that whole group and SIGKILL to what is left of
+it after :data:`GRACE_S`: on SIGTERM Airflow 3.3's scheduler waits for its LocalExecutor
+workers, which do not exit, so a plain SIGTERM left the scheduler and its workers running.
+
+``--port`` (``make standalone AIRFLOW_PORT=N``) moves the API server and, with it, the
+execution API URL the workers call (Airflow's ``[core] execution_api_server_url``, which
+otherwise still names 8080 and every task fails before it starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainyard.errors import ConfigError
+from trainyard.fsutil import atomic_write_json, read_json
+
+DEFAULT_PORT = 8080
+GRACE_S = 10.0
+"""How long the group gets after SIGTERM before SIGKILL."""
+RECORD = "standalone.json"
+
+
+def record_path() -> Path:
+    """Where the running standalone of this checkout is recorded."""
+    home = os.environ.get("AIRFLOW_HOME")
+    if not home:
+        raise ConfigError("AIRFLOW_HOME is not set: source scripts/env.sh first")
+    return Path(home) / RECORD
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """The live (not zombie) processes of a process group."""
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def stop_group(pgid: int, grace_s: float = GRACE_S) -> int:
+    """SIGTERM a process group, SIGKILL what is left of it after ``grace_s``.
+
+    Returns:
+        How many processes were still in the group when it was sent SIGKILL.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = group_members(pgid)
+    if left:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        psutil.wait_procs(left, timeout=10)
+    return len(left)
+
+
+def _running() -> dict[str, Any] | None:
+    """The recorded standalone if its process group is still alive, else None."""
+    path = record_path()
+    try:
+        rec = read_json(path)
+        pgid = int(rec["pgid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return rec if group_members(pgid) else None
+
+
+def stop() -> str:
+    """Stop this checkout's standalone, if one runs; say what was done."""
+    rec = _running()
+    path = record_path()
+    if rec is None:
+        path.unlink(missing_ok=True)
+        return "Airflow standalone: not running"
+    killed = stop_group(int(rec["pgid"]))
+    path.unlink(missing_ok=True)
+    forced = f" ({killed} processes needed SIGKILL)" if killed else ""
+    return f"Airflow standalone stopped (port {rec.get('port')}){forced}"
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def run(port: int | None = None) -> int:
+    """Run ``airflow standalone`` until it exits or this process is told to stop.
+
+    Returns:
+        Its exit code (0 when stopped by a signal).
+
+    Raises:
+        ConfigError: If one runs already for this checkout, or the port is taken.
+    """
+    rec = _running()
+    if rec is not None:
+        raise ConfigError(
+            f"Airflow standalone already runs for this checkout (port {rec.get('port')}, "
+            f"process group {rec['pgid']}): stop it first (make stop)"
+        )
+    env = dict(os.environ)
+    port = port or int(env.get("AIRFLOW__API__PORT") or DEFAULT_PORT)
+    host = env.get("AIRFLOW__API__HOST") or "127.0.0.1"
+    if not _port_free(host, port):
+        raise ConfigError(
+            f"port {port} on {host} is taken (another Airflow?): choose another, e.g. "
+            f"make standalone AIRFLOW_PORT={port + 10000 if port < 55535 else 18080}"
+        )
+    env["AIRFLOW__API__PORT"] = str(port)
+    local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    env.setdefault("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://{local}:{port}/execution/")
+    proc = subprocess.Popen(["airflow", "standalone"], env=env, start_new_session=True)
+    path = record_path()
+    atomic_write_json(path, {"pid": proc.pid, "pgid": proc.pid, "port": port})
+    stopping = False
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        print(f"\nstopping Airflow standalone ({signal.Signals(signum).name})", flush=True)
+        stop_group(proc.pid)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        code = proc.wait()
+    finally:
+        stop_group(proc.pid)  # what it left: the scheduler's workers
+        try:
+            stopped_by_stop = int(read_json(path)["pgid"]) != proc.pid
+        except (OSError, ValueError, KeyError, TypeError):
+            stopped_by_stop = True  # `stop` removed the record
+        if not stopped_by_stop:
+            path.unlink(missing_ok=True)
+    if stopped_by_stop and not stopping:
+        print("Airflow standalone stopped (make stop)", flush=True)
+    return 0 if stopping or stopped_by_stop else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainyard.standalone run [--port N] | stop``."""
+    parser = argparse.ArgumentParser(prog="python -m trainyard.standalone", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("run", help="run Airflow standalone in the foreground")
+    start.add_argument("--port", type=int, help=f"API server port (default {DEFAULT_PORT})")
+    sub.add_parser("stop", help="stop the standalone this checkout runs, all of it")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "stop":
+            print(stop())
+            return 0
+        if args.port is not None and not 0 < args.port < 65536:
+            parser.error(f"--port {args.port}: not a TCP port")
+        return run(args.port)
+    except ConfigError as e:
+        sys.stderr.write(f"make standalone: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
