@@ -271,7 +271,8 @@ def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None)
     Args:
         pipeline: Pipeline name.
         snapshot_id: The snapshot to check.
-        interval_start: The run's data interval start (the training window ends there).
+        interval_start: The run's data interval start: drift is measured against the
+            interval before it, and the training window ends there.
 
     Returns:
         ``success``, ``snapshot_id``, ``report_dir``, ``warnings``, ``window`` (the
@@ -283,7 +284,7 @@ def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None)
     from trainyard.validation import validate as run_validation
 
     cfg = load_pipeline(pipeline)
-    result = run_validation(cfg, snapshot_id)
+    result = run_validation(cfg, snapshot_id, interval_start)
     log.info("validation of %s:\n%s", snapshot_id, result.table)
     window = cfg.training.window if interval_start else "newest"
     entries = volumes.training_window(cfg.dataset, window, snapshot_id, interval_start)

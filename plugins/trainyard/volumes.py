@@ -544,6 +544,59 @@ def window_entry(dataset: str, snapshot_id: str, volume_root: Path | None = None
     }
 
 
+def _validated_intervals(
+    dataset: str, volume_root: Path | None = None
+) -> Iterator[tuple[dt.datetime, str, dict[str, Any]]]:
+    """``(start, snapshot id, record)`` of each interval whose snapshot passed validation.
+
+    Records without a start, and those whose snapshot is gone, are skipped.
+
+    Raises:
+        SnapshotError: If an interval record is unreadable (naming the file).
+    """
+    folder = _layout(volume_root).intervals(check_dataset_name(dataset))
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = read_json(path)
+            if not record.get("start"):
+                continue
+            start = _instant(record["start"])
+            sid = _check_snapshot_id(str(record["snapshot_id"]))
+        except (OSError, ValueError, KeyError, TypeError, SnapshotError) as e:
+            raise SnapshotError(f"{path}: unreadable interval record: {e}") from e
+        snap = snapshot_dir(dataset, sid, volume_root)
+        if (snap / MANIFEST).is_file() and validation_state(snap)["state"] == "validated":
+            yield start, sid, record
+
+
+def drift_baseline(
+    dataset: str,
+    snapshot_id: str,
+    interval_start: str | None = None,
+    volume_root: Path | None = None,
+) -> str | None:
+    """The snapshot a snapshot's drift is measured against, or None (nothing to compare).
+
+    For a run's data interval: the validated snapshot of the latest interval that starts
+    before it, so a day's verdict does not depend on which days ran before it (a backfill
+    run again, or a correction of an old day, compares each day with the day before, not
+    with the newest day). Without an interval (a snapshot given by hand): the dataset's
+    most recently validated snapshot. Never the snapshot itself.
+
+    Raises:
+        SnapshotError: If an interval record is unreadable.
+    """
+    if not interval_start:
+        latest = latest_validated(dataset, volume_root)
+        return latest if latest != snapshot_id else None
+    until = _instant(interval_start)
+    best: tuple[dt.datetime, str] | None = None
+    for start, sid, _ in _validated_intervals(dataset, volume_root):
+        if start < until and sid != snapshot_id and (best is None or start > best[0]):
+            best = (start, sid)
+    return best[1] if best else None
+
+
 def training_window(
     dataset: str,
     window: Any,
@@ -592,23 +645,11 @@ def training_window(
             f"training window {window!r}: must be 'newest', {{intervals: N}} or {{since: date}}"
         )
     until = _instant(interval_start) if interval_start else None
-    folder = _layout(volume_root).intervals(check_dataset_name(dataset))
     picked: dict[str, dict[str, Any]] = {}
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            record = read_json(path)
-            if not record.get("start"):
-                continue
-            start = _instant(record["start"])
-            sid = _check_snapshot_id(str(record["snapshot_id"]))
-        except (OSError, ValueError, KeyError, TypeError, SnapshotError) as e:
-            raise SnapshotError(f"{path}: unreadable interval record: {e}") from e
+    for start, sid, record in _validated_intervals(dataset, volume_root):
         if until is not None and start > until:
             continue
         if "since" in window and start.date() < dt.date.fromisoformat(str(window["since"])):
-            continue
-        snap = snapshot_dir(dataset, sid, volume_root)
-        if not (snap / MANIFEST).is_file() or validation_state(snap)["state"] != "validated":
             continue
         entry = {
             **window_entry(dataset, sid, volume_root),

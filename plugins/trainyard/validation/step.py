@@ -155,12 +155,16 @@ def _failure_line(failure: dict[str, Any]) -> str:
     return line
 
 
-def validate(pipeline: PipelineConfig, snapshot_id: str) -> ValidationResult:
+def validate(
+    pipeline: PipelineConfig, snapshot_id: str, interval_start: str | None = None
+) -> ValidationResult:
     """Validate a staged snapshot of the pipeline's dataset and mark it validated.
 
     Args:
         pipeline: The pipeline (its ``dataset`` names the contract and the volume).
         snapshot_id: The snapshot to validate.
+        interval_start: The data interval it was staged for: drift is measured against
+            the interval before it (:func:`trainyard.volumes.drift_baseline`).
 
     Returns:
         The result; the snapshot is now the dataset's latest validated snapshot.
@@ -191,7 +195,7 @@ def validate(pipeline: PipelineConfig, snapshot_id: str) -> ValidationResult:
             except ValidationFailed as e:
                 _reject_images(contract, sdir, snapshot_id, str(e))
                 raise
-        return _validate_checked(pipeline, contract, manifest, sdir)
+        return _validate_checked(pipeline, contract, manifest, sdir, interval_start)
 
 
 def _reject_images(contract: Contract, sdir: Path, snapshot_id: str, reason: str) -> None:
@@ -224,14 +228,18 @@ def _reject_images(contract: Contract, sdir: Path, snapshot_id: str, reason: str
 
 
 def _validate_checked(
-    pipeline: PipelineConfig, contract: Contract, manifest: Any, sdir: Path
+    pipeline: PipelineConfig,
+    contract: Contract,
+    manifest: Any,
+    sdir: Path,
+    interval_start: str | None = None,
 ) -> ValidationResult:
     from trainyard import volumes
 
     snapshot_id = manifest.snapshot_id
-    previous = volumes.latest_validated(pipeline.dataset)
+    previous = volumes.drift_baseline(pipeline.dataset, snapshot_id, interval_start)
     previous_files = None
-    if previous is not None and previous != snapshot_id and contract.drift:
+    if previous is not None and contract.drift:
         previous_files = volumes.table_files(volumes.snapshot_dir(pipeline.dataset, previous))
     if manifest.contract_version and manifest.contract_version != contract.version:
         log.warning(
