@@ -146,7 +146,7 @@ def check_interval(start: str | None, end: str | None, start_date: dt.date | Non
 
     That is one not in ISO form, ending before it starts, not begun, or (given the
     pipeline's ``start_date``) starting before the pipeline does. Start and end may be
-    the same day: a run without a data interval (and an hourly run's) has its day as both.
+    the same day: an hourly run's interval has its day as both.
 
     Raises:
         ConfigError: Naming the value (a step run by hand with a typo would otherwise
@@ -940,6 +940,24 @@ def _code_version(package_version: str) -> str:
         return package_version
 
 
+DAILY = "0 0 * * *"
+"""The intervals of a pipeline without a schedule: days (UTC)."""
+
+
+def latest_interval(schedule: str | None, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """The latest data interval of a schedule complete at ``now`` (UTC; days without one).
+
+    What a run without a data interval of its own covers (``trainyard run`` without
+    ``--ds``, a DAG run triggered with no logical date): never the interval still going
+    on, whose data are not all there.
+    """
+    from croniter import croniter
+
+    it = croniter(schedule or DAILY, now.astimezone(dt.UTC))
+    end = it.get_prev(dt.datetime)
+    return it.get_prev(dt.datetime), end
+
+
 def data_intervals(
     cfg: PipelineConfig, first: dt.date | None = None, last: dt.date | None = None
 ) -> list[tuple[str, str]]:
@@ -963,13 +981,10 @@ def data_intervals(
     """
     from croniter import croniter
 
-    cron = cfg.schedule or "0 0 * * *"
+    cron = cfg.schedule or DAILY
     utc = dt.UTC
     if first is None:
-        now = dt.datetime.now(utc)
-        it = croniter(cron, now)
-        end = it.get_prev(dt.datetime)
-        start = it.get_prev(dt.datetime)
+        start, end = latest_interval(cfg.schedule, dt.datetime.now(utc))
         return [(start.isoformat(), end.isoformat())]
     last = last or first
     if last < first:

@@ -428,7 +428,10 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
 
     # a pipeline started by arriving data stages the interval its arrivals task picked
     arrivals = arrivals_asset(cfg)
-    interval: tuple[Any, Any] = (FromRun("interval_start"), FromRun("interval_end"))
+    interval: tuple[Any, Any] = (
+        FromRun("interval_start", cfg.schedule),
+        FromRun("interval_end", cfg.schedule),
+    )
     if arrivals is not None:
         interval = (FromXCom("arrivals", "interval_start"), FromXCom("arrivals", "interval_end"))
     stage = step(

@@ -32,10 +32,12 @@ class FromRun:
     """A fact of the run.
 
     ``run_id``, ``interval_start``, ``interval_end``, ``actor``, or ``requested_snapshot``
-    (the form's snapshot id, else the triggering Asset event's).
+    (the form's snapshot id, else the triggering Asset event's). ``schedule`` is the
+    pipeline's, for the interval of a run that has none (:func:`run_interval`).
     """
 
     name: str
+    schedule: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,19 @@ Source = Any
 """A constant, or one of the classes above."""
 
 
-def run_interval(context: Mapping[str, Any]) -> tuple[str, str]:
-    """The run's data interval as dates (its logical date's day for a run without one)."""
+def run_interval(context: Mapping[str, Any], schedule: str | None = None) -> tuple[str, str]:
+    """The run's data interval as dates.
+
+    A run without one (triggered with no logical date) covers the latest interval of the
+    pipeline's ``schedule`` complete when it runs (a day without a schedule), as
+    ``trainyard run`` does: not the day still going on, whose partial data would make a
+    champion no run of an earlier day could beat.
+    """
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None:
-        start = end = context["dag_run"].run_after
+        from trainyard.steps import latest_interval
+
+        start, end = latest_interval(schedule, context["dag_run"].run_after)
     return start.date().isoformat(), end.date().isoformat()
 
 
@@ -74,14 +84,16 @@ def actor(context: Mapping[str, Any]) -> str:
     """Who started the run: the triggering user, else ``airflow:<run type>``."""
     dag_run = context.get("dag_run")
     who = getattr(dag_run, "triggering_user_name", None) if dag_run else None
-    return who or f"airflow:{getattr(dag_run, 'run_type', 'run')}"
+    kind = getattr(dag_run, "run_type", None) or "run"
+    return who or f"airflow:{getattr(kind, 'value', kind)}"
 
 
-def _run_fact(name: str, context: Mapping[str, Any]) -> Any:
+def _run_fact(fact: FromRun, context: Mapping[str, Any]) -> Any:
+    name = fact.name
     if name == "run_id":
         return context["run_id"]
     if name in ("interval_start", "interval_end"):
-        return run_interval(context)[0 if name == "interval_start" else 1]
+        return run_interval(context, fact.schedule)[0 if name == "interval_start" else 1]
     if name == "actor":
         return actor(context)
     if name == "requested_snapshot":
@@ -105,7 +117,7 @@ def resolve(source: Source, context: Mapping[str, Any]) -> Any:
     if isinstance(source, FromParam):
         return (context.get("params") or {}).get(source.name)
     if isinstance(source, FromRun):
-        return _run_fact(source.name, context)
+        return _run_fact(source, context)
     if isinstance(source, Results):
         ti = context["ti"]
         pulled = {t: ti.xcom_pull(task_ids=t) for t in source.task_ids}

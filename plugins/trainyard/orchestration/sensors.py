@@ -63,7 +63,7 @@ class SourcePartitionSensor(BaseSensorOperator):
         """True once the source for the run's interval exists."""
         from trainyard.fsutil import redact_url
 
-        start = resolve(FromRun("interval_start"), context)
+        start = resolve(FromRun("interval_start", self.pipeline.schedule), context)
         ds = start[:10] if start else None
         present = source_present(self.pipeline, ds)
         url = redact_url(self.pipeline.source_url(ds))

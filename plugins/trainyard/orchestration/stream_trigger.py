@@ -441,7 +441,7 @@ def arrivals_task(cfg: PipelineConfig, asset: Asset) -> Any:
     @task(task_id="arrivals", retries=2, inlets=[asset])
     def pick_arrival(**context: Any) -> dict[str, Any]:
         run = context["dag_run"]
-        start, end = run_interval(context)
+        start, end = run_interval(context, cfg.schedule)
         if run.run_type != "asset_triggered":
             return {"arrival": None, "interval_start": start, "interval_end": end}
         recent = context["inlet_events"][asset].ascending(False).limit(RECENT_EVENTS)
