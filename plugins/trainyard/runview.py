@@ -180,6 +180,7 @@ def run_story(
     ]
     version = mine[-1] if mine else None
     if record is None and version is None:
+        _ensure_pipeline(root, pipeline)
         raise NotFound(
             f"pipeline {pipeline!r} has no record of run {run_id!r} yet (its summary task "
             "writes one; a run that registered a version shows it even before)"
@@ -216,6 +217,36 @@ def run_story(
     }
 
 
+def _ensure_pipeline(root: Path, pipeline: str) -> None:
+    """Refuse a pipeline with no registry folder and no config (no server path named)."""
+    if Layout(root).models(pipeline).is_dir():
+        return
+    from trainyard.config import load_pipeline
+
+    try:
+        load_pipeline(pipeline)
+    except ConfigError:
+        raise NotFound(f"unknown pipeline {pipeline!r}") from None
+
+
+def render_unrecorded(pipeline: str, run_id: str, state: str, failed: Sequence[str]) -> str:
+    """The page of a run Airflow knows that recorded nothing.
+
+    It failed before any step returned a result, or has not got that far.
+    """
+    why = (
+        f"It failed at {', '.join(failed)} before any step recorded a result: the reason "
+        "is in that task's log."
+        if failed
+        else "No step has recorded a result yet."
+    )
+    body = (
+        f"<h1>{_e(pipeline)}: run {_e(run_id)}</h1>"
+        f'<p>state: <b>{_e(state)}</b></p><p class="reason">{_e(why)}</p>'
+    )
+    return _page(f"trainyard run {run_id}", body)
+
+
 def pipeline_story(root: Path, pipeline: str) -> dict[str, Any]:
     """A pipeline's versions over time, their snapshots, the champion and the history.
 
@@ -229,15 +260,9 @@ def pipeline_story(root: Path, pipeline: str) -> dict[str, Any]:
     Raises:
         NotFound: If the pipeline has no registry folder and no config.
     """
-    layout = Layout(root)
     versions = _versions(root, pipeline)
-    if not versions and not layout.models(pipeline).is_dir():
-        try:
-            from trainyard.config import load_pipeline
-
-            load_pipeline(pipeline)
-        except ConfigError as e:
-            raise NotFound(str(e)) from e
+    if not versions:
+        _ensure_pipeline(root, pipeline)
     champion, history = _registry_state(root, pipeline)
     return {"pipeline": pipeline, "versions": versions, "champion": champion, "history": history}
 
@@ -742,7 +767,7 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
         verdict = gate.get("verdict")
         out.append(
             f"<p>decision: {_verdict(verdict)}"
-            + (" (forced)" if gate.get("force") else "")
+            + (" (force requested)" if gate.get("force") and verdict != "forced" else "")
             + "</p>"
         )
         out.append(

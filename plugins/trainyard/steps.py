@@ -584,6 +584,17 @@ def ensure_gated_against_champion(
     )
 
 
+def promotion_reason(meta: dict[str, Any], gate: dict[str, Any]) -> str:
+    """Why the deploy step makes a version the champion, as its history records it.
+
+    A forced gate's reason is the person's who forced it, in their words.
+    """
+    force = gate.get("force") if gate.get("verdict") == "forced" else None
+    if isinstance(force, dict) and force.get("reason"):
+        return f"forced by {force.get('actor')}: {force['reason']}"
+    return f"deployed after gate on snapshot {meta['snapshot_id']}"
+
+
 def deploy(
     pipeline: str,
     version: int,
@@ -623,7 +634,7 @@ def deploy(
         raise DeployError(f"{cfg.name} version {version} may not be deployed: {reason}")
     previous = registry.champion()
     ensure_gated_against_champion(cfg.name, previous, version, gate)
-    promote_reason = f"deployed after gate on snapshot {meta['snapshot_id']}"
+    promote_reason = promotion_reason(meta, gate)
     if approved_by:
         registry.record_approval(version, True, approved_by, approval_reason or "")
     if cfg.gate.approval == "required":

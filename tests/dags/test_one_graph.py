@@ -312,9 +312,11 @@ def _context(dag, conf: dict, run_type: str, queued: int) -> dict:
         state=DagRunState.RUNNING,
         consumed_asset_events=[],
         partition_key=None,
+        conf=conf,
     )
     return {
         "params": _run_params(dag, conf),
+        "dag": dag,
         "dag_run": dag_run,
         "ti": DagRunCounts(queued),
         "run_id": dag_run.run_id,
@@ -410,6 +412,42 @@ def test_training_decision_follows_the_backfill_policy(
         with pytest.raises(AirflowSkipException) as skip:
             run_training_or_skip(cfg, context)
         assert str(skip.value) == should_train(policy, run_type, queued)[1]
+
+
+@pytest.mark.parametrize(
+    ("conf", "why"),
+    [
+        ({"force_promote": True}, "force promote needs a reason"),
+        ({"force_promote": True, "force_reason": "   "}, "force promote needs a reason"),
+        ({"epoch": 3}, "unknown key(s) in the run's conf: 'epoch' (the trigger form's: "),
+    ],
+    ids=["no-reason", "blank-reason", "typo"],
+)
+def test_the_first_step_refuses_a_conf_a_later_step_would(
+    k8s_dags: dict, conf: dict, why: str
+) -> None:
+    """Found by a cold user: force promote without a reason failed only at the train
+    task, after staging and validation had run; a typo in the conf was ignored."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    dag = k8s_dags["trainyard_digits"]
+    context = _context(dag, conf, "manual", 0)
+    with pytest.raises(AirflowFailException, match=re.escape(why)):
+        dag.get_task("stage").execute(context)  # before it resolves or stages anything
+    ok = _context(dag, {"force_promote": True, "force_reason": "a bad day"}, "manual", 0)
+    from trainyard.orchestration.graph import check_run_conf
+
+    assert check_run_conf(_cfg(), ok).epochs == _cfg().training.epochs
+
+
+def test_the_form_bounds_the_reason_for_forcing(k8s_dags: dict) -> None:
+    """Found by a cold user: a 5,000-character reason filled every page it showed on."""
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    dag = k8s_dags["trainyard_digits"]
+    with pytest.raises(ParamValidationError):
+        _run_params(dag, {"force_reason": "x" * 2001})
+    assert _run_params(dag, {"force_reason": "x" * 2000})["force_reason"] == "x" * 2000
 
 
 # ------------------------------------------------------------------ the cluster's API

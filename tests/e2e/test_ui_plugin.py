@@ -73,6 +73,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
         e.runs["promoted"] = e.trigger_and_wait({})
         e.runs["rejected"] = e.trigger_and_wait({"epochs": 0})
         e.runs["invalid"] = e.trigger_and_wait({}, dag=STRICT)
+        e.runs["typo"] = e.trigger_and_wait({"epoch": 3})  # fails at its first step
         yield e
 
 
@@ -137,6 +138,22 @@ def test_each_run_note_is_its_summary(env: Env) -> None:
     assert note.startswith("trainyard: snapshot ") and "(new, 1797 rows)" in note, note
     assert "validation failed" in note and "gate not run" in note, note
     assert note.endswith("failed: validate"), note
+
+    # found by a cold user: a run that failed at stage got no note at all
+    run = env.runs["typo"]
+    assert run["state"] == "failed", run
+    states = env.task_states(run["dag_run_id"])
+    assert states["stage"] == "failed" and states["validate"] == "upstream_failed", states
+    end = time.monotonic() + 30
+    while not run.get("note") and time.monotonic() < end:
+        time.sleep(1)
+        run = env.api(f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}")
+    note = run.get("note") or ""
+    assert note.startswith("trainyard: validation not run") and note.endswith("failed: stage")
+    log = env.api(
+        f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances/stage/logs/1"
+    )
+    assert "unknown key(s) in the run's conf: 'epoch'" in json.dumps(log)
 
 
 # ----------------------------------------------------------------------------- API + auth
@@ -276,6 +293,12 @@ def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
         assert "not summarised" in page.inner_text("body")
         assert page.locator("a.datadocs").count() == 1
         page.screenshot(path=str(shots / "run_validation_rejected.png"), full_page=True)
+
+        # a run that failed before any step recorded a result: where, not raw JSON
+        typo = env.runs["typo"]["dag_run_id"]
+        page.goto(f"{base}/trainyard/runs/{DAG}/{quote(typo, safe='')}")
+        body = page.inner_text("body")
+        assert "state: failed" in body and "It failed at stage" in body, body
 
         # the pipeline page
         page.goto(f"{base}/trainyard/pipelines/{DAG}")

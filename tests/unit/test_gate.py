@@ -201,3 +201,18 @@ def test_a_champion_of_another_task_is_not_compared_and_does_not_block() -> None
         not_compared=why,
     )
     assert old.verdict == "reject" and "time:data" in old.reason
+
+
+def test_a_forced_promotion_records_the_persons_reason() -> None:
+    """Found by a cold user: the history row of a forced deploy said "deployed after gate
+    on snapshot ...", and the reason typed in the form was only in ``force_request``."""
+    from trainyard.steps import promotion_reason
+
+    meta = {"snapshot_id": "0123456789abcdef"}
+    forced = decide(gate(), {"accuracy": 0.5, "loss": 0.9}, None, FORCE)
+    record = json.loads(forced.report_files()["gate.json"])
+    assert promotion_reason(meta, record) == "forced by alice: hotfix for label bug"
+    passed = json.loads(
+        decide(gate(), {"accuracy": 0.95, "loss": 0.1}, None).report_files()["gate.json"]
+    )
+    assert promotion_reason(meta, passed) == "deployed after gate on snapshot 0123456789abcdef"

@@ -236,3 +236,35 @@ def test_the_summary_line_says_who_approved_or_rejected() -> None:
     line = runview.summary_line(results)
     assert "rejected by admin: wait for the relabelled batch" in line
     assert "serving unchanged (v1)" in line
+
+
+def test_an_unknown_pipeline_is_named_without_server_paths(volume: Path) -> None:
+    """Found by a cold user: ``/trainyard/runs/trainyard_nope/x`` said "pipeline 'nope'
+    has no record of run 'x'", and the pipelines page's 404 named the server's folder."""
+    for call in (
+        lambda: runview.run_story(volume, "nope", "x"),
+        lambda: runview.pipeline_story(volume, "nope"),
+    ):
+        with pytest.raises(runview.NotFound) as e:
+            call()
+        assert str(e.value) == "unknown pipeline 'nope'"
+
+
+def test_a_run_that_recorded_nothing_gets_a_page_saying_where_it_failed() -> None:
+    """Found by a cold user: a run that failed at ``stage`` showed raw JSON saying it had
+    no record "yet"."""
+    page = runview.render_unrecorded("digits", "manual__<x>", "failed", ["stage"])
+    assert "run manual__&lt;x&gt;" in page and "state: <b>failed</b>" in page
+    assert "It failed at stage before any step recorded a result" in page
+    running = runview.render_unrecorded("digits", "r", "running", [])
+    assert "No step has recorded a result yet." in running
+
+
+def test_a_forced_gate_says_forced_once(volume: Path) -> None:
+    """Found by a cold user: the gate line read "decision: forced (forced)"."""
+    gate = volume / "_models" / "digits" / "versions" / "2" / "gate.json"
+    doc = json.loads(gate.read_text())
+    doc |= {"verdict": "forced", "force": {"actor": "al", "reason": "hotfix", "at": "t"}}
+    gate.write_text(json.dumps(doc))
+    page = runview.render_run(runview.run_story(volume, "digits", "run2"), None, "/p")
+    assert "(forced)" not in page and "(force requested)" not in page

@@ -42,6 +42,7 @@ from trainyard.errors import ConfigError
 from trainyard.orchestration.inputs import FromParam, FromRun, FromXCom, Results
 from trainyard.orchestration.notify import PersonRejectedMail
 from trainyard.orchestration.notify import callbacks as notify_callbacks
+from trainyard.registry import MAX_REASON_CHARS
 from trainyard.settings import Settings, get_settings
 
 log = logging.getLogger("trainyard.orchestration")
@@ -128,7 +129,14 @@ def trigger_params(cfg: PipelineConfig, tiers: tuple[str, ...]) -> dict[str, Par
             section="Data",
         ),
         "epochs": Param(
-            t.epochs, type="integer", minimum=0, maximum=1000, title="Epochs", section="Training"
+            t.epochs,
+            type="integer",
+            minimum=0,
+            maximum=1000,
+            title="Epochs",
+            description="Passes over the training window's data (0 trains nothing: its "
+            "candidate is what the gate's rejection looks like).",
+            section="Training",
         ),
         "workers": Param(
             t.workers,
@@ -165,8 +173,9 @@ def trigger_params(cfg: PipelineConfig, tiers: tuple[str, ...]) -> dict[str, Par
         "force_reason": Param(
             None,
             type=["null", "string"],
+            maxLength=MAX_REASON_CHARS,
             title="Reason for forcing",
-            description="Required when force promote is on.",
+            description="Required when force promote is on (recorded with who and when).",
             section="Promotion",
         ),
         "dry_run": Param(
@@ -280,6 +289,46 @@ def run_training_params(cfg: PipelineConfig, params: Mapping[str, Any]) -> Train
     return training_params(cfg, _overrides(params))
 
 
+def check_run_conf(cfg: PipelineConfig, context: Mapping[str, Any]) -> TrainingConfig:
+    """Refuse a run's trigger form or conf that a later step would refuse.
+
+    The stage task asks first thing, so a run with a typo fails before it stages
+    anything, and the train task again (a task cleared alone).
+
+    Returns:
+        The run's effective training config (:func:`run_training_params`).
+
+    Raises:
+        AirflowFailException: Naming the problem: a conf key the form does not have,
+            force promote without a reason (or one over
+            :data:`trainyard.registry.MAX_REASON_CHARS`), an invalid training override.
+    """
+    params = context["params"]
+    dag = context.get("dag")
+    conf = getattr(context.get("dag_run"), "conf", None) or {}
+    known = set(getattr(dag, "params", None) or params)
+    if unknown := sorted(set(conf) - known):
+        raise AirflowFailException(
+            f"unknown key(s) in the run's conf: {', '.join(map(repr, unknown))} (the trigger "
+            f"form's: {', '.join(sorted(known))})"
+        )
+    reason = (params.get("force_reason") or "").strip()
+    if params.get("force_promote") and not reason:
+        raise AirflowFailException(
+            "force promote needs a reason (the form's 'Reason for forcing'); refused "
+            "before anything ran"
+        )
+    if len(reason) > MAX_REASON_CHARS:
+        raise AirflowFailException(
+            f"the reason for forcing has {len(reason)} characters (at most "
+            f"{MAX_REASON_CHARS}); link to anything longer"
+        )
+    try:
+        return run_training_params(cfg, params)
+    except ConfigError as e:
+        raise AirflowFailException(str(e)) from None
+
+
 def run_training_or_skip(
     cfg: PipelineConfig,
     context: Mapping[str, Any],
@@ -311,12 +360,7 @@ def run_training_or_skip(
     train_now, why = should_train(cfg.backfill_training, dag_run.run_type, queued)
     if not train_now:
         raise AirflowSkipException(why)
-    if params.get("force_promote") and not (params.get("force_reason") or "").strip():
-        raise AirflowFailException(
-            "force promote needs a reason (the form's 'Reason for forcing'); refused "
-            "before training"
-        )
-    training = run_training_params(cfg, params)
+    training = check_run_conf(cfg, context)
     if params.get("dry_run"):
         log.info("dry run: would train %s", training.model_dump_json())
         if plan is not None:

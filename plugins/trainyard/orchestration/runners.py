@@ -137,6 +137,10 @@ class StepOperator(BaseOperator):
         """Render the step's pod for this run and launch it with this runner."""
         from trainyard.settings import get_settings
 
+        if self.step == "stage":  # the run's first step: a conf no later step takes fails now
+            from trainyard.orchestration.graph import check_run_conf
+
+            check_run_conf(self.pipeline, context)
         values = resolve_all(self.inputs, context)
         self._lineage = (values, {}, context["run_id"])
         self._runner = runner_for(get_settings())

@@ -102,8 +102,8 @@ def _dataset(pipeline: str, root: Path) -> str:
             return str(meta["dataset"])
     try:
         return load_pipeline(pipeline).dataset
-    except ConfigError as e:
-        raise NotFound(str(e)) from e
+    except ConfigError:
+        raise NotFound(f"unknown pipeline {pipeline!r}") from None
 
 
 @cache
@@ -146,8 +146,15 @@ def build_app() -> Any:
 
     @app.get("/runs/{dag_id}/{run_id}", dependencies=read_runs, response_class=HTMLResponse)
     def run_page(dag_id: str, run_id: str, request: Request) -> HTMLResponse:
-        """The run's story."""
-        _, _, story = story_of_run(dag_id, run_id)
+        """The run's story (what Airflow knows of a run that recorded nothing)."""
+        try:
+            _, _, story = story_of_run(dag_id, run_id)
+        except runview.NotFound:
+            known = run_state_from_db(dag_id, run_id)
+            if known is None:
+                raise
+            page = runview.render_unrecorded(runview.pipeline_of(dag_id), run_id, *known)
+            return HTMLResponse(page, headers=headers)
         base = prefix(request)
         snap = story.get("snapshot") or {}
         docs = (
@@ -227,6 +234,21 @@ def results_of_run(dag_run: Any) -> dict[str, Any]:
     return step_results(session, dag_run.dag_id, dag_run.run_id)
 
 
+def run_state_from_db(dag_id: str, run_id: str) -> tuple[str, list[str]] | None:
+    """A run's state and its failed tasks from Airflow's database; None for no such run."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        ).one_or_none()
+        if run is None:
+            return None
+        return str(getattr(run.state, "value", run.state)), failed_tasks(run)
+
+
 def results_from_db(dag_id: str, run_id: str) -> dict[str, Any]:
     """The steps' results of a run, read from Airflow's metadata database (API server).
 
@@ -294,9 +316,10 @@ def note_for(dag_run: Any) -> str | None:
     if current and not current.startswith(NOTE_MARK):
         return None
     results = results_of_run(dag_run)
-    if not results:
+    failed = failed_tasks(dag_run)
+    if not results and not failed:
         return None
-    return (NOTE_MARK + summary_line(results, failed_tasks(dag_run)))[:NOTE_MAX]
+    return (NOTE_MARK + summary_line(results, failed))[:NOTE_MAX]
 
 
 def failed_tasks(dag_run: Any) -> list[str]:
