@@ -63,7 +63,16 @@ def test_make_standalone_runs_airflow_in_the_project_env() -> None:
         ["make", "-n", "standalone"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert plan.returncode == 0, plan.stderr
-    assert ". scripts/env.sh && airflow standalone" in plan.stdout
+    # in a process group of its own, which Ctrl-C, kill %1 and make stop stop whole
+    assert ". scripts/env.sh && python -m trainyard.standalone run \n" in plan.stdout
+    moved = subprocess.run(
+        ["make", "-n", "standalone", "AIRFLOW_PORT=18080"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "python -m trainyard.standalone run --port 18080" in moved.stdout
 
 
 @pytest.mark.parametrize(

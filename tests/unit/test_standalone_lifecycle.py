@@ -1,0 +1,88 @@
+"""``make standalone``'s wrapper (:mod:`trainyard.standalone`) without Airflow: the
+refusals, and ``stop`` of a recorded process group whose processes ignore SIGTERM (as
+Airflow 3.3's LocalExecutor workers did, which a cold user found left running)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainyard.standalone import group_members
+
+# a group leader that ignores SIGTERM, and a child of it that does too
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+subprocess.Popen([sys.executable, "-c", child])
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _wrapper(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AIRFLOW_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "trainyard.standalone", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_stop_ends_a_group_that_ignores_sigterm_and_a_second_start_is_refused(
+    tmp_path: Path,
+) -> None:
+    group = subprocess.Popen(
+        [sys.executable, "-c", STUBBORN],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert group.stdout is not None and group.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 10
+        while len(group_members(group.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(group_members(group.pid)) == 2
+        record = tmp_path / "standalone.json"
+        record.write_text(json.dumps({"pid": group.pid, "pgid": group.pid, "port": 18080}))
+        again = _wrapper(tmp_path, "run", "--port", "18080")
+        assert again.returncode == 2
+        assert "already runs for this checkout (port 18080" in again.stderr
+        stopped = _wrapper(tmp_path, "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.strip() == (
+            "Airflow standalone stopped (port 18080) (2 processes needed SIGKILL)"
+        )
+        assert group_members(group.pid) == [] and not record.exists()
+        assert _wrapper(tmp_path, "stop").stdout.strip() == "Airflow standalone: not running"
+    finally:
+        if group_members(group.pid):
+            os.killpg(group.pid, 9)
+        group.wait(timeout=10)
+
+
+def test_a_taken_port_is_named_with_another_to_use(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = _wrapper(tmp_path, "run", "--port", str(port))
+    assert out.returncode == 2
+    assert f"port {port} on 127.0.0.1 is taken (another Airflow?)" in out.stderr
+    assert "make standalone AIRFLOW_PORT=" in out.stderr
+
+
+@pytest.mark.parametrize("port", ["0", "70000"])
+def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path, port: str) -> None:
+    out = _wrapper(tmp_path, "run", "--port", port)
+    assert out.returncode == 2 and f"--port {port}: not a TCP port" in out.stderr
