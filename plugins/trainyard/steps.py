@@ -1060,6 +1060,7 @@ def run_all(
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     record: dict[str, Any] = {}
     for i, (start, end) in enumerate(intervals):
+        start, end = start[:10], end[:10]  # as the DAG's steps get them (run_interval): days
         last = i == len(intervals) - 1
         trains = cfg.backfill_training == "each" or (cfg.backfill_training == "last" and last)
         if len(intervals) == 1:
