@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 ENV := . scripts/env.sh &&
 PIPELINE ?= digits
 
-.PHONY: run setup native postgres airflow-init test lint bench standalone stop clean
+.PHONY: run setup native postgres airflow-init test lint bench standalone standalone-check stop clean
 
 run: airflow-init native
 	$(ENV) airflow dags test trainyard_$(PIPELINE) > .trainyard/last_dags_test.log 2>&1 \
@@ -48,8 +48,12 @@ airflow-init: $(STAMP) postgres
 
 # Airflow standalone in a process group of its own (plugins/trainyard/standalone.py): Ctrl-C,
 # `kill %1` or `make stop` stop all of it; AIRFLOW_PORT=N moves it off 8080
-standalone: airflow-init native
+standalone: standalone-check airflow-init native
 	$(ENV) python -m trainyard.standalone run $(if $(AIRFLOW_PORT),--port $(AIRFLOW_PORT))
+
+# refused before airflow-init touches the database a running standalone uses
+standalone-check: $(STAMP)
+	@$(ENV) python -m trainyard.standalone check
 
 stop:
 	$(ENV) python -m trainyard.standalone stop

@@ -7,6 +7,10 @@ which ``make stop`` runs) sends SIGTERM to that whole group and SIGKILL to what 
 it after :data:`GRACE_S`: on SIGTERM Airflow 3.3's scheduler waits for its LocalExecutor
 workers, which do not exit, so a plain SIGTERM left the scheduler and its workers running.
 
+``make standalone`` first runs ``check``, which refuses a second standalone of the
+checkout before anything touches its database. The API port and the log servers' ports
+(which Airflow binds on every interface) are checked free before Airflow starts.
+
 ``--port`` (``make standalone AIRFLOW_PORT=N``) moves the API server and, with it, the
 execution API URL the workers call (Airflow's ``[core] execution_api_server_url``, which
 otherwise still names 8080 and every task fails before it starts).
@@ -34,6 +38,15 @@ DEFAULT_PORT = 8080
 GRACE_S = 10.0
 """How long the group gets after SIGTERM before SIGKILL."""
 RECORD = "standalone.json"
+LOG_SERVERS = {
+    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": 8793,
+    "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": 8794,
+}
+"""The ports of the log servers standalone starts, and Airflow's defaults."""
+LOG_SERVER_NAMES = {
+    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": "worker",
+    "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": "triggerer",
+}
 
 
 def record_path() -> Path:
@@ -99,6 +112,20 @@ def stop() -> str:
     return f"Airflow standalone stopped (port {rec.get('port')}){forced}"
 
 
+def ensure_not_running() -> None:
+    """Refuse when this checkout's standalone runs.
+
+    Raises:
+        ConfigError: Naming its port and process group.
+    """
+    rec = _running()
+    if rec is not None:
+        raise ConfigError(
+            f"Airflow standalone already runs for this checkout (port {rec.get('port')}, "
+            f"process group {rec['pgid']}): stop it first (make stop)"
+        )
+
+
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -118,12 +145,7 @@ def run(port: int | None = None) -> int:
     Raises:
         ConfigError: If one runs already for this checkout, or the port is taken.
     """
-    rec = _running()
-    if rec is not None:
-        raise ConfigError(
-            f"Airflow standalone already runs for this checkout (port {rec.get('port')}, "
-            f"process group {rec['pgid']}): stop it first (make stop)"
-        )
+    ensure_not_running()
     env = dict(os.environ)
     port = port or int(env.get("AIRFLOW__API__PORT") or DEFAULT_PORT)
     host = env.get("AIRFLOW__API__HOST") or "127.0.0.1"
@@ -132,6 +154,13 @@ def run(port: int | None = None) -> int:
             f"port {port} on {host} is taken (another Airflow?): choose another, e.g. "
             f"make standalone AIRFLOW_PORT={port + 10000 if port < 55535 else 18080}"
         )
+    for variable, default in LOG_SERVERS.items():  # they bind every interface
+        log_port = int(env.get(variable) or default)
+        if not _port_free("", log_port):
+            raise ConfigError(
+                f"port {log_port} (Airflow's {LOG_SERVER_NAMES[variable]} log server) is "
+                f"taken (another Airflow?): export {variable}=<a free port>"
+            )
     env["AIRFLOW__API__PORT"] = str(port)
     local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     env.setdefault("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://{local}:{port}/execution/")
@@ -170,10 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     start = sub.add_parser("run", help="run Airflow standalone in the foreground")
     start.add_argument("--port", type=int, help=f"API server port (default {DEFAULT_PORT})")
     sub.add_parser("stop", help="stop the standalone this checkout runs, all of it")
+    sub.add_parser("check", help="refuse now if one runs for this checkout (make's first step)")
     args = parser.parse_args(argv)
     try:
         if args.command == "stop":
             print(stop())
+            return 0
+        if args.command == "check":
+            ensure_not_running()
             return 0
         if args.port is not None and not 0 < args.port < 65536:
             parser.error(f"--port {args.port}: not a TCP port")

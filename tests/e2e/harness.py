@@ -165,6 +165,9 @@ def make_project(
             AIRFLOW__API__HOST="127.0.0.1",
             AIRFLOW__API__PORT=str(api_port),
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{api_port}/execution/",
+            # standalone's log servers bind every interface: ports of their own
+            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
         )
     return Project(home=tmp, env=env, port=port, postgres=postgres)
 

@@ -58,6 +58,8 @@ def test_stop_ends_a_group_that_ignores_sigterm_and_a_second_start_is_refused(
         again = _wrapper(tmp_path, "run", "--port", "18080")
         assert again.returncode == 2
         assert "already runs for this checkout (port 18080" in again.stderr
+        check = _wrapper(tmp_path, "check")  # make standalone's first step
+        assert check.returncode == 2 and "stop it first (make stop)" in check.stderr
         stopped = _wrapper(tmp_path, "stop")
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.strip() == (
@@ -86,3 +88,28 @@ def test_a_taken_port_is_named_with_another_to_use(tmp_path: Path) -> None:
 def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path, port: str) -> None:
     out = _wrapper(tmp_path, "run", "--port", port)
     assert out.returncode == 2 and f"--port {port}: not a TCP port" in out.stderr
+
+
+def test_a_taken_log_server_port_is_named_before_airflow_starts(tmp_path: Path) -> None:
+    """Found by a cold user: with the worker log server's port taken, standalone started
+    and ran without a log server, saying so in one line of its output."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
+        env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(taken)
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            api = free.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "trainyard.standalone", "run", "--port", str(api)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2
+    assert f"port {taken} (Airflow's worker log server) is taken" in out.stderr
+    assert "export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=" in out.stderr
+    assert not (tmp_path / "standalone.json").exists()
