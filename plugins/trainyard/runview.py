@@ -182,8 +182,8 @@ def run_story(
     if record is None and version is None:
         _ensure_pipeline(root, pipeline)
         raise NotFound(
-            f"pipeline {pipeline!r} has no record of run {run_id!r} yet (its summary task "
-            "writes one; a run that registered a version shows it even before)"
+            f"pipeline {pipeline!r} has no record of run {run_id!r}: no such run, or none "
+            "of its steps has returned a result"
         )
     staged = (record or {}).get("stage") or {}
     snapshot_id = staged.get("snapshot_id") or (version or {}).get("snapshot_id")
@@ -247,6 +247,11 @@ def render_unrecorded(pipeline: str, run_id: str, state: str, failed: Sequence[s
     return _page(f"trainyard run {run_id}", body)
 
 
+def render_not_found(message: str) -> str:
+    """The page of something the plugin does not know (the API answers JSON instead)."""
+    return _page("trainyard: not found", f'<h1>Not found</h1><p class="reason">{_e(message)}</p>')
+
+
 def pipeline_story(root: Path, pipeline: str) -> dict[str, Any]:
     """A pipeline's versions over time, their snapshots, the champion and the history.
 
@@ -279,13 +284,16 @@ def _fmt_metrics(metrics: Mapping[str, Any] | None, limit: int = 3) -> str:
     return ", ".join(f"{k}={v:.4f}" for k, v in items[:limit])
 
 
-def summary_line(results: Mapping[str, Any], failed: Sequence[str] = ()) -> str:
+def summary_line(
+    results: Mapping[str, Any], failed: Sequence[str] = (), dry_run: bool = False
+) -> str:
     """The run's one-line summary (a run note): snapshot, metrics, decision, served version.
 
     Args:
         results: Each step's result keyed by step name (``stage``, ``validate``,
             ``register``, ``evaluate``, ``approve``, ``deploy``), as in the run record.
         failed: The run's failed tasks (a failed step returns no result).
+        dry_run: The run was a dry run (the form's): it stopped before training.
 
     Returns:
         One line, at most :data:`NOTE_MAX` characters.
@@ -308,7 +316,9 @@ def summary_line(results: Mapping[str, Any], failed: Sequence[str] = ()) -> str:
     if reg.get("version") is not None:
         metrics = _fmt_metrics(ev.get("metrics"))
         parts.append(f"v{reg['version']}" + (f" {metrics}" if metrics else ""))
-    if ev:
+    if dry_run and not reg:
+        parts.append("dry run: stopped before training (its plan is in the train task's log)")
+    elif ev:
         parts.append(f"gate {ev.get('verdict', '?')}: {ev.get('reason', '')}".rstrip(": "))
     else:
         parts.append("gate not run")

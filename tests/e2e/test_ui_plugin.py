@@ -197,6 +197,9 @@ def test_plugin_api_serves_an_authenticated_user(env: Env) -> None:
     assert status == 404 and b"not a trainyard pipeline" in body
     status, body, _ = env.get(f"/trainyard/api/runs/{DAG}/manual__nope")
     assert status == 404 and b"no record of run" in body
+    # the page of a run that does not exist is a page, not JSON (found by a cold user)
+    status, body, _ = env.get(f"/trainyard/runs/{DAG}/manual__nope")
+    assert status == 404 and body.startswith(b"<!doctype html>") and b"no such run" in body
 
 
 def test_plugin_serves_files_only_from_inside_the_report(env: Env) -> None:

@@ -159,6 +159,12 @@ def test_summary_line_says_snapshot_metrics_decision_and_serving() -> None:
     )
     long = runview.summary_line({"evaluate": {"verdict": "reject", "reason": "x" * 5000}})
     assert len(long) == runview.NOTE_MAX and "\n" not in long
+    # found by a cold user: a dry run's note read like a run whose gate never ran
+    dry = runview.summary_line({"stage": stage, "validate": {"success": True}}, dry_run=True)
+    assert dry == (
+        f"snapshot {SNAP} (reused, 1797 rows) · validation passed · dry run: stopped before "
+        "training (its plan is in the train task's log) · serving unchanged"
+    )
 
 
 def test_line_chart_draws_series_and_says_when_empty() -> None:
@@ -268,3 +274,8 @@ def test_a_forced_gate_says_forced_once(volume: Path) -> None:
     gate.write_text(json.dumps(doc))
     page = runview.render_run(runview.run_story(volume, "digits", "run2"), None, "/p")
     assert "(forced)" not in page and "(force requested)" not in page
+
+
+def test_a_page_of_something_unknown_is_a_page() -> None:
+    page = runview.render_not_found("pipeline 'd' has no record of run '<x>': no such run")
+    assert page.startswith("<!doctype html>") and "&lt;x&gt;" in page

@@ -137,8 +137,10 @@ def build_app() -> Any:
         return pipeline, root, runview.run_story(root, pipeline, run_id, results)
 
     @app.exception_handler(runview.NotFound)
-    async def not_found(_: Request, exc: runview.NotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+    async def not_found(request: Request, exc: runview.NotFound) -> Any:
+        if request.url.path.startswith(f"{prefix(request)}/api/"):
+            return JSONResponse({"detail": str(exc)}, status_code=404)
+        return HTMLResponse(runview.render_not_found(str(exc)), 404, headers=headers)
 
     @app.exception_handler(ConfigError)
     async def bad_input(_: Request, exc: ConfigError) -> JSONResponse:
@@ -319,7 +321,8 @@ def note_for(dag_run: Any) -> str | None:
     failed = failed_tasks(dag_run)
     if not results and not failed:
         return None
-    return (NOTE_MARK + summary_line(results, failed))[:NOTE_MAX]
+    dry_run = bool((getattr(dag_run, "conf", None) or {}).get("dry_run"))
+    return (NOTE_MARK + summary_line(results, failed, dry_run))[:NOTE_MAX]
 
 
 def failed_tasks(dag_run: Any) -> list[str]:
