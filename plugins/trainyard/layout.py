@@ -166,6 +166,10 @@ class Layout(Generic[P]):
         """The record of one run (``trainyard summary``)."""
         return self.runs(pipeline) / f"{run_key(run_id)}.json"  # type: ignore[return-value]
 
+    def run_failure(self, pipeline: str, run_id: str) -> P:
+        """Why a run's step failed (the step task writes it; its page and note say it)."""
+        return self.runs(pipeline) / f"{run_key(run_id)}.failed.json"  # type: ignore[return-value]
+
     def last_run(self, pipeline: str) -> P:
         """The record of the pipeline's last run."""
         return self.models(pipeline) / "last_run.json"  # type: ignore[return-value]

@@ -229,17 +229,36 @@ def _ensure_pipeline(root: Path, pipeline: str) -> None:
         raise NotFound(f"unknown pipeline {pipeline!r}") from None
 
 
-def render_unrecorded(pipeline: str, run_id: str, state: str, failed: Sequence[str]) -> str:
+def run_failure(root: Path, pipeline: str, run_id: str, failed: Sequence[str]) -> str | None:
+    """Why the run's failed step failed, as its task recorded it.
+
+    None if none of ``failed`` recorded a reason (or the run has no failed task).
+    """
+    try:
+        doc = _read(Layout(root).run_failure(pipeline, run_id))
+    except ConfigError:
+        return None
+    if not isinstance(doc, dict) or doc.get("step") not in failed:
+        return None
+    return str(doc.get("reason") or "") or None
+
+
+def render_unrecorded(
+    pipeline: str, run_id: str, state: str, failed: Sequence[str], reason: str | None = None
+) -> str:
     """The page of a run Airflow knows that recorded nothing.
 
     It failed before any step returned a result, or has not got that far.
     """
-    why = (
-        f"It failed at {', '.join(failed)} before any step recorded a result: the reason "
-        "is in that task's log."
-        if failed
-        else "No step has recorded a result yet."
-    )
+    if failed and reason:
+        why = f"It failed at {', '.join(failed)} before any step recorded a result: {reason}"
+    elif failed:
+        why = (
+            f"It failed at {', '.join(failed)} before any step recorded a result: the reason "
+            "is in that task's log."
+        )
+    else:
+        why = "No step has recorded a result yet."
     body = (
         f"<h1>{_e(pipeline)}: run {_e(run_id)}</h1>"
         f'<p>state: <b>{_e(state)}</b></p><p class="reason">{_e(why)}</p>'
@@ -285,7 +304,10 @@ def _fmt_metrics(metrics: Mapping[str, Any] | None, limit: int = 3) -> str:
 
 
 def summary_line(
-    results: Mapping[str, Any], failed: Sequence[str] = (), dry_run: bool = False
+    results: Mapping[str, Any],
+    failed: Sequence[str] = (),
+    dry_run: bool = False,
+    reason: str | None = None,
 ) -> str:
     """The run's one-line summary (a run note): snapshot, metrics, decision, served version.
 
@@ -294,6 +316,7 @@ def summary_line(
             ``register``, ``evaluate``, ``approve``, ``deploy``), as in the run record.
         failed: The run's failed tasks (a failed step returns no result).
         dry_run: The run was a dry run (the form's): it stopped before training.
+        reason: Why the failed step failed (:func:`run_failure`).
 
     Returns:
         One line, at most :data:`NOTE_MAX` characters.
@@ -335,7 +358,7 @@ def summary_line(
         champion = ev.get("champion", ev.get("champion_version"))
         parts.append(f"serving unchanged (v{champion})" if champion else "serving unchanged")
     if failed:
-        parts.append("failed: " + ", ".join(failed))
+        parts.append("failed: " + ", ".join(failed) + (f" ({reason})" if reason else ""))
     line = " · ".join(parts).replace("\n", " ")
     return line if len(line) <= NOTE_MAX else line[: NOTE_MAX - 1] + "…"
 

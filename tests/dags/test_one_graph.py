@@ -424,16 +424,22 @@ def test_training_decision_follows_the_backfill_policy(
     ids=["no-reason", "blank-reason", "typo"],
 )
 def test_the_first_step_refuses_a_conf_a_later_step_would(
-    k8s_dags: dict, conf: dict, why: str
+    k8s_dags: dict, conf: dict, why: str, volume_root: Path
 ) -> None:
     """Found by a cold user: force promote without a reason failed only at the train
-    task, after staging and validation had run; a typo in the conf was ignored."""
+    task, after staging and validation had run; a typo in the conf was ignored. (And by
+    another: the run's note and page did not say why; the task records it.)"""
     from airflow.sdk.exceptions import AirflowFailException
+
+    from trainyard import runview
 
     dag = k8s_dags["trainyard_digits"]
     context = _context(dag, conf, "manual", 0)
     with pytest.raises(AirflowFailException, match=re.escape(why)):
         dag.get_task("stage").execute(context)  # before it resolves or stages anything
+    reason = runview.run_failure(volume_root, "digits", context["run_id"], ["stage"])
+    assert reason is not None and why in reason
+    assert runview.run_failure(volume_root, "digits", context["run_id"], ["train"]) is None
     ok = _context(dag, {"force_promote": True, "force_reason": "a bad day"}, "manual", 0)
     from trainyard.orchestration.graph import check_run_conf
 

@@ -137,7 +137,8 @@ def test_each_run_note_is_its_summary(env: Env) -> None:
     note = run.get("note") or ""
     assert note.startswith("trainyard: snapshot ") and "(new, 1797 rows)" in note, note
     assert "validation failed" in note and "gate not run" in note, note
-    assert note.endswith("failed: validate"), note
+    assert "failed: validate (trainyard validate: ValidationFailed:" in note, note
+    assert "row_count : 1797 rows, the contract allows [1000000, None]" in note, note
 
     # found by a cold user: a run that failed at stage got no note at all
     run = env.runs["typo"]
@@ -149,7 +150,8 @@ def test_each_run_note_is_its_summary(env: Env) -> None:
         time.sleep(1)
         run = env.api(f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}")
     note = run.get("note") or ""
-    assert note.startswith("trainyard: validation not run") and note.endswith("failed: stage")
+    assert note.startswith("trainyard: validation not run"), note
+    assert "failed: stage (unknown key(s) in the run's conf: 'epoch'" in note, note
     log = env.api(
         f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances/stage/logs/1"
     )
@@ -302,6 +304,7 @@ def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
         page.goto(f"{base}/trainyard/runs/{DAG}/{quote(typo, safe='')}")
         body = page.inner_text("body")
         assert "state: failed" in body and "It failed at stage" in body, body
+        assert "unknown key(s) in the run's conf: 'epoch'" in body, body
 
         # the pipeline page
         page.goto(f"{base}/trainyard/pipelines/{DAG}")

@@ -262,6 +262,10 @@ def test_a_run_that_recorded_nothing_gets_a_page_saying_where_it_failed() -> Non
     page = runview.render_unrecorded("digits", "manual__<x>", "failed", ["stage"])
     assert "run manual__&lt;x&gt;" in page and "state: <b>failed</b>" in page
     assert "It failed at stage before any step recorded a result" in page
+    told = runview.render_unrecorded("digits", "r", "failed", ["stage"], "no <such> snapshot")
+    assert "before any step recorded a result: no &lt;such&gt; snapshot" in told
+    line = runview.summary_line({}, ["stage"], reason="no such snapshot")
+    assert line.endswith("failed: stage (no such snapshot)"), line
     running = runview.render_unrecorded("digits", "r", "running", [])
     assert "No step has recorded a result yet." in running
 

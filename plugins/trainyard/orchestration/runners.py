@@ -134,7 +134,39 @@ class StepOperator(BaseOperator):
         self._lineage: tuple[dict[str, Any], dict[str, Any], str] | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        """Render the step's pod for this run and launch it with this runner."""
+        """Render the step's pod for this run and launch it with this runner.
+
+        A failure's reason is also written where the run's page and note read it
+        (:meth:`Layout.run_failure`): a step that failed returns no result to show.
+        """
+        try:
+            return self._execute(context)
+        except AirflowSkipException:
+            raise
+        except AirflowException as e:  # a retry that succeeds makes this moot: see run_failure
+            self._record_failure(context["run_id"], str(e))
+            raise
+
+    def _record_failure(self, run_id: str, reason: str) -> None:
+        import datetime as dt
+
+        from trainyard.fsutil import atomic_write_json
+        from trainyard.layout import Layout
+        from trainyard.settings import get_settings
+
+        path = Layout(get_settings().volume_root).run_failure(self.pipeline.name, run_id)
+        doc = {
+            "step": self.step,
+            "reason": reason[:1000],
+            "at": dt.datetime.now(dt.UTC).isoformat(),
+        }
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, doc)
+        except OSError as e:  # the run still fails with its reason; only the page lacks it
+            log.warning("cannot record why %s failed in %s: %s", self.step, path, e)
+
+    def _execute(self, context: Context) -> dict[str, Any]:
         from trainyard.settings import get_settings
 
         if self.step == "stage":  # the run's first step: a conf no later step takes fails now

@@ -155,7 +155,9 @@ def build_app() -> Any:
             known = run_state_from_db(dag_id, run_id)
             if known is None:
                 raise
-            page = runview.render_unrecorded(runview.pipeline_of(dag_id), run_id, *known)
+            pipeline = runview.pipeline_of(dag_id)
+            reason = runview.run_failure(get_settings().volume_root, pipeline, run_id, known[1])
+            page = runview.render_unrecorded(pipeline, run_id, *known, reason)
             return HTMLResponse(page, headers=headers)
         base = prefix(request)
         snap = story.get("snapshot") or {}
@@ -322,7 +324,15 @@ def note_for(dag_run: Any) -> str | None:
     if not results and not failed:
         return None
     dry_run = bool((getattr(dag_run, "conf", None) or {}).get("dry_run"))
-    return (NOTE_MARK + summary_line(results, failed, dry_run))[:NOTE_MAX]
+    reason = None
+    if failed:
+        from trainyard.runview import NotFound, pipeline_of, run_failure
+        from trainyard.settings import get_settings
+
+        with contextlib.suppress(NotFound):
+            pipeline = pipeline_of(str(dag_run.dag_id))
+            reason = run_failure(get_settings().volume_root, pipeline, dag_run.run_id, failed)
+    return (NOTE_MARK + summary_line(results, failed, dry_run, reason))[:NOTE_MAX]
 
 
 def failed_tasks(dag_run: Any) -> list[str]:
