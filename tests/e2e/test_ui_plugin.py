@@ -106,6 +106,15 @@ def test_gate_rejection_shows_as_skipped_with_the_reason(env: Env) -> None:
     assert "gate rejected the candidate" in text and "accuracy" in text
 
 
+def _note(env: Env, dag: str, run: dict) -> str:
+    """The run's note, once the scheduler's listener has set it (30 s at most)."""
+    end = time.monotonic() + 30
+    while not run.get("note") and time.monotonic() < end:
+        time.sleep(1)
+        run = env.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run['dag_run_id'], safe='')}")
+    return run.get("note") or ""
+
+
 def test_each_run_note_is_its_summary(env: Env) -> None:
     snapshot = _snapshot(env)
     notes = {}
@@ -130,11 +139,7 @@ def test_each_run_note_is_its_summary(env: Env) -> None:
     assert run["state"] == "failed", run
     states = env.task_states(run["dag_run_id"], STRICT)
     assert states["validate"] == "failed" and states["train"] == "upstream_failed", states
-    end = time.monotonic() + 30
-    while not run.get("note") and time.monotonic() < end:
-        time.sleep(1)
-        run = env.api(f"/api/v2/dags/{STRICT}/dagRuns/{quote(run['dag_run_id'], safe='')}")
-    note = run.get("note") or ""
+    note = _note(env, STRICT, run)
     assert note.startswith("trainyard: snapshot ") and "(new, 1797 rows)" in note, note
     assert "validation failed" in note and "gate not run" in note, note
     assert "failed: validate (trainyard validate: ValidationFailed:" in note, note
@@ -145,11 +150,7 @@ def test_each_run_note_is_its_summary(env: Env) -> None:
     assert run["state"] == "failed", run
     states = env.task_states(run["dag_run_id"])
     assert states["stage"] == "failed" and states["validate"] == "upstream_failed", states
-    end = time.monotonic() + 30
-    while not run.get("note") and time.monotonic() < end:
-        time.sleep(1)
-        run = env.api(f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}")
-    note = run.get("note") or ""
+    note = _note(env, DAG, run)
     assert note.startswith("trainyard: validation not run"), note
     assert "failed: stage (unknown key(s) in the run's conf: 'epoch'" in note, note
     log = env.api(

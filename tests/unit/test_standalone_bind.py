@@ -59,20 +59,20 @@ def _in_project_env(command: list[str], env: dict[str, str], **kw) -> subprocess
 
 
 def test_make_standalone_runs_airflow_in_the_project_env() -> None:
-    plan = subprocess.run(
-        ["make", "-n", "standalone"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert plan.returncode == 0, plan.stderr
+    def plan(*variables: str) -> str:
+        out = subprocess.run(
+            ["make", "-n", "standalone", *variables],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
     # in a process group of its own, which Ctrl-C, kill %1 and make stop stop whole
-    assert ". scripts/env.sh && python -m trainyard.standalone run \n" in plan.stdout
-    moved = subprocess.run(
-        ["make", "-n", "standalone", "AIRFLOW_PORT=18080"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert "python -m trainyard.standalone run --port 18080" in moved.stdout
+    assert ". scripts/env.sh && python -m trainyard.standalone run \n" in plan()
+    assert "python -m trainyard.standalone run --port 18080" in plan("AIRFLOW_PORT=18080")
 
 
 @pytest.mark.parametrize(
