@@ -64,7 +64,8 @@ def _last(project: Project) -> dict:
 
 
 def _interval_record(project: Project, day: str) -> dict:
-    (path,) = (project.volume_root / "cancer" / "intervals").glob(f"{day}__*.json")
+    # keyed by the interval's UTC instants (volumes.interval_key): the day's midnight
+    (path,) = (project.volume_root / "cancer" / "intervals").glob(f"{day}T000000+0000__*.json")
     return json.loads(path.read_text())
 
 
