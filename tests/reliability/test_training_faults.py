@@ -172,10 +172,13 @@ def test_a_cli_run_stopped_in_training_leaves_no_checkpoints(volume_root: Path) 
     runs = volume_root / "_checkpoints" / "digits"
     log = volume_root.parent / "run.log"
     with open(log, "wb") as fh:
+        # as from a terminal: SIGINT not ignored (a suite started in the background by a
+        # non-interactive shell ignores it, and Python keeps an ignored SIGINT ignored)
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainyard", "run", "--pipeline", "digits",
              "--overrides", '{"epochs": 200, "workers": 1}'],
             stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
