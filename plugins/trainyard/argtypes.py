@@ -1,14 +1,76 @@
-"""Argument types for the command lines: one clear usage error for a value out of range.
+"""The command lines' parser and argument types: one clear usage error for each mistake.
 
-Each takes the option's text and returns the value, or raises
+Each type takes the option's text and returns the value, or raises
 :class:`argparse.ArgumentTypeError`, which argparse reports as ``argument --x: ...`` with
-exit code 2.
+exit code 2. :class:`ArgumentParser` names a mistyped option before a missing one.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, reporting a mistyped option as such, with the nearest one.
+
+    argparse checks required options before unknown ones, so ``--pipline digits`` was
+    reported as "the following arguments are required: --pipeline". This parser reports
+    ``unrecognized argument: --pipline (did you mean --pipeline?)`` instead. Subparsers
+    it creates are of this class too.
+    """
+
+    _seen: list[str]
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Remember the arguments, for :meth:`error`, then parse them as argparse does."""
+        self._seen = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> argparse.Namespace:
+        """Parse as argparse does; an argument no parser took names the first, suggesting."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            if extras[0].startswith("--"):
+                chosen = self._chosen(parsed)
+                chosen.error(chosen._unrecognized(extras[0].split("=", 1)[0]))
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _chosen(self, parsed: argparse.Namespace) -> ArgumentParser:
+        """The (sub)command's parser that parsed ``parsed``: its options are the ones meant."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and action.dest:
+                chosen = action.choices.get(getattr(parsed, action.dest, None))
+                if isinstance(chosen, ArgumentParser):
+                    return chosen._chosen(parsed)
+        return self
+
+    def _unrecognized(self, name: str) -> str:
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        near = difflib.get_close_matches(name, known, n=1)
+        return f"unrecognized argument: {name}" + (f" (did you mean {near[0]}?)" if near else "")
+
+    def error(self, message: str) -> Any:  # argparse's own signature: NoReturn
+        """Exit 2 with ``message``; a missing option first names an unknown one given."""
+        if message.startswith("the following arguments are required") and not self._subparsers:
+            known = [o for o in self._option_string_actions if o.startswith("--")]
+            for arg in getattr(self, "_seen", []):
+                name = arg.split("=", 1)[0]
+                if arg == "--":
+                    break
+                if name.startswith("--") and not any(o.startswith(name) for o in known):
+                    message = self._unrecognized(name)
+                    break
+        super().error(message)
 
 
 def _number(text: str, kind: type) -> float:

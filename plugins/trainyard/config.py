@@ -879,10 +879,11 @@ def cli_main(argv: list[str]) -> int:
     Returns:
         0 if every pipeline is valid, 1 if any is not, 2 on usage errors.
     """
-    import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m trainyard pipelines")
+    from trainyard import argtypes
+
+    parser = argtypes.ArgumentParser(prog="python -m trainyard pipelines")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="check pipeline configs (default: every pipeline)")
     check.add_argument("files", nargs="*", type=Path)

@@ -10,7 +10,6 @@ YAML is loaded with the safe loader only, so tags that construct objects are ref
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
+from trainyard import argtypes
 from trainyard.errors import ContractError
 from trainyard.fsutil import YamlWhere as _Where
 from trainyard.fsutil import check_files, load_yaml
@@ -928,7 +928,7 @@ def cli_main(argv: list[str]) -> int:
     Returns:
         0 if every contract is valid (or translated), 1 if any is invalid, 2 on usage errors.
     """
-    parser = argparse.ArgumentParser(prog="trainyard contracts")
+    parser = argtypes.ArgumentParser(prog="trainyard contracts")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="check contracts (default: every contract)")
     check.add_argument("files", nargs="*", type=Path)

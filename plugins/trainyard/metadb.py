@@ -28,7 +28,6 @@ Usage: ``python -m trainyard.metadb start|stop|status|url``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import importlib.util
@@ -47,6 +46,7 @@ from urllib.parse import quote
 
 import psutil
 
+from trainyard import argtypes
 from trainyard.errors import TrainyardError
 
 #: PostgreSQL majors Airflow 3.3 supports (its README and "Set up a Database Backend").
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         The exit code: 0 done, 1 failed (the reason on stderr), 3 ``status`` of a stopped
         server.
     """
-    parser = argparse.ArgumentParser(
+    parser = argtypes.ArgumentParser(
         prog="python -m trainyard.metadb",
         description="The project's PostgreSQL for Airflow's metadata (TRAINYARD_POSTGRES_DIR).",
     )

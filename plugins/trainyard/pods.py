@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from trainyard import argtypes
 from trainyard.errors import ConfigError
 from trainyard.k8s import checks, objects
 from trainyard.k8s.profile import load_cluster_profile
@@ -168,7 +169,7 @@ def cli_main(argv: list[str]) -> int:
     """
     from trainyard.config import load_pipeline
 
-    p = argparse.ArgumentParser(prog="python -m trainyard render")
+    p = argtypes.ArgumentParser(prog="python -m trainyard render")
     p.add_argument("pipeline")
     p.add_argument("--step", choices=RENDER_STEPS, default="all")
     p.add_argument("--snapshot", help="snapshot id (validate, train, register)")

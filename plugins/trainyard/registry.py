@@ -21,7 +21,6 @@ line was lost to a crash is appended the next time the registry is changed.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import fcntl
 import json
@@ -36,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trainyard import __version__
+from trainyard import __version__, argtypes
 from trainyard.errors import RegistryError, RegistryRefused
 from trainyard.fsutil import (
     atomic_write_bytes,
@@ -692,7 +691,7 @@ def cli_main(
     from trainyard.config import NAME_RE
     from trainyard.settings import get_settings
 
-    parser = argparse.ArgumentParser(prog="python -m trainyard models")
+    parser = argtypes.ArgumentParser(prog="python -m trainyard models")
     sub = parser.add_subparsers(dest="action", required=True)
     for action, text in (
         ("list", "versions, the champion marked *"),

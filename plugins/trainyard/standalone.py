@@ -18,7 +18,6 @@ otherwise still names 8080 and every task fails before it starts).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -31,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from trainyard import argtypes
 from trainyard.errors import ConfigError
 from trainyard.fsutil import atomic_write_json, read_json
 
@@ -194,7 +194,7 @@ def run(port: int | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainyard.standalone run [--port N] | stop``."""
-    parser = argparse.ArgumentParser(prog="python -m trainyard.standalone", description=__doc__)
+    parser = argtypes.ArgumentParser(prog="python -m trainyard.standalone", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("run", help="run Airflow standalone in the foreground")
     start.add_argument("--port", type=int, help=f"API server port (default {DEFAULT_PORT})")

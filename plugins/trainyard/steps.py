@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from trainyard import argtypes
 from trainyard.config import (
     PipelineConfig,
     TrainingConfig,
@@ -1220,7 +1221,7 @@ class Step:
 
     def parser(self, prog: str = "python -m trainyard") -> argparse.ArgumentParser:
         """The command's argument parser, generated from :attr:`args`."""
-        p = argparse.ArgumentParser(prog=f"{prog} {self.name}", description=self.help)
+        p = argtypes.ArgumentParser(prog=f"{prog} {self.name}", description=self.help)
         for arg in self.args:
             p.add_argument(
                 arg.flag, dest=arg.name, type=arg.parse, required=arg.required, help=arg.help
@@ -1441,7 +1442,7 @@ def run_step(name: str, argv: list[str]) -> int:
 
 def run_cli_main(argv: list[str]) -> int:
     """``python -m trainyard run --pipeline P [--ds DAY [--end-ds DAY]] [--overrides JSON]``."""
-    p = argparse.ArgumentParser(
+    p = argtypes.ArgumentParser(
         prog="python -m trainyard run",
         description="Run every step of a pipeline without Airflow, for the data intervals "
         "its DAG runs would have: the latest complete one, those starting on --ds, or on "

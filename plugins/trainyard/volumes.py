@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import blake3
 
+from trainyard import argtypes
 from trainyard.errors import SnapshotError, TrainyardError
 from trainyard.fsutil import (
     HOST,
@@ -1242,7 +1243,7 @@ def cli_main(argv: list[str]) -> int:
     Returns:
         0 on success, 1 if ``verify`` found a damaged snapshot.
     """
-    parser = argparse.ArgumentParser(prog="trainyard snapshots")
+    parser = argtypes.ArgumentParser(prog="trainyard snapshots")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("list", help="list snapshots (of one dataset or all)")
     p.add_argument("dataset", nargs="?")

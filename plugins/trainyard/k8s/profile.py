@@ -279,13 +279,13 @@ def pools_main(argv: list[str]) -> int:
     Returns:
         0.
     """
-    import argparse
     import json
     import sys
 
+    from trainyard import argtypes
     from trainyard.settings import get_settings
 
-    parser = argparse.ArgumentParser(
+    parser = argtypes.ArgumentParser(
         prog="python -m trainyard pools",
         description="The Airflow pools training needs, for `airflow pools import FILE`.",
     )

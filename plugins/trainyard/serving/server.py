@@ -27,7 +27,6 @@ requests' model calls.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import json
@@ -434,7 +433,7 @@ def cli_main(argv: list[str]) -> int:
     """
     from trainyard.settings import get_settings
 
-    parser = argparse.ArgumentParser(prog="trainyard serve", description=__doc__.splitlines()[0])
+    parser = argtypes.ArgumentParser(prog="trainyard serve", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--base-path",
         type=Path,

@@ -41,7 +41,6 @@ liveness probe does on Kubernetes.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import concurrent.futures as cf
 import fcntl
@@ -61,6 +60,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from trainyard import argtypes
 from trainyard.argtypes import positive_float, positive_int
 from trainyard.config import PipelineConfig, ensure_own_names, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
@@ -782,7 +782,7 @@ def cli_main(argv: list[str]) -> int:
     Returns:
         0 when stopped (SIGTERM) or done; 1 on a trainyard error (the message names it).
     """
-    parser = argparse.ArgumentParser(
+    parser = argtypes.ArgumentParser(
         prog="python -m trainyard score-stream",
         description="Score a pipeline's input stream with its served champion.",
     )

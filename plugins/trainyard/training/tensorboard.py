@@ -11,7 +11,6 @@ registered and runs started while it is open appear at its next reload
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
@@ -107,7 +106,7 @@ def cli_main(argv: list[str]) -> int:
     Returns:
         The exit code (TensorBoard replaces this process unless ``--print``).
     """
-    parser = argparse.ArgumentParser(
+    parser = argtypes.ArgumentParser(
         prog="python -m trainyard tensorboard",
         description="Open a pipeline's training curves (every version, and runs in progress).",
     )
