@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import fcntl
 import json
+import logging
 import mmap
 import os
 import re
@@ -46,6 +47,8 @@ from trainyard.fsutil import (
 )
 from trainyard.layout import Layout
 from trainyard.settings import get_settings
+
+log = logging.getLogger("trainyard.volumes")
 
 HASH_ALGO = "blake3"
 MANIFEST = "manifest.json"
@@ -391,15 +394,57 @@ def interval_key(start: str | None, end: str | None) -> str | None:
     return f"{clean(start)}__{clean(end)}"
 
 
+CANONICAL_KEY = re.compile(r"^(\d{4}-\d\d-\d\dT\d{6}(_\d{6})?\+0000|open)__")
+"""How :func:`interval_key` starts a key; an older trainyard's keys (days) did not."""
+
+
 def read_interval(dataset: str, key: str, volume_root: Path | None = None) -> dict | None:
-    """The record of the snapshot an interval produced, or None if not staged yet."""
+    """The record of the snapshot an interval produced, or None if not staged yet.
+
+    A record an older trainyard keyed otherwise (``2026-11-20__2026-11-21`` for a day
+    staged by hand) is renamed to ``key`` first, so the interval keeps one record.
+    """
     path = _layout(volume_root).interval(check_dataset_name(dataset), key)
+    for _ in range(2):
+        try:
+            return read_json(path)
+        except FileNotFoundError:
+            if not _adopt_legacy_record(path):
+                return None
+        except json.JSONDecodeError as e:
+            raise SnapshotError(f"{path}: not valid JSON: {e}") from e
+    return None
+
+
+def _canonical_key(path: Path) -> str | None:
+    """The key :func:`interval_key` makes for the interval a record file holds, if any."""
     try:
-        return read_json(path)
-    except FileNotFoundError:
+        record = read_json(path)
+        return interval_key(record.get("start"), record.get("end"))
+    except (OSError, ValueError, AttributeError):
         return None
-    except json.JSONDecodeError as e:
-        raise SnapshotError(f"{path}: not valid JSON: {e}") from e
+
+
+def _adopt_legacy_record(path: Path) -> bool:
+    """Link an older-keyed record of ``path``'s interval to ``path``; whether one was."""
+    folder = path.parent
+    legacy = [
+        other
+        for other in (sorted(folder.glob("*.json")) if folder.is_dir() else [])
+        if not CANONICAL_KEY.match(other.stem) and _canonical_key(other) == path.stem
+    ]
+    if not legacy:
+        return False
+    newest = max(legacy, key=lambda p: p.stat().st_mtime_ns)
+    try:
+        os.link(newest, path)
+    except FileExistsError:
+        return True  # another process adopted it first
+    fsync_dir(folder)
+    log.info("interval record %s renamed %s (one key per interval)", newest.name, path.name)
+    for other in legacy:
+        other.unlink(missing_ok=True)
+    return True
 
 
 def record_interval(
@@ -556,11 +601,16 @@ def _validated_intervals(
         SnapshotError: If an interval record is unreadable (naming the file).
     """
     folder = _layout(volume_root).intervals(check_dataset_name(dataset))
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    names = {p.stem for p in paths}
+    for path in paths:
         try:
             record = read_json(path)
             if not record.get("start"):
                 continue
+            key = interval_key(record["start"], record.get("end"))
+            if key != path.stem and key in names:
+                continue  # an older trainyard's key of an interval recorded again since
             start = _instant(record["start"])
             sid = _check_snapshot_id(str(record["snapshot_id"]))
         except (OSError, ValueError, KeyError, TypeError, SnapshotError) as e:
