@@ -397,3 +397,24 @@ def test_a_csv_with_a_byte_order_mark_stages(
     result = stage(pipeline("tx", src, "csv"), quiet=True)
     table = pq.read_table(volumes.table_files(result.path))
     assert table.column("id").to_pylist() == ["a", "b"] and table.schema.names == ["id", "x", "y"]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+@pytest.mark.parametrize("twice", ["y", "x"])
+def test_a_column_named_twice_is_refused(
+    volume_root: Path, table_contract: Path, tmp_path: Path, fmt: str, twice: str
+):
+    """Found by a cold user: a CSV header naming the label twice staged the first copy and
+    dropped the second, as the same snapshot as the file without it."""
+    write_contract(table_contract, fmt)
+    src = tmp_path / f"tx.{fmt}"
+    if fmt == "csv":
+        src.write_text(f"id,x,y,{twice}\na,1.0,0,7\nb,2.0,1,7\n")
+    elif fmt == "jsonl":
+        src.write_text(f'{{"id": "a", "x": 1.0, "y": 0, "{twice}": 7}}\n')
+    else:
+        columns = [pa.array(["a", "b"]), pa.array([1.0, 2.0]), pa.array([0, 1]), pa.array([7, 7])]
+        pq.write_table(pa.Table.from_arrays(columns, names=["id", "x", "y", twice]), src)
+    message = refused(volume_root, "tx", src, f"'{twice}'", fmt=fmt)
+    assert "twice" in message, message
+    assert str(src) in message

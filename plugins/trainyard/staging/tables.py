@@ -224,6 +224,18 @@ def _bounded_lines(fh: Any, limit: int = MAX_ROW_BYTES) -> Iterator[bytes | None
             return
 
 
+def _check_unique(columns: list[str], where: str) -> None:
+    """Refuse a source naming one column twice: a reader would keep one and drop the other."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(columns, 1):
+        if name in seen:
+            raise SourceInvalid(
+                f"{where}: column {name!r} appears twice (columns {seen[name]} and {i}); "
+                "each column needs a name of its own"
+            )
+        seen[name] = i
+
+
 def _check_extra(columns: list[str], schema: Any, allow_extra: bool, where: str) -> None:
     """Refuse a source column the contract does not declare, unless it allows extras."""
     if allow_extra:
@@ -271,6 +283,10 @@ def _diagnose_csv(src: Source, f: SourceFile, header: list[str], message: str) -
     return f"{f.path}:{column} {message}"
 
 
+class _Fields(list):
+    """A JSON object's ``(name, value)`` pairs as written, a name given twice included."""
+
+
 def _diagnose_jsonl(
     src: Source, f: SourceFile, schema: Any, allow_extra: bool, message: str
 ) -> str:
@@ -282,12 +298,14 @@ def _diagnose_jsonl(
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line, object_pairs_hook=_Fields)
             except ValueError as e:
                 return f"{f.path}: row {lineno}: not valid JSON Lines ({e})"
-            if isinstance(row, dict):
+            if isinstance(row, _Fields):
+                names = [name for name, _ in row]
                 try:
-                    _check_extra(list(row), schema, allow_extra, f"{f.path}: row {lineno}")
+                    _check_unique(names, f"{f.path}: row {lineno}")
+                    _check_extra(names, schema, allow_extra, f"{f.path}: row {lineno}")
                 except StagingError as e:
                     return str(e)
     return f"{f.path}: not valid JSON Lines for the contract: {message}"
@@ -317,6 +335,7 @@ def _read_csv(
 
     pa = _pa()
     header = _csv_header(src, f)
+    _check_unique(header, f"{f.path}: row 1 (header)")
     missing = [n for n in schema.names if n not in header]
     if missing:
         raise SourceInvalid(
@@ -375,6 +394,7 @@ def _read_parquet(
             pf = pq.ParquetFile(stream)
         except (pa.ArrowException, OSError) as e:
             raise SourceInvalid(f"{f.path}: not a readable Parquet file: {e}") from e
+        _check_unique(pf.schema_arrow.names, f.path)
         names = set(pf.schema_arrow.names)
         missing = [n for n in schema.names if n not in names]
         if missing:
