@@ -43,6 +43,7 @@ from trainyard.errors import (
     RegistryError,
     RegistryRefused,
     SnapshotError,
+    StepSkipped,
     TrainyardError,
     ValidationFailed,
 )
@@ -206,7 +207,7 @@ def stage(
             "given": True,
             "checked": "snapshot given by the run (trigger form or Asset event): nothing staged",
         }
-    from trainyard.errors import SourceMissing, StepSkipped
+    from trainyard.errors import SourceMissing
 
     try:
         result = stage_source(cfg, interval_start, interval_end)
@@ -875,6 +876,9 @@ def format_summary(record: dict[str, Any]) -> str:
             said = "approved" if answer.get("approved") else "rejected"
             why = answer.get("reason") or "(no reason)"
             lines.append(f"approval      {said} by {answer.get('by')}: {why}")
+    if record.get("skipped"):
+        days = record["skipped"]
+        lines.append(f"skipped       {', '.join(days)}: nothing to stage (source.when_missing)")
     if dep:
         lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
         lines.append(f"prediction    {_fmt_prediction(dep)}")
@@ -1045,7 +1049,11 @@ def run_all(
             latest complete one.
 
     Returns:
-        The run summary of the last interval.
+        The run summary of the last interval that was not skipped; ``skipped`` lists the
+        days skipped (``source.when_missing: skip``, logged with why), if any.
+
+    Raises:
+        StepSkipped: If every interval was skipped.
     """
     from trainyard.registry import caller
 
@@ -1060,6 +1068,7 @@ def run_all(
     # two runs started in the same second must not share a run id (and its work folders)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     record: dict[str, Any] = {}
+    skipped: dict[str, str] = {}  # day: why
     for i, (start, end) in enumerate(intervals):
         start, end = start[:10], end[:10]  # as the DAG's steps get them (run_interval): days
         last = i == len(intervals) - 1
@@ -1068,7 +1077,13 @@ def run_all(
             trains = True
         run_id = f"cli__{start[:10]}__{stamp}"
         results: dict[str, Any] = {}
-        results["stage"] = stage(pipeline, start, end)
+        try:
+            results["stage"] = stage(pipeline, start, end)
+        except StepSkipped as e:
+            skipped[start] = str(e)
+            # as its DAG run: this day's tasks skip, the range goes on
+            log.warning("%s: skipped: %s", start, e)
+            continue
         snap = results["stage"]["snapshot_id"]
         results["validate"] = validate(pipeline, snap, start)
         if trains:
@@ -1105,6 +1120,10 @@ def run_all(
                 )  # fmt: skip
                 results["approve"] = {"approved": None, "by": None, "reason": "waiting"}
         record = summary(pipeline, run_id, results, log_it=not last)  # the CLI prints the last
+    if not record:
+        raise StepSkipped("; ".join(f"{day}: {why}" for day, why in skipped.items()))
+    if skipped:
+        record["skipped"] = list(skipped)
     return record
 
 
@@ -1418,8 +1437,6 @@ def run_step(name: str, argv: list[str]) -> int:
     Returns:
         The exit code.
     """
-    from trainyard.errors import StepSkipped
-
     step = STEPS[name]
     kwargs = step.parse(argv)
     try:
@@ -1465,7 +1482,11 @@ def run_cli_main(argv: list[str]) -> int:
         intervals = data_intervals(cfg, args.ds, args.end_ds) if args.ds else None
     except ConfigError as e:
         p.error(str(e))
-    record = run_all(args.pipeline, args.overrides, intervals)
+    try:
+        record = run_all(args.pipeline, args.overrides, intervals)
+    except StepSkipped as e:
+        _report_error(f"trainyard run: skipped: {e}")
+        return EXIT_SKIPPED
     sys.stdout.write(format_summary(record) + "\n")
     return EXIT_OK
 

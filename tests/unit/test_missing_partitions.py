@@ -152,3 +152,28 @@ def test_the_rendered_stage_pod_skips_on_the_local_runner(
             run_pod_locally(pod, settings, log=lambda line: None)
         assert err.value.skipped is skipped and err.value.deterministic is True
         assert "2026-11-04.csv: source does not exist" in str(err.value)
+
+
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "trainyard", "run", "--pipeline", "cancer_skip", *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_trainyard_run_skips_a_missing_day_and_goes_on(env) -> None:
+    """Found by a cold user: ``trainyard run`` over a range stopped at the first day with
+    no file (exit 1, "StepSkipped"), though its DAG runs skip that day and go on."""
+    out = _run(env, "--ds", "2026-11-02", "--end-ds", "2026-11-04")
+    assert out.returncode == EXIT_OK, out.stderr
+    assert "2026-11-02: skipped: " in out.stderr and "2026-11-04: skipped: " in out.stderr
+    lines = {line[:14].strip(): line[14:] for line in out.stdout.splitlines()}
+    assert lines["validation"] == "passed"
+    assert "run cli__2026-11-03__" in lines["pipeline"]
+    assert lines["skipped"] == "2026-11-02, 2026-11-04: nothing to stage (source.when_missing)"
+
+
+def test_trainyard_run_with_every_day_missing_is_skipped(env) -> None:
+    out = _run(env, "--ds", "2026-11-04", "--end-ds", "2026-11-05")
+    assert out.returncode == EXIT_SKIPPED, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainyard run: skipped: 2026-11-04: "), last
+    assert "2026-11-05: " in last and "Traceback" not in out.stderr
