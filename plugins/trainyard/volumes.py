@@ -327,7 +327,11 @@ def _now() -> str:
 
 
 def latest_validated(dataset: str, volume_root: Path | None = None) -> str | None:
-    """The id of the most recently validated snapshot of a dataset, or None."""
+    """The id of the snapshot of a dataset validated last that still passes, or None.
+
+    A snapshot validated again since and rejected (its contract tightened) no longer
+    counts, nor does one removed: the one validated before it does.
+    """
     path = _layout(volume_root).validated(check_dataset_name(dataset))
     try:
         data = read_json(path)
@@ -335,7 +339,14 @@ def latest_validated(dataset: str, volume_root: Path | None = None) -> str | Non
         return None
     except json.JSONDecodeError as e:
         raise SnapshotError(f"{path}: not valid JSON: {e}") from e
-    return data.get("snapshot_id")
+    history = [h.get("snapshot_id") for h in data.get("history") or [] if isinstance(h, dict)]
+    for sid in dict.fromkeys(reversed([*history, data.get("snapshot_id")])):
+        if not isinstance(sid, str) or not SNAPSHOT_RE.match(sid):
+            continue
+        snap = snapshot_dir(dataset, sid, volume_root)
+        if (snap / MANIFEST).is_file() and validation_state(snap)["state"] == "validated":
+            return sid
+    return None
 
 
 def mark_validated(
@@ -1218,7 +1229,7 @@ def _cli_list(args: argparse.Namespace) -> int:
     for ds in datasets:
         validated = latest_validated(ds)
         for m in list_snapshots(ds):
-            mark = " *validated (latest)" if m.snapshot_id == validated else ""
+            mark = " *last validated" if m.snapshot_id == validated else ""
             state = validation_state(snapshot_dir(ds, m.snapshot_id))
             if state["state"] == "rejected":
                 mark += f" REJECTED: {state['reason']}"

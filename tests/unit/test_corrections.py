@@ -131,7 +131,7 @@ def test_rejected_snapshot_never_blocks_its_interval(raw: Path, capsys) -> None:
     assert volumes.cli_main(["list", "cancer"]) == 0
     listed = capsys.readouterr().out
     fixed_line = next(t for t in listed.splitlines() if fixed.snapshot_id in t)
-    assert "REJECTED" not in fixed_line and "*validated (latest)" in fixed_line
+    assert "REJECTED" not in fixed_line and "*last validated" in fixed_line
     # once fixed and validated, an unchanged source is not read again
     assert "not re-read" in stage(cfg, START, END, quiet=True).checked
 
@@ -194,3 +194,34 @@ def test_stage_cli_result_carries_what_was_checked(raw: Path, tmp_path: Path) ->
     first, second = (json.loads(o.stdout) for o in outs)
     assert "first staging" in first["checked"] and first["replaced"] is None
     assert "not re-read" in second["checked"] and second["reused"] is True
+
+
+def test_a_snapshot_rejected_on_revalidation_is_no_longer_the_last_validated(
+    tmp_path: Path, raw: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a cold user: after the contract was tightened and the newest snapshot failed
+    its revalidation, ``snapshots list`` marked it both ``*validated`` and ``REJECTED``."""
+    cfg = _cfg(raw)
+    write_days(raw, ["2026-11-02"])
+    older = stage(cfg, "2026-11-02", "2026-11-03", quiet=True).snapshot_id
+    newer = stage(cfg, START, END, quiet=True).snapshot_id
+    assert validate(cfg, older).success and validate(cfg, newer).success
+    assert volumes.latest_validated("cancer") == newer
+    contract = tmp_path / "contracts" / "cancer.yaml"
+    path = raw / f"{DAY}.csv"
+    rows = read_csv(path)
+    rows[0]["mean_radius"] = "99.5"
+    write_csv(path, rows)  # only the newer day has a radius above 50
+    newer = stage(cfg, START, END, quiet=True).snapshot_id
+    assert validate(cfg, newer).success
+    text = contract.read_text()
+    contract.write_text(text.replace("name: mean_radius", "name: mean_radius\n  max: 50", 1))
+    with pytest.raises(ValidationFailed):
+        validate(cfg, newer)
+
+    assert volumes.latest_validated("cancer") == older
+    assert volumes.cli_main(["list", "cancer"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    line = next(t for t in lines if newer in t)
+    assert "REJECTED" in line and "validated" not in line, line
+    assert "*last validated" in next(t for t in lines if older in t)
