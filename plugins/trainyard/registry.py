@@ -650,8 +650,20 @@ def _list(reg: Registry) -> str:
 
 
 def caller() -> str:
-    """Who acts by hand when no actor is named: the login name, else ``cli``."""
-    return os.environ.get("USER") or "cli"
+    """Who acts by hand when no actor is named: the login name, else ``cli``.
+
+    ``USER``, else ``LOGNAME``, else the account of this process's user id (containers
+    and cron set neither variable).
+    """
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if not name:
+        import pwd
+
+        try:
+            name = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:  # a user id without an account (some containers)
+            name = None
+    return name or "cli"
 
 
 def _ensure_asks_approval(pipeline: str) -> None:

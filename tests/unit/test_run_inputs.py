@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -47,3 +48,21 @@ def test_the_actor_of_a_scheduled_run_names_its_type() -> None:
     assert actor({"dag_run": run}) == "airflow:scheduled"
     run = SimpleNamespace(triggering_user_name="ada", run_type=DagRunType.MANUAL)
     assert actor({"dag_run": run}) == "ada"
+
+
+def test_a_step_run_by_hand_without_user_records_the_account(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a cold user: with ``USER`` and ``LOGNAME`` unset (containers, cron), steps
+    run by hand recorded ``cli`` as the actor, not the login name the README promises."""
+    import pwd
+
+    from trainyard.registry import caller
+
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.delenv("LOGNAME", raising=False)
+    assert caller() == pwd.getpwuid(os.getuid()).pw_name
+    monkeypatch.setenv("LOGNAME", "grace")
+    assert caller() == "grace"
+    monkeypatch.setenv("USER", "ada")
+    assert caller() == "ada"
