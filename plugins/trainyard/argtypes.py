@@ -8,6 +8,7 @@ exit code 2. :class:`ArgumentParser` names a mistyped option before a missing on
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import difflib
 import math
 import sys
@@ -122,3 +123,13 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not above 0")
     return value
+
+
+def day(text: str) -> dt.date:
+    """A calendar day written ``YYYY-MM-DD``."""
+    try:
+        if len(text) != 10:
+            raise ValueError(text)
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day written YYYY-MM-DD") from None

@@ -1467,8 +1467,8 @@ def run_cli_main(argv: list[str]) -> int:
         "backfill_training).",
     )
     p.add_argument("--pipeline", required=True)
-    p.add_argument("--ds", type=dt.date.fromisoformat, help="interval day (YYYY-MM-DD)")
-    p.add_argument("--end-ds", type=dt.date.fromisoformat, help="last day of a range")
+    p.add_argument("--ds", type=argtypes.day, help="interval day (YYYY-MM-DD)")
+    p.add_argument("--end-ds", type=argtypes.day, help="last day of a range (YYYY-MM-DD)")
     p.add_argument("--overrides", type=Arg("overrides", "json").parse, default={})
     args = p.parse_args(argv)
     if args.end_ds and not args.ds:

@@ -6,6 +6,7 @@ REQUIRED + "--pipeline" to a user who had typed it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -83,3 +84,11 @@ def test_the_cli_names_a_mistyped_option(command: list[str], message: str) -> No
     )
     assert got.returncode == 2, got
     assert got.stderr.strip().splitlines()[-1].endswith(f"unrecognized argument: {message}")
+
+
+@pytest.mark.parametrize("text", ["2026-11-5", "20261105", "2026-11-05T00:00", "yesterday"])
+def test_a_day_not_written_yyyy_mm_dd_says_how(text: str) -> None:
+    """Found by a cold user: ``--ds 2026-11-5`` said "invalid fromisoformat value"."""
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a day written YYYY-MM-DD"):
+        argtypes.day(text)
+    assert str(argtypes.day("2026-11-05")) == "2026-11-05"
