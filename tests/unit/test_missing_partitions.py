@@ -177,3 +177,11 @@ def test_trainyard_run_with_every_day_missing_is_skipped(env) -> None:
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("trainyard run: skipped: 2026-11-04: "), last
     assert "2026-11-05: " in last and "Traceback" not in out.stderr
+
+
+def test_stage_says_what_it_staged_once(env) -> None:
+    """Found by a cold user: each ``stage`` printed its ``staged ...`` line twice."""
+    out = _stage(env, "cancer_fail", DAY)
+    assert out.returncode == EXIT_OK, out.stderr
+    said = [line for line in out.stderr.splitlines() if "staged cancer: snapshot" in line]
+    assert len(said) == 1, out.stderr

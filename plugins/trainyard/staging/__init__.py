@@ -386,6 +386,8 @@ def _kept_without_source(
 
 
 def _report(result: StageResult, quiet: bool) -> None:
-    log.info(result.summary())
-    if not quiet:
+    """Log the result's line; also print it unless quiet or the log shows it already."""
+    if log.isEnabledFor(logging.INFO):
+        log.info(result.summary())
+    elif not quiet:
         sys.stderr.write(result.summary() + "\n")
