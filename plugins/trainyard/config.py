@@ -744,6 +744,17 @@ def owned_names(cfg: PipelineConfig) -> dict[tuple[str, ...], tuple[str, str]]:
         for name in ("output", "dead_letter"):
             value = getattr(st, name)
             out[("scoring", "stream", name)] = (value, f"stream {st.engine} {server} {value}")
+        # a Redis group belongs to its stream; a Kafka group id to the whole cluster
+        group = st.group or f"trainyard-{cfg.name}"
+        on = st.input if st.engine == "redis" else ""
+        out[("scoring", "stream", "group")] = (group, f"group {st.engine} {server} {on} {group}")
+    tr = cfg.trigger.stream
+    if tr is not None and tr.engine == "redis":  # a Kafka trigger's group is its connection's
+        group = tr.group or f"trainyard-trigger-{cfg.name}"
+        out[("trigger", "stream", "group")] = (
+            group,
+            f"group redis {tr.url or ''} {tr.name} {group}",
+        )
     return out
 
 
@@ -796,6 +807,7 @@ def name_owners(
     for cfg in sorted(cfgs, key=lambda c: c.name):
         for keys, (value, key) in read_streams(cfg).items():
             owners.setdefault(READ + key, (cfg.name, keys, value))
+            owners.setdefault(f"{READ}{keys[0]} {key}", (cfg.name, keys, value))
     return owners
 
 
@@ -820,6 +832,19 @@ def name_clashes(
                     "stream a scorer writes must not be one a pipeline reads (its entries "
                     "would be read as records or arrivals, and dead letters could go "
                     "round between pipelines for ever)",
+                )
+            )
+    for keys, (value, key) in read_streams(cfg).items():
+        other = "scoring" if keys[0] == "trigger" else "trigger"
+        if f"{READ}{other} {key}" in owners:
+            reader, reader_keys, _ = owners[f"{READ}{other} {key}"]
+            out.append(
+                (
+                    keys,
+                    f"{value!r} is the {'.'.join(reader_keys)} of pipeline {reader!r}: "
+                    "records to score and messages that data arrived need streams of "
+                    "their own (each record would be read as an arrival, each arrival as "
+                    "a record)",
                 )
             )
     return out
@@ -852,6 +877,8 @@ def shared_name_message(
     spelled = "" if owner_value == value else f" (as {owner_value!r})"
     if owner_keys == ("serving", "model_name"):
         why = "both would publish their versions into one served model, each over the other's"
+    elif owner_keys[-1] == "group":
+        why = "one consumer group on one stream splits its entries: each would see only some"
     else:
         why = "consumers could not tell whose scores and dead letters an entry holds"
     return (
@@ -905,7 +932,7 @@ def cli_main(argv: list[str]) -> int:
     return check_files(
         files,
         check_pipeline,
-        lambda cfg: f"{cfg.dataset}, model {cfg.training.model}",
+        lambda cfg: f"pipeline {cfg.name}: dataset {cfg.dataset}, model {cfg.training.model}",
         ConfigError,
         "pipeline",
     )

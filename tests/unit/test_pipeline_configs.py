@@ -263,6 +263,24 @@ def test_two_pipelines_may_not_write_scores_to_one_stream(tmp_path: Path, monkey
     ):
         check_pipeline(folder / "transactions.yaml")
     del copy["trigger"]
+    # Found by a cold user: a copy in the first one's consumer group on its input took a
+    # share of its records (scored by the copy's model, into the copy's output)
+    group = {"input": "tx.in", "output": "c.out", "dead_letter": "c.dead"}
+    why = check({**group, "group": "trainyard-transactions"})
+    assert "scoring.stream.group: 'trainyard-transactions' is also the scoring.stream.group " in why
+    assert "one consumer group on one stream splits its entries" in why
+    assert check({**group, "group": "trainyard-transactions", "input": "c.in"}) == "ok"
+    # ... and a trigger stream that is a stream of records to score (its own too)
+    copy["trigger"] = {"stream": {"name": "tx.in"}}
+    why = check({**group, "input": "c.in"})
+    assert (
+        "trigger.stream.name: 'tx.in' is the scoring.stream.input of pipeline 'transactions'" in why
+    )
+    copy["trigger"] = {"stream": {"name": "c.in"}}
+    why = check({**group, "input": "c.in"})  # its own
+    assert "'c.in' is the trigger.stream.name of pipeline 'tx_copy'" in why, why
+    assert "records to score and messages that data arrived need streams of their own" in why
+    del copy["trigger"]
 
 
 def test_check_says_a_yml_file_is_ignored(tmp_path: Path, monkeypatch, capsys) -> None:
