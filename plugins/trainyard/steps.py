@@ -882,6 +882,8 @@ def format_summary(record: dict[str, Any]) -> str:
     if dep:
         lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
         lines.append(f"prediction    {_fmt_prediction(dep)}")
+        if dep.get("scorer"):
+            lines.append(f"stream        {dep['scorer']}")
     else:
         lines.append("served        unchanged (nothing deployed)")
     return "\n".join(lines)

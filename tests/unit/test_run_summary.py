@@ -1,0 +1,17 @@
+"""The lines ``trainyard run`` (and the run's note) ends with: what a person reads first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def test_the_run_summary_says_what_scores_the_stream(tmp_path: Path, monkeypatch) -> None:
+    """Found by a cold user: the summary of a run whose deploy started the stream scorer
+    said nothing of it (only the deploy step's JSON did)."""
+    from trainyard import steps
+
+    monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(tmp_path / "volumes"))
+    scorer = "scorer running (pid 7) on redis transactions.in"
+    deploy = {"version": 1, "url": "http://127.0.0.1:8501/v1/models/mlp", "scorer": scorer}
+    record = steps.summary("transactions", "run-1", {"register": {"version": 1}, "deploy": deploy})
+    assert f"stream        {scorer}" in steps.format_summary(record).splitlines()
