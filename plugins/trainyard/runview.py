@@ -478,7 +478,10 @@ def bar_chart(
     """
     if not bars:
         return f'<p class="muted">{html.escape(title)}: nothing recorded</p>'
-    top, label_w, right = 26, 130, 60
+    top, right = 26, 60
+    labels = [_short(label) for label, _, _ in bars]
+    label_w = 12 + math.ceil(max(_text_px(label) for label in labels))
+    width = max(width, label_w + 200 + right)
     height = top + len(bars) * (bar_h + 6) + 6
     peak = max((v for _, v, _ in bars if _finite(v)), default=0.0) or 1.0
     out = [
@@ -494,7 +497,7 @@ def bar_chart(
         length = (width - label_w - right) * max(0.0, value) / peak if _finite(value) else 0
         out.append(
             f'<text x="{label_w - 6}" y="{y + bar_h - 5}" class="tick" text-anchor="end">'
-            f"{html.escape(label)}</text>"
+            f"{html.escape(labels[i])}</text>"
             f'<rect x="{label_w}" y="{y}" width="{length:.1f}" height="{bar_h}" fill="{color}">'
             f"<title>{html.escape(label)}: {html.escape(shown)}</title></rect>"
             f'<text x="{label_w + length + 4:.1f}" y="{y + bar_h - 5}" class="tick">'
@@ -502,6 +505,44 @@ def bar_chart(
         )
     out.append("</svg>")
     return "".join(out)
+
+
+def _trained_on(version: Mapping[str, Any]) -> str:
+    """What a version trained on: its snapshot, or its training window's snapshots."""
+    own = f"<code>{_e(version.get('snapshot_id'))}</code>"
+    window = [s for s in version.get("snapshots") or [] if isinstance(s, dict)]
+    if len(window) < 2:
+        return f"trained on snapshot {own}"
+    rows = sum(int(s.get("rows") or 0) for s in window)
+    each = ", ".join(
+        f"{s.get('snapshot_id')}" + (f" [{s['interval'][0]} .. {s['interval'][1]})"
+        if isinstance(s.get("interval"), list) and len(s["interval"]) == 2 else "")
+        for s in window
+    )  # fmt: skip
+    return (
+        f'<span class="window" title="{_e(each)}">trained on {len(window)} snapshots '
+        f"({rows} rows), this run's {own} last</span>"
+    )
+
+
+def _text_px(text: str, size: float = 10.0) -> float:
+    """At least the width of ``text`` in a sans-serif font of ``size`` px (no font at hand)."""
+    em = 0.0
+    for ch in text:
+        if ch in "mwMW@%":
+            em += 0.95
+        elif ch.isupper() or not ch.isascii():
+            em += 0.78
+        elif ch in "ijlrtf.,:;|!()[]' ":
+            em += 0.4
+        else:
+            em += 0.62
+    return em * size
+
+
+def _short(label: str, most: int = 48) -> str:
+    """A chart label of at most ``most`` characters (the bar's tooltip keeps it whole)."""
+    return label if len(label) <= most else label[: most - 1] + "…"
 
 
 def _drift(val: Mapping[str, Any]) -> str:
@@ -777,8 +818,7 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
         m = version.get("metrics") or {}
         shown = {k: v for k, v in m.items() if _finite(v)}
         out.append(
-            f"<p>version <b>{_e(version['version'])}</b> · trained on snapshot "
-            f"<code>{_e(version.get('snapshot_id'))}</code> · "
+            f"<p>version <b>{_e(version['version'])}</b> · {_trained_on(version)} · "
             f"{_e(m.get('model'))}, {_e(m.get('strategy'))}, {_e(m.get('workers'))} workers</p>"
         )
         out.append(_table(list(shown), [[_num(v) for v in shown.values()]], "train-metrics"))

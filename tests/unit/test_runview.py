@@ -283,3 +283,47 @@ def test_a_forced_gate_says_forced_once(volume: Path) -> None:
 def test_a_page_of_something_unknown_is_a_page() -> None:
     page = runview.render_not_found("pipeline 'd' has no record of run '<x>': no such run")
     assert page.startswith("<!doctype html>") and "&lt;x&gt;" in page
+
+
+def test_a_version_trained_on_a_window_says_so(volume: Path) -> None:
+    """Found by a cold user: a version trained on three days' snapshots said "trained on
+    snapshot <the run's>"."""
+    meta_path = volume / "_models" / "digits" / "versions" / "2" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    window = [
+        {"snapshot_id": "00000000000000a1", "rows": 600, "interval": ["2026-11-22", "2026-11-23"]},
+        {"snapshot_id": "00000000000000a2", "rows": 465, "interval": ["2026-11-23", "2026-11-24"]},
+        {"snapshot_id": SNAP, "rows": 400, "interval": None},
+    ]
+    _write(meta_path, meta | {"snapshots": window})
+    page = runview.render_run(runview.run_story(volume, "digits", "run2"), None, "/p")
+    assert f"trained on 3 snapshots (1465 rows), this run's <code>{SNAP}</code> last" in page
+    assert 'title="00000000000000a1 [2026-11-22 .. 2026-11-23), 00000000000000a2' in page
+    one = runview.render_run(runview.run_story(volume, "digits", "run1"), None, "/p")
+    assert f"trained on snapshot <code>{SNAP}</code>" in one
+
+
+def test_chart_labels_are_drawn_whole_in_a_browser() -> None:
+    """Found by a cold user: the drift chart cut a label's first letter ("emperature
+    (mean_shift)"). Every label of the chart must lie inside it, in a real browser."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.harness import BROWSER_ARGS, CHROMIUM
+
+    labels = ["temperature (mean_shift)", "x (psi)", "a_much_longer_column_name_for_sensors (ks)"]
+    labels.append("WIDE_UPPER_CASE_ÜNÏCÖDÉ_MW (psi)")
+    labels.append("w" * 80 + " (std_shift)")  # shortened, whole in its tooltip
+    svg = runview.bar_chart("drift", [(label, 0.5, True) for label in labels])
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page()
+        page.set_content(f"<html><style>{runview.CSS}</style><body>{svg}</body></html>")
+        width = page.eval_on_selector("svg", "s => s.viewBox.baseVal.width")
+        boxes = page.eval_on_selector_all(
+            "svg text.tick", "ts => ts.map(t => { const b = t.getBBox(); return [b.x, b.width] })"
+        )
+        browser.close()
+    assert len(boxes) == 2 * len(labels)  # a label and a value per bar
+    for x, w in boxes:
+        assert x >= 0 and x + w <= width, (x, w, width)
+    assert "w" * 47 + "…" in svg and "w" * 80 + " (std_shift): 0.5" in svg
