@@ -507,6 +507,14 @@ def bar_chart(
     return "".join(out)
 
 
+def _sample_keys(failure: Mapping[str, Any]) -> list[str]:
+    """The keys of a failed rule's sample rows (a report written before keys: the rows)."""
+    keys = failure.get("keys") or []
+    if keys:
+        return [str(k) for k in keys[:5]]
+    return [f"row {i}" for i in (failure.get("rows") or [])[:5]]
+
+
 def _trained_on(version: Mapping[str, Any]) -> str:
     """What a version trained on: its snapshot, or its training window's snapshots."""
     own = f"<code>{_e(version.get('snapshot_id'))}</code>"
@@ -782,7 +790,7 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
                         _e(r.get("column") or "—"),
                         _e(r.get("unexpected_count")),
                         _e(", ".join(repr(s) for s in (r.get("samples") or [])[:5])),
-                        _e(", ".join(str(i) for i in (r.get("rows") or [])[:5])),
+                        _e(", ".join(_sample_keys(r))),
                         _e(r.get("reason")),
                     ]
                     for r in failed
@@ -795,7 +803,7 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
                             "column",
                             "count",
                             "sample values",
-                            "sample rows",
+                            "their keys",
                             "reason",
                         ],
                         rows,

@@ -94,7 +94,7 @@ def test_run_story_and_page_show_what_the_run_did(volume: Path) -> None:
     assert "<svg" in page and "<polyline" in page
     assert 'href="/docs/index.html"' in page
     assert "<script>" not in page and "&lt;script&gt;" in page  # data is escaped
-    assert "17, 42" in page  # sample rows of the failed rule
+    assert "row 17, row 42" in page  # sample rows of the failed rule (a report without keys)
     assert "drift per column vs snapshot 0123456789abcdef" in page
     assert page.count("<rect") == 2 and 'fill="#dc2626"' in page  # the failing drift in red
     # the confusion matrix, rows true and columns predicted, named by the classes

@@ -48,7 +48,7 @@ BLOCKING = [
         setter("hour", 1500, 24),
         ("range", "hour"),
         24,
-        "outside [0, 23] (rows 1500; values 24)",
+        "outside [0, 23] (keys 't0_001500'; values 24)",
     ),
     ("strict-min", setter("amount", 7, 0.0), ("range", "amount"), 0.0, "outside (0, 1000000]"),
     ("below-min", setter("customer_age", 9, 17), ("min", "customer_age"), 17, "outside [18, inf]"),
@@ -332,3 +332,23 @@ def test_the_label_role_implies_its_rules(
     good = {**cols, "y": [0, 1, 2] if type_ == "int64" else [1.5, 2.5, 3.0]}
     snap2 = tmp_path / "snap2"
     assert validate_snapshot(contract, snap2, write_snapshot(snap2, good, 1, None)).success
+
+
+def test_a_failed_rule_names_its_rows_by_key_across_shards(tmp_path: Path) -> None:
+    """Found by a cold user: validation numbered rows from 0 through the snapshot and
+    staging by file line, so "row 3" pointed at another line of the CSV. A failed rule
+    now names its sample rows by the key column, which finds them in any source file."""
+    cols = transactions()
+    n = len(cols["hour"])
+    picked = [5, n // 2 + 7, n - 1]  # in the first shard and the second
+    for row in picked:
+        cols["hour"][row] = 99
+    cols["txn_id"][picked[1]] = "odd 'key'"
+    with pytest.raises(ValidationFailed) as err:
+        _run(tmp_path, cols)
+    summary = json.loads((tmp_path / "snap" / "validation" / "summary.json").read_text())
+    failure = next(f for f in summary["failures"] if f["column"] == "hour")
+    assert failure["rows"] == picked
+    assert failure["keys"] == [cols["txn_id"][r] for r in picked]
+    expected = ", ".join(repr(cols["txn_id"][r]) for r in picked)
+    assert f"(keys {expected}; values 99, 99, 99)" in str(err.value)

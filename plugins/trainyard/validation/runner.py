@@ -58,11 +58,15 @@ class RuleOutcome:
     samples: list[Any] = field(default_factory=list)
     observed: Any = None
     rows: list[int] = field(default_factory=list)
+    keys: list[Any] = field(default_factory=list)
+    """The key column's value of each of ``rows`` (rows count from 0 through the snapshot,
+    which no source file's line numbers match: the key finds the record)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (sample values as strings if they are not JSON scalars)."""
         d = asdict(self)
         d["samples"] = [_jsonable(v) for v in self.samples]
+        d["keys"] = [_jsonable(v) for v in self.keys]
         d["observed"] = _jsonable(self.observed)
         return d
 
@@ -696,6 +700,7 @@ def run_contract(
             )
         )
 
+    _name_rows(outcomes, opened, contract.roles.key)
     succeeded = sum(1 for r in gx_results if r.success)
     gx_result = ExpectationSuiteValidationResult(
         success=all(r.success for r in gx_results),
@@ -709,6 +714,28 @@ def run_contract(
         },
     )
     return RunOutput(outcomes, gx_result, rows, batches, time.perf_counter() - start)
+
+
+def _name_rows(outcomes: list[RuleOutcome], opened: list[pq.ParquetFile], key: str) -> None:
+    """Set each failed outcome's ``keys``: the key of each of its sample rows.
+
+    Reads the key column of the files those rows are in, on failure only.
+    """
+    wanted = sorted({r for o in outcomes if not o.success for r in o.rows})
+    if not wanted:
+        return
+    found: dict[int, Any] = {}
+    base = 0
+    for pf in opened:
+        count = pf.metadata.num_rows
+        mine = [r for r in wanted if base <= r < base + count]
+        if mine:
+            column = pf.read(columns=[key]).column(0)
+            found.update((r, column[r - base].as_py()) for r in mine)
+        base += count
+    for o in outcomes:
+        if not o.success and o.rows:
+            o.keys = [found.get(r) for r in o.rows]
 
 
 def _rule_key(meta: dict[str, Any]) -> tuple[str, str | None]:

@@ -149,8 +149,12 @@ def validate_snapshot(
 def _failure_line(failure: dict[str, Any]) -> str:
     line = f"  {failure['rule']} {failure['column'] or ''}: {failure['reason']}"
     if failure["rows"]:
-        shown = ", ".join(str(r) for r in failure["rows"][:5])
-        line += f" (rows {shown}{', ...' if len(failure['rows']) > 5 else ''}"
+        more = ", ..." if len(failure["rows"]) > 5 else ""
+        keys = failure.get("keys") or []
+        if keys:  # the key finds the record in the source; a snapshot row number does not
+            line += f" (keys {', '.join(repr(k) for k in keys[:5])}{more}"
+        else:
+            line += f" (snapshot rows {', '.join(str(r) for r in failure['rows'][:5])}{more}"
         line += f"; values {', '.join(repr(v) for v in failure['samples'][:5])})"
     return line
 
