@@ -418,3 +418,17 @@ def test_a_column_named_twice_is_refused(
     message = refused(volume_root, "tx", src, f"'{twice}'", fmt=fmt)
     assert "twice" in message, message
     assert str(src) in message
+
+
+@pytest.mark.parametrize("name", ["light level", "extra col ü", "2nd"])
+def test_a_column_no_contract_can_name_says_to_rename_or_drop_it(
+    volume_root: Path, table_contract: Path, tmp_path: Path, name: str
+):
+    """Found by a cold user: 'declare it' was the advice for a column named 'extra col ü',
+    which the contract's column names cannot be."""
+    write_contract(table_contract)
+    src = tmp_path / "tx.csv"
+    src.write_text(f"id,x,y,{name}\na,1.0,0,1\nb,2.0,1,1\n")
+    message = refused(volume_root, "tx", src, f"column {name!r} is not in the contract", fmt="csv")
+    assert "no contract can name it" in message and "rename it in the source" in message
+    assert "declare it" not in message

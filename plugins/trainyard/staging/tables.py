@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,6 +225,10 @@ def _bounded_lines(fh: Any, limit: int = MAX_ROW_BYTES) -> Iterator[bytes | None
             return
 
 
+CONTRACT_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+"""A column name a contract can declare (``data_contracts/contract.schema.json``)."""
+
+
 def _check_unique(columns: list[str], where: str) -> None:
     """Refuse a source naming one column twice: a reader would keep one and drop the other."""
     seen: dict[str, int] = {}
@@ -241,6 +246,12 @@ def _check_extra(columns: list[str], schema: Any, allow_extra: bool, where: str)
     if allow_extra:
         return
     extra = [c for c in columns if c not in set(schema.names)]
+    if extra and not CONTRACT_COLUMN.match(extra[0]):
+        raise SourceInvalid(
+            f"{where}: column {extra[0]!r} is not in the contract, and no contract can name "
+            "it (a column name is letters, digits and _, not starting with a digit): rename "
+            "it in the source, or set allow_extra_columns: true to drop it"
+        )
     if extra:
         raise SourceInvalid(
             f"{where}: column {extra[0]!r} is not in the contract (allow_extra_columns is "
