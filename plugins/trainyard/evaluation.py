@@ -632,7 +632,7 @@ def _champion_check(
     threshold = f"{op} {bound:.4f} (champion {unit}, {kind})"
     delta = (cand - champ) * sign
     trend = "improves" if delta > 0 else "regresses" if delta < 0 else "equals"
-    note = f"{trend} by {abs(cand - champ):.4f}"
+    note = "equals the champion" if delta == 0 else f"{trend} by {abs(cand - champ):.4f}"
     return Check(name, metric, cand, champ, threshold, passed, note)
 
 

@@ -152,6 +152,11 @@ def test_champion_check_row_has_both_values_and_threshold() -> None:
     assert row.threshold.startswith(">= 0.8900")
     assert "regresses by 0.0200" in row.note
     assert "| champion:accuracy | accuracy | 0.8800 | 0.9000 | >= 0.8900" in decision.to_markdown()
+    # a cold user read "equals by 0.0000"
+    same = decide(gate(), {"accuracy": 0.9, "loss": 0.2}, {"accuracy": 0.9, "loss": 0.25})
+    assert next(c for c in same.checks if c.name == "champion:accuracy").note == (
+        "equals the champion"
+    )
 
 
 def test_forced_decision_records_who_when_why() -> None:
