@@ -730,3 +730,20 @@ def test_the_status_rate_is_the_current_one_not_the_lifetime_average() -> None:
     stats.scored += 200
     busy = stats.doc()
     assert busy["records_per_s"] > 500 and busy["average_records_per_s"] < 130
+
+
+def test_a_dead_letter_keeps_bytes_that_are_not_utf8() -> None:
+    """Found by a cold user: a record with invalid UTF-8 was dead-lettered with U+FFFD in
+    place of its bytes, so the record could not be recovered."""
+    import base64
+
+    from trainyard.streaming.scorer import MAX_DEAD_VALUE_BYTES, dead_letter
+
+    raw = b'{"txn_id": "utf\xff\xfe", "amount": 1}'
+    doc = orjson.loads(dead_letter(None, "1-0", "not UTF-8", raw).value)
+    assert base64.b64decode(doc["value_base64"]) == raw and "\ufffd" in doc["value"]
+    # valid UTF-8 cut in the middle of a character is not taken for invalid
+    cut = b'{"v": "' + "é".encode() * MAX_DEAD_VALUE_BYTES + b'"}'
+    doc = orjson.loads(dead_letter("k", "1-0", "too big", cut).value)
+    assert "value_base64" not in doc and doc["value_bytes"] == len(cut)
+    assert doc["value"].endswith("é") and "\ufffd" not in doc["value"]

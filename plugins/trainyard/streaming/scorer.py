@@ -41,6 +41,7 @@ liveness probe does on Kubernetes.
 
 from __future__ import annotations
 
+import base64
 import collections
 import concurrent.futures as cf
 import fcntl
@@ -312,7 +313,13 @@ def dead_letter(key: Any, source: str, reason: str, value: bytes | None) -> Outp
     usable = isinstance(key, str) and len(key) <= MAX_ID_CHARS
     doc = {"id": key if usable else None, "source": source, "reason": reason}
     if value is not None:
-        doc["value"] = value[:MAX_DEAD_VALUE_BYTES].decode("utf-8", "replace")
+        kept = value[:MAX_DEAD_VALUE_BYTES]
+        try:
+            value.decode("utf-8")
+            doc["value"] = kept.decode("utf-8", "ignore")  # a character the cut split: gone
+        except UnicodeDecodeError:  # shown readable, and kept whole beside it
+            doc["value"] = kept.decode("utf-8", "replace")
+            doc["value_base64"] = base64.b64encode(kept).decode("ascii")
         if len(value) > MAX_DEAD_VALUE_BYTES:  # cut: its size says so
             doc["value_bytes"] = len(value)
     return Output.of(key if usable else source, doc)
