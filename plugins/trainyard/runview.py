@@ -358,7 +358,9 @@ def summary_line(
         champion = ev.get("champion", ev.get("champion_version"))
         parts.append(f"serving unchanged (v{champion})" if champion else "serving unchanged")
     if failed:
-        parts.append("failed: " + ", ".join(failed) + (f" ({reason})" if reason else ""))
+        # killed, marked failed by a person, or stopped before trainyard's code ran
+        why = reason or "no reason recorded: see the task's log"
+        parts.append("failed: " + ", ".join(failed) + f" ({why})")
     line = " · ".join(parts).replace("\n", " ")
     return line if len(line) <= NOTE_MAX else line[: NOTE_MAX - 1] + "…"
 

@@ -155,8 +155,8 @@ def test_summary_line_says_snapshot_metrics_decision_and_serving() -> None:
     stopped = runview.summary_line({"stage": stage}, failed=["validate"])
     assert stopped == (
         f"snapshot {SNAP} (reused, 1797 rows) · validation failed · gate not run · "
-        "serving unchanged · failed: validate"
-    )
+        "serving unchanged · failed: validate (no reason recorded: see the task's log)"
+    )  # a cold user marked a run failed and read "failed: train", with no cause
     long = runview.summary_line({"evaluate": {"verdict": "reject", "reason": "x" * 5000}})
     assert len(long) == runview.NOTE_MAX and "\n" not in long
     # found by a cold user: a dry run's note read like a run whose gate never ran
