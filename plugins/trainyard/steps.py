@@ -1508,5 +1508,15 @@ def models_main(argv: list[str]) -> int:
 
 
 def _check_before_move(pipeline: str) -> None:
-    """Refuse ``models promote|rollback`` that serving could not follow: checked first."""
-    ensure_own_names(load_pipeline(pipeline))
+    """Refuse ``models promote|rollback`` that serving could not follow: checked first.
+
+    The pipeline's names, and locally its serving port (one taken by something else
+    would leave the new champion unserved).
+    """
+    from trainyard.serving.deploy import check_port_is_ours
+
+    cfg = load_pipeline(pipeline)
+    ensure_own_names(cfg)
+    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    if host == cfg.serving.host:
+        check_port_is_ours(get_settings().serving_root, host, cfg.serving.port)

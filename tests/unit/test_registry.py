@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from serving_support import free_port
 
 from trainyard import registry as registry_mod
 from trainyard.cli import main as cli
@@ -62,7 +64,16 @@ def assert_consistent(reg: Registry) -> None:
 
 
 @pytest.fixture
-def reg(volume_root: Path) -> Registry:
+def reg(volume_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry:
+    """digits' registry in a fresh volume, served on a port of its own: a promotion here
+    must not meet the model server ``make run`` left on the shipped port."""
+    shipped = Path(__file__).resolve().parents[2] / "dags" / "pipelines" / "digits.yaml"
+    config = yaml.safe_load(shipped.read_text())
+    config["serving"]["port"] = free_port()
+    pipelines = tmp_path / "digits-pipelines"
+    pipelines.mkdir()
+    (pipelines / "digits.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
     return Registry(volume_root / "_models", "digits")
 
 
@@ -619,3 +630,29 @@ def test_list_shows_a_version_not_yet_evaluated_by_its_numbers(
     assert cli(["models", "list", "--pipeline", "digits"]) == 0
     row = capsys.readouterr().out.splitlines()[1]
     assert row.endswith("accuracy=0.9000 epochs=4"), row
+
+
+def test_cli_promote_refuses_a_serving_port_held_by_something_else(
+    reg: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Found by a cold user: ``models promote`` onto a port something else held moved the
+    champion and exited 0 with a warning, leaving the new champion unserved; ``deploy``
+    refused the same case."""
+    import socket
+
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    shipped = Path(__file__).resolve().parents[2] / "dags" / "pipelines" / "digits.yaml"
+    config = yaml.safe_load(shipped.read_text())
+    with socket.socket() as squatter:  # listens, answers nothing: not a model server
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        config["serving"]["port"] = port = squatter.getsockname()[1]
+        (pipelines / "digits.yaml").write_text(yaml.safe_dump(config))
+        monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
+        reg.register(make_model(tmp_path), meta())
+        code = cli(["models", "promote", "--pipeline", "digits", "1", "--reason", "first"])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is in use by something that is not a model server" in err
+    assert reg.champion() is None and reg.history() == []

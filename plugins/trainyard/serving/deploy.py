@@ -422,6 +422,30 @@ def _answers(host: str, port: int, timeout: float = 1.0) -> bool:
     return status in (200, 404) and b"error" in data
 
 
+def check_port_is_ours(serving_root: Path, host: str, port: int) -> None:
+    """Refuse a serving port held by something that is not this checkout's model server.
+
+    Free, or a model server of ``serving_root`` (or one trainyard did not start that
+    answers as a model server), passes.
+
+    Raises:
+        DeployError: Naming the port and what holds it.
+    """
+    if _answers(host, port):
+        other = _other_trainyard_server(port, Path(serving_root))
+        if other is not None:
+            raise DeployError(
+                f"{host}:{port} is taken by another trainyard server (pid {other[0]}) "
+                f"serving {other[1]}, not {serving_root}: stop it (make stop in its "
+                "checkout) or give this pipeline another serving.port"
+            )
+        return
+    with contextlib.suppress(OSError):
+        probe = socket.create_connection((host, port), timeout=1.0)
+        probe.close()
+        raise DeployError(f"{host}:{port} is in use by something that is not a model server")
+
+
 def ensure_local_server(
     serving_root: Path, host: str = "127.0.0.1", port: int = 8501, timeout_s: float = 90.0
 ) -> int:
@@ -458,18 +482,9 @@ def ensure_local_server(
                 # restart it so that it follows the model config (and so the registry)
                 stop_local_server(serving_root, port=port)
         if _answers(host, port):
-            other = _other_trainyard_server(port, serving_root)
-            if other is not None:
-                raise DeployError(
-                    f"{host}:{port} is taken by another trainyard server (pid {other[0]}) "
-                    f"serving {other[1]}, not {serving_root}: stop it (make stop in its "
-                    "checkout) or give this pipeline another serving.port"
-                )
+            check_port_is_ours(serving_root, host, port)
             return 0
-    with contextlib.suppress(OSError):
-        probe = socket.create_connection((host, port), timeout=1.0)
-        probe.close()
-        raise DeployError(f"{host}:{port} is in use by something that is not a model server")
+    check_port_is_ours(serving_root, host, port)
     plugins_dir = str(Path(trainyard.__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (plugins_dir, env.get("PYTHONPATH")) if p)
