@@ -1033,6 +1033,10 @@ def data_intervals(
     return out
 
 
+RUN_FORCE_KEYS = frozenset({"force_promote", "force_reason"})
+"""``trainyard run --overrides`` keys that force the gate, not training parameters."""
+
+
 def run_all(
     pipeline: str,
     overrides: dict[str, Any] | None = None,
@@ -1060,10 +1064,9 @@ def run_all(
     from trainyard.registry import caller
 
     overrides = overrides_object(overrides)
-    force = {"force_promote", "force_reason"}
     if overrides.get("force_promote") and not overrides.get("force_reason"):
         raise ConfigError("force_promote needs a force_reason (recorded with who and when)")
-    training = {k: v for k, v in overrides.items() if k not in force}
+    training = {k: v for k, v in overrides.items() if k not in RUN_FORCE_KEYS}
     cfg = load_pipeline(pipeline)
     training_params(cfg, training)  # refuse bad overrides before staging
     intervals = intervals or data_intervals(cfg)
@@ -1484,6 +1487,11 @@ def run_cli_main(argv: list[str]) -> int:
         intervals = data_intervals(cfg, args.ds, args.end_ds) if args.ds else None
     except ConfigError as e:
         p.error(str(e))
+    training = {k: v for k, v in args.overrides.items() if k not in RUN_FORCE_KEYS}
+    try:
+        training_params(cfg, training)  # an unknown or ill-typed option: a usage error
+    except ConfigError as e:
+        p.error(f"--overrides: {e}")
     try:
         record = run_all(args.pipeline, args.overrides, intervals)
     except StepSkipped as e:

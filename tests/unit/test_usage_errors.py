@@ -92,3 +92,18 @@ def test_a_day_not_written_yyyy_mm_dd_says_how(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="is not a day written YYYY-MM-DD"):
         argtypes.day(text)
     assert str(argtypes.day("2026-11-05")) == "2026-11-05"
+
+
+def test_an_unknown_training_override_is_a_usage_error() -> None:
+    """Found by a cold user: ``run --overrides '{"epoch": 2}'`` exited 3 (a failure no retry
+    fixes), though the README calls an unknown option a usage error (2)."""
+    overrides = ["--overrides", '{"epoch": 2}']
+    got = subprocess.run(
+        [sys.executable, "-m", "trainyard", "run", "--pipeline", "digits", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
+    assert got.returncode == 2, got
+    assert "--overrides: unknown training override(s) ['epoch']" in got.stderr
