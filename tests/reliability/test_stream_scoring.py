@@ -227,6 +227,65 @@ def test_scorer_waits_for_a_server_that_is_down(project, tmp_path: Path) -> None
     assert engine.r.xpending("down.in", "trainyard-events")["pending"] == doc["read"]
 
 
+def _down_project(project, tmp_path: Path, prefix: str) -> tuple[dict, Streams]:
+    """The events pipeline on streams ``<prefix>.*`` with its model server's port unused."""
+    env = dict(project["env"])
+    pipelines = Path(env["TRAINYARD_PIPELINES_DIR"])
+    down = tmp_path / "pipelines"
+    down.mkdir()
+    text = (pipelines / "events.yaml").read_text()
+    text = text.replace(f"port: {project['port']}", f"port: {free_port()}")
+    (down / "events.yaml").write_text(text.replace("events.", f"{prefix}."))
+    env["TRAINYARD_PIPELINES_DIR"] = str(down)
+    return env, Streams(f"{prefix}.in", f"{prefix}.scores", f"{prefix}.dead", "trainyard-events")
+
+
+def test_exit_when_idle_gives_up_on_a_server_that_stays_down(project, tmp_path: Path) -> None:
+    """Found by a new user: ``--exit-when-idle 3`` with the model server down and records
+    waiting never exited (it retried until killed), and the line it printed when stopped
+    said "0 batches in flight (left pending)" right before "pending 10"."""
+    env, streams = _down_project(project, tmp_path, "idle")
+    engine = RedisStreams(project["url"], streams, consumer="test-producer")
+    engine.r.delete(streams.input, streams.output, streams.dead_letter)
+    records, _ = make_records(10, seed=17)
+    engine.produce([(None, v) for v in records])
+    status = tmp_path / "status.json"
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events",
+         "--exit-when-idle", "2", "--report-s", "0.5", "--status-file", str(status)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # the old scorer: retrying for ever
+            proc.kill()
+            proc.wait()
+    text = out.decode()
+    try:
+        assert time.monotonic() - started < 45, text[-3000:]
+        assert proc.returncode == 1, text[-3000:]  # documented: gave up, records left
+        assert "nothing read or scored for 2 s (--exit-when-idle)" in text, text[-3000:]
+        assert "ConnectionRefusedError" in text and "Traceback" not in text, text[-3000:]
+        assert "0 batches" not in text, text[-3000:]
+        # the last lines agree: the 10 records read stay pending, and the group says so
+        left, last = text.strip().splitlines()[-2:]
+        assert left.endswith(
+            "stopped with 10 records read and not committed (in 1 batch): they stay "
+            "pending in the group for the next scorer to claim"
+        ), text[-3000:]
+        assert "scored 0 " in last and "pending 10," in last, last
+        doc = orjson.loads(status.read_bytes())
+        assert doc["state"] == "failed" and "--exit-when-idle" in doc["error"], doc
+        assert doc["pending"] == 10 and doc["scored"] == 0 and doc["read"] == 10, doc
+        assert engine.r.xpending(streams.input, streams.group)["pending"] == 10
+        assert engine.r.xlen(streams.output) == 0
+    finally:
+        engine.r.delete(streams.input, streams.output, streams.dead_letter)
+        engine.close()
+
+
 def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
