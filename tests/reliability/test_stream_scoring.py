@@ -286,6 +286,50 @@ def test_exit_when_idle_gives_up_on_a_server_that_stays_down(project, tmp_path: 
         engine.close()
 
 
+def _gone(pid: int) -> bool:
+    """Exited (a zombie counts: an orphan's new parent may not reap it at once)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_scorer_whose_supervisor_is_killed_says_it_failed(project, tmp_path: Path) -> None:
+    """Found by a new user: ``kill -9`` of the supervisor made its scorer exit (its parent-
+    death signal is SIGTERM) with ``state: stopped, error: null``, as after ``make stop``."""
+    import psutil
+
+    status = tmp_path / "status.json"
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events",
+         "--consumer", "orphan", "--supervise", "--report-s", "0.5",
+         "--status-file", str(status)],
+        env=project["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    child = None
+    try:
+        _wait(lambda: status.is_file(), 60, "the supervised scorer's status")
+        doc = orjson.loads(status.read_bytes())
+        child = doc["pid"]  # the scorer, not its supervisor
+        assert doc["state"] == "running" and psutil.Process(child).ppid() == sup.pid, doc
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(10)
+        _wait(lambda: _gone(child), 30, "the scorer to exit")
+    finally:
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    doc = orjson.loads(status.read_bytes())
+    assert doc["state"] == "failed", doc
+    assert doc["error"].startswith(f"its supervisor (pid {sup.pid}) died"), doc
+    assert doc["last_failure"] == doc["error"]
+
+
 def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -354,7 +398,8 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     assert scoring.stop_all_local_scorers() == ["events"]
     assert not scoring._alive(second) and not scoring._alive(new_child)
     assert not (folder / scoring.PID_FILE).exists()
-    assert orjson.loads(status_file.read_bytes())["state"] == "stopped"
+    status = orjson.loads(status_file.read_bytes())
+    assert status["state"] == "stopped" and status["error"] is None, status  # asked to stop
     # models promote / rollback after make stop start it again, and leave a running one
     line = steps.start_scorer_if_stopped(cfg, local=True)
     assert line is not None and "scorer running" in line

@@ -30,7 +30,9 @@ every scorer claims entries idle for ``claim_idle_s`` (``XPENDING`` then ``XCLAI
 its own in flight) when it starts and every ``claim_idle_s / 2`` after; on Kafka the next
 owner of the partition reads from the last committed offset. SIGTERM stops reading,
 finishes and commits what is in flight, and exits 0 (``state: stopped``). What a failing
-server keeps it from committing stays pending, and the last lines say how much. With
+server keeps it from committing stays pending, and the last lines say how much. The
+SIGTERM a supervised scorer gets when its supervisor dies (``PR_SET_PDEATHSIG``) is no
+such request: it then ends ``failed``, naming the dead supervisor. With
 ``--exit-when-idle S`` it exits 0 after S seconds with nothing read and nothing in flight,
 and 1 (``failed``, the batches left pending) after S seconds with nothing read or scored
 while the model server fails.
@@ -95,6 +97,32 @@ MAX_DEAD_VALUE_BYTES = 65536
 """How much of a refused record a dead letter keeps."""
 GC_THRESHOLD = 50_000
 """Allocations between young-generation collections while scoring (Python's default: 700)."""
+SUPERVISOR_ENV = "TRAINYARD_SCORER_SUPERVISOR"
+"""Set by :func:`supervise` in its child's environment: the supervisor's pid."""
+
+
+def supervisor_pid() -> int | None:
+    """The pid of the :func:`supervise` process that started this scorer, or None."""
+    try:
+        return int(os.environ[SUPERVISOR_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
+def supervisor_gone() -> str | None:
+    """Why this supervised scorer has lost its supervisor, or None.
+
+    None when it is not supervised, or its supervisor is still its parent. The child
+    dies with its supervisor (``PR_SET_PDEATHSIG`` sends SIGTERM), by which time the
+    kernel has given it another parent: that SIGTERM is no deliberate stop.
+    """
+    pid = supervisor_pid()
+    if pid is None or os.getppid() == pid:
+        return None
+    return (
+        f"its supervisor (pid {pid}) died: nothing would restart this scorer, so it "
+        "stopped; start it again (score-stream --restart, or the deploy step)"
+    )
 
 
 class Stopped(Exception):
@@ -849,8 +877,8 @@ def cli_main(argv: list[str]) -> int:
 
     Returns:
         0 when stopped (SIGTERM) or done; 1 when it gave up (``--exit-when-idle`` with the
-        model server failing: what it read stays pending), and on a trainyard error (the
-        message names it).
+        model server failing: what it read stays pending) or its supervisor died, and on a
+        trainyard error (the message names it).
     """
     parser = argtypes.ArgumentParser(
         prog="python -m trainyard score-stream",
@@ -901,11 +929,18 @@ def cli_main(argv: list[str]) -> int:
     scorer = build_scorer(args.pipeline, args.consumer, args.status_file, args.report_s)
 
     def _term(signum: int, _frame: Any) -> None:
+        if why := supervisor_gone():  # PR_SET_PDEATHSIG: nobody asked it to stop
+            log.error("signal %d: %s; finishing what is in flight, then exiting", signum, why)
+            scorer.fail(why)
+            return
         log.info("signal %d: finishing what is in flight, then exiting", signum)
         scorer.stop.set()
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
+    if why := supervisor_gone():  # it died before the death signal was set up
+        log.error("%s", why)
+        scorer.fail(why)
     log.info(
         "scoring %s: %s %s -> %s (dead letters %s), group %s as %s, model %s at %s:%d",
         args.pipeline,
@@ -940,11 +975,13 @@ def supervise(
 ) -> int:
     """Run ``cmd`` and start it again whenever it exits other than by our SIGTERM.
 
-    The child dies with the supervisor (``PR_SET_PDEATHSIG``); SIGTERM to the supervisor
-    is passed on, waited for, and ends it with 0. Restarts back off from 1 s to
-    ``max_backoff_s`` (reset after a run of a minute). A child that has not written
-    ``status_file`` for ``stale_after_s`` is hung (a scorer reports also while it waits
-    for the model server): it is killed, and the status file says so.
+    The child dies with the supervisor (``PR_SET_PDEATHSIG``: its SIGTERM handler tells
+    that from a deliberate stop by :data:`SUPERVISOR_ENV`, and its status says
+    ``failed``); SIGTERM to the supervisor is passed on, waited for, and ends it with 0.
+    Restarts back off from 1 s to ``max_backoff_s`` (reset after a run of a minute). A
+    child that has not written ``status_file`` for ``stale_after_s`` is hung (a scorer
+    reports also while it waits for the model server): it is killed, and the status file
+    says so.
     """
     import subprocess
 
@@ -958,10 +995,11 @@ def supervise(
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
+    env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
     backoff = 1.0
     while not stopping.is_set():
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, preexec_fn=_pdeathsig)
+        proc = subprocess.Popen(cmd, preexec_fn=_pdeathsig, env=env)
         code = _wait_alive(proc, status_file, stale_after_s, stopping)
         if stopping.is_set():
             break
