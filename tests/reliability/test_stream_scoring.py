@@ -343,10 +343,16 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
             monkeypatch.setenv(k, v)
     cfg = load_pipeline("events")
     folder = scoring.scorer_dir("events")
+    status_file = folder / scoring.STATUS_FILE
     line = steps.roll_scorer(cfg, local=True)
-    assert line is not None and "scorer running" in line and "redis events.in" in line
     first = scoring.local_scorer_pid("events")
     assert first and (folder / scoring.LOG_FILE).is_file()
+    # found by a new user: the line named the supervisor's pid, status.json its child's
+    status = orjson.loads(status_file.read_bytes())
+    assert status["supervisor_pid"] == first and status["pid"] != first
+    assert line == (
+        f"scorer running (supervisor pid {first}, scorer pid {status['pid']}) on redis events.in"
+    )
 
     def children(pid: int) -> list[int]:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -360,7 +366,11 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
         env=project["env"], capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     second = scoring.local_scorer_pid("events")
-    assert out.stdout.startswith(f"scorer running (pid {second}); log ")
+    status = orjson.loads(status_file.read_bytes())
+    assert status["supervisor_pid"] == second
+    assert out.stdout.startswith(
+        f"scorer running (supervisor pid {second}, scorer pid {status['pid']}); log "
+    )
     assert "warning" not in out.stderr, out.stderr  # its model server answers
     # a contract the new scorer could not load: refused, and the running one left alone
     contract = project["root"] / "contracts" / "events.yaml"
@@ -387,7 +397,6 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     records, _ = make_records(300, seed=9)
     engine.produce([(None, v) for v in records])
     _wait(lambda: engine.r.xlen(STREAMS.output) >= before + 300, 60, "scores")
-    status_file = folder / scoring.STATUS_FILE
     # the status file (every 5 s) says what runs: scored, lag, the version that scores
     _wait(lambda: orjson.loads(status_file.read_bytes()).get("scored", 0) >= 300, 30, "status")
     status = orjson.loads(status_file.read_bytes())
@@ -405,8 +414,10 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     assert line is not None and "scorer running" in line
     third = scoring.local_scorer_pid("events")
     assert third and third not in (first, second)
+    scorer_pid = orjson.loads(status_file.read_bytes())["pid"]
     assert steps.start_scorer_if_stopped(cfg, local=True) == (
-        f"scorer running (pid {third}), following the served version"
+        f"scorer running (supervisor pid {third}, scorer pid {scorer_pid}), "
+        "following the served version"
     )
     assert steps.start_scorer_if_stopped(cfg, local=False) is None  # the cluster's Deployment
     assert scoring.stop_all_local_scorers() == ["events"]

@@ -427,6 +427,7 @@ class Stats:
         self._rate_from = (now, self.scored)
         return {
             "pid": os.getpid(),
+            "supervisor_pid": supervisor_pid(),
             "updated_at": time.time(),
             "uptime_s": round(up, 1),
             "read": self.read,
@@ -916,7 +917,8 @@ def cli_main(argv: list[str]) -> int:
         return int(e.code or 0)
     if args.restart:
         pid = start_local_scorer(args.pipeline)
-        print(f"scorer running (pid {pid}); log {scorer_dir(args.pipeline) / LOG_FILE}")
+        pids = local_scorer_pids_text(args.pipeline, pid)
+        print(f"scorer running ({pids}); log {scorer_dir(args.pipeline) / LOG_FILE}")
         cfg = load_pipeline(args.pipeline)
         if why := model_unreachable(cfg):
             print(f"warning: {why}: {waiting_for_the_model(cfg)}", file=sys.stderr)
@@ -1073,6 +1075,29 @@ def local_scorer_pid(pipeline: str) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if _alive(pid) and _ours(pid) else None
+
+
+def local_scorer_pids_text(pipeline: str, supervisor: int) -> str:
+    """``supervisor pid X, scorer pid Y``: the pid file's process and the scorer it runs.
+
+    ``Y`` is the status file's ``pid`` (the scorer process, whose ``supervisor_pid`` is
+    ``X``) while that process runs; between a scorer's death and its restart there is none.
+    """
+    try:
+        doc = orjson.loads((scorer_dir(pipeline) / STATUS_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        doc = None
+    if not isinstance(doc, dict):
+        doc = {}
+    child = doc.get("pid")
+    if (
+        isinstance(child, int)
+        and doc.get("supervisor_pid") == supervisor
+        and _alive(child)
+        and _ours(child)
+    ):
+        return f"supervisor pid {supervisor}, scorer pid {child}"
+    return f"supervisor pid {supervisor}, its scorer restarting"
 
 
 def stop_local_scorer(pipeline: str, timeout_s: float = 30.0) -> bool:
