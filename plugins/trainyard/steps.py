@@ -706,10 +706,10 @@ def roll_scorer(cfg: PipelineConfig, local: bool) -> str | None:
         return None
     if not local:
         return "scorer: the cluster's scorer Deployment follows the stable label"
-    from trainyard.streaming.scorer import start_local_scorer
+    from trainyard.streaming.scorer import local_scorer_pids_text, start_local_scorer
 
-    pid = start_local_scorer(cfg.name)
-    return f"scorer running (pid {pid}) on {cfg.scoring.stream.engine} {cfg.scoring.stream.input}"
+    pids = local_scorer_pids_text(cfg.name, start_local_scorer(cfg.name))
+    return f"scorer running ({pids}) on {cfg.scoring.stream.engine} {cfg.scoring.stream.input}"
 
 
 def start_scorer_if_stopped(cfg: PipelineConfig, local: bool) -> str | None:
@@ -723,11 +723,12 @@ def start_scorer_if_stopped(cfg: PipelineConfig, local: bool) -> str | None:
     """
     if cfg.scoring.stream is None or not local:
         return None
-    from trainyard.streaming.scorer import local_scorer_pid
+    from trainyard.streaming.scorer import local_scorer_pid, local_scorer_pids_text
 
     pid = local_scorer_pid(cfg.name)
     if pid is not None:
-        return f"scorer running (pid {pid}), following the served version"
+        pids = local_scorer_pids_text(cfg.name, pid)
+        return f"scorer running ({pids}), following the served version"
     return roll_scorer(cfg, local=True)
 
 

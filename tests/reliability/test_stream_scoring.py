@@ -227,6 +227,109 @@ def test_scorer_waits_for_a_server_that_is_down(project, tmp_path: Path) -> None
     assert engine.r.xpending("down.in", "trainyard-events")["pending"] == doc["read"]
 
 
+def _down_project(project, tmp_path: Path, prefix: str) -> tuple[dict, Streams]:
+    """The events pipeline on streams ``<prefix>.*`` with its model server's port unused."""
+    env = dict(project["env"])
+    pipelines = Path(env["TRAINYARD_PIPELINES_DIR"])
+    down = tmp_path / "pipelines"
+    down.mkdir()
+    text = (pipelines / "events.yaml").read_text()
+    text = text.replace(f"port: {project['port']}", f"port: {free_port()}")
+    (down / "events.yaml").write_text(text.replace("events.", f"{prefix}."))
+    env["TRAINYARD_PIPELINES_DIR"] = str(down)
+    return env, Streams(f"{prefix}.in", f"{prefix}.scores", f"{prefix}.dead", "trainyard-events")
+
+
+def test_exit_when_idle_gives_up_on_a_server_that_stays_down(project, tmp_path: Path) -> None:
+    """Found by a new user: ``--exit-when-idle 3`` with the model server down and records
+    waiting never exited (it retried until killed), and the line it printed when stopped
+    said "0 batches in flight (left pending)" right before "pending 10"."""
+    env, streams = _down_project(project, tmp_path, "idle")
+    engine = RedisStreams(project["url"], streams, consumer="test-producer")
+    engine.r.delete(streams.input, streams.output, streams.dead_letter)
+    records, _ = make_records(10, seed=17)
+    engine.produce([(None, v) for v in records])
+    status = tmp_path / "status.json"
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events",
+         "--exit-when-idle", "2", "--report-s", "0.5", "--status-file", str(status)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # the old scorer: retrying for ever
+            proc.kill()
+            proc.wait()
+    text = out.decode()
+    try:
+        assert time.monotonic() - started < 45, text[-3000:]
+        assert proc.returncode == 1, text[-3000:]  # documented: gave up, records left
+        assert "nothing read or scored for 2 s (--exit-when-idle)" in text, text[-3000:]
+        assert "ConnectionRefusedError" in text and "Traceback" not in text, text[-3000:]
+        assert "0 batches" not in text, text[-3000:]
+        # the last lines agree: the 10 records read stay pending, and the group says so
+        left, last = text.strip().splitlines()[-2:]
+        assert left.endswith(
+            "stopped with 10 records read and not committed (in 1 batch): they stay "
+            "pending in the group for the next scorer to claim"
+        ), text[-3000:]
+        assert "scored 0 " in last and "pending 10," in last, last
+        doc = orjson.loads(status.read_bytes())
+        assert doc["state"] == "failed" and "--exit-when-idle" in doc["error"], doc
+        assert doc["pending"] == 10 and doc["scored"] == 0 and doc["read"] == 10, doc
+        assert engine.r.xpending(streams.input, streams.group)["pending"] == 10
+        assert engine.r.xlen(streams.output) == 0
+    finally:
+        engine.r.delete(streams.input, streams.output, streams.dead_letter)
+        engine.close()
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie counts: an orphan's new parent may not reap it at once)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_scorer_whose_supervisor_is_killed_says_it_failed(project, tmp_path: Path) -> None:
+    """Found by a new user: ``kill -9`` of the supervisor made its scorer exit (its parent-
+    death signal is SIGTERM) with ``state: stopped, error: null``, as after ``make stop``."""
+    import psutil
+
+    status = tmp_path / "status.json"
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events",
+         "--consumer", "orphan", "--supervise", "--report-s", "0.5",
+         "--status-file", str(status)],
+        env=project["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    child = None
+    try:
+        _wait(lambda: status.is_file(), 60, "the supervised scorer's status")
+        doc = orjson.loads(status.read_bytes())
+        child = doc["pid"]  # the scorer, not its supervisor
+        assert doc["state"] == "running" and psutil.Process(child).ppid() == sup.pid, doc
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(10)
+        _wait(lambda: _gone(child), 30, "the scorer to exit")
+    finally:
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    doc = orjson.loads(status.read_bytes())
+    assert doc["state"] == "failed", doc
+    assert doc["error"].startswith(f"its supervisor (pid {sup.pid}) died"), doc
+    assert doc["last_failure"] == doc["error"]
+
+
 def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,10 +343,16 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
             monkeypatch.setenv(k, v)
     cfg = load_pipeline("events")
     folder = scoring.scorer_dir("events")
+    status_file = folder / scoring.STATUS_FILE
     line = steps.roll_scorer(cfg, local=True)
-    assert line is not None and "scorer running" in line and "redis events.in" in line
     first = scoring.local_scorer_pid("events")
     assert first and (folder / scoring.LOG_FILE).is_file()
+    # found by a new user: the line named the supervisor's pid, status.json its child's
+    status = orjson.loads(status_file.read_bytes())
+    assert status["supervisor_pid"] == first and status["pid"] != first
+    assert line == (
+        f"scorer running (supervisor pid {first}, scorer pid {status['pid']}) on redis events.in"
+    )
 
     def children(pid: int) -> list[int]:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -257,7 +366,11 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
         env=project["env"], capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     second = scoring.local_scorer_pid("events")
-    assert out.stdout.startswith(f"scorer running (pid {second}); log ")
+    status = orjson.loads(status_file.read_bytes())
+    assert status["supervisor_pid"] == second
+    assert out.stdout.startswith(
+        f"scorer running (supervisor pid {second}, scorer pid {status['pid']}); log "
+    )
     assert "warning" not in out.stderr, out.stderr  # its model server answers
     # a contract the new scorer could not load: refused, and the running one left alone
     contract = project["root"] / "contracts" / "events.yaml"
@@ -284,7 +397,6 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     records, _ = make_records(300, seed=9)
     engine.produce([(None, v) for v in records])
     _wait(lambda: engine.r.xlen(STREAMS.output) >= before + 300, 60, "scores")
-    status_file = folder / scoring.STATUS_FILE
     # the status file (every 5 s) says what runs: scored, lag, the version that scores
     _wait(lambda: orjson.loads(status_file.read_bytes()).get("scored", 0) >= 300, 30, "status")
     status = orjson.loads(status_file.read_bytes())
@@ -295,14 +407,17 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     assert scoring.stop_all_local_scorers() == ["events"]
     assert not scoring._alive(second) and not scoring._alive(new_child)
     assert not (folder / scoring.PID_FILE).exists()
-    assert orjson.loads(status_file.read_bytes())["state"] == "stopped"
+    status = orjson.loads(status_file.read_bytes())
+    assert status["state"] == "stopped" and status["error"] is None, status  # asked to stop
     # models promote / rollback after make stop start it again, and leave a running one
     line = steps.start_scorer_if_stopped(cfg, local=True)
     assert line is not None and "scorer running" in line
     third = scoring.local_scorer_pid("events")
     assert third and third not in (first, second)
+    scorer_pid = orjson.loads(status_file.read_bytes())["pid"]
     assert steps.start_scorer_if_stopped(cfg, local=True) == (
-        f"scorer running (pid {third}), following the served version"
+        f"scorer running (supervisor pid {third}, scorer pid {scorer_pid}), "
+        "following the served version"
     )
     assert steps.start_scorer_if_stopped(cfg, local=False) is None  # the cluster's Deployment
     assert scoring.stop_all_local_scorers() == ["events"]

@@ -29,7 +29,13 @@ written to ``--status-file``.
 every scorer claims entries idle for ``claim_idle_s`` (``XPENDING`` then ``XCLAIM``, never
 its own in flight) when it starts and every ``claim_idle_s / 2`` after; on Kafka the next
 owner of the partition reads from the last committed offset. SIGTERM stops reading,
-finishes and commits what is in flight, and exits 0.
+finishes and commits what is in flight, and exits 0 (``state: stopped``). What a failing
+server keeps it from committing stays pending, and the last lines say how much. The
+SIGTERM a supervised scorer gets when its supervisor dies (``PR_SET_PDEATHSIG``) is no
+such request: it then ends ``failed``, naming the dead supervisor. With
+``--exit-when-idle S`` it exits 0 after S seconds with nothing read and nothing in flight,
+and 1 (``failed``, the batches left pending) after S seconds with nothing read or scored
+while the model server fails.
 
 **Poison records.** A record that kills or hangs the scorer would stop every scorer that
 claims it. Claimed records are therefore scored one at a time, with nothing else in
@@ -92,6 +98,32 @@ MAX_DEAD_VALUE_BYTES = 65536
 """How much of a refused record a dead letter keeps."""
 GC_THRESHOLD = 50_000
 """Allocations between young-generation collections while scoring (Python's default: 700)."""
+SUPERVISOR_ENV = "TRAINYARD_SCORER_SUPERVISOR"
+"""Set by :func:`supervise` in its child's environment: the supervisor's pid."""
+
+
+def supervisor_pid() -> int | None:
+    """The pid of the :func:`supervise` process that started this scorer, or None."""
+    try:
+        return int(os.environ[SUPERVISOR_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
+def supervisor_gone() -> str | None:
+    """Why this supervised scorer has lost its supervisor, or None.
+
+    None when it is not supervised, or its supervisor is still its parent. The child
+    dies with its supervisor (``PR_SET_PDEATHSIG`` sends SIGTERM), by which time the
+    kernel has given it another parent: that SIGTERM is no deliberate stop.
+    """
+    pid = supervisor_pid()
+    if pid is None or os.getppid() == pid:
+        return None
+    return (
+        f"its supervisor (pid {pid}) died: nothing would restart this scorer, so it "
+        "stopped; start it again (score-stream --restart, or the deploy step)"
+    )
 
 
 class Stopped(Exception):
@@ -402,6 +434,7 @@ class Stats:
         self._rate_from = (now, self.scored)
         return {
             "pid": os.getpid(),
+            "supervisor_pid": supervisor_pid(),
             "updated_at": time.time(),
             "uptime_s": round(up, 1),
             "read": self.read,
@@ -466,6 +499,23 @@ class Scorer:
         self._error: str | None = None
         self._last_failure: str | None = None  # the previous run's, read by the first report
         self._failure_read = False
+        # when a record was last read or a batch committed (--exit-when-idle)
+        self._progress_at = time.monotonic()
+        self._idle_after_s: float | None = None
+        self.left_pending = 0  # records read and not committed when run() returned
+
+    @property
+    def error(self) -> str | None:
+        """Why the scorer failed (the status file's ``error``), or None."""
+        return self._error
+
+    def fail(self, why: str) -> None:
+        """Stop as :attr:`stop` does, but end ``failed`` with ``why``.
+
+        What is in flight is finished if it can be; nobody asked the scorer to stop.
+        """
+        self._error = why[:500]
+        self.stop.set()
 
     # -- one batch
 
@@ -578,6 +628,7 @@ class Scorer:
             self.engine.commit(scores, batch.dead, batch.messages)
             with self._ids_lock:
                 self._inflight.pop(id(batch.messages), None)
+        self._progress_at = time.monotonic()
         self.stats.scored += len(scores)
         self.stats.dead += len(batch.dead)
         self.stats.batches += 1
@@ -602,11 +653,38 @@ class Scorer:
         return self.engine.read(self.batch_size, self.max_wait_ms)
 
     def _wait(self, committed: cf.Future[None]) -> None:
-        """Wait for a batch's commit (its errors raise here), reporting while it takes."""
+        """Wait for a batch's commit (its errors raise here), reporting while it takes.
+
+        With ``exit_when_idle_s``, a model server that keeps failing while nothing is read
+        or committed for that long ends the run (:meth:`_give_up`): its batches stay
+        pending, and ``Stopped`` raises here.
+        """
+        tick = self.report_s / 2
+        if self._idle_after_s is not None:
+            tick = min(tick, max(self._idle_after_s / 4, 0.05))
         while not committed.done():  # the server is slow or down: keep reporting
-            cf.wait([committed], timeout=self.report_s / 2)
+            cf.wait([committed], timeout=tick)
             self._maybe_report()
+            if not self.stop.is_set() and self._stuck():
+                self._give_up()
         committed.result()
+
+    def _stuck(self) -> bool:
+        """Nothing read or committed for ``exit_when_idle_s`` while the server fails."""
+        return (
+            self._idle_after_s is not None
+            and self.endpoint.failing is not None
+            and time.monotonic() - self._progress_at > self._idle_after_s
+        )
+
+    def _give_up(self) -> None:
+        why = (
+            f"nothing read or scored for {self._idle_after_s:g} s (--exit-when-idle) while "
+            f"the model server {self.endpoint.host}:{self.endpoint.port} fails "
+            f"({self.endpoint.failing}): exiting, what was read stays pending"
+        )
+        log.error("%s", why)
+        self.fail(why)
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
@@ -648,14 +726,18 @@ class Scorer:
 
         Args:
             max_records: Stop after reading this many records (tests, benchmarks).
-            exit_when_idle_s: Stop once nothing was read for this long and nothing is
-                pending in flight.
+            exit_when_idle_s: Stop once nothing was read for this long and nothing is in
+                flight; or, with batches in flight, once nothing was read or committed
+                for this long while the model server fails: those stay pending and the
+                run ends ``failed`` (:attr:`error` says why).
 
         Returns:
-            The final statistics.
+            The final statistics (:attr:`left_pending`: the records read and not
+            committed, which stay pending in the group).
         """
         inflight: collections.deque[cf.Future[None]] = collections.deque()  # commits
-        idle_since = time.monotonic()
+        self._idle_after_s = exit_when_idle_s
+        self._progress_at = time.monotonic()
         self.report()
         # A batch makes thousands of short-lived tuples, which would start the cyclic
         # collector every few records; what exists now (modules, config) never needs it.
@@ -674,10 +756,12 @@ class Scorer:
                 if not messages:
                     if inflight:
                         self._wait(inflight.popleft())
-                    elif exit_when_idle_s is not None and now - idle_since > exit_when_idle_s:
+                    elif (
+                        exit_when_idle_s is not None and now - self._progress_at > exit_when_idle_s
+                    ):
                         break
                     continue
-                idle_since = now
+                self._progress_at = now
                 # claimed: read by a scorer that stopped, maybe because of it: alone, with
                 # nothing else in flight
                 alone = messages[0].deliveries is not None
@@ -692,7 +776,7 @@ class Scorer:
             while inflight:  # finish and commit what is in flight
                 self._wait(inflight.popleft())
         except Stopped:
-            log.info("stopped with %d batches in flight (left pending)", len(inflight))
+            pass  # stopped while the server failed: what it did not score stays pending
         except BaseException as e:
             self.stop.set()  # batches waiting for the server give up: they stay pending
             self._error = f"{type(e).__name__}: {e}"[:500]
@@ -702,6 +786,19 @@ class Scorer:
             self._pool.shutdown(wait=False, cancel_futures=True)
             gc.set_threshold(*threshold)
             gc.unfreeze()
+            # what was read and not committed (the batches at a failing server, and those
+            # queued behind them): the group keeps it pending for the next scorer
+            with self._ids_lock:
+                left = [len(ms) for ms in self._inflight.values()]
+            self.left_pending = sum(left)
+            if left:
+                log.warning(
+                    "stopped with %d records read and not committed (in %d batch%s): "
+                    "they stay pending in the group for the next scorer to claim",
+                    self.left_pending,
+                    len(left),
+                    "" if len(left) == 1 else "es",
+                )
             self.report(final=True)
         return self.stats
 
@@ -787,7 +884,9 @@ def cli_main(argv: list[str]) -> int:
     """``python -m trainyard score-stream --pipeline P [...]``.
 
     Returns:
-        0 when stopped (SIGTERM) or done; 1 on a trainyard error (the message names it).
+        0 when stopped (SIGTERM) or done; 1 when it gave up (``--exit-when-idle`` with the
+        model server failing: what it read stays pending) or its supervisor died, and on a
+        trainyard error (the message names it).
     """
     parser = argtypes.ArgumentParser(
         prog="python -m trainyard score-stream",
@@ -804,7 +903,9 @@ def cli_main(argv: list[str]) -> int:
         "--exit-when-idle",
         type=positive_float,
         metavar="S",
-        help="stop after S seconds with nothing read",
+        help="stop after S seconds with nothing read and nothing in flight (exit 0); "
+        "with batches in flight, after S seconds with nothing read or scored while the "
+        "model server fails: exit 1, what was read left pending for the next scorer",
     )
     parser.add_argument(
         "--supervise",
@@ -823,7 +924,8 @@ def cli_main(argv: list[str]) -> int:
         return int(e.code or 0)
     if args.restart:
         pid = start_local_scorer(args.pipeline)
-        print(f"scorer running (pid {pid}); log {scorer_dir(args.pipeline) / LOG_FILE}")
+        pids = local_scorer_pids_text(args.pipeline, pid)
+        print(f"scorer running ({pids}); log {scorer_dir(args.pipeline) / LOG_FILE}")
         cfg = load_pipeline(args.pipeline)
         if why := model_unreachable(cfg):
             print(f"warning: {why}: {waiting_for_the_model(cfg)}", file=sys.stderr)
@@ -836,11 +938,18 @@ def cli_main(argv: list[str]) -> int:
     scorer = build_scorer(args.pipeline, args.consumer, args.status_file, args.report_s)
 
     def _term(signum: int, _frame: Any) -> None:
+        if why := supervisor_gone():  # PR_SET_PDEATHSIG: nobody asked it to stop
+            log.error("signal %d: %s; finishing what is in flight, then exiting", signum, why)
+            scorer.fail(why)
+            return
         log.info("signal %d: finishing what is in flight, then exiting", signum)
         scorer.stop.set()
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
+    if why := supervisor_gone():  # it died before the death signal was set up
+        log.error("%s", why)
+        scorer.fail(why)
     log.info(
         "scoring %s: %s %s -> %s (dead letters %s), group %s as %s, model %s at %s:%d",
         args.pipeline,
@@ -858,7 +967,7 @@ def cli_main(argv: list[str]) -> int:
         scorer.run(args.max_records, args.exit_when_idle)
     finally:
         scorer.engine.close()
-    return 0
+    return 1 if scorer.error else 0
 
 
 def _pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
@@ -875,11 +984,13 @@ def supervise(
 ) -> int:
     """Run ``cmd`` and start it again whenever it exits other than by our SIGTERM.
 
-    The child dies with the supervisor (``PR_SET_PDEATHSIG``); SIGTERM to the supervisor
-    is passed on, waited for, and ends it with 0. Restarts back off from 1 s to
-    ``max_backoff_s`` (reset after a run of a minute). A child that has not written
-    ``status_file`` for ``stale_after_s`` is hung (a scorer reports also while it waits
-    for the model server): it is killed, and the status file says so.
+    The child dies with the supervisor (``PR_SET_PDEATHSIG``: its SIGTERM handler tells
+    that from a deliberate stop by :data:`SUPERVISOR_ENV`, and its status says
+    ``failed``); SIGTERM to the supervisor is passed on, waited for, and ends it with 0.
+    Restarts back off from 1 s to ``max_backoff_s`` (reset after a run of a minute). A
+    child that has not written ``status_file`` for ``stale_after_s`` is hung (a scorer
+    reports also while it waits for the model server): it is killed, and the status file
+    says so.
     """
     import subprocess
 
@@ -893,10 +1004,11 @@ def supervise(
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
+    env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
     backoff = 1.0
     while not stopping.is_set():
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, preexec_fn=_pdeathsig)
+        proc = subprocess.Popen(cmd, preexec_fn=_pdeathsig, env=env)
         code = _wait_alive(proc, status_file, stale_after_s, stopping)
         if stopping.is_set():
             break
@@ -970,6 +1082,29 @@ def local_scorer_pid(pipeline: str) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if _alive(pid) and _ours(pid) else None
+
+
+def local_scorer_pids_text(pipeline: str, supervisor: int) -> str:
+    """``supervisor pid X, scorer pid Y``: the pid file's process and the scorer it runs.
+
+    ``Y`` is the status file's ``pid`` (the scorer process, whose ``supervisor_pid`` is
+    ``X``) while that process runs; between a scorer's death and its restart there is none.
+    """
+    try:
+        doc = orjson.loads((scorer_dir(pipeline) / STATUS_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        doc = None
+    if not isinstance(doc, dict):
+        doc = {}
+    child = doc.get("pid")
+    if (
+        isinstance(child, int)
+        and doc.get("supervisor_pid") == supervisor
+        and _alive(child)
+        and _ours(child)
+    ):
+        return f"supervisor pid {supervisor}, scorer pid {child}"
+    return f"supervisor pid {supervisor}, its scorer restarting"
 
 
 def stop_local_scorer(pipeline: str, timeout_s: float = 30.0) -> bool:
