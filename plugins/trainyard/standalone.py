@@ -106,6 +106,8 @@ def stop() -> str:
     if rec is None:
         path.unlink(missing_ok=True)
         return "Airflow standalone: not running"
+    # said first: the wrapper, seeing Airflow exit, must know it was asked to
+    atomic_write_json(path, {**rec, "stopped_by": os.getpid()})
     killed = stop_group(int(rec["pgid"]))
     path.unlink(missing_ok=True)
     forced = f" ({killed} processes needed SIGKILL)" if killed else ""
@@ -182,7 +184,8 @@ def run(port: int | None = None) -> int:
     finally:
         stop_group(proc.pid)  # what it left: the scheduler's workers
         try:
-            stopped_by_stop = int(read_json(path)["pgid"]) != proc.pid
+            rec = read_json(path)
+            stopped_by_stop = int(rec["pgid"]) != proc.pid or "stopped_by" in rec
         except (OSError, ValueError, KeyError, TypeError):
             stopped_by_stop = True  # `stop` removed the record
         if not stopped_by_stop:

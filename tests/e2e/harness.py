@@ -236,17 +236,31 @@ def standalone_group(project: Project, deadline_s: float = 60) -> int:
     return int(json.loads(record.read_text())["pgid"])
 
 
-def stop_standalone(project: Project, proc: subprocess.Popen, pgid: int) -> None:
-    """SIGTERM the standalone as ``kill %1`` does; check that none of its processes is left.
+def stop_standalone(
+    project: Project, proc: subprocess.Popen, pgid: int, by_make_stop: bool = False
+) -> None:
+    """SIGTERM the standalone as ``kill %1`` does (or stop it as ``make stop`` does); check
+    that it exits 0 and that none of its processes is left.
 
     Found by a cold user: on SIGTERM Airflow's scheduler waited for its LocalExecutor
-    workers, which never exit, and the README's ``kill %1`` left all of them running.
+    workers, which never exit, and the README's ``kill %1`` left all of them running. A
+    second one saw ``make standalone`` end "Error 241" when ``make stop`` stopped it.
     """
     import signal
 
     from trainyard.standalone import group_members
 
-    proc.send_signal(signal.SIGTERM)
+    if by_make_stop:
+        stop = subprocess.run(
+            [sys.executable, "-m", "trainyard.standalone", "stop"],
+            env=project.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert stop.returncode == 0 and "standalone stopped" in stop.stdout, stop
+    else:
+        proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout=90)
     except subprocess.TimeoutExpired:

@@ -93,7 +93,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Project, str]:
             if pgid is None:
                 proc.kill()
             else:  # after runs: the LocalExecutor's workers exist, and must go too
-                stop_standalone(project, proc, pgid)
+                stop_standalone(project, proc, pgid, by_make_stop=True)
         finally:
             project.stop_postgres()
             project.stop_server()
