@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -552,13 +553,27 @@ def test_staging_logs_files_bytes_rate_and_eta(
     assert "3/3 files" in lines[-1] and "(100.0%)" in lines[-1]
 
 
-def test_summary_line_on_stderr(
-    volume_root: Path, contracts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_summary_line_is_logged_or_printed_once(
+    volume_root: Path,
+    contracts: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ):
+    """The ``staged ...`` line: logged when the log shows INFO (a step's command line,
+    Airflow's task log), else printed; never both (a cold user saw it twice)."""
     src = write_csv(tmp_path / "raw" / "tx.csv", 20)
-    result = stage(make_pipeline("tx", str(src)))
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"staged tx: snapshot {result.snapshot_id} (new), 20 rows, 1 shards")
+    with caplog.at_level(logging.INFO, logger="trainyard.staging"):
+        result = stage(make_pipeline("tx", str(src)))
+    line = f"staged tx: snapshot {result.snapshot_id} (new), 20 rows, 1 shards"
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("staged tx")]
+    assert len(logged) == 1 and logged[0].startswith(line), logged
+    assert "staged tx" not in capsys.readouterr().err
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trainyard.staging"):
+        again = stage(make_pipeline("tx", str(src)))
+    printed = [t for t in capsys.readouterr().err.splitlines() if t.startswith("staged tx")]
+    assert printed == [again.summary()] and not caplog.records
 
 
 def test_partitioned_source_needs_an_interval(volume_root: Path, contracts: Path, tmp_path: Path):
