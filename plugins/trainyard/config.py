@@ -359,6 +359,9 @@ class TriggerStreamConfig(StrictModel):
     ``kafka_config_id`` (default ``kafka_default``; common-messaging's
     ``MessageQueueTrigger``). A message holds ``ds`` (the day to stage) or
     ``interval_start`` and ``interval_end``, or nothing (the day the run runs).
+    A Redis message is acknowledged by the run that takes it; one handed to Airflow that
+    no run took within ``redeliver_after_s`` (an event for a paused DAG starts no run) is
+    handed over again.
     """
 
     engine: Literal["redis", "kafka"] = "redis"
@@ -367,11 +370,14 @@ class TriggerStreamConfig(StrictModel):
     url: str | None = None
     kafka_config_id: str | None = Field(default=None, min_length=1)
     poll_interval_s: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
+    redeliver_after_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _engine_fields(self) -> TriggerStreamConfig:
         if self.engine == "kafka" and (self.url or self.group):
             raise ValueError("url and group are for engine redis; kafka takes kafka_config_id")
+        if self.engine == "kafka" and "redeliver_after_s" in self.model_fields_set:
+            raise ValueError("redeliver_after_s is for engine redis")
         if self.engine == "redis" and self.kafka_config_id:
             raise ValueError("kafka_config_id is for engine kafka; redis takes url")
         if self.url and not self.url.startswith(("redis://", "rediss://", "unix://")):

@@ -16,6 +16,7 @@ from trainyard.config import ConfigError, parse_pipeline
 from trainyard.orchestration.stream_trigger import (
     BadMessage,
     RedisStreamTrigger,
+    acknowledge,
     claim,
     kafka_message,
     message_interval,
@@ -83,7 +84,7 @@ def redis_url(tmp_path: Path):
 
 
 async def _take(trigger: RedisStreamTrigger, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` events; the generator is then closed (the last one is not acked)."""
+    """The first ``n`` events; the generator is then closed (none is acknowledged)."""
     events = []
     gen = trigger.run()
     try:
@@ -116,14 +117,16 @@ def test_redis_trigger_fires_per_message_and_rejects_bad_ones_loudly(redis_url: 
     # the sender's own fields are kept whole (found by a new user: id and reason were lost)
     assert json.loads(fields[b"message"]) == {"ds": "not-a-day", "reason": "hello", "id": "42"}
 
-    # the second event was handed over but not acknowledged (its generator was closed):
-    # a restarted trigger delivers it again first, then what arrived meanwhile
+    # a good message is acknowledged by the run that takes it, not by the trigger: until
+    # then a restarted trigger hands it over again first, then what arrived meanwhile
+    assert client.xpending("arrivals", "g")["pending"] == 2
     client.xadd("arrivals", {"ds": "2026-11-23"})
     again = asyncio.run(
-        _take(RedisStreamTrigger("arrivals", "g", redis_url, 0.1, "arrivals.retry.p"), 2)
+        _take(RedisStreamTrigger("arrivals", "g", redis_url, 0.1, "arrivals.retry.p"), 3)
     )
-    assert [e["interval_start"] for e in again] == ["2026-11-21", "2026-11-23"]
-    assert again[0]["id"] == events[1]["id"]
+    assert [e["interval_start"] for e in again] == ["2026-11-20", "2026-11-21", "2026-11-23"]
+    assert [e["id"] for e in again[:2]] == [e["id"] for e in events]
+    assert again[0]["entry"] == {"stream": "arrivals", "id": events[0]["id"], "group": "g"}
     # another pipeline's group sees every message on its own
     other = asyncio.run(_take(RedisStreamTrigger("arrivals", "g2", redis_url, 0.1), 3))
     assert [e["interval_start"] for e in other] == ["2026-11-20", "2026-11-21", "2026-11-23"]
@@ -131,7 +134,8 @@ def test_redis_trigger_fires_per_message_and_rejects_bad_ones_loudly(redis_url: 
     path, kwargs = trigger.serialize()
     assert path == "trainyard.orchestration.stream_trigger.RedisStreamTrigger"
     assert kwargs == {"stream": "arrivals", "group": "g", "url": redis_url, "poll_interval": 0.1,
-                      "retry": "arrivals.retry.p", "not_before": None}  # fmt: skip
+                      "retry": "arrivals.retry.p", "not_before": None,
+                      "redeliver_after": 60.0}  # fmt: skip
 
 
 def _pipeline(tmp_path: Path, trigger: dict[str, Any], **more: Any) -> Any:
@@ -165,8 +169,10 @@ def test_each_run_takes_one_arrival_no_run_took_and_sends_the_rest_back(
     assert redis.Redis.from_url(redis_url).xlen("arrivals") == 0
     trigger = stream_trigger(cfg, stream)
     (copy,) = asyncio.run(_take(trigger, 1))
-    assert copy == {"stream": "arrivals", "id": "1-1", "resent_by": "A",
-                    "interval_start": "2026-11-21", "interval_end": "2026-11-22"}  # fmt: skip
+    assert {k: v for k, v in copy.items() if k != "entry"} == {
+        "stream": "arrivals", "id": "1-1", "resent_by": "A",
+        "interval_start": "2026-11-21", "interval_end": "2026-11-22"}  # fmt: skip
+    assert copy["entry"]["stream"] == "arrivals.retry.digits"
     # A's retry gets its own pick again, sending nothing twice
     assert claim(state, day[:2], "A", keep) == day[0] and len(sent) == 1
     # run B sees an event that started no run (Airflow's race): it takes it
@@ -236,6 +242,8 @@ def test_trigger_config_errors_name_the_field(tmp_path: Path) -> None:
         _pipeline(tmp_path, {"stream": {"engine": "kafka", "name": "t", "kafka_config_id": ""}})
     with pytest.raises(ConfigError, match="poll_interval_s"):
         _pipeline(tmp_path, {"stream": {"name": "t", "poll_interval_s": float("nan")}})
+    with pytest.raises(ConfigError, match="redeliver_after_s is for engine redis"):
+        _pipeline(tmp_path, {"stream": {"engine": "kafka", "name": "t", "redeliver_after_s": 5}})
 
 
 def test_the_dag_is_scheduled_on_the_watched_asset_or_its_cron(tmp_path: Path) -> None:
@@ -290,3 +298,59 @@ def test_a_multi_day_arrival_becomes_one_run_a_day(redis_url: str, tmp_path: Pat
         ("9-0@2026-11-19", "2026-11-19"),
         ("9-0@2026-11-20", "2026-11-20"),
     ]
+
+
+def test_a_message_no_run_took_is_announced_again_until_a_run_takes_it(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Found by a new user: messages sent just after ``airflow dags pause`` never ran.
+
+    The triggerer runs a paused DAG's trigger until the dag-processor next parses its file,
+    and Airflow records the events of a paused DAG's Asset without queueing a run, then or
+    at the unpause. The trigger acknowledged each message once handed over (pending 0), so
+    nothing ran until an unrelated message came. Now a message stays pending until a run
+    takes it (``claim`` acknowledges it), and one still pending after
+    ``redeliver_after_s`` is announced again by the same, still running trigger.
+    """
+    import redis
+
+    cfg = _pipeline(
+        tmp_path,
+        {"stream": {"name": "arrivals", "url": redis_url, "poll_interval_s": 0.1,
+                    "redeliver_after_s": 0.5}},
+    )  # fmt: skip
+    stream = cfg.trigger.stream
+    client = redis.Redis.from_url(redis_url)
+    first = client.xadd("arrivals", {"ds": "2026-11-19"}).decode()
+    second = client.xadd("arrivals", {"ds": "2026-11-19"}).decode()  # sent twice
+
+    # events while the DAG is paused start no run: the trigger announces both again
+    events = asyncio.run(_take(stream_trigger(cfg, stream), 4))
+    assert [e["id"] for e in events] == [first, second, first, second]
+    assert client.xpending("arrivals", "trainyard-trigger-digits")["pending"] == 2
+
+    # the run started after the unpause sees all four: each arrival counts once
+    sent: list[list[str]] = []
+
+    def keep(rest: list[dict]) -> None:
+        sent.append([e["id"] for e in rest])
+        requeue(stream, "digits", "A", rest)
+
+    state = tmp_path / "arrivals.json"
+    acks = []
+
+    def ack(resolved: list[dict]) -> None:
+        acks.append(acknowledge(stream, resolved))
+
+    assert claim(state, events, "A", keep, ack)["id"] == first
+    assert sent == [[second]] and acks == [2]
+    assert client.xpending("arrivals", "trainyard-trigger-digits")["pending"] == 0
+    # what was taken is not announced again; the copy sent back is, once, until taken
+    copies = asyncio.run(_take(stream_trigger(cfg, stream), 2))
+    assert [(c["id"], c.get("resent_by")) for c in copies] == [(second, "A")] * 2
+    assert claim(state, [*events, *copies], "B", keep, ack) == copies[0]
+    assert sent == [[second]] and acks == [2, 1]
+    assert client.xpending("arrivals.retry.digits", "trainyard-trigger-digits")["pending"] == 0
+    # a retried task gets its pick again and acknowledges nothing twice
+    assert claim(state, [*events, *copies], "B", keep, ack) == copies[0] and acks[-1] == 0
+    client.close()

@@ -96,3 +96,98 @@ def _groups(client: object) -> list[dict]:
         return client.xinfo_groups(STREAM)  # type: ignore[attr-defined]
     except Exception:  # the stream does not exist before the trigger creates it
         return []
+
+
+def _arrival_interval(env: StandaloneEnv, run_id: str) -> str | None:
+    """The day a run's ``arrivals`` task took (None: it took none, it skipped)."""
+    base = f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/arrivals"
+    if env.api(base)["state"] != "success":
+        return None
+    value = env.api(f"{base}/xcomEntries/return_value")["value"]
+    return (json.loads(value) if isinstance(value, str) else value)["interval_start"]
+
+
+def test_messages_taken_while_the_dag_is_paused_start_their_runs_when_it_is_unpaused(
+    tmp_path: Path,
+) -> None:
+    """Found by a new user: two messages sent just after ``airflow dags pause`` never ran.
+
+    The triggerer runs a paused DAG's trigger until the dag-processor next parses its file.
+    It took both messages; Airflow recorded their events but queues no run for a paused
+    DAG, and the trigger had acknowledged them (pending 0): nothing ran after the unpause
+    until an unrelated message came. Now a message stays pending until a run takes it and
+    is handed over again: each day runs once after the unpause, and then nothing is pending.
+    """
+    import redis
+
+    from trainyard.streaming import redis_server
+
+    api_port = free_port()
+    project = make_project(
+        tmp_path,
+        {
+            "schedule": None,
+            "training": {"epochs": 1},
+            "trigger": {
+                "stream": {"name": STREAM, "poll_interval_s": 0.5, "redeliver_after_s": 20}
+            },
+        },
+        api_port=api_port,
+    )
+    redis_dir = tmp_path / "redis"
+    project.env["TRAINYARD_REDIS_DIR"] = str(redis_dir)
+    project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    client = redis.Redis.from_url(redis_server.ensure_running(redis_dir))
+    group = "trainyard-trigger-digits"
+    try:
+        with standalone(project, api_port, tmp_path / "standalone.log") as base:
+            env = StandaloneEnv(project, base, admin_password(project))
+            end = time.monotonic() + 240
+            while env.get(f"/api/v2/dags/{DAG}")[0] != 200:
+                assert time.monotonic() < end, f"{DAG} never appeared"
+                time.sleep(2)
+            env.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
+            end = time.monotonic() + 300
+            while _group(client, group) is None:
+                assert time.monotonic() < end, "the triggerer never started the stream trigger"
+                time.sleep(1)
+
+            # the user's steps: pause, two messages at once, unpause a few seconds later
+            env.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": True})
+            sent = time.monotonic()
+            client.xadd(STREAM, {"ds": "2026-11-19"})
+            last = client.xadd(STREAM, {"ds": "2026-11-20"}).decode()
+            # the trigger, still running, takes both (what the user saw)
+            end = time.monotonic() + 60
+            while (_group(client, group) or {}).get("last-delivered-id") != last:
+                assert time.monotonic() < end, ("never taken", _group(client, group))
+                time.sleep(0.2)
+            time.sleep(max(0.0, sent + 8 - time.monotonic()))
+            env.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
+
+            # each day starts a run of its own (once), with no other message sent
+            end = time.monotonic() + 300
+            while True:
+                runs = env.api(f"/api/v2/dags/{DAG}/dagRuns?limit=20")["dag_runs"]
+                done = [r for r in runs if r["state"] in ("success", "failed")]
+                taken = [_arrival_interval(env, r["dag_run_id"]) for r in done]
+                if len([t for t in taken if t]) >= 2 and len(done) == len(runs):
+                    break
+                assert time.monotonic() < end, [(r["dag_run_id"], r["state"]) for r in runs]
+                time.sleep(5)
+            assert [r["state"] for r in runs] == ["success"] * len(runs)
+            assert sorted(t for t in taken if t) == ["2026-11-19", "2026-11-20"]
+            # acknowledged by the runs that took them
+            assert (_group(client, group) or {}).get("pending") == 0
+    finally:
+        client.close()
+        redis_server.stop(redis_dir)
+
+
+def _group(client: object, name: str) -> dict | None:
+    """The consumer group's ``XINFO GROUPS`` entry (names and ids decoded), if it exists."""
+    for g in _groups(client):
+        g = {k: v.decode() if isinstance(v, bytes) else v for k, v in g.items()}
+        if g.get("name") == name:
+            return g
+    return None

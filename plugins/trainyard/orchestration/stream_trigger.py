@@ -7,10 +7,12 @@ message on the stream becomes one Asset event whose payload carries the interval
 one (:func:`claim`) and its ``stage`` task stages it.
 
 * ``engine: redis`` (the embedded default): :class:`RedisStreamTrigger` reads a Redis
-  *stream* with a consumer group. A message is acknowledged only after its event was
-  handed to the triggerer, so one sent while the triggerer was down starts its run when it
-  comes back; the redis provider's ``redis+pubsub`` queue loses such messages and reaches
-  Redis over TCP only, while the project's server listens on its Unix socket alone.
+  *stream* with a consumer group. A message is acknowledged only by the run that takes it
+  (:func:`acknowledge`), so one sent while the triggerer was down starts its run when it
+  comes back, and one whose event started no run (the DAG was paused: Airflow records the
+  event and queues no run) is handed over again; the redis provider's ``redis+pubsub``
+  queue loses such messages and reaches Redis over TCP only, while the project's server
+  listens on its Unix socket alone.
 * ``engine: kafka`` (a cluster): common-messaging's ``MessageQueueTrigger`` with the Kafka
   provider (``scheme="kafka"``), :func:`kafka_message` as its ``apply_function``.
 
@@ -167,6 +169,8 @@ class RedisStreamTrigger(BaseEventTrigger):
         poll_interval: Seconds a read blocks waiting for a message.
         retry: The pipeline's retry stream (:func:`retry_stream`), read with the same group.
         not_before: The pipeline's start date: earlier days are rejected.
+        redeliver_after: Seconds after which a message handed over that no run acknowledged
+            yet (:func:`acknowledge`) is handed over again.
     """
 
     def __init__(
@@ -177,10 +181,11 @@ class RedisStreamTrigger(BaseEventTrigger):
         poll_interval: float = 1.0,
         retry: str | None = None,
         not_before: str | None = None,
+        redeliver_after: float = 60.0,
     ) -> None:
         super().__init__()
         self.stream, self.group, self.url, self.poll_interval = stream, group, url, poll_interval
-        self.retry, self.not_before = retry, not_before
+        self.retry, self.not_before, self.redeliver_after = retry, not_before, redeliver_after
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and arguments (how the triggerer re-creates it)."""
@@ -193,6 +198,7 @@ class RedisStreamTrigger(BaseEventTrigger):
                 "poll_interval": self.poll_interval,
                 "retry": self.retry,
                 "not_before": self.not_before,
+                "redeliver_after": self.redeliver_after,
             },
         )
 
@@ -223,44 +229,91 @@ class RedisStreamTrigger(BaseEventTrigger):
         return client
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield one event per message: this consumer's pending ones first, then new ones."""
+        """Yield one event per message: this consumer's pending ones first, then new ones.
+
+        A good message is not acknowledged here but by the run that takes it
+        (:func:`acknowledge`): Airflow records an event of a paused DAG's Asset and starts
+        no run for it, ever, and the triggerer keeps a paused DAG's trigger running until
+        the dag-processor next parses its file. So a message stays pending until a run has
+        it; one pending longer than ``redeliver_after`` seconds is handed over again, and
+        all of them whenever the trigger starts (the DAG unpaused, the triggerer back).
+        """
         client = await self._connect()
-        rejected = f"{self.stream}.rejected"
+        loop = asyncio.get_running_loop()
         try:
-            pending = True
+            min_idle: float = 0  # at start: every pending one
+            every = max(self.redeliver_after / 2, self.poll_interval)
+            due = loop.time()
             while True:
+                if loop.time() >= due:
+                    for key in self._streams:
+                        async for event in self._pending(client, key, min_idle):
+                            yield event
+                    min_idle, due = self.redeliver_after, loop.time() + every
                 reply = await client.xreadgroup(
                     self.group,
                     CONSUMER,
-                    {key: "0" if pending else ">" for key in self._streams},
+                    {key: ">" for key in self._streams},
                     count=16,
-                    block=None if pending else max(int(self.poll_interval * 1000), 1),
+                    block=max(int(self.poll_interval * 1000), 1),
                 )
-                batches = [(_text(key), entries) for key, entries in reply or []]
-                if pending and not any(entries for _, entries in batches):
-                    pending = False
-                    continue
-                for key, entries in batches:
+                for raw_key, entries in reply or []:
                     for raw_id, raw_fields in entries:
-                        entry_id = _text(raw_id)
-                        fields = {_text(k): _text(v) for k, v in (raw_fields or {}).items()}
-                        try:
-                            interval = message_interval(fields, self.not_before)
-                        except BadMessage as e:
-                            log.warning("%s %s: %s (copied to %s)", key, entry_id, e, rejected)
-                            copy = {"id": entry_id, "reason": str(e), "message": json.dumps(fields)}
-                            await client.xadd(rejected, copy)
-                        else:
-                            event = {"stream": self.stream, "id": entry_id, **interval}
-                            if fields.get("arrival"):  # a copy a run sent back
-                                event["id"], event["resent_by"] = (
-                                    fields["arrival"],
-                                    fields.get("resent_by", "?"),
-                                )
-                            yield TriggerEvent(event)
-                        await client.xack(key, self.group, entry_id)
+                        event = await self._event(client, _text(raw_key), raw_id, raw_fields)
+                        if event is not None:
+                            yield event
         finally:
             await client.aclose()
+
+    async def _pending(self, client: Any, key: str, min_idle: float) -> AsyncIterator[TriggerEvent]:
+        """Events again for this consumer's entries of ``key`` pending ``min_idle`` s or more.
+
+        ``XAUTOCLAIM`` restarts each one's idle time: the next time is ``redeliver_after``
+        later. Entries deleted from the stream meanwhile are acknowledged (nothing to run).
+        """
+        start = "0-0"
+        while True:
+            reply = await client.xautoclaim(
+                key, self.group, CONSUMER, int(min_idle * 1000), start, count=64
+            )
+            start, entries = _text(reply[0]), reply[1]
+            gone = [_text(i) for i in (reply[2] if len(reply) > 2 else [])]
+            gone += [_text(i) for i, fields in entries if fields is None]
+            if gone:
+                await client.xack(key, self.group, *gone)
+            for raw_id, raw_fields in entries:
+                if raw_fields is not None:
+                    event = await self._event(client, key, raw_id, raw_fields)
+                    if event is not None:
+                        log.info(
+                            "%s %s: no run took it yet, announced again",
+                            key,
+                            event.payload["entry"]["id"],
+                        )
+                        yield event
+            if start == "0-0":
+                return
+
+    async def _event(
+        self, client: Any, key: str, raw_id: Any, raw_fields: Mapping[Any, Any] | None
+    ) -> TriggerEvent | None:
+        """A message's event (left pending), or None for a bad one (copied, acknowledged)."""
+        entry_id = _text(raw_id)
+        fields = {_text(k): _text(v) for k, v in (raw_fields or {}).items()}
+        try:
+            interval = message_interval(fields, self.not_before)
+        except BadMessage as e:
+            rejected = f"{self.stream}.rejected"
+            log.warning("%s %s: %s (copied to %s)", key, entry_id, e, rejected)
+            copy = {"id": entry_id, "reason": str(e), "message": json.dumps(fields)}
+            await client.xadd(rejected, copy)
+            await client.xack(key, self.group, entry_id)
+            return None
+        event: dict[str, Any] = {"stream": self.stream, "id": entry_id, **interval}
+        if fields.get("arrival"):  # a copy a run sent back
+            event["id"], event["resent_by"] = fields["arrival"], fields.get("resent_by", "?")
+        event["entry"] = {"stream": key, "id": entry_id, "group": self.group}
+        return TriggerEvent(event)
 
 
 def kafka_message(message: Any, not_before: str | None = None) -> dict[str, Any] | None:
@@ -317,6 +370,7 @@ def stream_trigger(cfg: PipelineConfig, stream: TriggerStreamConfig) -> BaseEven
         stream.poll_interval_s,
         retry,
         cfg.start_date.isoformat(),
+        stream.redeliver_after_s,
     )
 
 
@@ -334,6 +388,7 @@ def claim(
     events: list[dict[str, Any]],
     run_id: str,
     send_back: Callable[[list[dict[str, Any]]], None],
+    acknowledge: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> dict[str, Any] | None:
     """Pick a run's arrival among every announced one no run took yet.
 
@@ -344,13 +399,16 @@ def claim(
     stream: each copy then starts a run of its own). What was taken is kept in
     ``state_path`` under a lock, so two runs never take the same, and only once the others
     were sent back (a failure to send leaves everything to the task's retry); a retried
-    task gets its earlier pick.
+    task gets its earlier pick. An arrival announced twice (its message handed over again,
+    see :meth:`RedisStreamTrigger.run`) counts once.
 
     Args:
         state_path: The pipeline's ``arrivals.json``.
         events: Payloads of the arrivals Asset's recent events, oldest first.
         run_id: This run.
         send_back: Sends arrivals back (:func:`requeue`).
+        acknowledge: Called, once what was taken is recorded, with the events whose
+            arrival a run took or that were sent back (:func:`acknowledge`).
 
     Returns:
         This run's arrival, or None when every one was taken.
@@ -367,12 +425,22 @@ def claim(
         except ValueError:
             state = {}
         taken: dict[str, str] = state.get("taken") or {}
+
+        def done(pick: dict[str, Any] | None) -> dict[str, Any] | None:
+            if acknowledge is not None:
+                acknowledge([e for e in events if arrival_id(e) in taken])
+            return pick
+
         mine = [e for e in events if taken.get(arrival_id(e)) == run_id]
         if mine:
-            return mine[0]
-        free = [e for e in events if arrival_id(e) not in taken]
+            return done(mine[0])
+        free, announced = [], set(taken)
+        for e in events:  # oldest first; an arrival announced again counts once
+            if arrival_id(e) not in announced:
+                announced.add(arrival_id(e))
+                free.append(e)
         if not free:
-            return None
+            return done(None)
         first, rest = free[0], free[1:]
         if rest:
             send_back(rest)
@@ -381,7 +449,7 @@ def claim(
             taken[arrival_id(e)] = f"sent back by {run_id}"
         seen = {arrival_id(e) for e in events}
         atomic_write_json(state_path, {"taken": {k: v for k, v in taken.items() if k in seen}})
-        return first
+        return done(first)
 
 
 def requeue(
@@ -418,6 +486,40 @@ def requeue(
     try:
         for m in messages:
             client.xadd(retry, m, maxlen=100_000, approximate=True)
+    finally:
+        client.close()
+
+
+def acknowledge(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> int:
+    """Acknowledge the Redis messages of arrivals a run took or sent back (``XACK``).
+
+    Until then a message stays pending in its trigger's consumer group, and the trigger
+    hands it over again (:meth:`RedisStreamTrigger.run`). Events without an ``entry``
+    (Kafka's, or an older trainyard's, acknowledged by their trigger) are left alone.
+
+    Returns:
+        How many entries were pending until now.
+    """
+    entries: dict[tuple[str, str], set[str]] = {}
+    for p in payloads:
+        entry = p.get("entry")
+        if isinstance(entry, dict) and {"stream", "group", "id"} <= set(entry):
+            entries.setdefault((str(entry["stream"]), str(entry["group"])), set()).add(
+                str(entry["id"])
+            )
+    if not entries or stream.engine != "redis":
+        return 0
+    import redis
+
+    from trainyard.settings import get_settings
+    from trainyard.streaming import redis_server
+
+    url = stream.url or get_settings().redis_url or redis_server.ensure_running()
+    client = redis.Redis.from_url(url)
+    try:
+        return sum(
+            int(client.xack(key, group, *sorted(ids))) for (key, group), ids in entries.items()
+        )
     finally:
         client.close()
 
@@ -461,8 +563,12 @@ def arrivals_task(cfg: PipelineConfig, asset: Asset) -> Any:
                 ", ".join(p["id"] for p in rest),
             )
 
+        def ack(resolved: list[dict[str, Any]]) -> None:
+            if acked := acknowledge(stream, resolved):
+                log.info("acknowledged %d message(s) on %s", acked, stream.name)
+
         state = Path(Layout(get_settings().volume_root).models(cfg.name)) / "arrivals.json"
-        mine = claim(state, events, run_id, send_back)
+        mine = claim(state, events, run_id, send_back, ack)
         if mine is None:
             raise AirflowSkipException(
                 f"every arrival announced on {stream.name} was taken by another run"
