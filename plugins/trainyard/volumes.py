@@ -344,7 +344,7 @@ def latest_validated(dataset: str, volume_root: Path | None = None) -> str | Non
         if not isinstance(sid, str) or not SNAPSHOT_RE.match(sid):
             continue
         snap = snapshot_dir(dataset, sid, volume_root)
-        if (snap / MANIFEST).is_file() and validation_state(snap)["state"] == "validated":
+        if (snap / MANIFEST).is_file() and validation_state(snap)["state"] != "rejected":
             return sid
     return None
 

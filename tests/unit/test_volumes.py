@@ -292,7 +292,7 @@ def test_cli_list_and_show(volume_root: Path):
     sid = make_snapshot(volume_root, "ds", 3, "2026-11-01T00:00:00+00:00")
     volumes.mark_validated("ds", sid, {})
     proc = cli("list")
-    assert proc.returncode == 0 and sid in proc.stdout and "*validated" in proc.stdout
+    assert proc.returncode == 0 and sid in proc.stdout and "*last validated" in proc.stdout
     shown = json.loads(cli("show", "ds", sid).stdout)
     assert shown["snapshot_id"] == sid and shown["rows"] == 3
     bad = cli("show", "ds", "nothex")
