@@ -11,6 +11,7 @@ Layout of one pipeline's registry (``<models_root>/<pipeline>/``)::
     .tmp/                        private in-progress copies, never read
     .lock                        ``flock`` serialising numbering and pointer moves
     .mirror.lock                 ``flock`` held while mirroring into a tracker (trainyard.tracking)
+    .deploy.lock                 ``flock`` held by a deploy, promote or rollback (serving too)
 
 A version directory appears only complete (copied into ``.tmp``, fsynced, renamed), and the
 champion pointer is replaced atomically and only ever names a published version, so a crash
@@ -21,6 +22,7 @@ line was lost to a crash is appended the next time the registry is changed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import json
@@ -104,6 +106,26 @@ class Registry:
         self._tmp_root = self.root / ".tmp"
 
     # ----------------------------------------------------------------- locking + hygiene
+
+    @contextmanager
+    def deploy_lock(self) -> Iterator[None]:
+        """Hold ``.deploy.lock``: one deploy, promote or rollback of the pipeline at a time.
+
+        Each reads the champion, changes what is served and moves the pointer; two at once
+        left the registry naming one champion and the server serving another (a deploy
+        that failed restored the champion it had read before the other's promotion).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".deploy.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("%s: waiting for another deploy, promote or rollback", self.pipeline)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     @contextmanager
     def _locked(self, strict: bool = True) -> Iterator[None]:
@@ -757,39 +779,42 @@ def cli_main(
     if version is not None and version not in (known := reg.list_versions()):
         listed = ", ".join(map(str, known)) or "none"
         parser.error(f"pipeline {reg.pipeline!r} has no version {version} (known: {listed})")
-    if args.action in ("promote", "rollback") and before_move is not None:
-        before_move(reg.pipeline)
-    out = sys.stdout
-    if args.action == "list":
-        out.write(_list(reg))
-    elif args.action == "show":
-        version = args.version if args.version is not None else reg.champion()
-        if version is None:
-            raise RegistryRefused(f"pipeline {reg.pipeline!r} has no champion; name a version")
-        shown = {
-            "version": version,
-            "champion": version == reg.champion(),
-            "path": str(reg.version_dir(version)),
-            "metadata": reg.metadata(version),
-            "metrics": reg.read_file(version, "metrics.json"),
-            "gate": reg.read_file(version, "gate.json"),
-        }
-        out.write(json.dumps(shown, indent=2, sort_keys=True, default=str) + "\n")
-    elif args.action == "promote":
-        if reg.promote(args.version, args.reason, args.actor, forced=args.force):
-            out.write(f"{reg.pipeline}: version {args.version} is now the champion\n")
-        else:
-            out.write(f"{reg.pipeline}: version {args.version} already is the champion\n")
-    elif args.action in ("approve", "reject"):
-        reg.record_approval(args.version, args.action == "approve", args.actor, args.reason)
-        said = "approved" if args.action == "approve" else "rejected"
-        out.write(f"{reg.pipeline}: version {args.version} {said} by {args.actor}\n")
-    elif args.action == "rollback":
-        target = reg.rollback(args.reason, args.actor, unserve=args.unserve)
-        out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")
-    if args.action in ("promote", "rollback") and after_move is not None:
-        out.write(after_move(reg.pipeline) + "\n")
-    elif args.action == "history":
-        for event in reg.history():
-            out.write(json.dumps(event, sort_keys=True) + "\n")
+    # a move and serving's following it are one step no deploy of the pipeline interleaves
+    moving = args.action in ("promote", "rollback")
+    with reg.deploy_lock() if moving else contextlib.nullcontext():
+        if args.action in ("promote", "rollback") and before_move is not None:
+            before_move(reg.pipeline)
+        out = sys.stdout
+        if args.action == "list":
+            out.write(_list(reg))
+        elif args.action == "show":
+            version = args.version if args.version is not None else reg.champion()
+            if version is None:
+                raise RegistryRefused(f"pipeline {reg.pipeline!r} has no champion; name a version")
+            shown = {
+                "version": version,
+                "champion": version == reg.champion(),
+                "path": str(reg.version_dir(version)),
+                "metadata": reg.metadata(version),
+                "metrics": reg.read_file(version, "metrics.json"),
+                "gate": reg.read_file(version, "gate.json"),
+            }
+            out.write(json.dumps(shown, indent=2, sort_keys=True, default=str) + "\n")
+        elif args.action == "promote":
+            if reg.promote(args.version, args.reason, args.actor, forced=args.force):
+                out.write(f"{reg.pipeline}: version {args.version} is now the champion\n")
+            else:
+                out.write(f"{reg.pipeline}: version {args.version} already is the champion\n")
+        elif args.action in ("approve", "reject"):
+            reg.record_approval(args.version, args.action == "approve", args.actor, args.reason)
+            said = "approved" if args.action == "approve" else "rejected"
+            out.write(f"{reg.pipeline}: version {args.version} {said} by {args.actor}\n")
+        elif args.action == "rollback":
+            target = reg.rollback(args.reason, args.actor, unserve=args.unserve)
+            out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")
+        if args.action in ("promote", "rollback") and after_move is not None:
+            out.write(after_move(reg.pipeline) + "\n")
+        elif args.action == "history":
+            for event in reg.history():
+                out.write(json.dumps(event, sort_keys=True) + "\n")
     return 0

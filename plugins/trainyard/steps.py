@@ -634,53 +634,60 @@ def deploy(
     if gate.get("verdict") not in ("promote", "forced"):
         reason = gate.get("reason") or "it has not been evaluated (run the evaluate step first)"
         raise DeployError(f"{cfg.name} version {version} may not be deployed: {reason}")
-    previous = registry.champion()
-    ensure_gated_against_champion(cfg.name, previous, version, gate)
-    promote_reason = promotion_reason(meta, gate)
-    if approved_by:
-        registry.record_approval(version, True, approved_by, approval_reason or "")
-    if cfg.gate.approval == "required":
-        answer = registry.read_file(version, "approval.json") or {}
-        if not answer.get("approved"):
-            said = (
-                f"{answer.get('actor')} rejected it: {answer.get('reason') or '(no reason)'}"
-                if answer
-                else "nobody has approved it"
-            )
-            raise DeployError(
-                f"{cfg.name} version {version} needs a person's approval (gate.approval: "
-                f"required) and {said}; approve it in the Airflow UI (Required Actions) or "
-                f"with python -m trainyard models approve --pipeline {cfg.name} {version} "
-                "--reason '...'"
-            )
-        actor = str(answer.get("actor"))
-        promote_reason = f"approved by {actor}: {answer.get('reason') or '(no reason given)'}"
-    smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
-    spec = feature_spec(contract)
-    champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
-    log.info(
-        "before the deploy: %s",
-        serve_champion(settings.serving_root, cfg.serving.model_name, previous, champion_dir, spec),
-    )
-    # On a cluster the deploy pod reaches TF Serving through its Service; locally the
-    # step starts the server itself when nothing answers on the port.
-    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
-    if host == cfg.serving.host:
-        ensure_local_server(settings.serving_root, host, cfg.serving.port)
-    result = deploy_version(
-        model_name=cfg.serving.model_name,
-        version=version,
-        model_dir=registry.version_dir(version) / "model",
-        serving_root=settings.serving_root,
-        host=host,
-        port=cfg.serving.port,
-        smoke_inputs=smoke.features,
-        expected=smoke.expected,
-        feature_spec=spec,
-        previous_version=previous,
-        timeout_s=120.0,
-        promote=lambda: registry.promote(version, reason=promote_reason, actor=actor or caller()),
-    )
+    # the champion read here is the one served, replaced and restored on failure: no other
+    # deploy, promote or rollback of the pipeline may move it meanwhile
+    with registry.deploy_lock():
+        previous = registry.champion()
+        ensure_gated_against_champion(cfg.name, previous, version, gate)
+        promote_reason = promotion_reason(meta, gate)
+        if approved_by:
+            registry.record_approval(version, True, approved_by, approval_reason or "")
+        if cfg.gate.approval == "required":
+            answer = registry.read_file(version, "approval.json") or {}
+            if not answer.get("approved"):
+                said = (
+                    f"{answer.get('actor')} rejected it: {answer.get('reason') or '(no reason)'}"
+                    if answer
+                    else "nobody has approved it"
+                )
+                raise DeployError(
+                    f"{cfg.name} version {version} needs a person's approval (gate.approval: "
+                    f"required) and {said}; approve it in the Airflow UI (Required Actions) or "
+                    f"with python -m trainyard models approve --pipeline {cfg.name} {version} "
+                    "--reason '...'"
+                )
+            actor = str(answer.get("actor"))
+            promote_reason = f"approved by {actor}: {answer.get('reason') or '(no reason given)'}"
+        smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
+        spec = feature_spec(contract)
+        champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
+        log.info(
+            "before the deploy: %s",
+            serve_champion(
+                settings.serving_root, cfg.serving.model_name, previous, champion_dir, spec
+            ),
+        )
+        # On a cluster the deploy pod reaches TF Serving through its Service; locally the
+        # step starts the server itself when nothing answers on the port.
+        host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+        if host == cfg.serving.host:
+            ensure_local_server(settings.serving_root, host, cfg.serving.port)
+        result = deploy_version(
+            model_name=cfg.serving.model_name,
+            version=version,
+            model_dir=registry.version_dir(version) / "model",
+            serving_root=settings.serving_root,
+            host=host,
+            port=cfg.serving.port,
+            smoke_inputs=smoke.features,
+            expected=smoke.expected,
+            feature_spec=spec,
+            previous_version=previous,
+            timeout_s=120.0,
+            promote=lambda: registry.promote(
+                version, reason=promote_reason, actor=actor or caller()
+            ),
+        )
     _mirror(cfg, registry, None)
     return {
         "version": version,

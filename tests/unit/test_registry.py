@@ -656,3 +656,45 @@ def test_cli_promote_refuses_a_serving_port_held_by_something_else(
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port} is in use by something that is not a model server" in err
     assert reg.champion() is None and reg.history() == []
+
+
+def test_a_promotion_waits_for_a_deploy_of_the_pipeline(reg: Registry, tmp_path: Path) -> None:
+    """Found by a cold user: two runs of one day at once left the registry naming version 6
+    and the server serving 4 (a failed deploy restored the champion it had read before the
+    other run's promotion). A deploy, promote or rollback now holds the pipeline's deploy
+    lock from reading the champion to serving the new one."""
+    reg.register(make_model(tmp_path), meta())
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_DEPLOY_LOCK, str(reg.root / ".deploy.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    promote = None
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        argv = ["models", "promote", "--pipeline", "digits", "1", "--reason", "r"]
+        promote = subprocess.Popen(
+            [sys.executable, "-m", "trainyard", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)  # the holder lets go after 3 s
+        assert promote.poll() is None and reg.champion() is None
+        out, err = promote.communicate(timeout=180)
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if promote is not None and promote.poll() is None:
+            promote.kill()
+    assert promote.returncode == 0, err
+    assert reg.champion() == 1 and "version 1 is now the champion" in out
+
+
+_HOLD_DEPLOY_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(3)
+"""
