@@ -45,6 +45,10 @@ class ValidationFailed(TrainyardError):
     """A snapshot broke a blocking rule of its data contract (the data is invalid)."""
 
 
+class DaysFailed(TrainyardError):
+    """Days of a ``trainyard run`` range failed on their data, and nothing trained."""
+
+
 class TrainingError(TrainyardError):
     """Distributed training failed after all attempts (or deterministically, e.g. NaN loss)."""
 

@@ -39,10 +39,13 @@ from trainyard.config import (
 )
 from trainyard.errors import (
     ConfigError,
+    DaysFailed,
     DeployError,
     RegistryError,
     RegistryRefused,
     SnapshotError,
+    SourceInvalid,
+    SourceMissing,
     StepSkipped,
     TrainyardError,
     ValidationFailed,
@@ -207,8 +210,6 @@ def stage(
             "given": True,
             "checked": "snapshot given by the run (trigger form or Asset event): nothing staged",
         }
-    from trainyard.errors import SourceMissing
-
     try:
         result = stage_source(cfg, interval_start, interval_end)
     except SourceMissing as e:
@@ -887,6 +888,11 @@ def format_summary(record: dict[str, Any]) -> str:
     if record.get("skipped"):
         days = record["skipped"]
         lines.append(f"skipped       {', '.join(days)}: nothing to stage (source.when_missing)")
+    if record.get("failed_days"):
+        days = list(record["failed_days"])
+        lines.append(
+            f"failed        {', '.join(days)}: their data (the range went on without them)"
+        )
     if dep:
         lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
         lines.append(f"prediction    {_fmt_prediction(dep)}")
@@ -1082,6 +1088,7 @@ def run_all(
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     record: dict[str, Any] = {}
     skipped: dict[str, str] = {}  # day: why
+    rejected: dict[str, str] = {}  # day: the error (bad data: no retry fixes it)
     for i, (start, end) in enumerate(intervals):
         start, end = start[:10], end[:10]  # as the DAG's steps get them (run_interval): days
         last = i == len(intervals) - 1
@@ -1092,13 +1099,20 @@ def run_all(
         results: dict[str, Any] = {}
         try:
             results["stage"] = stage(pipeline, start, end)
+            snap = results["stage"]["snapshot_id"]
+            results["validate"] = validate(pipeline, snap, start)
         except StepSkipped as e:
             skipped[start] = str(e)
             # as its DAG run: this day's tasks skip, the range goes on
             log.warning("%s: skipped: %s", start, e)
             continue
-        snap = results["stage"]["snapshot_id"]
-        results["validate"] = validate(pipeline, snap, start)
+        except (SourceInvalid, SourceMissing, ValidationFailed) as e:
+            if len(intervals) == 1:
+                raise
+            # as its DAG run: this day fails alone, the range goes on
+            rejected[start] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            log.error("%s: failed: %s", start, e)
+            continue
         if trains:
             window = results["validate"]["window"]
             try:
@@ -1133,10 +1147,15 @@ def run_all(
                 )  # fmt: skip
                 results["approve"] = {"approved": None, "by": None, "reason": "waiting"}
         record = summary(pipeline, run_id, results, log_it=not last)  # the CLI prints the last
+    if rejected and (not record or rejected.get(intervals[-1][0][:10])):
+        days = "; ".join(f"{day}: {why}" for day, why in rejected.items())
+        raise DaysFailed(f"{len(rejected)} day(s) failed on their data, nothing trained: {days}")
     if not record:
         raise StepSkipped("; ".join(f"{day}: {why}" for day, why in skipped.items()))
     if skipped:
         record["skipped"] = list(skipped)
+    if rejected:
+        record["failed_days"] = rejected
     return record
 
 
@@ -1395,6 +1414,7 @@ def deterministic(error: BaseException) -> bool:
     """Whether no retry can fix this failure (bad config or data, rejection, damage)."""
     from trainyard.errors import (
         ConfigError,
+        DaysFailed,
         DeployError,
         GateRejected,
         RegistryRefused,
@@ -1409,6 +1429,7 @@ def deterministic(error: BaseException) -> bool:
     return isinstance(
         error,
         ConfigError
+        | DaysFailed
         | ValidationFailed
         | GateRejected
         | RegistryRefused
@@ -1506,6 +1527,10 @@ def run_cli_main(argv: list[str]) -> int:
         _report_error(f"trainyard run: skipped: {e}")
         return EXIT_SKIPPED
     sys.stdout.write(format_summary(record) + "\n")
+    if record.get("failed_days"):  # the range went on without them, as a backfill does
+        days = "; ".join(f"{day}: {why}" for day, why in record["failed_days"].items())
+        _report_error(f"trainyard run: {len(record['failed_days'])} day(s) failed: {days}")
+        return EXIT_DETERMINISTIC
     return EXIT_OK
 
 

@@ -155,7 +155,11 @@ def test_the_rendered_stage_pod_skips_on_the_local_runner(
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "trainyard", "run", "--pipeline", "cancer_skip", *args]
+    return _run_pipeline(env, "cancer_skip", *args)
+
+
+def _run_pipeline(env: dict[str, str], pipeline: str, *args: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "trainyard", "run", "--pipeline", pipeline, *args]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -185,3 +189,29 @@ def test_stage_says_what_it_staged_once(env) -> None:
     assert out.returncode == EXIT_OK, out.stderr
     said = [line for line in out.stderr.splitlines() if "staged cancer: snapshot" in line]
     assert len(said) == 1, out.stderr
+
+
+def test_trainyard_run_goes_on_past_a_day_whose_data_fails(env, tmp_path: Path) -> None:
+    """Found by a cold user: a range stopped at its first rejected day, leaving the days
+    after it unstaged, though a backfill's runs fail alone. Here the first and the last
+    day break the contract: the middle one is staged and validated, nothing trains (the
+    last day's run would), and the exit names both days."""
+    raw = tmp_path / "raw"
+    write_days(raw, ["2026-11-01", "2026-11-02"])
+    for day in ("2026-11-01", DAY):
+        rows = read_csv(raw / f"{day}.csv")
+        rows[3]["mean_radius"] = "-7.5"  # the contract says min 0
+        write_csv(raw / f"{day}.csv", rows)
+    out = _run_pipeline(env, "cancer_fail", "--ds", "2026-11-01", "--end-ds", DAY)
+    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainyard run: DaysFailed: 2 day(s) failed on their data, nothing"), (
+        last
+    )
+    assert "2026-11-01: ValidationFailed: " in last and f"{DAY}: ValidationFailed: " in last
+    assert "2026-11-02: failed" not in out.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "trainyard", "snapshots", "list", "cancer"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "[2026-11-02" in listed.stdout and "*last validated" in listed.stdout, listed.stdout
