@@ -11,6 +11,7 @@ YAML is loaded with the safe loader only, so tags that construct objects are ref
 from __future__ import annotations
 
 import json
+import keyword
 import math
 import re
 import sys
@@ -593,6 +594,15 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
         need_column(["roles", "features", i], feature, numeric=True)
         if feature in (roles["key"], roles["label"]):
             errs.append(where(["roles", "features", i], f"{feature!r} is also the key or label"))
+        if keyword.iskeyword(feature) or feature.startswith("__"):
+            # each feature names an argument of the SavedModel's serving signature
+            errs.append(
+                where(
+                    ["roles", "features", i],
+                    f"{feature!r} cannot name an input of the exported model (a Python "
+                    "keyword, or a name starting with __): rename the column",
+                )
+            )
         at = next((j for j, c in enumerate(raw["columns"]) if c["name"] == feature), None)
         col = raw["columns"][at] if at is not None else {}
         severity = col.get("severity")

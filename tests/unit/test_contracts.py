@@ -260,3 +260,21 @@ def test_a_final_dollar_is_the_values_end(regex: str | None, searched: str | Non
     if regex == "^ev-[0-9]+$":  # Python's $ takes a final newline; the value's end does not
         assert re.search(regex, "ev-1\n") and re.search(searched, "ev-1")
         assert not re.search(searched, "ev-1\n")
+
+
+@pytest.mark.parametrize("name", ["class", "lambda", "__x", "__init__"])
+def test_a_feature_that_cannot_name_a_model_input_is_refused(name: str) -> None:
+    """Found by a cold user: features named ``class`` and ``__x`` passed every check, then
+    failed the SavedModel export after training, three times (retried as if that helped)."""
+    minimal = (FIXTURES / "positive" / "minimal.yaml").read_text()
+
+    def named(feature: str) -> str:
+        return minimal.replace("  - name: x\n", f"  - name: {feature}\n").replace(
+            "[x]", f"[{feature}]"
+        )
+
+    why = rf"roles\.features\[0\]: '{name}' cannot name an input"
+    with pytest.raises(ContractError, match=why):
+        parse_contract_text(named(name), Path("minimal.yaml"))
+    fine = parse_contract_text(named(name.strip("_") + "_"), Path("minimal.yaml"))
+    assert fine.roles.features == [name.strip("_") + "_"]
