@@ -225,3 +225,27 @@ def test_a_snapshot_rejected_on_revalidation_is_no_longer_the_last_validated(
     line = next(t for t in lines if newer in t)
     assert "REJECTED" in line and "validated" not in line, line
     assert "*last validated" in next(t for t in lines if older in t)
+
+
+def test_a_contract_edit_staging_depends_on_reads_the_source_again(
+    tmp_path: Path, raw: Path
+) -> None:
+    """Found by a cold user: after a contract edit without a new version, staging said
+    "same contract (listed, not re-read)". A rule's bound does not change what staging
+    writes (validation applies it again, and says so); a column's type does, and the
+    source is read again."""
+    cfg = _cfg(raw)
+    first = stage(cfg, START, END, quiet=True)
+    contract = tmp_path / "contracts" / "cancer.yaml"
+    text = contract.read_text()
+    contract.write_text(text.replace("name: mean_radius\n", "name: mean_radius\n  max: 27\n", 1))
+    bound = stage(cfg, START, END, quiet=True)
+    assert bound.reused and "validation applies the contract's rules again" in bound.checked
+    typed = text.replace(
+        "name: mean_texture\n  type: float64", "name: mean_texture\n  type: float32"
+    )
+    assert typed != text
+    contract.write_text(typed)
+    retyped = stage(cfg, START, END, quiet=True)
+    assert not retyped.reused and retyped.snapshot_id != first.snapshot_id
+    assert "the contract's version or columns differ" in retyped.checked

@@ -124,12 +124,13 @@ def _recheck(
     if record["source_fingerprint"] != fingerprint:
         return None, (
             f"the source changed since snapshot {sid} was staged at {record.get('staged_at')} "
-            "(file sizes, modification times or the contract version differ)"
+            "(file sizes, modification times, or the contract's version or columns differ)"
         )
     return path, (
         f"source unchanged since {record.get('staged_at')}: {_files(src_files)}, "
         f"{human_bytes(src_bytes)}, same names, sizes and modification times, same contract "
-        "(listed, not re-read)"
+        "version and columns (listed, not re-read; validation applies the contract's rules "
+        "again)"
     )
 
 
@@ -175,7 +176,8 @@ def stage(
         quiet: No progress line and no summary on stderr.
 
     An interval that was staged before is not re-read while its source lists the same
-    files (names, sizes, modification times) under the same contract version and its
+    files (names, sizes, modification times) under the same contract terms (version,
+    columns and their types, extension) and its
     snapshot was not rejected. Otherwise content decides: the source is read again, and a
     different content becomes a new snapshot the interval points at (its record keeps the
     snapshots it pointed at before, in ``replaced``). A source that is gone still maps to a
@@ -233,7 +235,7 @@ def _stage(
             raise
         _report(kept, quiet)
         return kept
-    fingerprint = src.fingerprint(contract.version)
+    fingerprint = src.fingerprint(contract.staging_terms)
     kept_path, why = (
         (None, "a re-stage was asked for")
         if restage

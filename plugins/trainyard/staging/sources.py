@@ -63,6 +63,17 @@ class ContractInfo:
     extension: str | None
     allow_extra_columns: bool = False
 
+    @property
+    def staging_terms(self) -> str:
+        """Everything of the contract staging reads, as one string.
+
+        Its version, columns, extension and extras rule: a source listed the same under the
+        same terms needs no reading, and an edit of these without a new version (a column's
+        type) still counts as a change.
+        """
+        cols = ";".join(f"{c.name}:{c.type}:{c.nullable}" for c in self.columns)
+        return f"{self.version}\0{cols}\0{self.extension}\0{self.allow_extra_columns}"
+
 
 def read_contract(dataset: str) -> ContractInfo:
     """The part of ``<contracts_dir>/<dataset>.yaml`` staging needs, checked in full.
@@ -241,15 +252,16 @@ class Source:
             "bytes": self.total_bytes,
         }
 
-    def fingerprint(self, contract_version: str) -> str:
+    def fingerprint(self, contract_terms: str) -> str:
         """A digest of the listing: every file's relative path, size and modification stamp.
 
-        Staging the same listing under the same contract version gives the same snapshot,
-        so an interval whose fingerprint did not change need not be read again; any
-        rewritten, added or removed file (or a new contract version) changes it.
+        Staging the same listing under the same contract terms gives the same snapshot, so
+        an interval whose fingerprint did not change need not be read again; any
+        rewritten, added or removed file (or a contract that stages otherwise) changes it.
 
         Args:
-            contract_version: The contract the data is cast to.
+            contract_terms: What of the contract the data is staged by
+                (:attr:`ContractInfo.staging_terms`).
 
         Returns:
             32 hex digits.
@@ -257,7 +269,7 @@ class Source:
         import hashlib
 
         h = hashlib.blake2b(digest_size=16)
-        h.update(f"{self.format}\0{contract_version}\0".encode())
+        h.update(f"{self.format}\0{contract_terms}\0".encode())
         if self.native is not None:
             h.update(self.native.names)
             h.update(self.native.file_dir.tobytes())
