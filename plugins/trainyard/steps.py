@@ -875,7 +875,9 @@ def format_summary(record: dict[str, Any]) -> str:
         f"{_fmt_seconds(tr.get('seconds'))}" + _fmt_window(tr.get("window") or val.get("window")),
         f"metrics       {_fmt_metrics(gate.get('metrics') or {})}",
         f"champion      {_champion_text(gate)}",
-        f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}",
+        f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}"
+        if gate
+        else f"gate          not run: {_why_not_evaluated(record)}",
     ]
     answer = record.get("approve")
     if isinstance(answer, dict):
@@ -923,7 +925,18 @@ def _fmt_staged(staged: dict[str, Any]) -> str:
     return f" ({state}: {checked})" if checked else f" ({state})"
 
 
+def _why_not_evaluated(record: dict[str, Any]) -> str:
+    """Why a run's record has no gate decision."""
+    if record.get("train") or record.get("register"):
+        return "the run stopped before the gate"
+    if record.get("validate") and (record.get("validate") or {}).get("success"):
+        return "this run did not train (backfill_training, or a dry run)"
+    return "nothing to evaluate"
+
+
 def _champion_text(gate: dict[str, Any]) -> str:
+    if not gate:  # the run did not train (a backfill's earlier day, a dry run, a failure)
+        return "not compared (this run evaluated nothing)"
     metrics = _fmt_metrics(gate.get("champion_metrics") or {})
     if metrics:
         return metrics
