@@ -127,9 +127,9 @@ def positive_float(text: str) -> float:
 
 def day(text: str) -> dt.date:
     """A calendar day written ``YYYY-MM-DD``."""
+    if len(text) != 10 or not all(text[i].isdigit() for i in (0, 1, 2, 3, 5, 6, 8, 9)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day written YYYY-MM-DD")
     try:
-        if len(text) != 10:
-            raise ValueError(text)
         return dt.date.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a day written YYYY-MM-DD") from None
+    except ValueError as e:  # written so, but no such day (2026-11-31)
+        raise argparse.ArgumentTypeError(f"{text!r} is no calendar day ({e})") from None

@@ -1526,6 +1526,10 @@ def run_cli_main(argv: list[str]) -> int:
         p.error(f"--{e}")
     try:
         cfg = load_pipeline(args.pipeline)
+    except ConfigError as e:  # an unknown pipeline or a config that cannot run, as for a step
+        _report_error(f"trainyard run: {type(e).__name__}: {e}")
+        return EXIT_DETERMINISTIC
+    try:
         intervals = data_intervals(cfg, args.ds, args.end_ds) if args.ds else None
     except ConfigError as e:
         p.error(str(e))

@@ -94,6 +94,11 @@ def test_a_day_not_written_yyyy_mm_dd_says_how(text: str) -> None:
     assert str(argtypes.day("2026-11-05")) == "2026-11-05"
 
 
+def test_a_day_that_does_not_exist_says_so() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="'2026-11-31' is no calendar day"):
+        argtypes.day("2026-11-31")
+
+
 def test_an_unknown_training_override_is_a_usage_error() -> None:
     """Found by a cold user: ``run --overrides '{"epoch": 2}'`` exited 3 (a failure no retry
     fixes), though the README calls an unknown option a usage error (2)."""
@@ -107,3 +112,18 @@ def test_an_unknown_training_override_is_a_usage_error() -> None:
     )
     assert got.returncode == 2, got
     assert "--overrides: unknown training override(s) ['epoch']" in got.stderr
+
+
+def test_run_of_an_unknown_pipeline_exits_3_as_a_step_does() -> None:
+    """Found by a cold user: ``run --pipeline sensor`` exited 2 and ``stage`` 3; the README
+    gives 3 for an unknown pipeline."""
+    for command in ("run", "stage"):
+        got = subprocess.run(
+            [sys.executable, "-m", "trainyard", command, "--pipeline", "nope_not_here"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=ENV,
+        )
+        assert got.returncode == 3, (command, got.stderr)
+        assert "ConfigError: unknown pipeline 'nope_not_here'" in got.stderr
