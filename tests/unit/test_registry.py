@@ -654,7 +654,8 @@ def test_cli_promote_refuses_a_serving_port_held_by_something_else(
         code = cli(["models", "promote", "--pipeline", "digits", "1", "--reason", "first"])
     assert code == 3
     err = capsys.readouterr().err
-    assert f"127.0.0.1:{port} is in use by something that is not a model server" in err
+    assert f"127.0.0.1:{port} is in use by something that is not a model server: stop" in err
+    assert "or give this pipeline another serving.port" in err
     assert reg.champion() is None and reg.history() == []
 
 

@@ -432,3 +432,15 @@ def test_a_column_no_contract_can_name_says_to_rename_or_drop_it(
     message = refused(volume_root, "tx", src, f"column {name!r} is not in the contract", fmt="csv")
     assert "no contract can name it" in message and "rename it in the source" in message
     assert "declare it" not in message
+
+
+def test_a_header_name_with_a_space_around_it_is_pointed_out(
+    volume_root: Path, table_contract: Path, tmp_path: Path
+):
+    """Found by a cold user: ``column 'x' of the contract is missing (header: id, x , y)``
+    did not show the trailing space that made it so."""
+    write_contract(table_contract)
+    src = tmp_path / "tx.csv"
+    src.write_text("id,x ,y\na,1.0,0\nb,2.0,1\n")
+    message = refused(volume_root, "tx", src, "column 'x' of the contract is missing", fmt="csv")
+    assert "the header has 'x ', with spaces around it (header: id, 'x ', y)" in message

@@ -443,7 +443,10 @@ def check_port_is_ours(serving_root: Path, host: str, port: int) -> None:
     with contextlib.suppress(OSError):
         probe = socket.create_connection((host, port), timeout=1.0)
         probe.close()
-        raise DeployError(f"{host}:{port} is in use by something that is not a model server")
+        raise DeployError(
+            f"{host}:{port} is in use by something that is not a model server: stop what "
+            "listens there, or give this pipeline another serving.port"
+        )
 
 
 def ensure_local_server(

@@ -349,9 +349,11 @@ def _read_csv(
     _check_unique(header, f"{f.path}: row 1 (header)")
     missing = [n for n in schema.names if n not in header]
     if missing:
+        spaced = next((h for h in header if h.strip() == missing[0]), None)
+        hint = f": the header has {spaced!r}, with spaces around it" if spaced else ""
         raise SourceInvalid(
-            f"{f.path}: row 1 (header): column {missing[0]!r} of the contract is missing "
-            f"(header: {', '.join(header)})"
+            f"{f.path}: row 1 (header): column {missing[0]!r} of the contract is missing"
+            f"{hint} (header: {', '.join(repr(h) if h != h.strip() else h for h in header)})"
         )
     _check_extra(header, schema, allow_extra, f"{f.path}: row 1 (header)")
     stream = pa.OSFile(f.path, "rb") if src.is_local else src.fs.open(f.path, "rb")
