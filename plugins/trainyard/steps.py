@@ -287,8 +287,7 @@ def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None)
     from trainyard.validation import validate as run_validation
 
     cfg = load_pipeline(pipeline)
-    result = run_validation(cfg, snapshot_id, interval_start)
-    log.info("validation of %s:\n%s", snapshot_id, result.table)
+    result = run_validation(cfg, snapshot_id, interval_start)  # it logs its table
     window = cfg.training.window if interval_start else "newest"
     entries = volumes.training_window(cfg.dataset, window, snapshot_id, interval_start)
     log.info(

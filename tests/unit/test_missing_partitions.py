@@ -215,3 +215,17 @@ def test_trainyard_run_goes_on_past_a_day_whose_data_fails(env, tmp_path: Path) 
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert "[2026-11-02" in listed.stdout and "*last validated" in listed.stdout, listed.stdout
+
+
+def test_validate_logs_its_table_once(env) -> None:
+    """Found by a cold user: ``run`` printed each validation table twice."""
+    staged = _stage(env, "cancer_fail", DAY)
+    assert staged.returncode == EXIT_OK, staged.stderr
+    sid = json.loads(staged.stdout)["snapshot_id"]
+    argv = [sys.executable, "-m", "trainyard", "validate", "--pipeline", "cancer_fail"]
+    out = subprocess.run(
+        [*argv, "--snapshot-id", sid], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == EXIT_OK, out.stderr
+    assert out.stderr.count(f"validation of cancer/{sid}:") == 1, out.stderr
+    assert f"validation of {sid}:" not in out.stderr
