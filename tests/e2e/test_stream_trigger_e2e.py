@@ -56,17 +56,7 @@ def test_messages_on_the_stream_start_a_run_per_announced_day(tmp_path: Path) ->
     try:
         with standalone(project, api_port, tmp_path / "standalone.log") as base:
             env = StandaloneEnv(project, base, admin_password(project))
-            end = time.monotonic() + 240
-            while env.get(f"/api/v2/dags/{DAG}")[0] != 200:
-                assert time.monotonic() < end, f"{DAG} never appeared"
-                time.sleep(2)
-            env.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
-            # the watcher's consumer group exists once the triggerer runs the trigger
-            end = time.monotonic() + 300
-            group = b"trainyard-trigger-digits"
-            while not any(g.get("name") in (group, group.decode()) for g in _groups(client)):
-                assert time.monotonic() < end, "the triggerer never started the stream trigger"
-                time.sleep(1)
+            _unpause_and_wait_for_the_trigger(env, client, "trainyard-trigger-digits")
             client.xadd(STREAM, {"ds": "2026-11-20"})
             client.xadd(STREAM, {"ds": "2026-11-32"})
             client.xadd(STREAM, {"ds": "2026-11-21"})
@@ -142,15 +132,7 @@ def test_messages_taken_while_the_dag_is_paused_start_their_runs_when_it_is_unpa
     try:
         with standalone(project, api_port, tmp_path / "standalone.log") as base:
             env = StandaloneEnv(project, base, admin_password(project))
-            end = time.monotonic() + 240
-            while env.get(f"/api/v2/dags/{DAG}")[0] != 200:
-                assert time.monotonic() < end, f"{DAG} never appeared"
-                time.sleep(2)
-            env.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
-            end = time.monotonic() + 300
-            while _group(client, group) is None:
-                assert time.monotonic() < end, "the triggerer never started the stream trigger"
-                time.sleep(1)
+            _unpause_and_wait_for_the_trigger(env, client, group)
 
             # the user's steps: pause, two messages at once, unpause a few seconds later
             env.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": True})
@@ -182,6 +164,20 @@ def test_messages_taken_while_the_dag_is_paused_start_their_runs_when_it_is_unpa
     finally:
         client.close()
         redis_server.stop(redis_dir)
+
+
+def _unpause_and_wait_for_the_trigger(env: StandaloneEnv, client: object, group: str) -> None:
+    """Unpause the DAG once it is parsed; wait until the triggerer runs its stream trigger
+    (the watcher's consumer group then exists)."""
+    end = time.monotonic() + 240
+    while env.get(f"/api/v2/dags/{DAG}")[0] != 200:
+        assert time.monotonic() < end, f"{DAG} never appeared"
+        time.sleep(2)
+    env.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
+    end = time.monotonic() + 300
+    while _group(client, group) is None:
+        assert time.monotonic() < end, "the triggerer never started the stream trigger"
+        time.sleep(1)
 
 
 def _group(client: object, name: str) -> dict | None:

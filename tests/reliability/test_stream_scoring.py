@@ -188,16 +188,7 @@ def test_kill_restart_and_promotion_score_every_record_once(project) -> None:
 
 def test_scorer_waits_for_a_server_that_is_down(project, tmp_path: Path) -> None:
     """Back-pressure: with no server the scorer reads one window of batches and waits."""
-    env = dict(project["env"])
-    pipelines = Path(env["TRAINYARD_PIPELINES_DIR"])
-    down = tmp_path / "pipelines"
-    down.mkdir()
-    text = (pipelines / "events.yaml").read_text()
-    text = text.replace(f"port: {project['port']}", f"port: {free_port()}")
-    text = text.replace("events.in", "down.in").replace("events.scores", "down.scores")
-    (down / "events.yaml").write_text(text.replace("events.dead", "down.dead"))
-    env["TRAINYARD_PIPELINES_DIR"] = str(down)
-    streams = Streams("down.in", "down.scores", "down.dead", "trainyard-events")
+    env, streams = _down_project(project, tmp_path, "down")
     engine = RedisStreams(project["url"], streams, consumer="test-producer")
     records, _ = make_records(2000, seed=5)
     engine.produce([(None, v) for v in records])
