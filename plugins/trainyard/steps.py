@@ -620,6 +620,7 @@ def deploy(
     from trainyard import evaluation
     from trainyard.contracts import feature_spec, load_contract
     from trainyard.registry import caller
+    from trainyard.serving import serving_host
     from trainyard.serving.deploy import deploy as deploy_version
     from trainyard.serving.deploy import ensure_local_server, serve_champion
 
@@ -669,7 +670,7 @@ def deploy(
         )
         # On a cluster the deploy pod reaches TF Serving through its Service; locally the
         # step starts the server itself when nothing answers on the port.
-        host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+        host = serving_host(cfg)
         if host == cfg.serving.host:
             ensure_local_server(settings.serving_root, host, cfg.serving.port)
         result = deploy_version(
@@ -753,6 +754,7 @@ def follow_registry(pipeline: str) -> str:
         One line saying what is served now, and where.
     """
     from trainyard.contracts import feature_spec, load_contract
+    from trainyard.serving import serving_host
     from trainyard.serving.client import ServingClient
     from trainyard.serving.deploy import ensure_local_server, serve_champion, wait_available
 
@@ -766,7 +768,7 @@ def follow_registry(pipeline: str) -> str:
         settings.serving_root, cfg.serving.model_name, champion, model_dir, spec
     )
     if champion is not None:
-        host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+        host = serving_host(cfg)
         where = f"{host}:{cfg.serving.port}"
         try:
             if host == cfg.serving.host:
@@ -1570,10 +1572,11 @@ def _check_before_move(pipeline: str) -> None:
     The pipeline's names, and locally its serving port (one taken by something else
     would leave the new champion unserved).
     """
+    from trainyard.serving import serving_host
     from trainyard.serving.deploy import check_port_is_ours
 
     cfg = load_pipeline(pipeline)
     ensure_own_names(cfg)
-    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    host = serving_host(cfg)
     if host == cfg.serving.host:
         check_port_is_ours(get_settings().serving_root, host, cfg.serving.port)

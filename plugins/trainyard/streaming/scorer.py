@@ -72,6 +72,7 @@ from trainyard.argtypes import positive_float, positive_int
 from trainyard.config import PipelineConfig, ensure_own_names, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
 from trainyard.fsutil import atomic_write_json, cmdline_has, process_alive, terminate
+from trainyard.serving import serving_host
 from trainyard.serving.client import ServingClient
 from trainyard.settings import get_settings
 from trainyard.streaming.engines import (
@@ -826,7 +827,7 @@ def previous_failure(status_file: Path | None) -> str | None:
 
 def model_unreachable(cfg: PipelineConfig, timeout_s: float = 5.0) -> str | None:
     """Why the pipeline's model server cannot score now (down, or no version served), or None."""
-    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    host = serving_host(cfg)
     endpoint = ModelEndpoint(host, cfg.serving.port, cfg.serving.model_name, timeout_s=timeout_s)
     try:
         endpoint.resolve()
@@ -861,7 +862,7 @@ def build_scorer(
     sc = cfg.scoring
     streams_of(cfg)  # one clear error when there is nothing to score
     checker = RecordChecker(load_contract(cfg.dataset))
-    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    host = serving_host(cfg)
     endpoint = ModelEndpoint(
         host, cfg.serving.port, cfg.serving.model_name, timeout_s=sc.request_timeout_s
     )
