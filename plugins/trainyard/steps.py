@@ -1065,6 +1065,16 @@ RUN_FORCE_KEYS = frozenset({"force_promote", "force_reason"})
 """``trainyard run --overrides`` keys that force the gate, not training parameters."""
 
 
+def _training_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The training parameters among ``trainyard run --overrides`` (no :data:`RUN_FORCE_KEYS`)."""
+    return {k: v for k, v in overrides.items() if k not in RUN_FORCE_KEYS}
+
+
+def _days_text(days: dict[str, str]) -> str:
+    """``day: why; day: why`` for the days a ``trainyard run`` range skipped or failed."""
+    return "; ".join(f"{day}: {why}" for day, why in days.items())
+
+
 def run_all(
     pipeline: str,
     overrides: dict[str, Any] | None = None,
@@ -1094,7 +1104,7 @@ def run_all(
     overrides = overrides_object(overrides)
     if overrides.get("force_promote") and not overrides.get("force_reason"):
         raise ConfigError("force_promote needs a force_reason (recorded with who and when)")
-    training = {k: v for k, v in overrides.items() if k not in RUN_FORCE_KEYS}
+    training = _training_overrides(overrides)
     cfg = load_pipeline(pipeline)
     training_params(cfg, training)  # refuse bad overrides before staging
     intervals = intervals or data_intervals(cfg)
@@ -1162,10 +1172,11 @@ def run_all(
                 results["approve"] = {"approved": None, "by": None, "reason": "waiting"}
         record = summary(pipeline, run_id, results, log_it=not last)  # the CLI prints the last
     if rejected and (not record or rejected.get(intervals[-1][0][:10])):
-        days = "; ".join(f"{day}: {why}" for day, why in rejected.items())
-        raise DaysFailed(f"{len(rejected)} day(s) failed on their data, nothing trained: {days}")
+        raise DaysFailed(
+            f"{len(rejected)} day(s) failed on their data, nothing trained: {_days_text(rejected)}"
+        )
     if not record:
-        raise StepSkipped("; ".join(f"{day}: {why}" for day, why in skipped.items()))
+        raise StepSkipped(_days_text(skipped))
     if skipped:
         record["skipped"] = list(skipped)
     if rejected:
@@ -1534,9 +1545,9 @@ def run_cli_main(argv: list[str]) -> int:
         intervals = data_intervals(cfg, args.ds, args.end_ds) if args.ds else None
     except ConfigError as e:
         p.error(str(e))
-    training = {k: v for k, v in args.overrides.items() if k not in RUN_FORCE_KEYS}
     try:
-        training_params(cfg, training)  # an unknown or ill-typed option: a usage error
+        # an unknown or ill-typed option: a usage error
+        training_params(cfg, _training_overrides(args.overrides))
     except ConfigError as e:
         p.error(f"--overrides: {e}")
     try:
@@ -1546,8 +1557,8 @@ def run_cli_main(argv: list[str]) -> int:
         return EXIT_SKIPPED
     sys.stdout.write(format_summary(record) + "\n")
     if record.get("failed_days"):  # the range went on without them, as a backfill does
-        days = "; ".join(f"{day}: {why}" for day, why in record["failed_days"].items())
-        _report_error(f"trainyard run: {len(record['failed_days'])} day(s) failed: {days}")
+        failed = record["failed_days"]
+        _report_error(f"trainyard run: {len(failed)} day(s) failed: {_days_text(failed)}")
         return EXIT_DETERMINISTIC
     return EXIT_OK
 
