@@ -930,7 +930,7 @@ def _why_not_evaluated(record: dict[str, Any]) -> str:
     """Why a run's record has no gate decision."""
     if record.get("train") or record.get("register"):
         return "the run stopped before the gate"
-    if record.get("validate") and (record.get("validate") or {}).get("success"):
+    if (record.get("validate") or {}).get("success"):
         return "this run did not train (backfill_training, or a dry run)"
     return "nothing to evaluate"
 
