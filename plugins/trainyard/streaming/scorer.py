@@ -67,8 +67,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from trainyard import argtypes
-from trainyard.argtypes import positive_float, positive_int
+from trainyard.argtypes import ArgumentParser, positive_float, positive_int
 from trainyard.config import PipelineConfig, ensure_own_names, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
 from trainyard.fsutil import atomic_write_json, cmdline_has, process_alive, terminate
@@ -889,7 +888,7 @@ def cli_main(argv: list[str]) -> int:
         model server failing: what it read stays pending) or its supervisor died, and on a
         trainyard error (the message names it).
     """
-    parser = argtypes.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m trainyard score-stream",
         description="Score a pipeline's input stream with its served champion.",
     )
