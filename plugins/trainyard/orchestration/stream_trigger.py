@@ -489,6 +489,10 @@ def acknowledge(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> 
     hands it over again (:meth:`RedisStreamTrigger.run`). Events without an ``entry``
     (Kafka's, or an older trainyard's, acknowledged by their trigger) are left alone.
 
+    Args:
+        stream: The pipeline's trigger stream (its engine and Redis URL).
+        payloads: Payloads of the arrivals' Asset events (their ``entry``).
+
     Returns:
         How many entries were pending until now.
     """

@@ -428,6 +428,11 @@ def check_port_is_ours(serving_root: Path, host: str, port: int) -> bool:
     Free, or a model server of ``serving_root`` (or one trainyard did not start that
     answers as a model server), passes.
 
+    Args:
+        serving_root: This checkout's serving base path.
+        host: The serving host.
+        port: The serving port.
+
     Returns:
         Whether a model server answers there (False: the port is free).
 

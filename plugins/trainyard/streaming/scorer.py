@@ -1089,6 +1089,13 @@ def local_scorer_pids_text(pipeline: str, supervisor: int) -> str:
 
     ``Y`` is the status file's ``pid`` (the scorer process, whose ``supervisor_pid`` is
     ``X``) while that process runs; between a scorer's death and its restart there is none.
+
+    Args:
+        pipeline: The pipeline whose local scorer it is.
+        supervisor: The supervisor's pid (the pid file's).
+
+    Returns:
+        The text, for "scorer running (...)".
     """
     try:
         doc = orjson.loads((scorer_dir(pipeline) / STATUS_FILE).read_bytes())
