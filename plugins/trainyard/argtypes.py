@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import difflib
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -55,19 +54,23 @@ class ArgumentParser(argparse.ArgumentParser):
                     return chosen._chosen(parsed)
         return self
 
+    def _long_options(self) -> list[str]:
+        return [o for o in self._option_string_actions if o.startswith("--")]
+
     def _unrecognized(self, name: str) -> str:
-        known = [o for o in self._option_string_actions if o.startswith("--")]
-        near = difflib.get_close_matches(name, known, n=1)
+        import difflib  # an error path: not loaded when Airflow parses the DAGs
+
+        near = difflib.get_close_matches(name, self._long_options(), n=1)
         return f"unrecognized argument: {name}" + (f" (did you mean {near[0]}?)" if near else "")
 
-    def error(self, message: str) -> Any:  # argparse's own signature: NoReturn
+    def error(self, message: str) -> NoReturn:
         """Exit 2 with ``message``; a missing option first names an unknown one given."""
         if message.startswith("the following arguments are required") and not self._subparsers:
-            known = [o for o in self._option_string_actions if o.startswith("--")]
+            known = self._long_options()
             for arg in getattr(self, "_seen", []):
-                name = arg.split("=", 1)[0]
                 if arg == "--":
                     break
+                name = arg.split("=", 1)[0]
                 if name.startswith("--") and not any(o.startswith(name) for o in known):
                     message = self._unrecognized(name)
                     break

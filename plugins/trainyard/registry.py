@@ -782,7 +782,7 @@ def cli_main(
     # a move and serving's following it are one step no deploy of the pipeline interleaves
     moving = args.action in ("promote", "rollback")
     with reg.deploy_lock() if moving else contextlib.nullcontext():
-        if args.action in ("promote", "rollback") and before_move is not None:
+        if moving and before_move is not None:
             before_move(reg.pipeline)
         out = sys.stdout
         if args.action == "list":
@@ -812,9 +812,9 @@ def cli_main(
         elif args.action == "rollback":
             target = reg.rollback(args.reason, args.actor, unserve=args.unserve)
             out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")
-        if args.action in ("promote", "rollback") and after_move is not None:
-            out.write(after_move(reg.pipeline) + "\n")
         elif args.action == "history":
             for event in reg.history():
                 out.write(json.dumps(event, sort_keys=True) + "\n")
+        if moving and after_move is not None:
+            out.write(after_move(reg.pipeline) + "\n")
     return 0

@@ -620,6 +620,7 @@ def deploy(
     from trainyard import evaluation
     from trainyard.contracts import feature_spec, load_contract
     from trainyard.registry import caller
+    from trainyard.serving import serving_host
     from trainyard.serving.deploy import deploy as deploy_version
     from trainyard.serving.deploy import ensure_local_server, serve_champion
 
@@ -669,7 +670,7 @@ def deploy(
         )
         # On a cluster the deploy pod reaches TF Serving through its Service; locally the
         # step starts the server itself when nothing answers on the port.
-        host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+        host = serving_host(cfg)
         if host == cfg.serving.host:
             ensure_local_server(settings.serving_root, host, cfg.serving.port)
         result = deploy_version(
@@ -753,6 +754,7 @@ def follow_registry(pipeline: str) -> str:
         One line saying what is served now, and where.
     """
     from trainyard.contracts import feature_spec, load_contract
+    from trainyard.serving import serving_host
     from trainyard.serving.client import ServingClient
     from trainyard.serving.deploy import ensure_local_server, serve_champion, wait_available
 
@@ -766,7 +768,7 @@ def follow_registry(pipeline: str) -> str:
         settings.serving_root, cfg.serving.model_name, champion, model_dir, spec
     )
     if champion is not None:
-        host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+        host = serving_host(cfg)
         where = f"{host}:{cfg.serving.port}"
         try:
             if host == cfg.serving.host:
@@ -928,7 +930,7 @@ def _why_not_evaluated(record: dict[str, Any]) -> str:
     """Why a run's record has no gate decision."""
     if record.get("train") or record.get("register"):
         return "the run stopped before the gate"
-    if record.get("validate") and (record.get("validate") or {}).get("success"):
+    if (record.get("validate") or {}).get("success"):
         return "this run did not train (backfill_training, or a dry run)"
     return "nothing to evaluate"
 
@@ -1063,6 +1065,16 @@ RUN_FORCE_KEYS = frozenset({"force_promote", "force_reason"})
 """``trainyard run --overrides`` keys that force the gate, not training parameters."""
 
 
+def _training_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The training parameters among ``trainyard run --overrides`` (no :data:`RUN_FORCE_KEYS`)."""
+    return {k: v for k, v in overrides.items() if k not in RUN_FORCE_KEYS}
+
+
+def _days_text(days: dict[str, str]) -> str:
+    """``day: why; day: why`` for the days a ``trainyard run`` range skipped or failed."""
+    return "; ".join(f"{day}: {why}" for day, why in days.items())
+
+
 def run_all(
     pipeline: str,
     overrides: dict[str, Any] | None = None,
@@ -1092,7 +1104,7 @@ def run_all(
     overrides = overrides_object(overrides)
     if overrides.get("force_promote") and not overrides.get("force_reason"):
         raise ConfigError("force_promote needs a force_reason (recorded with who and when)")
-    training = {k: v for k, v in overrides.items() if k not in RUN_FORCE_KEYS}
+    training = _training_overrides(overrides)
     cfg = load_pipeline(pipeline)
     training_params(cfg, training)  # refuse bad overrides before staging
     intervals = intervals or data_intervals(cfg)
@@ -1160,10 +1172,11 @@ def run_all(
                 results["approve"] = {"approved": None, "by": None, "reason": "waiting"}
         record = summary(pipeline, run_id, results, log_it=not last)  # the CLI prints the last
     if rejected and (not record or rejected.get(intervals[-1][0][:10])):
-        days = "; ".join(f"{day}: {why}" for day, why in rejected.items())
-        raise DaysFailed(f"{len(rejected)} day(s) failed on their data, nothing trained: {days}")
+        raise DaysFailed(
+            f"{len(rejected)} day(s) failed on their data, nothing trained: {_days_text(rejected)}"
+        )
     if not record:
-        raise StepSkipped("; ".join(f"{day}: {why}" for day, why in skipped.items()))
+        raise StepSkipped(_days_text(skipped))
     if skipped:
         record["skipped"] = list(skipped)
     if rejected:
@@ -1532,9 +1545,9 @@ def run_cli_main(argv: list[str]) -> int:
         intervals = data_intervals(cfg, args.ds, args.end_ds) if args.ds else None
     except ConfigError as e:
         p.error(str(e))
-    training = {k: v for k, v in args.overrides.items() if k not in RUN_FORCE_KEYS}
     try:
-        training_params(cfg, training)  # an unknown or ill-typed option: a usage error
+        # an unknown or ill-typed option: a usage error
+        training_params(cfg, _training_overrides(args.overrides))
     except ConfigError as e:
         p.error(f"--overrides: {e}")
     try:
@@ -1544,8 +1557,8 @@ def run_cli_main(argv: list[str]) -> int:
         return EXIT_SKIPPED
     sys.stdout.write(format_summary(record) + "\n")
     if record.get("failed_days"):  # the range went on without them, as a backfill does
-        days = "; ".join(f"{day}: {why}" for day, why in record["failed_days"].items())
-        _report_error(f"trainyard run: {len(record['failed_days'])} day(s) failed: {days}")
+        failed = record["failed_days"]
+        _report_error(f"trainyard run: {len(failed)} day(s) failed: {_days_text(failed)}")
         return EXIT_DETERMINISTIC
     return EXIT_OK
 
@@ -1570,10 +1583,11 @@ def _check_before_move(pipeline: str) -> None:
     The pipeline's names, and locally its serving port (one taken by something else
     would leave the new champion unserved).
     """
+    from trainyard.serving import serving_host
     from trainyard.serving.deploy import check_port_is_ours
 
     cfg = load_pipeline(pipeline)
     ensure_own_names(cfg)
-    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    host = serving_host(cfg)
     if host == cfg.serving.host:
         check_port_is_ours(get_settings().serving_root, host, cfg.serving.port)

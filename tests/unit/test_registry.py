@@ -659,6 +659,18 @@ def test_cli_promote_refuses_a_serving_port_held_by_something_else(
     assert reg.champion() is None and reg.history() == []
 
 
+def test_check_port_is_ours_says_a_free_port_has_no_server(tmp_path: Path) -> None:
+    """A free port passes, answering False (``ensure_local_server`` then starts one)."""
+    import socket
+
+    from trainyard.serving.deploy import check_port_is_ours
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert check_port_is_ours(tmp_path, "127.0.0.1", port) is False
+
+
 def test_a_promotion_waits_for_a_deploy_of_the_pipeline(reg: Registry, tmp_path: Path) -> None:
     """Found by a cold user: two runs of one day at once left the registry naming version 6
     and the server serving 4 (a failed deploy restored the champion it had read before the

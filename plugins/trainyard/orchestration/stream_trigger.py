@@ -29,7 +29,8 @@ import datetime as dt
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -476,18 +477,9 @@ def requeue(
         if producer.flush(30):
             raise RuntimeError(f"kafka topic {retry}: arrivals not acknowledged in 30 s")
         return
-    import redis
-
-    from trainyard.settings import get_settings
-    from trainyard.streaming import redis_server
-
-    url = stream.url or get_settings().redis_url or redis_server.ensure_running()
-    client = redis.Redis.from_url(url)
-    try:
+    with _redis_client(stream) as client:
         for m in messages:
             client.xadd(retry, m, maxlen=100_000, approximate=True)
-    finally:
-        client.close()
 
 
 def acknowledge(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> int:
@@ -496,6 +488,10 @@ def acknowledge(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> 
     Until then a message stays pending in its trigger's consumer group, and the trigger
     hands it over again (:meth:`RedisStreamTrigger.run`). Events without an ``entry``
     (Kafka's, or an older trainyard's, acknowledged by their trigger) are left alone.
+
+    Args:
+        stream: The pipeline's trigger stream (its engine and Redis URL).
+        payloads: Payloads of the arrivals' Asset events (their ``entry``).
 
     Returns:
         How many entries were pending until now.
@@ -509,6 +505,15 @@ def acknowledge(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> 
             )
     if not entries or stream.engine != "redis":
         return 0
+    with _redis_client(stream) as client:
+        return sum(
+            int(client.xack(key, group, *sorted(ids))) for (key, group), ids in entries.items()
+        )
+
+
+@contextmanager
+def _redis_client(stream: TriggerStreamConfig) -> Iterator[Any]:
+    """A Redis client for ``stream``: its ``url``, else the project's (started if need be)."""
     import redis
 
     from trainyard.settings import get_settings
@@ -517,9 +522,7 @@ def acknowledge(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> 
     url = stream.url or get_settings().redis_url or redis_server.ensure_running()
     client = redis.Redis.from_url(url)
     try:
-        return sum(
-            int(client.xack(key, group, *sorted(ids))) for (key, group), ids in entries.items()
-        )
+        yield client
     finally:
         client.close()
 

@@ -422,11 +422,19 @@ def _answers(host: str, port: int, timeout: float = 1.0) -> bool:
     return status in (200, 404) and b"error" in data
 
 
-def check_port_is_ours(serving_root: Path, host: str, port: int) -> None:
+def check_port_is_ours(serving_root: Path, host: str, port: int) -> bool:
     """Refuse a serving port held by something that is not this checkout's model server.
 
     Free, or a model server of ``serving_root`` (or one trainyard did not start that
     answers as a model server), passes.
+
+    Args:
+        serving_root: This checkout's serving base path.
+        host: The serving host.
+        port: The serving port.
+
+    Returns:
+        Whether a model server answers there (False: the port is free).
 
     Raises:
         DeployError: Naming the port and what holds it.
@@ -439,7 +447,7 @@ def check_port_is_ours(serving_root: Path, host: str, port: int) -> None:
                 f"serving {other[1]}, not {serving_root}: stop it (make stop in its "
                 "checkout) or give this pipeline another serving.port"
             )
-        return
+        return True
     with contextlib.suppress(OSError):
         probe = socket.create_connection((host, port), timeout=1.0)
         probe.close()
@@ -447,6 +455,7 @@ def check_port_is_ours(serving_root: Path, host: str, port: int) -> None:
             f"{host}:{port} is in use by something that is not a model server: stop what "
             "listens there, or give this pipeline another serving.port"
         )
+    return False
 
 
 def ensure_local_server(
@@ -484,10 +493,8 @@ def ensure_local_server(
                 # started by an older trainyard that served the highest version folder:
                 # restart it so that it follows the model config (and so the registry)
                 stop_local_server(serving_root, port=port)
-        if _answers(host, port):
-            check_port_is_ours(serving_root, host, port)
-            return 0
-    check_port_is_ours(serving_root, host, port)
+    if check_port_is_ours(serving_root, host, port):  # answers, not as the pid file's server
+        return 0
     plugins_dir = str(Path(trainyard.__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (plugins_dir, env.get("PYTHONPATH")) if p)

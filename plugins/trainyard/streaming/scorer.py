@@ -67,11 +67,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from trainyard import argtypes
-from trainyard.argtypes import positive_float, positive_int
+from trainyard.argtypes import ArgumentParser, positive_float, positive_int
 from trainyard.config import PipelineConfig, ensure_own_names, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
 from trainyard.fsutil import atomic_write_json, cmdline_has, process_alive, terminate
+from trainyard.serving import serving_host
 from trainyard.serving.client import ServingClient
 from trainyard.settings import get_settings
 from trainyard.streaming.engines import (
@@ -826,7 +826,7 @@ def previous_failure(status_file: Path | None) -> str | None:
 
 def model_unreachable(cfg: PipelineConfig, timeout_s: float = 5.0) -> str | None:
     """Why the pipeline's model server cannot score now (down, or no version served), or None."""
-    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    host = serving_host(cfg)
     endpoint = ModelEndpoint(host, cfg.serving.port, cfg.serving.model_name, timeout_s=timeout_s)
     try:
         endpoint.resolve()
@@ -861,7 +861,7 @@ def build_scorer(
     sc = cfg.scoring
     streams_of(cfg)  # one clear error when there is nothing to score
     checker = RecordChecker(load_contract(cfg.dataset))
-    host = os.environ.get("TRAINYARD_SERVING_HOST") or cfg.serving.host
+    host = serving_host(cfg)
     endpoint = ModelEndpoint(
         host, cfg.serving.port, cfg.serving.model_name, timeout_s=sc.request_timeout_s
     )
@@ -888,7 +888,7 @@ def cli_main(argv: list[str]) -> int:
         model server failing: what it read stays pending) or its supervisor died, and on a
         trainyard error (the message names it).
     """
-    parser = argtypes.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m trainyard score-stream",
         description="Score a pipeline's input stream with its served champion.",
     )
@@ -1089,6 +1089,13 @@ def local_scorer_pids_text(pipeline: str, supervisor: int) -> str:
 
     ``Y`` is the status file's ``pid`` (the scorer process, whose ``supervisor_pid`` is
     ``X``) while that process runs; between a scorer's death and its restart there is none.
+
+    Args:
+        pipeline: The pipeline whose local scorer it is.
+        supervisor: The supervisor's pid (the pid file's).
+
+    Returns:
+        The text, for "scorer running (...)".
     """
     try:
         doc = orjson.loads((scorer_dir(pipeline) / STATUS_FILE).read_bytes())
