@@ -55,6 +55,11 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "Score a pipeline's input stream with the served champion (scoring.stream).",
     ),
     "render": ("trainyard.pods", "cli_main", "Render a pipeline's Kubernetes objects as YAML."),
+    "check-manifests": (
+        "trainyard.k8s.manifests",
+        "cli_main",
+        "Check the cluster's manifests (deploy/k8s) against the schemas and the profile.",
+    ),
     "pools": (
         "trainyard.k8s.profile",
         "pools_main",
