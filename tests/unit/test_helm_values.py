@@ -139,6 +139,11 @@ def test_pools_init_container(values: dict[str, Any]) -> None:
     assert "python -m trainyard pools" in init["args"][0]
     assert "airflow pools import" in init["args"][0]
     assert "pools" in cli.TOOLS
+    # the pools come from the profile every other Airflow container reads
+    main_env = {e["name"]: e.get("value") for e in values["env"]}
+    init_env = {e["name"]: e.get("value") for e in init["env"]}
+    for name in ("TRAINYARD_RUNNER", "TRAINYARD_PROJECT_DIR", "TRAINYARD_CLUSTER_PROFILE"):
+        assert init_env[name] == main_env[name], name
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
