@@ -735,6 +735,18 @@ def test_cli_render(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monk
     assert kinds.count("Job") >= 1 and kinds.count("Pod") == 6 and "Deployment" in kinds
 
 
+@pytest.mark.parametrize("version", ["0", "-1"])
+def test_cli_render_refuses_a_version_below_1(
+    capsys: pytest.CaptureFixture[str], version: str
+) -> None:
+    from trainyard.cli import main
+
+    with pytest.raises(SystemExit) as e:  # a usage error, as argparse reports it
+        main(["render", "digits", "--step", "deploy", f"--version={version}"])
+    assert e.value.code == 2
+    assert f"version {version}: versions start at 1" in capsys.readouterr().err
+
+
 def test_cli_render_rejects_bad_profile(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], raw_profile: dict[str, Any]
 ) -> None:
