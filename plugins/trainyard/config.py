@@ -12,6 +12,7 @@ import hashlib
 import re
 import types
 import typing
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -47,6 +48,79 @@ def dns_subdomain(value: str | None) -> str | None:
             f"{value!r} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and "
             "'.', starting and ending alphanumeric, <= 253)"
         )
+    return value
+
+
+QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
+QUANTITY_SUFFIXES = {
+    "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def kubernetes_quantity(value: str) -> str:
+    """``value`` unchanged if it is a Kubernetes quantity (``10Gi``, ``500m``, ``2``).
+
+    Raises:
+        ValueError: Naming the value (for pydantic field validators).
+    """
+    if not QUANTITY_RE.match(str(value)):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes quantity (a number with an optional suffix: "
+            "m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei; e.g. 10Gi, 500m)"
+        )
+    return value
+
+
+def quantity_value(value: str) -> Decimal:
+    """The number a quantity of :data:`QUANTITY_RE`'s form stands for (``1Ki`` → 1024)."""
+    match = QUANTITY_RE.match(str(value))
+    if match is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    suffix = match.group(2) or ""
+    return Decimal(str(value)[: len(str(value)) - len(suffix)]) * QUANTITY_SUFFIXES[suffix]
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why ``key`` is not a Kubernetes label (or taint) key, or None if it is one.
+
+    A key is a qualified name: an optional DNS-1123 subdomain prefix (<= 253) and ``/``,
+    then a name of 1 to 63 of ``A-Z a-z 0-9 - _ .``, starting and ending alphanumeric.
+    """
+    prefix, _, name = str(key).rpartition("/")
+    if "/" in str(key) and (not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN_RE.match(prefix)):
+        return f"{key!r}: its prefix {prefix!r} is not a DNS-1123 subdomain"
+    if not LABEL_NAME_RE.match(name):
+        return (
+            f"{key!r} is not a label key (a name of 1 to 63 of A-Z a-z 0-9 - _ ., starting "
+            "and ending alphanumeric, after an optional DNS subdomain and '/')"
+        )
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a Kubernetes label (or taint) value, or None if it is one."""
+    if not LABEL_VALUE_RE.match(str(value)):
+        return (
+            f"{value!r} is not a label value (at most 63 of A-Z a-z 0-9 - _ ., starting "
+            "and ending alphanumeric)"
+        )
+    return None
+
+
+def label_map(value: dict[str, str]) -> dict[str, str]:
+    """``value`` unchanged if its keys and values are Kubernetes label keys and values.
+
+    Raises:
+        ValueError: Naming the first bad key or value (for pydantic field validators).
+    """
+    for key, item in value.items():
+        problem = label_key_problem(key) or label_value_problem(item)
+        if problem:
+            raise ValueError(problem)
     return value
 
 
@@ -125,7 +199,8 @@ class StagingConfig(StrictModel):
     volume_snapshot_class: str | None = None
     volume_snapshot_timeout_s: float = Field(default=1800, gt=0)
 
-    _dns_subdomain = field_validator("volume_snapshot_class")(dns_subdomain)
+    _dns_subdomain = field_validator("storage_class", "volume_snapshot_class")(dns_subdomain)
+    _quantity = field_validator("pvc_size")(kubernetes_quantity)
 
 
 class WindowIntervals(StrictModel):

@@ -83,6 +83,43 @@ PROFILE_ERRORS = [
     ("root uid", "security.run_as_user", 0, "security.run_as_user"),
     ("kueue without queue", "tiers.low.kueue_queue", None, "kueue_queue"),
     ("snapshot class", "storage.volume_snapshot_class", "CSI_Snap", "volume_snapshot_class"),
+    ("storage class", "storage.storage_class", "Fast RWX", "storage.storage_class"),
+    (
+        "cpu label key",
+        "cpu_pool.node_labels",
+        {"bad key!": "cpu"},
+        "cpu_pool.node_labels: 'bad key!' is not a label key",
+    ),
+    (
+        "gpu label value",
+        "gpu_pools.0.node_labels",
+        {"nvidia.com/gpu.product": "NVIDIA H100 80GB"},
+        "gpu_pools.0.node_labels: 'NVIDIA H100 80GB' is not a label value",
+    ),
+    (
+        "taint key",
+        "gpu_pools.0.taints",
+        [{"key": "bad key!", "effect": "NoSchedule"}],
+        "gpu_pools.0.taints.0.key: 'bad key!' is not a label key",
+    ),
+    (
+        "taint value",
+        "cpu_pool.taints",
+        [{"key": "dedicated", "value": "x" * 64}],
+        "cpu_pool.taints.0.value",
+    ),
+    (
+        "request above limit",
+        "resources.trainer",
+        {"requests": {"cpu": "16", "memory": "1Gi"}, "limits": {"cpu": "8"}},
+        "resources.trainer: requests.cpu 16 is above limits.cpu 8",
+    ),
+    (
+        "request above limit, other units",
+        "resources.ps.limits",
+        {"memory": "1000Mi"},
+        "resources.ps: requests.memory 8Gi is above limits.memory 1000Mi",
+    ),
 ]
 
 

@@ -14,16 +14,21 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainyard.config import (
+    QUANTITY_RE,
     TRAINING_POOL,
     StrictModel,
     dns_subdomain,
     error_message,
+    kubernetes_quantity,
+    label_key_problem,
+    label_map,
+    label_value_problem,
+    quantity_value,
     training_pool_name,
 )
 from trainyard.errors import ConfigError
 
 DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
 AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"]
 
 
@@ -39,6 +44,22 @@ class Taint(StrictModel):
     key: str
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        problem = label_key_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, value: str | None) -> str | None:
+        problem = None if value is None else label_value_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class GpuPool(StrictModel):
@@ -62,6 +83,8 @@ class GpuPool(StrictModel):
     @classmethod
     def _dns(cls, value: str) -> str:
         return _dns_label(value)
+
+    _labels = field_validator("node_labels")(label_map)
 
 
 class Tier(StrictModel):
@@ -91,6 +114,8 @@ class CpuPool(StrictModel):
     node_labels: dict[str, str] = Field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
 
+    _labels = field_validator("node_labels")(label_map)
+
 
 class Resources(StrictModel):
     """Container requests and limits (Kubernetes quantities)."""
@@ -105,6 +130,17 @@ class Resources(StrictModel):
             if not QUANTITY_RE.match(str(qty)):
                 raise ValueError(f"{name}: {qty!r} is not a Kubernetes quantity")
         return value
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for name, qty in self.requests.items():
+            limit = self.limits.get(name)
+            if limit is not None and quantity_value(qty) > quantity_value(limit):
+                raise ValueError(
+                    f"requests.{name} {qty} is above limits.{name} {limit} (the API server "
+                    "refuses a pod whose request exceeds its limit)"
+                )
+        return self
 
 
 class ResourceSet(StrictModel):
@@ -156,14 +192,8 @@ class Storage(StrictModel):
     def _dns(cls, value: str) -> str:
         return _dns_label(value)
 
-    _dns_subdomain = field_validator("volume_snapshot_class")(dns_subdomain)
-
-    @field_validator("dataset_size", "models_size")
-    @classmethod
-    def _size(cls, value: str) -> str:
-        if not QUANTITY_RE.match(value):
-            raise ValueError(f"{value!r} is not a Kubernetes quantity")
-        return value
+    _dns_subdomain = field_validator("storage_class", "volume_snapshot_class")(dns_subdomain)
+    _size = field_validator("dataset_size", "models_size")(kubernetes_quantity)
 
 
 class Security(StrictModel):
