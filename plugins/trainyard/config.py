@@ -224,8 +224,16 @@ TrainingWindow = Literal["newest"] | WindowIntervals | WindowSince
 ``{since: YYYY-MM-DD}`` (validated interval snapshots up to the run's interval)."""
 
 
+MAX_GPUS_PER_WORKER = 16
+"""The most GPUs one training pod may ask for when the cluster profile does not say (the
+largest common GPU node has 8 to 16); a pool's ``gpus_per_node`` bounds it further."""
+
+
 class TrainingConfig(StrictModel):
     """Distributed training parameters (defaults of the trigger form).
+
+    ``gpus_per_worker: 0`` trains on CPUs: the worker (and chief) pods go to the CPU pool,
+    as parameter servers do, and request no GPU.
 
     ``window`` says which snapshots a run trains on (the union of them, each split into
     train and holdout by its stable key hash): ``newest`` (default) the run's own snapshot;
@@ -243,11 +251,20 @@ class TrainingConfig(StrictModel):
     learning_rate: float = Field(default=1e-3, gt=0)
     steps_per_execution: int = Field(default=8, ge=1)
     priority: str = "high"
-    gpus_per_worker: int = Field(default=1, ge=0)
+    gpus_per_worker: int = Field(default=1, ge=0, le=MAX_GPUS_PER_WORKER)
     start_deadline_s: float = Field(default=120, gt=0)
     attempt_timeout_s: float = Field(default=1800, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     seed: int = 0
+
+    @field_validator("parameter_servers")
+    @classmethod
+    def _servers_for_strategy(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("strategy") == "parameter_server" and value < 1:
+            raise ValueError(
+                f"{value}: the parameter_server strategy needs at least 1 parameter server"
+            )
+        return value
 
     @field_validator("window", mode="before")
     @classmethod
@@ -702,15 +719,23 @@ def parse_pipeline(path: Path) -> PipelineConfig:
     return cfg
 
 
-def check_pipeline(path: Path) -> PipelineConfig:
+def check_pipeline(path: Path, profile: Any = None) -> PipelineConfig:
     """Parse a pipeline and check what the schema cannot: names it refers to must exist.
 
     The training model must be registered, the dataset must have a data contract whose
-    source format is the pipeline's, and gate metrics must be ones evaluation computes.
-    Run by ``python -m trainyard pipelines check`` and before ``stage`` reads anything.
+    source format is the pipeline's, gate metrics must be ones evaluation computes, and
+    the cluster profile must be able to run its training (its ``priority`` a tier, its
+    GPUs on a node of that tier: :func:`trainyard.k8s.profile.training_problems`, what
+    ``render`` refuses). Run by ``python -m trainyard pipelines check`` and before
+    ``stage`` reads anything.
+
+    Args:
+        path: The pipeline file.
+        profile: The ``ClusterProfile``; default the settings' (``TRAINYARD_CLUSTER_PROFILE``).
 
     Raises:
-        ConfigError: Every problem as ``file:line: field: message``.
+        ConfigError: Every problem as ``file:line: field: message`` (or the profile's own
+            error, if it does not load).
     """
     from trainyard.contracts import load_contract
     from trainyard.errors import ContractError
@@ -803,6 +828,16 @@ def check_pipeline(path: Path) -> PipelineConfig:
                     f"{', '.join(TASK_METRICS[task])})",
                 )
             )
+    try:  # the training section alone: its problems on the cluster are worth knowing too
+        training = TrainingConfig.model_validate(field("training"))
+    except ValidationError:
+        training = None
+    if training is not None:
+        from trainyard.k8s.profile import load_cluster_profile, training_problems
+
+        profile = profile if profile is not None else load_cluster_profile()
+        for keys, why in training_problems(profile, training):
+            problems.append(where(("training", *keys), why))
     if cfg is not None:
         for keys, why in shared_names(cfg):
             problems.append(where(keys, why))
@@ -979,13 +1014,17 @@ def ensure_own_names(cfg: PipelineConfig) -> None:
 
 
 def cli_main(argv: list[str]) -> int:
-    """``python -m trainyard pipelines check [FILE ...]`` (default: every pipeline).
+    """``python -m trainyard pipelines check [--profile FILE] [FILE ...]`` (default: all).
+
+    Pipelines are checked against the cluster profile ``render`` would use: ``--profile``,
+    else ``TRAINYARD_CLUSTER_PROFILE``, else ``deploy/cluster_profile.yaml``.
 
     Args:
         argv: Arguments after ``pipelines``.
 
     Returns:
-        0 if every pipeline is valid, 1 if any is not, 2 on usage errors.
+        0 if every pipeline is valid, 1 if any is not (or the profile is not), 2 on usage
+        errors.
     """
     import sys
 
@@ -995,6 +1034,12 @@ def cli_main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="check pipeline configs (default: every pipeline)")
     check.add_argument("files", nargs="*", type=Path)
+    check.add_argument(
+        "--profile",
+        type=Path,
+        help="cluster profile YAML, as for render (default: TRAINYARD_CLUSTER_PROFILE, "
+        "else deploy/cluster_profile.yaml)",
+    )
     sub.add_parser("schema", help="print the pipeline config's JSON schema")
     try:
         args = parser.parse_args(argv)
@@ -1010,9 +1055,16 @@ def cli_main(argv: list[str]) -> int:
     if not files:
         sys.stderr.write(f"no pipelines found in {get_settings().pipelines_dir}\n")
         return 1
+    from trainyard.k8s.profile import load_cluster_profile
+
+    try:
+        profile = load_cluster_profile(args.profile)
+    except ConfigError as e:
+        sys.stderr.write(f"{e}\n")
+        return 1
     return check_files(
         files,
-        check_pipeline,
+        lambda path: check_pipeline(path, profile),
         lambda cfg: f"pipeline {cfg.name}: dataset {cfg.dataset}, model {cfg.training.model}",
         ConfigError,
         "pipeline",
@@ -1060,6 +1112,11 @@ def load_pipeline(name: str, check: bool = False) -> PipelineConfig:
 
 TRAINING_POOL = "trainyard_training"
 """The Airflow pool of training tasks on the local runner (one slot on a laptop)."""
+
+
+def unknown_tier_message(tier: str, known: Any) -> str:
+    """The error for a ``training.priority`` the cluster profile has no tier of."""
+    return f"unknown priority tier {tier!r} (known: {', '.join(sorted(known))})"
 
 
 def training_pool_name(runner: str, tier: str) -> str:

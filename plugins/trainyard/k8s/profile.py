@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainyard.config import (
+    MAX_GPUS_PER_WORKER,
     QUANTITY_RE,
     TRAINING_POOL,
     StrictModel,
@@ -25,8 +26,12 @@ from trainyard.config import (
     label_value_problem,
     quantity_value,
     training_pool_name,
+    unknown_tier_message,
 )
 from trainyard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainyard.config import TrainingConfig
 
 DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"]
@@ -71,6 +76,9 @@ class GpuPool(StrictModel):
         description: Human text for placement plans.
         node_labels: Labels every node of the pool carries (the pool's selector).
         taints: Taints of the pool's nodes.
+        gpus_per_node: GPUs of each of its nodes, if known: no training pod may ask for
+            more than the largest node of its tier has (unknown counts as
+            :data:`~trainyard.config.MAX_GPUS_PER_WORKER`).
     """
 
     name: str
@@ -78,6 +86,7 @@ class GpuPool(StrictModel):
     description: str = ""
     node_labels: dict[str, str] = Field(min_length=1)
     taints: tuple[Taint, ...] = ()
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64)
 
     @field_validator("name")
     @classmethod
@@ -267,8 +276,58 @@ class ClusterProfile(StrictModel):
         try:
             return self.tiers[name]
         except KeyError:
-            known = ", ".join(sorted(self.tiers))
-            raise ConfigError(f"unknown priority tier {name!r} (known: {known})") from None
+            raise ConfigError(unknown_tier_message(name, self.tiers)) from None
+
+    def max_gpus(self, tier: str) -> int:
+        """The most GPUs a training pod of ``tier`` may ask for: its largest node's count.
+
+        Raises:
+            ConfigError: If there is no such tier.
+        """
+        pools = [self.pool(name) for name in self.tier(tier).pools]
+        return max(p.gpus_per_node or MAX_GPUS_PER_WORKER for p in pools)
+
+
+def training_problems(
+    profile: ClusterProfile, training: TrainingConfig, *, kueue: bool | None = None
+) -> list[tuple[tuple[str, ...], str]]:
+    """What in a pipeline's training config this cluster profile cannot run.
+
+    The one list ``pipelines check`` reports and rendering refuses (the rest of the
+    training config is the schema's business).
+
+    Args:
+        profile: The cluster profile.
+        training: The (effective) training config.
+        kueue: Kueue mode; default ``profile.kueue.enabled``.
+
+    Returns:
+        ``(field under training, message)`` per problem; empty when it renders.
+    """
+    if training.priority not in profile.tiers:
+        return [(("priority",), unknown_tier_message(training.priority, profile.tiers))]
+    problems: list[tuple[tuple[str, ...], str]] = []
+    most = profile.max_gpus(training.priority)
+    if training.gpus_per_worker > most:
+        pools = ", ".join(profile.tier(training.priority).pools)
+        problems.append(
+            (
+                ("gpus_per_worker",),
+                f"{training.gpus_per_worker} GPUs per pod, but the largest node of tier "
+                f"{training.priority!r} (pools {pools}) has {most} (the cluster profile's "
+                "gpu_pools[].gpus_per_node): the pods would never schedule",
+            )
+        )
+    use_kueue = profile.kueue.enabled if kueue is None else kueue
+    if training.gpus_per_worker == 0 and use_kueue:
+        problems.append(
+            (
+                ("gpus_per_worker",),
+                "0 (CPU training) with Kueue: the tier's queue admits onto GPU flavors, so "
+                "CPU pods would hold GPU nodes; ask for GPUs or train without Kueue",
+            )
+        )
+    return problems
 
 
 def training_pools(profile: ClusterProfile | None) -> dict[str, dict[str, Any]]:
