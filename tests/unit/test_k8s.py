@@ -443,6 +443,44 @@ def test_training_objects_env_contract(
     assert sum("delete job" in t for t in tr.teardown) == len(roles)
 
 
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_cpu_training_goes_to_the_cpu_pool(profile: k8s.ClusterProfile, strategy: str) -> None:
+    # gpus_per_worker: 0 is CPU training: a pod on a GPU node would hold it unused
+    tr = k8s.training_objects(
+        profile,
+        "digits",
+        "r",
+        strategy=strategy,
+        workers=2,
+        parameter_servers=1,
+        tier="high",
+        gpus_per_worker=0,
+        args=[],
+        dataset="digits",
+    )
+    for job in tr.jobs:
+        role = job.metadata.labels["trainyard.io/role"]
+        pod = job.spec.template.spec
+        limits = pod.containers[0].resources.limits
+        assert "nvidia.com/gpu" not in limits, role
+        assert pod.node_selector == {"trainyard.io/pool": "cpu"} and pod.affinity is None
+        assert not any(t.key == "nvidia.com/gpu" for t in pod.tolerations or [])
+        assert pod.priority_class_name == "trainyard-high"
+        expected = profile.resources.ps if role == "ps" else profile.resources.trainer
+        assert limits == expected.limits
+        assert k8s.validate_object(job) == []
+    assert not any("GPU(s)" in line for line in tr.plan[1 : 1 + len(tr.jobs)])
+
+
+def test_cpu_training_under_kueue_is_refused(profile: k8s.ClusterProfile) -> None:
+    from trainyard.k8s.profile import training_problems
+
+    cpu = pipeline(gpus_per_worker=0).training
+    assert training_problems(profile, cpu, kueue=False) == []
+    ((keys, why),) = training_problems(profile, cpu, kueue=True)
+    assert keys == ("gpus_per_worker",) and "GPU flavors" in why
+
+
 def test_training_names_stay_valid_for_long_pipelines() -> None:
     base = k8s.training_base_name("a_very_long_pipeline_name_" * 3, "manual__x", attempt=12)
     assert len(base) <= 40 and DNS_LABEL.match(base)
