@@ -112,6 +112,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def version(text: str) -> int:
+    """A model version number: versions start at 1."""
+    value = int(_number(text, int))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"version {value}: versions start at 1")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """An integer of at least 0."""
     value = int(_number(text, int))

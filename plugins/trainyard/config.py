@@ -12,6 +12,7 @@ import hashlib
 import re
 import types
 import typing
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -47,6 +48,79 @@ def dns_subdomain(value: str | None) -> str | None:
             f"{value!r} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and "
             "'.', starting and ending alphanumeric, <= 253)"
         )
+    return value
+
+
+QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
+QUANTITY_SUFFIXES = {
+    "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def kubernetes_quantity(value: str) -> str:
+    """``value`` unchanged if it is a Kubernetes quantity (``10Gi``, ``500m``, ``2``).
+
+    Raises:
+        ValueError: Naming the value (for pydantic field validators).
+    """
+    if not QUANTITY_RE.match(str(value)):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes quantity (a number with an optional suffix: "
+            "m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei; e.g. 10Gi, 500m)"
+        )
+    return value
+
+
+def quantity_value(value: str) -> Decimal:
+    """The number a quantity of :data:`QUANTITY_RE`'s form stands for (``1Ki`` → 1024)."""
+    match = QUANTITY_RE.match(str(value))
+    if match is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    suffix = match.group(2) or ""
+    return Decimal(str(value)[: len(str(value)) - len(suffix)]) * QUANTITY_SUFFIXES[suffix]
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why ``key`` is not a Kubernetes label (or taint) key, or None if it is one.
+
+    A key is a qualified name: an optional DNS-1123 subdomain prefix (<= 253) and ``/``,
+    then a name of 1 to 63 of ``A-Z a-z 0-9 - _ .``, starting and ending alphanumeric.
+    """
+    prefix, _, name = str(key).rpartition("/")
+    if "/" in str(key) and (not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN_RE.match(prefix)):
+        return f"{key!r}: its prefix {prefix!r} is not a DNS-1123 subdomain"
+    if not LABEL_NAME_RE.match(name):
+        return (
+            f"{key!r} is not a label key (a name of 1 to 63 of A-Z a-z 0-9 - _ ., starting "
+            "and ending alphanumeric, after an optional DNS subdomain and '/')"
+        )
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a Kubernetes label (or taint) value, or None if it is one."""
+    if not LABEL_VALUE_RE.match(str(value)):
+        return (
+            f"{value!r} is not a label value (at most 63 of A-Z a-z 0-9 - _ ., starting "
+            "and ending alphanumeric)"
+        )
+    return None
+
+
+def label_map(value: dict[str, str]) -> dict[str, str]:
+    """``value`` unchanged if its keys and values are Kubernetes label keys and values.
+
+    Raises:
+        ValueError: Naming the first bad key or value (for pydantic field validators).
+    """
+    for key, item in value.items():
+        problem = label_key_problem(key) or label_value_problem(item)
+        if problem:
+            raise ValueError(problem)
     return value
 
 
@@ -125,7 +199,8 @@ class StagingConfig(StrictModel):
     volume_snapshot_class: str | None = None
     volume_snapshot_timeout_s: float = Field(default=1800, gt=0)
 
-    _dns_subdomain = field_validator("volume_snapshot_class")(dns_subdomain)
+    _dns_subdomain = field_validator("storage_class", "volume_snapshot_class")(dns_subdomain)
+    _quantity = field_validator("pvc_size")(kubernetes_quantity)
 
 
 class WindowIntervals(StrictModel):
@@ -149,8 +224,16 @@ TrainingWindow = Literal["newest"] | WindowIntervals | WindowSince
 ``{since: YYYY-MM-DD}`` (validated interval snapshots up to the run's interval)."""
 
 
+MAX_GPUS_PER_WORKER = 16
+"""The most GPUs one training pod may ask for when the cluster profile does not say (the
+largest common GPU node has 8 to 16); a pool's ``gpus_per_node`` bounds it further."""
+
+
 class TrainingConfig(StrictModel):
     """Distributed training parameters (defaults of the trigger form).
+
+    ``gpus_per_worker: 0`` trains on CPUs: the worker (and chief) pods go to the CPU pool,
+    as parameter servers do, and request no GPU.
 
     ``window`` says which snapshots a run trains on (the union of them, each split into
     train and holdout by its stable key hash): ``newest`` (default) the run's own snapshot;
@@ -168,11 +251,20 @@ class TrainingConfig(StrictModel):
     learning_rate: float = Field(default=1e-3, gt=0)
     steps_per_execution: int = Field(default=8, ge=1)
     priority: str = "high"
-    gpus_per_worker: int = Field(default=1, ge=0)
+    gpus_per_worker: int = Field(default=1, ge=0, le=MAX_GPUS_PER_WORKER)
     start_deadline_s: float = Field(default=120, gt=0)
     attempt_timeout_s: float = Field(default=1800, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     seed: int = 0
+
+    @field_validator("parameter_servers")
+    @classmethod
+    def _servers_for_strategy(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("strategy") == "parameter_server" and value < 1:
+            raise ValueError(
+                f"{value}: the parameter_server strategy needs at least 1 parameter server"
+            )
+        return value
 
     @field_validator("window", mode="before")
     @classmethod
@@ -627,15 +719,23 @@ def parse_pipeline(path: Path) -> PipelineConfig:
     return cfg
 
 
-def check_pipeline(path: Path) -> PipelineConfig:
+def check_pipeline(path: Path, profile: Any = None) -> PipelineConfig:
     """Parse a pipeline and check what the schema cannot: names it refers to must exist.
 
     The training model must be registered, the dataset must have a data contract whose
-    source format is the pipeline's, and gate metrics must be ones evaluation computes.
-    Run by ``python -m trainyard pipelines check`` and before ``stage`` reads anything.
+    source format is the pipeline's, gate metrics must be ones evaluation computes, and
+    the cluster profile must be able to run its training (its ``priority`` a tier, its
+    GPUs on a node of that tier: :func:`trainyard.k8s.profile.training_problems`, what
+    ``render`` refuses). Run by ``python -m trainyard pipelines check`` and before
+    ``stage`` reads anything.
+
+    Args:
+        path: The pipeline file.
+        profile: The ``ClusterProfile``; default the settings' (``TRAINYARD_CLUSTER_PROFILE``).
 
     Raises:
-        ConfigError: Every problem as ``file:line: field: message``.
+        ConfigError: Every problem as ``file:line: field: message`` (or the profile's own
+            error, if it does not load).
     """
     from trainyard.contracts import load_contract
     from trainyard.errors import ContractError
@@ -728,6 +828,16 @@ def check_pipeline(path: Path) -> PipelineConfig:
                     f"{', '.join(TASK_METRICS[task])})",
                 )
             )
+    try:  # the training section alone: its problems on the cluster are worth knowing too
+        training = TrainingConfig.model_validate(field("training"))
+    except ValidationError:
+        training = None
+    if training is not None:
+        from trainyard.k8s.profile import load_cluster_profile, training_problems
+
+        profile = profile if profile is not None else load_cluster_profile()
+        for keys, why in training_problems(profile, training):
+            problems.append(where(("training", *keys), why))
     if cfg is not None:
         for keys, why in shared_names(cfg):
             problems.append(where(keys, why))
@@ -904,13 +1014,17 @@ def ensure_own_names(cfg: PipelineConfig) -> None:
 
 
 def cli_main(argv: list[str]) -> int:
-    """``python -m trainyard pipelines check [FILE ...]`` (default: every pipeline).
+    """``python -m trainyard pipelines check [--profile FILE] [FILE ...]`` (default: all).
+
+    Pipelines are checked against the cluster profile ``render`` would use: ``--profile``,
+    else ``TRAINYARD_CLUSTER_PROFILE``, else ``deploy/cluster_profile.yaml``.
 
     Args:
         argv: Arguments after ``pipelines``.
 
     Returns:
-        0 if every pipeline is valid, 1 if any is not, 2 on usage errors.
+        0 if every pipeline is valid, 1 if any is not (or the profile is not), 2 on usage
+        errors.
     """
     import sys
 
@@ -920,6 +1034,12 @@ def cli_main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="check pipeline configs (default: every pipeline)")
     check.add_argument("files", nargs="*", type=Path)
+    check.add_argument(
+        "--profile",
+        type=Path,
+        help="cluster profile YAML, as for render (default: TRAINYARD_CLUSTER_PROFILE, "
+        "else deploy/cluster_profile.yaml)",
+    )
     sub.add_parser("schema", help="print the pipeline config's JSON schema")
     try:
         args = parser.parse_args(argv)
@@ -935,9 +1055,16 @@ def cli_main(argv: list[str]) -> int:
     if not files:
         sys.stderr.write(f"no pipelines found in {get_settings().pipelines_dir}\n")
         return 1
+    from trainyard.k8s.profile import load_cluster_profile
+
+    try:
+        profile = load_cluster_profile(args.profile)
+    except ConfigError as e:
+        sys.stderr.write(f"{e}\n")
+        return 1
     return check_files(
         files,
-        check_pipeline,
+        lambda path: check_pipeline(path, profile),
         lambda cfg: f"pipeline {cfg.name}: dataset {cfg.dataset}, model {cfg.training.model}",
         ConfigError,
         "pipeline",
@@ -985,6 +1112,11 @@ def load_pipeline(name: str, check: bool = False) -> PipelineConfig:
 
 TRAINING_POOL = "trainyard_training"
 """The Airflow pool of training tasks on the local runner (one slot on a laptop)."""
+
+
+def unknown_tier_message(tier: str, known: Any) -> str:
+    """The error for a ``training.priority`` the cluster profile has no tier of."""
+    return f"unknown priority tier {tier!r} (known: {', '.join(sorted(known))})"
 
 
 def training_pool_name(runner: str, tier: str) -> str:

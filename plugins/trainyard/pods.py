@@ -173,7 +173,9 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("pipeline")
     p.add_argument("--step", choices=RENDER_STEPS, default="all")
     p.add_argument("--snapshot", help="snapshot id (validate, train, register)")
-    p.add_argument("--version", type=int, help="model version (evaluate, deploy)")
+    p.add_argument(
+        "--version", type=argtypes.version, help="model version, from 1 (evaluate, deploy)"
+    )
     p.add_argument("--run-id", default="manual")
     p.add_argument("--profile", help="cluster profile YAML (default: settings)")
     p.add_argument("--kueue", action=argparse.BooleanOptionalAction, default=None)

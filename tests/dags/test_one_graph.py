@@ -662,6 +662,24 @@ def test_one_invalid_pipeline_does_not_hide_the_others(tmp_path: Path, monkeypat
     assert "invalid pipeline config" in dags["trainyard_wrong"].doc_md
 
 
+def test_a_priority_no_tier_has_is_an_invalid_dag(tmp_path: Path, monkeypatch) -> None:
+    # the trigger form fell back to the first tier; render and `pipelines check` refuse it
+    from trainyard.orchestration.graph import build_dags
+
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    raw = yaml.safe_load((ROOT / "dags" / "pipelines" / "digits.yaml").read_text())
+    raw["training"]["priority"] = "urgent"
+    (folder / "digits.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(tmp_path / "v"))
+    dag = build_dags(folder)["trainyard_digits"]
+    assert dag.task_ids == ["invalid_config"]
+    assert (
+        f"{folder / 'digits.yaml'}: training.priority: unknown priority tier 'urgent' "
+        "(known: high, low)"
+    ) in dag.doc_md
+
+
 # ------------------------------------------------------------------ VolumeSnapshot
 
 

@@ -83,6 +83,43 @@ PROFILE_ERRORS = [
     ("root uid", "security.run_as_user", 0, "security.run_as_user"),
     ("kueue without queue", "tiers.low.kueue_queue", None, "kueue_queue"),
     ("snapshot class", "storage.volume_snapshot_class", "CSI_Snap", "volume_snapshot_class"),
+    ("storage class", "storage.storage_class", "Fast RWX", "storage.storage_class"),
+    (
+        "cpu label key",
+        "cpu_pool.node_labels",
+        {"bad key!": "cpu"},
+        "cpu_pool.node_labels: 'bad key!' is not a label key",
+    ),
+    (
+        "gpu label value",
+        "gpu_pools.0.node_labels",
+        {"nvidia.com/gpu.product": "NVIDIA H100 80GB"},
+        "gpu_pools.0.node_labels: 'NVIDIA H100 80GB' is not a label value",
+    ),
+    (
+        "taint key",
+        "gpu_pools.0.taints",
+        [{"key": "bad key!", "effect": "NoSchedule"}],
+        "gpu_pools.0.taints.0.key: 'bad key!' is not a label key",
+    ),
+    (
+        "taint value",
+        "cpu_pool.taints",
+        [{"key": "dedicated", "value": "x" * 64}],
+        "cpu_pool.taints.0.value",
+    ),
+    (
+        "request above limit",
+        "resources.trainer",
+        {"requests": {"cpu": "16", "memory": "1Gi"}, "limits": {"cpu": "8"}},
+        "resources.trainer: requests.cpu 16 is above limits.cpu 8",
+    ),
+    (
+        "request above limit, other units",
+        "resources.ps.limits",
+        {"memory": "1000Mi"},
+        "resources.ps: requests.memory 8Gi is above limits.memory 1000Mi",
+    ),
 ]
 
 
@@ -404,6 +441,44 @@ def test_training_objects_env_contract(
     assert any("required node affinity" in line for line in tr.plan)
     assert tr.teardown[-1].endswith(f"-l trainyard.io/run={tr.name} --ignore-not-found")
     assert sum("delete job" in t for t in tr.teardown) == len(roles)
+
+
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_cpu_training_goes_to_the_cpu_pool(profile: k8s.ClusterProfile, strategy: str) -> None:
+    # gpus_per_worker: 0 is CPU training: a pod on a GPU node would hold it unused
+    tr = k8s.training_objects(
+        profile,
+        "digits",
+        "r",
+        strategy=strategy,
+        workers=2,
+        parameter_servers=1,
+        tier="high",
+        gpus_per_worker=0,
+        args=[],
+        dataset="digits",
+    )
+    for job in tr.jobs:
+        role = job.metadata.labels["trainyard.io/role"]
+        pod = job.spec.template.spec
+        limits = pod.containers[0].resources.limits
+        assert "nvidia.com/gpu" not in limits, role
+        assert pod.node_selector == {"trainyard.io/pool": "cpu"} and pod.affinity is None
+        assert not any(t.key == "nvidia.com/gpu" for t in pod.tolerations or [])
+        assert pod.priority_class_name == "trainyard-high"
+        expected = profile.resources.ps if role == "ps" else profile.resources.trainer
+        assert limits == expected.limits
+        assert k8s.validate_object(job) == []
+    assert not any("GPU(s)" in line for line in tr.plan[1 : 1 + len(tr.jobs)])
+
+
+def test_cpu_training_under_kueue_is_refused(profile: k8s.ClusterProfile) -> None:
+    from trainyard.k8s.profile import training_problems
+
+    cpu = pipeline(gpus_per_worker=0).training
+    assert training_problems(profile, cpu, kueue=False) == []
+    ((keys, why),) = training_problems(profile, cpu, kueue=True)
+    assert keys == ("gpus_per_worker",) and "GPU flavors" in why
 
 
 def test_training_names_stay_valid_for_long_pipelines() -> None:
@@ -733,6 +808,18 @@ def test_cli_render(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monk
     assert main(["render", "digits", "--snapshot", "s1", "--version", "1"]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
     assert kinds.count("Job") >= 1 and kinds.count("Pod") == 6 and "Deployment" in kinds
+
+
+@pytest.mark.parametrize("version", ["0", "-1"])
+def test_cli_render_refuses_a_version_below_1(
+    capsys: pytest.CaptureFixture[str], version: str
+) -> None:
+    from trainyard.cli import main
+
+    with pytest.raises(SystemExit) as e:  # a usage error, as argparse reports it
+        main(["render", "digits", "--step", "deploy", f"--version={version}"])
+    assert e.value.code == 2
+    assert f"version {version}: versions start at 1" in capsys.readouterr().err
 
 
 def test_cli_render_rejects_bad_profile(

@@ -102,6 +102,7 @@ def test_fixtures_cover_the_required_negative_cases() -> None:
         "wrong-type-wpc-value",
         "wrong-type-node-labels",
         "wrong-type-quota",
+        "bad-node-label-syntax",
     } <= names
 
 

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # A stand-in worker: prints the ready marker and its TF_CONFIG, then follows its script,
 # chosen per (task, attempt) by the BEHAVIOUR json: "ok", "crash", "hang", "never_ready",
-# "nan", "bad_input", "spawn_and_hang" (leaves a grandchild in its process group).
+# "nan", "bad_input", "skip_code" (exit 4), "spawn_and_hang" (leaves a grandchild in its
+# process group).
 WORKER = r"""
 import json, os, subprocess, sys, time
 from trainyard.training.worker.tf_config import resolve_tf_config
@@ -34,9 +35,11 @@ print("TRAINYARD_WORKER_READY", json.dumps(cfg), flush=True)
 if what == "crash":
     time.sleep(0.3); print("boom: simulated crash", flush=True); sys.exit(9)
 if what == "nan":
-    sys.exit(3)
+    print("TRAINYARD_LOSS_NAN loss became NaN", flush=True); sys.exit(3)
 if what == "bad_input":
-    print("SnapshotError: /x/manifest.json: manifest not found", flush=True); sys.exit(4)
+    print("SnapshotError: /x/manifest.json: manifest not found", flush=True); sys.exit(3)
+if what == "skip_code":
+    print("exit 4 is no worker's code", flush=True); sys.exit(4)
 if what == "spawn_and_hang":
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     print("grandchild", child.pid, flush=True)
@@ -153,6 +156,12 @@ def test_attempts_until_success(plan: dict[str, str], kw: dict, attempts: int) -
             r"^worker:0 rejected its input: SnapshotError: /x/manifest.json",
             6,
         ),
+        (
+            {"worker:0": "skip_code"},
+            {"max_attempts": 2},
+            r"attempt 1: worker:0 died \(exit code 4\) .*\n  attempt 2: worker:0 died",
+            10,
+        ),
     ],
     ids=[
         "too-many-crashes",
@@ -160,6 +169,7 @@ def test_attempts_until_success(plan: dict[str, str], kw: dict, attempts: int) -
         "attempt-timeout",
         "nan-not-retried",
         "bad-input-not-retried",
+        "exit-4-is-a-crash",
     ],
 )
 def test_failures_end_in_one_clear_error(

@@ -46,14 +46,23 @@ def _run(tmp_path: Path, env: dict[str, str], contract: Path) -> subprocess.Comp
             "data_contracts/digits.yaml",
             "multi_worker_mirrored has no parameter servers",
         ),
+        (
+            {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                      "task": {"type": "worker", "index": 5}})},
+            "data_contracts/digits.yaml",
+            "task.index 5 out of range for worker (0..1)",
+        ),
     ],
-    ids=["no-tf-config", "tf-config-not-json", "missing-contract", "ps-task-under-mwms"],
+    ids=["no-tf-config", "tf-config-not-json", "missing-contract", "ps-task-under-mwms",
+         "task-index-out-of-range"],
 )  # fmt: skip
 def test_bad_input_exits_non_retryable(
     tmp_path: Path, env: dict, contract: str, message: str
 ) -> None:
     res = _run(tmp_path, env, ROOT / contract)
     assert res.returncode == EXIT_BAD_INPUT, res.stderr
+    # 3: a failure no retry fixes, as for every command (4 would say "nothing to do")
+    assert EXIT_BAD_INPUT == 3
     assert message in res.stderr
     assert not (tmp_path / "out").exists()
 

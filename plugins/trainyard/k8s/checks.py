@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from trainyard.config import DNS_SUBDOMAIN_RE
+from trainyard.config import DNS_SUBDOMAIN_RE, label_key_problem, label_value_problem
 from trainyard.errors import ConfigError
 
 K8S_VERSION = "1.33.0"
@@ -366,6 +366,27 @@ def _kueue_quota_errors(data: dict[str, Any], where: str) -> list[str]:
     return errors
 
 
+def _kueue_flavor_errors(data: dict[str, Any], where: str) -> list[str]:
+    """Label syntax rules of Kueue's webhook (``pkg/webhooks/resourceflavor_webhook.go``).
+
+    ``spec.nodeLabels`` are node labels (``ValidateLabels``: qualified-name keys, label
+    values) and ``spec.nodeTaints`` node taints (the same key and value syntax): a flavor
+    whose labels no node can carry would admit workloads that never schedule. Only called
+    on objects that passed the schema (types are right).
+    """
+    spec = data.get("spec") or {}
+    errors = [
+        f"{where}: spec.nodeLabels.{key}: {problem}"
+        for key, value in (spec.get("nodeLabels") or {}).items()
+        if (problem := label_key_problem(key) or label_value_problem(value))
+    ]
+    for i, taint in enumerate(spec.get("nodeTaints") or []):
+        problem = label_key_problem(taint["key"]) or label_value_problem(taint.get("value", ""))
+        if problem:
+            errors.append(f"{where}: spec.nodeTaints.{i}: {problem}")
+    return errors
+
+
 def kueue_errors(data: dict[str, Any], schema_path: Path = KUEUE_SCHEMA_PATH) -> list[str]:
     """Errors of a Kueue object against our v1beta2 schema and Kueue's webhook rules.
 
@@ -403,6 +424,8 @@ def kueue_errors(data: dict[str, Any], schema_path: Path = KUEUE_SCHEMA_PATH) ->
     )
     if not errors and kind in ("ClusterQueue", "Cohort"):
         errors += _kueue_quota_errors(data, where)
+    if not errors and kind == "ResourceFlavor":
+        errors += _kueue_flavor_errors(data, where)
     return errors
 
 

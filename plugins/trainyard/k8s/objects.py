@@ -547,7 +547,8 @@ def training_job(
     Args:
         profile: Cluster profile.
         name: Attempt base name (= headless Service name = pod subdomain).
-        role: ``worker``, ``chief`` (GPU) or ``ps`` (CPU, parameter server).
+        role: ``worker``, ``chief`` (GPU; CPU pool with ``gpus`` 0) or ``ps`` (CPU,
+            parameter server).
         replicas: Pods of this role (``completions = parallelism = replicas``).
         tier: Priority tier of the GPU roles.
         args: Arguments of ``python -m trainyard.training.worker``.
@@ -583,7 +584,9 @@ def training_job(
         # the admitted ResourceFlavor injects its node labels; a CPU-pool selector of our
         # own would conflict with them
         place, res, gpus = gpu_place, profile.resources.ps, 0
-    elif role == "ps":
+    elif role == "ps" or gpus == 0:
+        # no GPU: the CPU pool, without the GPU pools' affinity and tolerations (a pod
+        # there would hold a GPU node it does not use)
         cpu = cpu_placement(profile)
         place = Placement(
             tier=tier,
@@ -593,7 +596,8 @@ def training_job(
             priority_class_name=gpu_place.priority_class_name,
             plan=cpu.plan,
         )
-        res, gpus = profile.resources.ps, 0
+        res = profile.resources.ps if role == "ps" else profile.resources.trainer
+        gpus = 0
     else:
         place, res = gpu_place, profile.resources.trainer
     jname = job_name(name, role)
@@ -751,7 +755,8 @@ def training_objects(
     place = placement_for_tier(profile, tier, kueue=kueue)
     plan = [f"training attempt {base}: strategy {strategy}"]
     for role, n in replicas.items():
-        where = "CPU pool" if role == "ps" else f"{gpus_per_worker} GPU(s) each, tier {tier!r}"
+        gpu = role != "ps" and gpus_per_worker > 0
+        where = f"{gpus_per_worker} GPU(s) each, tier {tier!r}" if gpu else "CPU pool"
         addrs = ", ".join(f"{job_name(base, role)}-{i}.{base}:{TF_PORT}" for i in range(min(n, 3)))
         more = ", ..." if n > 3 else ""
         plan.append(f"  {role}: {n} pod(s), {where}; {addrs}{more}")

@@ -8,22 +8,32 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainyard.config import (
+    MAX_GPUS_PER_WORKER,
+    QUANTITY_RE,
     TRAINING_POOL,
     StrictModel,
     dns_subdomain,
     error_message,
+    kubernetes_quantity,
+    label_key_problem,
+    label_map,
+    label_value_problem,
+    quantity_value,
     training_pool_name,
+    unknown_tier_message,
 )
 from trainyard.errors import ConfigError
 
+if TYPE_CHECKING:
+    from trainyard.config import TrainingConfig
+
 DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
 AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"]
 
 
@@ -40,6 +50,22 @@ class Taint(StrictModel):
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        problem = label_key_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, value: str | None) -> str | None:
+        problem = None if value is None else label_value_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
 
 class GpuPool(StrictModel):
     """One GPU node pool.
@@ -50,6 +76,9 @@ class GpuPool(StrictModel):
         description: Human text for placement plans.
         node_labels: Labels every node of the pool carries (the pool's selector).
         taints: Taints of the pool's nodes.
+        gpus_per_node: GPUs of each of its nodes, if known: no training pod may ask for
+            more than the largest node of its tier has (unknown counts as
+            :data:`~trainyard.config.MAX_GPUS_PER_WORKER`).
     """
 
     name: str
@@ -57,11 +86,14 @@ class GpuPool(StrictModel):
     description: str = ""
     node_labels: dict[str, str] = Field(min_length=1)
     taints: tuple[Taint, ...] = ()
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64)
 
     @field_validator("name")
     @classmethod
     def _dns(cls, value: str) -> str:
         return _dns_label(value)
+
+    _labels = field_validator("node_labels")(label_map)
 
 
 class Tier(StrictModel):
@@ -91,6 +123,8 @@ class CpuPool(StrictModel):
     node_labels: dict[str, str] = Field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
 
+    _labels = field_validator("node_labels")(label_map)
+
 
 class Resources(StrictModel):
     """Container requests and limits (Kubernetes quantities)."""
@@ -105,6 +139,17 @@ class Resources(StrictModel):
             if not QUANTITY_RE.match(str(qty)):
                 raise ValueError(f"{name}: {qty!r} is not a Kubernetes quantity")
         return value
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for name, qty in self.requests.items():
+            limit = self.limits.get(name)
+            if limit is not None and quantity_value(qty) > quantity_value(limit):
+                raise ValueError(
+                    f"requests.{name} {qty} is above limits.{name} {limit} (the API server "
+                    "refuses a pod whose request exceeds its limit)"
+                )
+        return self
 
 
 class ResourceSet(StrictModel):
@@ -156,14 +201,8 @@ class Storage(StrictModel):
     def _dns(cls, value: str) -> str:
         return _dns_label(value)
 
-    _dns_subdomain = field_validator("volume_snapshot_class")(dns_subdomain)
-
-    @field_validator("dataset_size", "models_size")
-    @classmethod
-    def _size(cls, value: str) -> str:
-        if not QUANTITY_RE.match(value):
-            raise ValueError(f"{value!r} is not a Kubernetes quantity")
-        return value
+    _dns_subdomain = field_validator("storage_class", "volume_snapshot_class")(dns_subdomain)
+    _size = field_validator("dataset_size", "models_size")(kubernetes_quantity)
 
 
 class Security(StrictModel):
@@ -237,8 +276,58 @@ class ClusterProfile(StrictModel):
         try:
             return self.tiers[name]
         except KeyError:
-            known = ", ".join(sorted(self.tiers))
-            raise ConfigError(f"unknown priority tier {name!r} (known: {known})") from None
+            raise ConfigError(unknown_tier_message(name, self.tiers)) from None
+
+    def max_gpus(self, tier: str) -> int:
+        """The most GPUs a training pod of ``tier`` may ask for: its largest node's count.
+
+        Raises:
+            ConfigError: If there is no such tier.
+        """
+        pools = [self.pool(name) for name in self.tier(tier).pools]
+        return max(p.gpus_per_node or MAX_GPUS_PER_WORKER for p in pools)
+
+
+def training_problems(
+    profile: ClusterProfile, training: TrainingConfig, *, kueue: bool | None = None
+) -> list[tuple[tuple[str, ...], str]]:
+    """What in a pipeline's training config this cluster profile cannot run.
+
+    The one list ``pipelines check`` reports and rendering refuses (the rest of the
+    training config is the schema's business).
+
+    Args:
+        profile: The cluster profile.
+        training: The (effective) training config.
+        kueue: Kueue mode; default ``profile.kueue.enabled``.
+
+    Returns:
+        ``(field under training, message)`` per problem; empty when it renders.
+    """
+    if training.priority not in profile.tiers:
+        return [(("priority",), unknown_tier_message(training.priority, profile.tiers))]
+    problems: list[tuple[tuple[str, ...], str]] = []
+    most = profile.max_gpus(training.priority)
+    if training.gpus_per_worker > most:
+        pools = ", ".join(profile.tier(training.priority).pools)
+        problems.append(
+            (
+                ("gpus_per_worker",),
+                f"{training.gpus_per_worker} GPUs per pod, but the largest node of tier "
+                f"{training.priority!r} (pools {pools}) has {most} (the cluster profile's "
+                "gpu_pools[].gpus_per_node): the pods would never schedule",
+            )
+        )
+    use_kueue = profile.kueue.enabled if kueue is None else kueue
+    if training.gpus_per_worker == 0 and use_kueue:
+        problems.append(
+            (
+                ("gpus_per_worker",),
+                "0 (CPU training) with Kueue: the tier's queue admits onto GPU flavors, so "
+                "CPU pods would hold GPU nodes; ask for GPUs or train without Kueue",
+            )
+        )
+    return problems
 
 
 def training_pools(profile: ClusterProfile | None) -> dict[str, dict[str, Any]]:

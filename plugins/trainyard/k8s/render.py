@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
+from trainyard.errors import ConfigError
 from trainyard.k8s.objects import VOLUME_ROOT, TrainingObjects, training_objects
+from trainyard.k8s.profile import training_problems
 from trainyard.layout import Layout
 from trainyard.training import spec
 
@@ -38,8 +40,18 @@ def pipeline_training_objects(
 
     Returns:
         The ``TrainingObjects`` of one attempt.
+
+    Raises:
+        ConfigError: Every problem :func:`~trainyard.k8s.profile.training_problems` finds.
     """
     t = pipeline.training
+    problems = training_problems(profile, t, kueue=kueue)
+    if problems:
+        raise ConfigError(
+            "; ".join(
+                f"pipeline {pipeline.name}: training.{'.'.join(k)}: {why}" for k, why in problems
+            )
+        )
     return training_objects(
         profile,
         pipeline.name,

@@ -37,6 +37,7 @@ from trainyard.config import (
     parse_pipeline,
     pipeline_files,
     training_pool_name,
+    unknown_tier_message,
 )
 from trainyard.errors import ConfigError
 from trainyard.orchestration.inputs import FromParam, FromRun, FromXCom, Results
@@ -675,6 +676,10 @@ def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
                 raise ConfigError(
                     "\n".join(f"{path}: {'.'.join(keys)}: {why}" for keys, why in clashes)
                 )
+            tiers = _tiers(settings.cluster_profile)
+            if cfg.training.priority not in tiers:  # what render and `pipelines check` say
+                why = unknown_tier_message(cfg.training.priority, tiers)
+                raise ConfigError(f"{path}: training.priority: {why}")
             built[path] = build_dag(cfg, settings)
         except ConfigError as e:
             log.error("%s", e)

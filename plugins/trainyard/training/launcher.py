@@ -43,7 +43,7 @@ from trainyard.errors import TrainingError, TrainingTerminated
 from trainyard.fsutil import read_json
 from trainyard.lognoise import is_noise
 from trainyard.training import spec
-from trainyard.training.worker.main import EXIT_BAD_INPUT, EXIT_NAN, READY_MARKER
+from trainyard.training.worker.main import EXIT_BAD_INPUT, NAN_MARKER, READY_MARKER
 
 if TYPE_CHECKING:
     from trainyard.config import PipelineConfig, TrainingConfig
@@ -174,6 +174,7 @@ class _Task:
     ) -> None:
         self.name = name
         self.ready = threading.Event()
+        self.nan = threading.Event()
         self.tail: list[str] = []
         self.proc = subprocess.Popen(
             cmd,
@@ -195,6 +196,8 @@ class _Task:
             line = raw.decode("utf-8", "replace").rstrip()
             if READY_MARKER in line:
                 self.ready.set()
+            elif NAN_MARKER in line:
+                self.nan.set()
             self.tail = [*self.tail[-19:], line]
             if not is_noise(line):
                 # the worker names itself in its own lines (a pod's log has no prefix)
@@ -261,7 +264,7 @@ class _Attempt:
                 if code is None or code == 0:
                     continue
                 t.finish_logs()
-                if code == EXIT_NAN:
+                if code == EXIT_BAD_INPUT and t.nan.is_set():
                     raise _NonRetryable(
                         f"loss became NaN (or inf) in {t.name} during attempt {self.attempt}; "
                         "training stopped and no model was exported "

@@ -112,7 +112,7 @@ def cli_main(argv: list[str]) -> int:
     )
     parser.add_argument("--pipeline", required=True)
     parser.add_argument(
-        "--version", type=int, action="append", help="only this version (repeatable)"
+        "--version", type=argtypes.version, action="append", help="only this version (repeatable)"
     )
     parser.add_argument("--port", type=argtypes.port, default=6006)
     parser.add_argument(

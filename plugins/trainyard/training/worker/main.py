@@ -1,9 +1,10 @@
 """The training worker: one process of a distributed run (``python -m trainyard worker``).
 
 Role from ``TF_CONFIG`` (or derived from the Indexed Job environment). Exit codes tell the
-launcher what happened: 0 done, :data:`EXIT_NAN` loss became NaN (do not retry),
-:data:`EXIT_BAD_INPUT` bad config / contract / snapshot (do not retry), :data:`EXIT_ORPHAN`
-the launcher died, anything else a crash (retry the attempt).
+launcher what happened, as every trainyard command does: 0 done, 3 (:data:`EXIT_BAD_INPUT`,
+:data:`EXIT_NAN`) a failure no retry fixes: bad config, contract or snapshot, or a loss that
+became NaN (that line carries :data:`NAN_MARKER`), :data:`EXIT_ORPHAN` the launcher died,
+anything else a crash (retry the attempt).
 
 Test-only fault injection (``TRAINYARD_FAULT``, comma-separated
 ``<kind>:<epoch>:<task type>:<index>[:<attempt>]``, attempt defaults to 1):
@@ -39,8 +40,10 @@ from trainyard.training.spec import TENSORBOARD_DIR
 from trainyard.training.worker.tf_config import Role, resolve_tf_config, role_of
 
 READY_MARKER = "TRAINYARD_WORKER_READY"
-EXIT_NAN = 3
-EXIT_BAD_INPUT = 4
+NAN_MARKER = "TRAINYARD_LOSS_NAN"
+EXIT_BAD_INPUT = 3
+"""A failure no retry fixes (the CLI's exit code 3; 4 means "nothing to do")."""
+EXIT_NAN = EXIT_BAD_INPUT
 EXIT_ORPHAN = 5
 EXIT_FAULT = 17
 HISTORY_STATE = "trainyard_history.json"
@@ -329,7 +332,7 @@ def _run(
         _say(role, "0 epochs: exporting the untrained model (a baseline candidate)")
     seconds = time.monotonic() - t0
     if recorder.nan or model.stop_training:
-        _say(role, "loss became NaN or inf; stopping without exporting a model")
+        _say(role, f"{NAN_MARKER} loss became NaN or inf; stopping without exporting a model")
         return EXIT_NAN
 
     plain = build_model(args.model, spec)
