@@ -730,7 +730,10 @@ def check_pipeline(path: Path) -> PipelineConfig:
             )
     if cfg is not None:
         others = other_pipelines(cfg)
-        for keys, why in [*shared_names(cfg, others=others), *k8s_name_clashes(cfg, others)]:
+        shared = shared_names(cfg, others=others)
+        said = {keys for keys, _ in shared}  # a shared model name: its objects' names follow
+        clashes = [c for c in k8s_name_clashes(cfg, others) if c[0] not in said]
+        for keys, why in [*shared, *clashes]:
             problems.append(where(keys, why))
     if problems or cfg is None:
         raise InvalidPipelineConfig(path, problems)
