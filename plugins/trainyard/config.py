@@ -839,7 +839,11 @@ def check_pipeline(path: Path, profile: Any = None) -> PipelineConfig:
         for keys, why in training_problems(profile, training):
             problems.append(where(("training", *keys), why))
     if cfg is not None:
-        for keys, why in shared_names(cfg):
+        others = other_pipelines(cfg)
+        shared = shared_names(cfg, others=others)
+        said = {keys for keys, _ in shared}  # a shared model name: its objects' names follow
+        clashes = [c for c in k8s_name_clashes(cfg, others) if c[0] not in said]
+        for keys, why in [*shared, *clashes]:
             problems.append(where(keys, why))
     if problems or cfg is None:
         raise InvalidPipelineConfig(path, problems)
@@ -966,14 +970,8 @@ def name_clashes(
     return out
 
 
-def shared_names(
-    cfg: PipelineConfig, pipelines_dir: Path | None = None
-) -> list[tuple[tuple[str, ...], str]]:
-    """The names ``cfg`` shares with another valid pipeline that owns them (:func:`name_owners`).
-
-    Returns:
-        ``(field, message)`` per name shared.
-    """
+def other_pipelines(cfg: PipelineConfig, pipelines_dir: Path | None = None) -> list[PipelineConfig]:
+    """Every other valid pipeline of the pipelines folder (those that do not parse are left out)."""
     others = []
     for path in pipeline_files(pipelines_dir):
         if path.stem == cfg.name:
@@ -982,7 +980,65 @@ def shared_names(
             others.append(parse_pipeline(path))
         except ConfigError:
             continue
+    return others
+
+
+def shared_names(
+    cfg: PipelineConfig,
+    pipelines_dir: Path | None = None,
+    others: list[PipelineConfig] | None = None,
+) -> list[tuple[tuple[str, ...], str]]:
+    """The names ``cfg`` shares with another valid pipeline that owns them (:func:`name_owners`).
+
+    Args:
+        cfg: The pipeline.
+        pipelines_dir: Where the others are (default: settings).
+        others: The other pipelines, when already read (:func:`other_pipelines`).
+
+    Returns:
+        ``(field, message)`` per name shared.
+    """
+    if others is None:
+        others = other_pipelines(cfg, pipelines_dir)
     return name_clashes(cfg, name_owners([*others, cfg]))
+
+
+def k8s_name_clashes(
+    cfg: PipelineConfig, others: list[PipelineConfig]
+) -> list[tuple[tuple[str, ...], str]]:
+    """The Kubernetes object names ``cfg`` would render as another pipeline already does.
+
+    Names derived from distinct config values can still meet (cut to fit, characters
+    replaced, a short hash); the owner of a name is chosen as :func:`name_owners` does, so
+    only the pipeline that must give way is refused.
+
+    Returns:
+        ``(field, message)`` per clash, naming both pipelines and the object.
+    """
+    from trainyard.k8s.objects import pipeline_object_names
+
+    claims: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
+    for c in sorted([*others, cfg], key=lambda c: c.name):
+        for keys, what, name in pipeline_object_names(c):
+            claims.setdefault(f"{what} {name}", []).append((c.name, keys, what))
+    out = []
+    for keys, what, name in pipeline_object_names(cfg):
+        them = claims[f"{what} {name}"]
+        if len(them) < 2:
+            continue
+        owner, owner_keys, _ = min(them, key=lambda c: not has_models(c[0]))
+        if owner == cfg.name:
+            continue
+        out.append(
+            (
+                keys,
+                f"pipelines {owner!r} ({'.'.join(owner_keys)}) and {cfg.name!r} would both "
+                f"render the Kubernetes {what} {name!r}, which {owner!r} keeps: each needs "
+                "its own (one would roll, select or delete the other's objects); rename "
+                f"{'.'.join(keys)}",
+            )
+        )
+    return out
 
 
 def shared_name_message(

@@ -35,6 +35,7 @@ def step_pod(
     step: str,
     values: dict[str, Any],
     env: dict[str, str] | None = None,
+    run_id: str | None = None,
 ) -> V1Pod:
     """The pod of one step of the table, for one set of argument values.
 
@@ -44,9 +45,10 @@ def step_pod(
         step: A key of :data:`trainyard.steps.STEPS`.
         values: The step's arguments (``pipeline`` is filled in).
         env: Extra environment variables of the container.
+        run_id: The Airflow run the pod is for (its ``trainyard.io/run`` label).
 
     Returns:
-        The restricted pod running ``python -m trainyard <step> <args>``.
+        The restricted pod, named after the pipeline, running ``python -m trainyard <step> <args>``.
 
     Raises:
         ConfigError: On an unknown step, unknown argument or missing required one.
@@ -56,7 +58,14 @@ def step_pod(
     table = STEPS[step]
     args = table.argv({"pipeline": pipeline.name, **values})
     return objects.step_pod(
-        profile, step, args, pipeline.dataset, writes_dataset=table.writes_dataset, env=env
+        profile,
+        step,
+        args,
+        pipeline.dataset,
+        pipeline=pipeline.name,
+        run_id=run_id,
+        writes_dataset=table.writes_dataset,
+        env=env,
     )
 
 
@@ -96,7 +105,7 @@ def render_objects(
         step: One of :data:`RENDER_STEPS`.
         snapshot: Snapshot id (steps that take one).
         version: Model version (steps that take one).
-        run_id: The run (names the training attempt).
+        run_id: The run (names the training attempt; labels every pod).
         kueue: Kueue mode; default from the profile.
 
     Returns:
@@ -148,7 +157,7 @@ def render_objects(
                 objects.serving_deployment(profile, sv.model_name, values["version"], sv.replicas),
                 objects.serving_service(profile, sv.model_name),
             ]
-        out.append(step_pod(profile, pipeline, s, values))
+        out.append(step_pod(profile, pipeline, s, values, run_id=run_id))
     return out
 
 

@@ -297,7 +297,12 @@ def _env(container: k.V1Container) -> dict[str, str]:
 )
 def test_step_pod(profile: k8s.ClusterProfile, step: str, read_only: bool) -> None:
     pod = k8s.step_pod(
-        profile, step, ["--pipeline", "digits"], "digits", writes_dataset=not read_only
+        profile,
+        step,
+        ["--pipeline", "digits"],
+        "digits",
+        pipeline="digits",
+        writes_dataset=not read_only,
     )
     c = pod.spec.containers[0]
     assert c.name == k8s.BASE_CONTAINER
@@ -489,6 +494,174 @@ def test_training_names_stay_valid_for_long_pipelines() -> None:
     assert k8s.training_base_name("p", "r1") != k8s.training_base_name("p", "r2")
 
 
+RUN = "scheduled__2026-11-27T01:30:00+00:00"
+
+
+def _copy(name: str, **fields: Any) -> PipelineConfig:
+    """``dags/pipelines/transactions.yaml`` copied under another name (and other fields)."""
+    raw = yaml.safe_load((ROOT / "dags" / "pipelines" / "transactions.yaml").read_text())
+    raw["name"] = name
+    for dotted, value in fields.items():
+        raw = _mutate(raw, dotted.replace("__", "."), value)
+    return PipelineConfig.model_validate(raw)
+
+
+def _rendered(profile: k8s.ClusterProfile, cfg: PipelineConfig) -> list[dict[str, Any]]:
+    from trainyard.pods import render_objects
+
+    objs = render_objects(profile, cfg, "all", snapshot="0123456789abcdef", version=3, run_id=RUN)
+    return [k8s.to_dict(o) for o in objs]
+
+
+def _labels_of(d: dict[str, Any]) -> list[dict[str, str]]:
+    spec = d.get("spec", {})
+    return [
+        d["metadata"].get("labels", {}),
+        spec.get("template", {}).get("metadata", {}).get("labels", {}),
+    ]
+
+
+def test_two_pipelines_sharing_a_head_share_no_object(profile: k8s.ClusterProfile) -> None:
+    # fraud_detection_transactions_eu / _us (a copy of transactions.yaml each) rendered for
+    # one run id both made Service ty-fraud-detection-transacti-b939a9b2-a1, its Jobs and
+    # run label: a retry reattached to, or a teardown deleted, the other's training
+    eu, us = (
+        _rendered(profile, _copy(f"fraud_detection_transactions_{r}", serving__model_name=r))
+        for r in ("eu", "us")
+    )
+    shared = {("PersistentVolumeClaim", "trainyard-data-transactions")}
+    shared.add(("PersistentVolumeClaim", profile.storage.models_pvc))
+
+    def names(objs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {(d["kind"], d["metadata"]["name"]) for d in objs} - shared
+
+    def runs(objs: list[dict[str, Any]]) -> set[str]:
+        return {ls[k8s.RUN_LABEL] for d in objs for ls in _labels_of(d) if k8s.RUN_LABEL in ls}
+
+    assert names(eu) and names(eu).isdisjoint(names(us))
+    assert runs(eu) and runs(eu).isdisjoint(runs(us))
+    for cfg, objs in (
+        ("fraud_detection_transactions_eu", eu),
+        ("fraud_detection_transactions_us", us),
+    ):
+        base = k8s.training_base_name(cfg, RUN)
+        assert base.startswith("ty-fraud-detection-") and len(base) <= 40
+        assert ("Service", base) in names(objs)
+        assert {n for kind, n in names(objs) if kind == "Job"} == {f"job-{base}-worker"}
+        job = next(d for d in objs if d["kind"] == "Job")
+        pod = job["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert pod["subdomain"] == env["TRAINYARD_TF_SERVICE"] == base
+        assert json.loads(env["TRAINYARD_TF_JOBS"])["worker"]["job"] == f"job-{base}-worker"
+        # every pod, Job and Service says whose it is
+        for d in objs:
+            if d["kind"] in ("Pod", "Job", "Service") and d["metadata"]["labels"].get(
+                k8s.COMPONENT_LABEL
+            ) in ("step", "training"):
+                assert d["metadata"]["labels"][k8s.PIPELINE_LABEL] == cfg.replace("_", "-")
+                assert d["metadata"]["labels"][k8s.RUN_LABEL].startswith(k8s.run_name(cfg, RUN))
+
+
+@pytest.mark.parametrize(
+    ("pipeline_name", "run_id", "attempt"),
+    [
+        ("digits", "manual__2026-11-22", 1),
+        ("fraud_detection_transactions_eu", RUN, 1),
+        ("a_very_long_pipeline_name_" * 2 + "x", "r" * 300, 99),
+        ("p", "", 1234),
+    ],
+    ids=["short", "shared head", "long", "many attempts"],
+)
+def test_run_and_training_names(pipeline_name: str, run_id: str, attempt: int) -> None:
+    run = k8s.run_name(pipeline_name, run_id)
+    base = k8s.training_base_name(pipeline_name, run_id, attempt)
+    assert DNS_LABEL.match(run) and DNS_LABEL.match(base) and len(base) <= 40
+    assert run.startswith(k8s.training_prefix(pipeline_name))
+    if attempt < 100:  # a step pod's run label begins its training attempts' names
+        assert base == f"{run}-a{attempt}"
+    assert DNS_LABEL.match(f"{k8s.job_name(base, 'worker')}-9999")
+    # the hash covers the whole pipeline name and the run id
+    assert base != k8s.training_base_name(pipeline_name + "x", run_id, attempt)
+    assert base != k8s.training_base_name(pipeline_name, run_id + "x", attempt)
+
+
+LONG_MODEL = "Model-For-The-Fraud-Detection-Team-In-Europe-Region-Version-"
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("fraud.model", "fraud_model"),
+        (LONG_MODEL + "a", LONG_MODEL + "b"),
+        ("fraud.model", "fraud-model"),
+        ("x" * 55 + "a", "x" * 55 + "b"),
+    ],
+    ids=["replaced characters", "cut", "sanitised vs valid", "valid but too long"],
+)
+def test_distinct_model_names_get_distinct_serving_objects(
+    profile: k8s.ClusterProfile, a: str, b: str
+) -> None:
+    # both rendered serving-fraud-model, selector trainyard.io/model: fraud-model (or both
+    # serving-model-for-the-fraud-detection-team-in-europe-region-ver): one pipeline's
+    # deploy rolled the other's Deployment, and each Service selected both's pods
+    def rendered(model: str) -> tuple[str, str, dict[str, str], dict[str, str]]:
+        dep = k8s.serving_deployment(profile, model, 1, 1)
+        svc = k8s.serving_service(profile, model)
+        assert dep.metadata.name == svc.metadata.name
+        assert dep.spec.selector.match_labels == svc.spec.selector
+        assert DNS_LABEL.match(dep.metadata.name)
+        assert k8s.validate_object(dep) == [] and k8s.validate_object(svc) == []
+        # the model's own name stays where TF Serving and the deploy step use it
+        assert dep.spec.template.spec.containers[0].readiness_probe.http_get.path == (
+            f"/v1/models/{model}"
+        )
+        return dep.metadata.name, svc.metadata.name, svc.spec.selector, dep.metadata.labels
+
+    ra, rb = rendered(a), rendered(b)
+    assert ra[0] != rb[0] and ra[1] != rb[1]
+    assert ra[2][k8s.MODEL_LABEL] != rb[2][k8s.MODEL_LABEL]
+    for model in (a, b):
+        cfg = _copy("transactions", serving__model_name=model)
+        assert k8s.serving_name(model) in [n for _, _, n in k8s.pipeline_object_names(cfg)]
+
+
+@pytest.mark.parametrize("model", ["digits", "transactions", "9lives", "m" * 55])
+def test_a_model_name_that_is_a_dns_label_keeps_its_serving_names(model: str) -> None:
+    # the names shipped Deployments already have must not change
+    assert k8s.serving_name(model) == f"serving-{model}"
+    assert k8s.model_key(model) == model
+
+
+def test_step_pods_are_named_and_labelled_after_their_pipeline(
+    profile: k8s.ClusterProfile,
+) -> None:
+    # vision_ps on dataset digits rendered trainyard-stage-digits, labelled with the step
+    # only: two pipelines on one dataset could not be told apart
+    from trainyard.pods import step_pod
+
+    vision = pipeline().model_copy(update={"name": "vision_ps"})
+    pod = step_pod(profile, vision, "stage", SAMPLE_STAGE, run_id="manual__1")
+    assert pod.metadata.name == "trainyard-stage-vision-ps"
+    assert pod.metadata.labels[k8s.PIPELINE_LABEL] == "vision-ps"
+    assert pod.metadata.labels[k8s.RUN_LABEL] == k8s.run_name("vision_ps", "manual__1")
+    assert pod.metadata.labels["trainyard.io/step"] == "stage"
+    assert pod.spec.volumes[0].persistent_volume_claim.claim_name == "trainyard-data-digits"
+    other = step_pod(profile, pipeline(), "stage", SAMPLE_STAGE, run_id="manual__1")
+    assert other.metadata.name == "trainyard-stage-digits"
+    assert other.metadata.labels[k8s.RUN_LABEL] != pod.metadata.labels[k8s.RUN_LABEL]
+    # a step pod is no training pod: teardown (by the attempt's run label) spares it
+    base = k8s.training_base_name("vision_ps", "manual__1")
+    assert pod.metadata.labels[k8s.RUN_LABEL] != base
+    # long names: cut to what KubernetesPodOperator keeps, distinct by a hash
+    longs = ["p" * 62 + "a", "p" * 62 + "b"]
+    names = {k8s.step_pod_name(step, n) for n in longs for step in ("evaluate", "stage")}
+    assert len(names) == 4
+    assert all(len(n) <= k8s.STEP_POD_NAME_MAX and DNS_LABEL.match(n) for n in names)
+
+
+SAMPLE_STAGE = {"interval_start": "2026-11-01", "interval_end": "2026-11-02"}
+
+
 def test_training_kueue(profile: k8s.ClusterProfile) -> None:
     tr = k8s.training_objects(
         profile,
@@ -594,7 +767,14 @@ def test_serving_container_waits_for_its_model_config_then_runs_the_server(
 
 def _pod_dict(profile: k8s.ClusterProfile) -> dict[str, Any]:
     return k8s.to_dict(
-        k8s.step_pod(profile, "stage", ["--pipeline", "digits"], "digits", writes_dataset=True)
+        k8s.step_pod(
+            profile,
+            "stage",
+            ["--pipeline", "digits"],
+            "digits",
+            pipeline="digits",
+            writes_dataset=True,
+        )
     )
 
 

@@ -108,7 +108,9 @@ def test_pod_operator_xcom_sidecar(
 ) -> None:
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-    pod = k8s.step_pod(profile, "stage", ["--pipeline", "digits"], "digits", writes_dataset=True)
+    pod = k8s.step_pod(
+        profile, "stage", ["--pipeline", "digits"], "digits", pipeline="digits", writes_dataset=True
+    )
     extra = (
         {"xcom_sidecar_container_security_context": k8s.xcom_sidecar_security_context()}
         if sidecar_context
@@ -131,3 +133,39 @@ def test_pod_operator_xcom_sidecar(
         assert errors == []
     else:
         assert any("containers[airflow-xcom-sidecar]" in e for e in errors), errors
+
+
+def test_pod_operator_keeps_the_step_pods_pipeline_name_and_labels(
+    profile: k8s.ClusterProfile, kubeconfig: dict[str, Any]
+) -> None:
+    # the operator cuts a name to 54 characters before its random suffix: the part that
+    # tells two long pipeline names apart must survive, and so must our labels
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    built = []
+    for pipeline in ("fraud_detection_transactions_for_the_europe_region_" + s for s in "ab"):
+        pod = k8s.step_pod(
+            profile,
+            "evaluate",
+            ["--pipeline", pipeline],
+            "transactions",
+            pipeline=pipeline,
+            run_id="manual__1",
+            writes_dataset=False,
+        )
+        evaluate = KubernetesPodOperator(
+            task_id="evaluate",
+            name=pod.metadata.name,
+            namespace=profile.namespace,
+            full_pod_spec=pod,
+            do_xcom_push=True,
+            xcom_sidecar_container_security_context=k8s.xcom_sidecar_security_context(),
+            **kubeconfig,
+        )
+        b = evaluate.build_pod_request_obj(context=None)
+        assert b.metadata.name.startswith(f"{k8s.step_pod_name('evaluate', pipeline)}-")
+        assert b.metadata.labels[k8s.PIPELINE_LABEL] == pipeline.replace("_", "-")
+        assert b.metadata.labels[k8s.RUN_LABEL] == k8s.run_name(pipeline, "manual__1")
+        assert k8s.validate_object(b) == []
+        built.append(b.metadata.name[: -len("-12345678")])
+    assert built[0] != built[1]

@@ -181,6 +181,46 @@ def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkey
     ensure_own_names(parse_pipeline(folder / "digits_wide.yaml"))
 
 
+def test_two_pipelines_may_not_render_one_kubernetes_object(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # Distinct model names can still render one Deployment: 'fraud.model' is cut and
+    # hashed into serving-fraud-model-80a7545c, the very name of model 'fraud-model-80a7545c'
+    from trainyard import k8s
+    from trainyard.config import cli_main
+
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    raw = yaml.safe_load((PIPELINES / "transactions.yaml").read_text())
+    hashed = k8s.serving_name("fraud.model")
+    assert hashed == "serving-fraud-model-80a7545c"
+    for name, model in (("fraud_eu", "fraud.model"), ("fraud_us", "fraud-model-80a7545c")):
+        pipeline = {**raw, "name": name, "serving": {**raw["serving"], "model_name": model}}
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(folder))
+    monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(tmp_path / "v"))
+
+    assert check_pipeline(folder / "fraud_eu.yaml").name == "fraud_eu"  # sorts first: keeps it
+    with pytest.raises(ConfigError) as exc:
+        check_pipeline(folder / "fraud_us.yaml")
+    text = str(exc.value)
+    assert (
+        "serving.model_name: pipelines 'fraud_eu' (serving.model_name) and 'fraud_us' would "
+        f"both render the Kubernetes serving Deployment and Service {hashed!r}, which "
+        "'fraud_eu' keeps"
+    ) in text, text
+    assert "serving selector trainyard.io/model 'fraud-model-80a7545c'" in text
+    assert cli_main(["check"]) == 1
+    out = capsys.readouterr()
+    assert "fraud_us.yaml" in out.out + out.err and hashed in out.out + out.err
+
+    # another model name: nothing rendered is shared (the training prefixes differ too)
+    us = yaml.safe_load((folder / "fraud_us.yaml").read_text())
+    us["serving"]["model_name"] = "fraud_us"
+    (folder / "fraud_us.yaml").write_text(yaml.safe_dump(us, sort_keys=False))
+    assert cli_main(["check"]) == 0
+
+
 @pytest.mark.parametrize("name", ["../evil", "a/b", "has space", "trânsactions", ".", "x" * 64])
 def test_a_model_name_is_one_safe_folder_and_path_name(tmp_path: Path, name: str) -> None:
     # it names a folder of the serving root and a path of the serving API: "../evil"

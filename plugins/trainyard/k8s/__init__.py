@@ -31,7 +31,8 @@ Storage:
       named ``volume_snapshot_name(dataset, snapshot_id)``.
 
 Steps:
-    * ``step_pod(profile, step, args, dataset, *, writes_dataset, env=None) -> V1Pod``:
+    * ``step_pod(profile, step, args, dataset, *, pipeline, run_id=None, writes_dataset,
+      env=None) -> V1Pod`` (``step_pod_name``, labelled with the pipeline and ``run_name``):
       ``python -m trainyard <step> <args>`` from the steps image on the CPU pool, dataset
       PVC at ``/volumes/<dataset>``, models PVC sub-paths at ``/volumes/_models``,
       ``/volumes/_serving``, ``/volumes/_checkpoints``; for ``KubernetesPodOperator(
@@ -43,14 +44,17 @@ Training (Indexed Jobs behind a headless Service; env contract in ``training/wor
       attempt=1, deadline_s=None) -> TrainingObjects`` (service, jobs, placement, plan,
       teardown).
     * ``training_service(name, namespace)``, ``training_job(profile, name, role, replicas,
-      tier, args, gpus, dataset, tf_jobs=...)``, ``training_base_name``, ``job_name``,
+      tier, args, gpus, dataset, tf_jobs=...)``, ``training_base_name`` (``run_name`` +
+      attempt; ``training_prefix``), ``job_name``,
       ``tf_jobs_env``.
     * ``job_operator_kwargs(job, deferrable=False, kueue_queue=None) -> dict`` for
       ``KubernetesJobOperator`` / ``KubernetesStartKueueJobOperator``.
 
 Serving:
     * ``serving_deployment(profile, model_name, version, replicas) -> V1Deployment``,
-      ``serving_service(profile, model_name) -> V1Service``.
+      ``serving_service(profile, model_name) -> V1Service``, named ``serving_name``
+      (``serving-`` + ``model_key``).
+    * ``pipeline_object_names(cfg)``: the names no two pipelines may share.
 
 Checks and rendering:
     * ``validate_object(obj) -> list[str]`` (Kubernetes 1.33 schema + Pod Security
@@ -78,9 +82,11 @@ from trainyard.k8s.objects import (
     DATASET_LABEL,
     JOB_NAME_PREFIX,
     MODEL_LABEL,
+    PIPELINE_LABEL,
     ROLE_LABEL,
     RUN_LABEL,
     SNAPSHOT_LABEL,
+    STEP_POD_NAME_MAX,
     STEP_PROGRAM,
     TERMINATION_LOG,
     TF_PORT,
@@ -95,17 +101,24 @@ from trainyard.k8s.objects import (
     job_name,
     job_operator_kwargs,
     k8s_name,
+    model_key,
     models_pvc,
+    pipeline_label,
+    pipeline_object_names,
     restricted_pod_security_context,
     restricted_security_context,
+    run_name,
+    scorer_name,
     serving_deployment,
     serving_name,
     serving_service,
     step_pod,
+    step_pod_name,
     tf_jobs_env,
     training_base_name,
     training_job,
     training_objects,
+    training_prefix,
     training_service,
     volume_snapshot,
     volume_snapshot_name,
@@ -131,9 +144,11 @@ __all__ = [
     "KUEUE_PRIORITY_LABEL",
     "KUEUE_QUEUE_LABEL",
     "MODEL_LABEL",
+    "PIPELINE_LABEL",
     "ROLE_LABEL",
     "RUN_LABEL",
     "SNAPSHOT_LABEL",
+    "STEP_POD_NAME_MAX",
     "STEP_PROGRAM",
     "TERMINATION_LOG",
     "TF_PORT",
@@ -154,25 +169,32 @@ __all__ = [
     "k8s_name",
     "load_cluster_profile",
     "load_manifests",
+    "model_key",
     "models_pvc",
     "parse_cluster_profile",
+    "pipeline_label",
+    "pipeline_object_names",
     "placement_for_tier",
     "preference_weight",
     "pss_violations",
     "render_yaml",
     "restricted_pod_security_context",
     "restricted_security_context",
+    "run_name",
     "run_training_objects",
     "schema_errors",
+    "scorer_name",
     "serving_deployment",
     "serving_name",
     "serving_service",
     "step_pod",
+    "step_pod_name",
     "tf_jobs_env",
     "to_dict",
     "training_base_name",
     "training_job",
     "training_objects",
+    "training_prefix",
     "training_service",
     "validate_object",
     "volume_snapshot",

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         V1VolumeMount,
     )
 
+    from trainyard.config import PipelineConfig
     from trainyard.k8s.profile import ClusterProfile, Resources
 
 VOLUME_ROOT = "/volumes"
@@ -45,6 +46,7 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 RUN_LABEL = "trainyard.io/run"
 ROLE_LABEL = "trainyard.io/role"
 MODEL_LABEL = "trainyard.io/model"
+PIPELINE_LABEL = "trainyard.io/pipeline"
 DATASET_LABEL = "trainyard.io/dataset"
 SNAPSHOT_LABEL = "trainyard.io/snapshot"
 VERSION_ANNOTATION = "trainyard.io/model-version"
@@ -62,6 +64,10 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 VOLUME_SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 VOLUME_SNAPSHOT_VERSION = "v1"
 VOLUME_SNAPSHOT_PLURAL = "volumesnapshots"
+STEP_POD_NAME_MAX = 54
+"""``KubernetesPodOperator`` cuts a pod name to 54 characters before its random suffix;
+a step pod's name fits, so the part that tells pipelines apart is never cut."""
+SERVING_PREFIX = "serving-"
 
 
 def k8s_name(text: str, max_len: int = 63) -> str:
@@ -94,20 +100,46 @@ def dataset_pvc_name(dataset: str) -> str:
     return _fitted_label(k8s_name(f"trainyard-data-{dataset}", 255), dataset)
 
 
-def _fitted_label(name: str, identity: str) -> str:
-    """``name`` if it is a DNS-1123 label, else its head cut to fit + ``-<hash8>``.
+def _digest(text: str, size: int = 4) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
+
+
+def _fitted_label(name: str, identity: str, max_len: int = 63) -> str:
+    """``name`` if it is a DNS-1123 label of at most ``max_len``, else its head + ``-<hash8>``.
 
     The hash is of ``identity`` (what the name stands for), so distinct identities keep
-    distinct names.
+    distinct names: callers pass a ``name`` made one-to-one from ``identity`` (pipeline
+    names have no ``-``, so ``_`` → ``-`` is), and anything else (lowercased, other
+    characters replaced, cut) gets the hash.
     """
-    if len(name) <= 63 and DNS_LABEL.match(name):
+    if len(name) <= max_len and DNS_LABEL.match(name):
         return name
-    digest = hashlib.blake2b(identity.encode(), digest_size=4).hexdigest()
-    return f"{k8s_name(name, 63 - len(digest) - 1)}-{digest}"
+    digest = _digest(identity)
+    return f"{k8s_name(name, max_len - len(digest) - 1)}-{digest}"
+
+
+def pipeline_label(pipeline: str) -> str:
+    """The ``trainyard.io/pipeline`` label value of a pipeline's objects (``_`` → ``-``)."""
+    return k8s_name(pipeline)
+
+
+def step_pod_name(step: str, pipeline: str) -> str:
+    """A step pod's name: ``trainyard-<step>-<pipeline>``, ``_`` → ``-``.
+
+    At most :data:`STEP_POD_NAME_MAX` characters: longer ones are cut and end in
+    ``-<hash8>`` of the pipeline name, so two pipelines never share a step pod's name.
+    """
+    return _fitted_label(
+        f"trainyard-{step}-{pipeline.replace('_', '-')}", pipeline, STEP_POD_NAME_MAX
+    )
 
 
 def _labels(component: str, **extra: str) -> dict[str, str]:
     return {APP_LABEL: "trainyard", COMPONENT_LABEL: component, **extra}
+
+
+def _pipeline_labels(pipeline: str | None) -> dict[str, str]:
+    return {} if pipeline is None else {PIPELINE_LABEL: pipeline_label(pipeline)}
 
 
 def _label_value(text: str) -> str:
@@ -385,13 +417,16 @@ def step_pod(
     args: list[str],
     dataset: str,
     *,
+    pipeline: str,
+    run_id: str | None = None,
     writes_dataset: bool,
     env: dict[str, str] | None = None,
 ) -> V1Pod:
     """The pod of one pipeline step: ``python -m trainyard <step> <args>``.
 
-    Give it to ``KubernetesPodOperator(full_pod_spec=...)``; the operator sets the pod name
-    and its own labels. If the operator pushes XCom, also pass
+    Give it to ``KubernetesPodOperator(full_pod_spec=...)``; the operator appends a random
+    suffix to the name (:data:`STEP_POD_NAME_MAX`) and adds its own labels. If the operator
+    pushes XCom, also pass
     ``xcom_sidecar_container_security_context=xcom_sidecar_security_context()``. The local
     runner runs the same container as a process (:mod:`trainyard.k8s.local`).
 
@@ -400,6 +435,9 @@ def step_pod(
         step: Step name (an entry of ``trainyard.steps.STEPS``).
         args: Arguments after the step name (``Step.argv`` of the step table).
         dataset: Dataset whose PVC is mounted at ``/volumes/<dataset>``.
+        pipeline: The pipeline (names the pod, :func:`step_pod_name`; its
+            ``trainyard.io/pipeline`` label).
+        run_id: The Airflow run: its ``trainyard.io/run`` label (:func:`run_name`).
         writes_dataset: Mount the dataset read-write (else read-only).
         env: Extra environment variables.
 
@@ -410,6 +448,9 @@ def step_pod(
     from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec
 
     place = cpu_placement(profile)
+    labels = _pipeline_labels(pipeline)
+    if run_id is not None:
+        labels[RUN_LABEL] = run_name(pipeline, run_id)
     data_vol, data_mount = _data_volume(dataset, not writes_dataset)
     models_vol, models_mounts = _models_volume(profile, dict.fromkeys(MODELS_SUBPATHS, False))
     tmp_vol, tmp_mount = _tmp_volume()
@@ -439,9 +480,9 @@ def step_pod(
         api_version="v1",
         kind="Pod",
         metadata=V1ObjectMeta(
-            name=k8s_name(f"trainyard-{step}-{dataset}"),
+            name=step_pod_name(step, pipeline),
             namespace=profile.namespace,
-            labels=_labels("step", **{"trainyard.io/step": step}),
+            labels=_labels("step", **{"trainyard.io/step": step}, **labels),
         ),
         spec=V1PodSpec(
             restart_policy="Never",
@@ -459,10 +500,46 @@ def step_pod(
 # --------------------------------------------------------------------------- training
 
 
+def training_prefix(pipeline: str, max_len: int = 36) -> str:
+    """What every run's training names of a pipeline start with: ``ty-<pipeline>-<hash6>``.
+
+    The pipeline name is cut to fit, so the hash of the whole name tells apart two
+    pipelines that share a head; ``pipelines check`` refuses two pipelines whose prefixes
+    are still the same (:func:`pipeline_object_names`).
+
+    Args:
+        pipeline: Pipeline name.
+        max_len: Length of the :func:`run_name` it begins.
+    """
+    digest = _digest(pipeline, 3)
+    head = k8s_name(f"ty-{pipeline}", max_len - len(digest) - len("--") - 8)
+    return f"{head}-{digest}"
+
+
+def run_name(pipeline: str, run_id: str, max_len: int = 36) -> str:
+    """A pipeline's run as a DNS label: ``ty-<pipeline>-<hash6 of it>-<hash8 of the run id>``.
+
+    The ``trainyard.io/run`` label of the run's step pods, and the head of its training
+    attempts' names (:func:`training_base_name`). The run id's hash is the one of its
+    folders on the volumes (:func:`trainyard.layout.run_key`).
+
+    Args:
+        pipeline: Pipeline name.
+        run_id: Airflow run id (any characters).
+        max_len: Longest name wanted.
+
+    Returns:
+        At most ``max_len`` characters; distinct pipelines or run ids give distinct names.
+    """
+    return f"{training_prefix(pipeline, max_len)}-{_digest(run_id)}"
+
+
 def training_base_name(pipeline: str, run_id: str, attempt: int = 1) -> str:
     """Stable, DNS-safe base name of one training attempt (service = pod subdomain).
 
-    A retry is a new attempt and so a new Job, Service and set of pods.
+    A retry is a new attempt and so a new Job, Service and set of pods. It is the
+    attempt's ``trainyard.io/run`` label, the Service's selector and what teardown deletes
+    by, so it differs for every pipeline, run id and attempt.
 
     Args:
         pipeline: Pipeline name.
@@ -470,13 +547,11 @@ def training_base_name(pipeline: str, run_id: str, attempt: int = 1) -> str:
         attempt: 1-based attempt number.
 
     Returns:
-        ``ty-<pipeline>-<hash8 of run id>-a<attempt>``, at most 40 characters, so
-        ``job-<base>-worker-<index>`` stays a valid hostname.
+        ``<run_name>-a<attempt>`` (:func:`run_name`, the same for attempts 1 to 99), at
+        most 40 characters, so ``job-<base>-worker-<index>`` stays a valid hostname.
     """
-    digest = hashlib.blake2b(run_id.encode(), digest_size=4).hexdigest()
-    suffix = f"-{digest}-a{attempt}"
-    head = k8s_name(f"ty-{pipeline}", 40 - len(suffix))
-    return f"{head}{suffix}"
+    suffix = f"-a{attempt}"
+    return f"{run_name(pipeline, run_id, min(36, 40 - len(suffix)))}{suffix}"
 
 
 def job_name(base: str, role: str) -> str:
@@ -498,7 +573,7 @@ def tf_jobs_env(base: str, replicas: dict[str, int]) -> str:
     return json.dumps(jobs, sort_keys=True, separators=(",", ":"))
 
 
-def training_service(name: str, namespace: str) -> V1Service:
+def training_service(name: str, namespace: str, pipeline: str | None = None) -> V1Service:
     """Headless Service giving every training pod a stable DNS name.
 
     ``publishNotReadyAddresses`` matters: training pods have no readiness probe and must
@@ -507,6 +582,7 @@ def training_service(name: str, namespace: str) -> V1Service:
     Args:
         name: Attempt base name (the pods' ``subdomain``).
         namespace: Namespace.
+        pipeline: The pipeline: its ``trainyard.io/pipeline`` label.
 
     Returns:
         ``clusterIP: None`` service selecting the attempt's pods on port 2222.
@@ -517,7 +593,9 @@ def training_service(name: str, namespace: str) -> V1Service:
         api_version="v1",
         kind="Service",
         metadata=V1ObjectMeta(
-            name=name, namespace=namespace, labels=_labels("training", **{RUN_LABEL: name})
+            name=name,
+            namespace=namespace,
+            labels=_labels("training", **{RUN_LABEL: name}, **_pipeline_labels(pipeline)),
         ),
         spec=V1ServiceSpec(
             cluster_ip="None",
@@ -541,6 +619,7 @@ def training_job(
     tf_jobs: str,
     deadline_s: float | None = None,
     kueue: bool | None = None,
+    pipeline: str | None = None,
 ) -> V1Job:
     """One role of a training attempt as an Indexed Job.
 
@@ -557,6 +636,7 @@ def training_job(
         tf_jobs: ``TRAINYARD_TF_JOBS`` of the attempt (:func:`tf_jobs_env`).
         deadline_s: ``activeDeadlineSeconds`` (the attempt timeout).
         kueue: Kueue mode (labels, created suspended); default ``profile.kueue.enabled``.
+        pipeline: The pipeline: its ``trainyard.io/pipeline`` label.
 
     Returns:
         The Job, ``backoffLimit: 0``: the launcher owns retries (a retry is a new Job).
@@ -604,7 +684,9 @@ def training_job(
     data_vol, data_mount = _data_volume(dataset, read_only=True)
     models_vol, models_mounts = _models_volume(profile, {"_checkpoints": False})
     tmp_vol, tmp_mount = _tmp_volume()
-    pod_labels = _labels("training", **{RUN_LABEL: name, ROLE_LABEL: role})
+    pod_labels = _labels(
+        "training", **{RUN_LABEL: name, ROLE_LABEL: role}, **_pipeline_labels(pipeline)
+    )
     container = V1Container(
         name=BASE_CONTAINER,
         image=profile.images.trainer,
@@ -749,6 +831,7 @@ def training_objects(
             tf_jobs=tf_jobs,
             deadline_s=deadline_s,
             kueue=kueue,
+            pipeline=pipeline,
         )
         for role, n in replicas.items()
     ]
@@ -770,7 +853,8 @@ def training_objects(
         f"kubectl -n {ns} delete service {base} --ignore-not-found",
         f"kubectl -n {ns} delete pods -l {RUN_LABEL}={base} --ignore-not-found",
     ]
-    return TrainingObjects(base, training_service(base, ns), jobs, place, plan, teardown)
+    service = training_service(base, ns, pipeline)
+    return TrainingObjects(base, service, jobs, place, plan, teardown)
 
 
 def job_operator_kwargs(
@@ -838,9 +922,51 @@ def job_operator_kwargs(
 # --------------------------------------------------------------------------- serving
 
 
+def model_key(model_name: str) -> str:
+    """A served model as a DNS label: its ``trainyard.io/model`` label, in its objects' names.
+
+    A model name that is already a DNS-1123 label (and short enough for
+    ``serving-<name>``) is kept as is, so those names never change; any other (capitals,
+    ``.``, ``_``, too long) is lowercased, its other characters replaced by ``-``, cut to
+    fit and given ``-<hash8>`` of the exact name: ``fraud.model`` and ``fraud_model``, or two
+    long names with the same head, stay apart.
+    """
+    fitted = _fitted_label(f"{SERVING_PREFIX}{model_name}", model_name)
+    return fitted[len(SERVING_PREFIX) :]
+
+
 def serving_name(model_name: str) -> str:
-    """Deployment / Service name of a served model: ``serving-<model>``."""
-    return k8s_name(f"serving-{model_name}")
+    """Deployment / Service name of a served model: ``serving-<model key>`` (:func:`model_key`)."""
+    return f"{SERVING_PREFIX}{model_key(model_name)}"
+
+
+def scorer_name(pipeline: str) -> str:
+    """Deployment name of a pipeline's scorer: ``scorer-<pipeline>``, ``_`` → ``-``.
+
+    One too long is cut and ends in ``-<hash8>`` of the pipeline name.
+    """
+    return _fitted_label(f"scorer-{pipeline.replace('_', '-')}", pipeline)
+
+
+def pipeline_object_names(pipeline: PipelineConfig) -> list[tuple[tuple[str, ...], str, str]]:
+    """The Kubernetes names a pipeline's objects take that no other pipeline's may.
+
+    Returns:
+        ``(config field, what it names, the name)``: the serving Deployment and Service and
+        their ``trainyard.io/model`` selector, the scorer Deployment (a pipeline that
+        scores a stream), and what every training Service, Job and ``trainyard.io/run``
+        label of the pipeline starts with (:func:`training_prefix`; the rest is the run
+        id's hash, so distinct prefixes keep every run's names apart).
+    """
+    model = pipeline.serving.model_name
+    out = [
+        (("serving", "model_name"), "serving Deployment and Service", serving_name(model)),
+        (("serving", "model_name"), f"serving selector {MODEL_LABEL}", model_key(model)),
+        (("name",), "training objects' name prefix", training_prefix(pipeline.name)),
+    ]
+    if pipeline.scoring.stream is not None:
+        out.append((("name",), "scorer Deployment", scorer_name(pipeline.name)))
+    return out
 
 
 def serving_deployment(
@@ -899,7 +1025,7 @@ def serving_deployment(
     selector = {
         APP_LABEL: "trainyard",
         COMPONENT_LABEL: "serving",
-        MODEL_LABEL: k8s_name(model_name),
+        MODEL_LABEL: model_key(model_name),
     }
     place = cpu_placement(profile)
     tmp_vol, tmp_mount = _tmp_volume()
@@ -1013,7 +1139,7 @@ def serving_service(profile: ClusterProfile, model_name: str) -> V1Service:
     selector = {
         APP_LABEL: "trainyard",
         COMPONENT_LABEL: "serving",
-        MODEL_LABEL: k8s_name(model_name),
+        MODEL_LABEL: model_key(model_name),
     }
     return V1Service(
         api_version="v1",

@@ -15,13 +15,16 @@ from trainyard.k8s.objects import (
     APP_LABEL,
     COMPONENT_LABEL,
     MODEL_LABEL,
+    PIPELINE_LABEL,
     STEP_PROGRAM,
     _env,
     _resources,
     _tmp_volume,
-    k8s_name,
+    model_key,
+    pipeline_label,
     restricted_pod_security_context,
     restricted_security_context,
+    scorer_name,
     serving_name,
 )
 from trainyard.k8s.placement import cpu_placement
@@ -32,17 +35,11 @@ if TYPE_CHECKING:
     from trainyard.config import PipelineConfig
     from trainyard.k8s.profile import ClusterProfile
 
-PIPELINE_LABEL = "trainyard.io/pipeline"
 CONFIG_ANNOTATION = "trainyard.io/config-hash"
 STATUS_FILE = "/tmp/scorer-status.json"
 STALE_AFTER_S = 120
 """The liveness probe fails when the status file (rewritten every 5 s, also while the
 scorer waits for a slow or dead model server) is older than this."""
-
-
-def scorer_name(pipeline: str) -> str:
-    """Deployment name of a pipeline's scorer: ``scorer-<pipeline>``."""
-    return k8s_name(f"scorer-{pipeline}")
 
 
 def scorer_deployment(profile: ClusterProfile, pipeline: PipelineConfig) -> V1Deployment:
@@ -87,9 +84,9 @@ def scorer_deployment(profile: ClusterProfile, pipeline: PipelineConfig) -> V1De
     selector = {
         APP_LABEL: "trainyard",
         COMPONENT_LABEL: "scorer",
-        PIPELINE_LABEL: k8s_name(pipeline.name),
+        PIPELINE_LABEL: pipeline_label(pipeline.name),
     }
-    labels = {**selector, MODEL_LABEL: k8s_name(pipeline.serving.model_name)}
+    labels = {**selector, MODEL_LABEL: model_key(pipeline.serving.model_name)}
     annotations = {CONFIG_ANNOTATION: pipeline.config_hash()}
     tmp_vol, tmp_mount = _tmp_volume()
     place = cpu_placement(profile)

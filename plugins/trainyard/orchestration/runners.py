@@ -385,18 +385,20 @@ class LocalRunner:
     ) -> dict[str, Any]:
         """Run a step's rendered pod as a process; its result is the pod's XCom file."""
         return run_pod_locally(
-            self.pod(cfg, step, values),
+            self.pod(cfg, step, values, context["run_id"]),
             self.settings,
             log=log.info,
             started=self._started,
             env=tracking_env(cfg, step),
         )
 
-    def pod(self, cfg: PipelineConfig, step: str, values: dict[str, Any]) -> V1Pod:
+    def pod(
+        self, cfg: PipelineConfig, step: str, values: dict[str, Any], run_id: str | None = None
+    ) -> V1Pod:
         """The step's pod, as the cluster would get it."""
         from trainyard.pods import step_pod
 
-        return step_pod(_profile(self.settings), cfg, step, values)
+        return step_pod(_profile(self.settings), cfg, step, values, run_id=run_id)
 
     def _started(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = proc
@@ -539,7 +541,7 @@ class KubernetesRunner:
             ensure_volumes(hook.core_v1_client, self.profile, cfg)
         if step == "deploy":
             env["TRAINYARD_SERVING_HOST"] = ensure_serving(hook, self.profile, cfg)
-        pod = step_pod(self.profile, cfg, step, values, env=env)
+        pod = step_pod(self.profile, cfg, step, values, env=env, run_id=context["run_id"])
         op = step_pod_operator(pod, self.profile, task_id=context["ti"].task_id)
         self._operator = op
         result = op.execute(context)
