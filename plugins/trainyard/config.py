@@ -177,6 +177,22 @@ class SourceConfig(StrictModel):
     wait_timeout_s: float = Field(default=6 * 3600, gt=0)
     wait_poke_s: float = Field(default=300, gt=0)
 
+    @field_validator("url")
+    @classmethod
+    def _placeholders(cls, value: str) -> str:
+        unknown = sorted({p for p in PLACEHOLDER_RE.findall(value) if p != "ds"})
+        if unknown:
+            names = ", ".join("{" + p + "}" for p in unknown)
+            raise ValueError(
+                f"unknown placeholder {names}: the only one is {{ds}}, the interval's "
+                "start day (YYYY-MM-DD)"
+            )
+        return value
+
+
+PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""A ``{name}`` placeholder in a source URL (only ``{ds}`` is one)."""
+
 
 class StagingConfig(StrictModel):
     """How snapshots are written and kept, and the dataset volume on Kubernetes.
@@ -610,6 +626,18 @@ class PipelineConfig(StrictModel):
     def _safe_name(cls, value: str) -> str:
         if not NAME_RE.match(value):
             raise ValueError(f"must match {NAME_RE.pattern} (lowercase, no path characters)")
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        from croniter import croniter
+
+        if value is not None and not croniter.is_valid(value):
+            raise ValueError(
+                f"{value!r} is not a cron expression (minute hour day month weekday, e.g. "
+                "'0 2 * * *', or @daily, @hourly ...), or null for manual runs only"
+            )
         return value
 
     def config_hash(self) -> str:

@@ -300,9 +300,42 @@ def load_yaml(text: str, source: str | Path | None = None, max_nodes: int = YAML
                 f"{where}refused: YAML aliases (&anchor / *alias) expand to more than "
                 f"{max_nodes} nodes or refer to themselves"
             )
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except ValueError:
+            _raise_bad_timestamp(loader, node)
+            raise
     finally:
         loader.dispose()
+
+
+def _raise_bad_timestamp(loader: Any, root: Any) -> None:
+    """Raise a YAML error at the unquoted date that is no calendar day (``2026-11-31``).
+
+    PyYAML reads such a scalar as a timestamp and fails with a bare ``ValueError`` (no
+    line, no value), which escaped every caller that handles ``yaml.YAMLError``.
+    """
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag == "tag:yaml.org,2002:timestamp":
+                try:
+                    loader.construct_yaml_timestamp(node)
+                except ValueError as e:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"{node.value} is no calendar date ({e})",
+                        node.start_mark,
+                    ) from None
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(item for pair in node.value for item in pair)
 
 
 _SECRET_PARAMS = re.compile(

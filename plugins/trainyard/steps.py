@@ -44,8 +44,8 @@ from trainyard.errors import (
     RegistryError,
     RegistryRefused,
     SnapshotError,
-    SourceInvalid,
     SourceMissing,
+    StagingError,
     StepSkipped,
     TrainyardError,
     ValidationFailed,
@@ -1130,10 +1130,11 @@ def run_all(
             # as its DAG run: this day's tasks skip, the range goes on
             log.warning("%s: skipped: %s", start, e)
             continue
-        except (SourceInvalid, SourceMissing, ValidationFailed) as e:
+        except (StagingError, SnapshotError, ValidationFailed) as e:
             if len(intervals) == 1:
                 raise
-            # as its DAG run: this day fails alone, the range goes on
+            # as its DAG run: this day fails alone (a backfill's run fails alone whatever
+            # its staging error, once its retries are spent), the range goes on
             rejected[start] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             log.error("%s: failed: %s", start, e)
             continue

@@ -643,6 +643,9 @@ def test_one_invalid_pipeline_does_not_hide_the_others(tmp_path: Path, monkeypat
     shutil.copytree(ROOT / "dags" / "pipelines", folder)
     (folder / "broken.yaml").write_text("name: broken\ndataset: [\n")
     (folder / "wrong.yaml").write_text(yaml.safe_dump({"name": "wrong", "dataset": "x"}))
+    # found by a cold user: an unquoted impossible date raised a bare ValueError in the
+    # YAML loader, and Airflow listed no trainyard DAG at all
+    (folder / "baddate.yaml").write_text("name: baddate\nstart_date: 2026-11-31\n")
     # a broken file whose DAG id is a working pipeline's ("tx-sp" → trainyard_tx_sp) took
     # that pipeline's DAG; it now gets a suffix
     tx = yaml.safe_load((folder / "transactions.yaml").read_text())
@@ -655,7 +658,8 @@ def test_one_invalid_pipeline_does_not_hide_the_others(tmp_path: Path, monkeypat
     (stray,) = [d for i, d in dags.items() if i.startswith("trainyard_tx_sp_")]
     assert stray.task_ids == ["invalid_config"] and "tx-sp.yaml" in stray.doc_md
     assert {f"trainyard_{p}" for p in PIPELINES} <= set(dags)
-    for bad in ("trainyard_broken", "trainyard_wrong"):
+    assert "2026-11-31 is no calendar date" in dags["trainyard_baddate"].description
+    for bad in ("trainyard_broken", "trainyard_wrong", "trainyard_baddate"):
         assert dags[bad].task_ids == ["invalid_config"]
         assert "invalid-config" in dags[bad].tags
     assert "not valid YAML" in dags["trainyard_broken"].description

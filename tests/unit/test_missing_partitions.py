@@ -217,6 +217,25 @@ def test_trainyard_run_goes_on_past_a_day_whose_data_fails(env, tmp_path: Path) 
     assert "[2026-11-02" in listed.stdout and "*last validated" in listed.stdout, listed.stdout
 
 
+def test_a_range_goes_on_past_an_empty_file(env, tmp_path: Path) -> None:
+    """Found by a cold user: a 0-byte file (a staging error a retry may fix, exit 1)
+    stopped the whole range at its day, so later days never ran and the days that had
+    already failed went unnamed. As a backfill's run, the day now fails alone."""
+    raw = tmp_path / "raw"
+    write_days(raw, ["2026-11-01", "2026-11-02"])
+    (raw / "2026-11-02.csv").write_bytes(b"")
+    rows = read_csv(raw / f"{DAY}.csv")
+    rows[3]["mean_radius"] = "-7.5"  # the contract says min 0
+    write_csv(raw / f"{DAY}.csv", rows)
+    out = _run_pipeline(env, "cancer_fail", "--ds", "2026-11-01", "--end-ds", DAY)
+    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainyard run: DaysFailed: 2 day(s) failed"), last
+    assert "2026-11-02: StagingError: " in last and "source is empty (0 bytes)" in last, last
+    assert f"{DAY}: ValidationFailed: " in last, last
+    assert "2026-11-01: failed" not in out.stderr
+
+
 def test_validate_logs_its_table_once(env) -> None:
     """Found by a cold user: ``run`` printed each validation table twice."""
     staged = _stage(env, "cancer_fail", DAY)
