@@ -292,6 +292,30 @@ def test_bad_input_is_one_clear_error_and_nothing_published(
     assert tmp_residue(volume_root, "tx") == []
 
 
+@pytest.mark.parametrize(
+    ("column", "value", "said"),
+    [("amount", "abc", '"abc" is not a double value'), ("txn_id", 5, "5 is not a string value")],
+)
+def test_a_jsonl_value_of_the_wrong_type_names_its_line(
+    volume_root: Path, contracts: Path, tmp_path: Path, column: str, value: object, said: str
+):
+    """Found by a new user: a bad value on line 50,001 was reported "in row 7165", pyarrow's
+    count from the start of its parse block."""
+    rows = [
+        {"txn_id": f"t-{i:07d}", "amount": 1.5, "hour": i % 24, "merchant_category": "fuel",
+         "customer_age": 30, "is_fraud": 0}
+        for i in range(60_000)
+    ]  # fmt: skip
+    rows[50_000][column] = value
+    src = tmp_path / "raw" / "tx.jsonl"
+    src.parent.mkdir()
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(StagingError) as err:
+        stage(make_pipeline("tx", str(src), "jsonl"), quiet=True)
+    assert f"{src}: row 50001 column {column!r}: {said}" in str(err.value), str(err.value)
+    assert visible_snapshots(volume_root, "tx") == []
+
+
 def test_dataset_name_traversal_is_refused(volume_root: Path, contracts: Path, tmp_path: Path):
     src = write_csv(tmp_path / "raw" / "tx.csv", 5)
     evil = make_pipeline("tx", str(src)).model_copy(update={"dataset": "../escape"})

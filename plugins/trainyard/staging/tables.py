@@ -319,7 +319,36 @@ def _diagnose_jsonl(
                     _check_extra(names, schema, allow_extra, f"{f.path}: row {lineno}")
                 except StagingError as e:
                     return str(e)
-    return f"{f.path}: not valid JSON Lines for the contract: {message}"
+                for name, value in row:
+                    field = schema.field(name) if name in schema.names else None
+                    if field is not None and not _json_fits(value, field.type):
+                        return (
+                            f"{f.path}: row {lineno} column {name!r}: {json.dumps(value)[:80]} "
+                            f"is not a {field.type} value"
+                        )
+    # pyarrow counts "row N" from the start of its parse block, not of the file
+    return f"{f.path}: not valid JSON Lines for the contract: {_BLOCK_ROW.sub('', message)}"
+
+
+_BLOCK_ROW = re.compile(r" in row [0-9]+$")
+
+
+def _json_fits(value: Any, arrow_type: Any) -> bool:
+    """Whether pyarrow's JSON reader takes ``value`` for a column of ``arrow_type``."""
+    pa = _pa()
+    if value is None:
+        return True
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return isinstance(value, str)
+    if pa.types.is_boolean(arrow_type):
+        return isinstance(value, bool)
+    if pa.types.is_integer(arrow_type):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if pa.types.is_floating(arrow_type):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if pa.types.is_temporal(arrow_type):
+        return isinstance(value, str | int) and not isinstance(value, bool)
+    return True
 
 
 def _batches(
