@@ -710,12 +710,12 @@ def cli_main(
     after_move: Callable[[str], str] | None = None,
     before_move: Callable[[str], None] | None = None,
 ) -> int:
-    """``python -m trainyard models list|show|promote|rollback|history --pipeline P``.
+    """``python -m trainyard models list|show|promote|rollback|history|serve --pipeline P``.
 
     Args:
         argv: Arguments after ``models``.
-        after_move: Called with the pipeline after a promote or rollback (serving follows
-            the new champion); its line is printed.
+        after_move: Called with the pipeline after a promote, rollback or serve (serving
+            follows the champion); its line is printed.
         before_move: Called with the pipeline before a promote or rollback; what it
             raises stops the move before anything is written.
 
@@ -735,6 +735,7 @@ def cli_main(
         ("approve", "approve a version (pipelines with gate.approval: required)"),
         ("reject", "reject a version (pipelines with gate.approval: required)"),
         ("history", "promotions, rollbacks and approvals, oldest first"),
+        ("serve", "serve the champion again (after make stop: starts the model server)"),
     ):
         p = sub.add_parser(action, help=text)
         p.add_argument("--pipeline", required=True)
@@ -780,8 +781,10 @@ def cli_main(
         listed = ", ".join(map(str, known)) or "none"
         parser.error(f"pipeline {reg.pipeline!r} has no version {version} (known: {listed})")
     # a move and serving's following it are one step no deploy of the pipeline interleaves
-    moving = args.action in ("promote", "rollback")
+    moving = args.action in ("promote", "rollback", "serve")
     with reg.deploy_lock() if moving else contextlib.nullcontext():
+        if args.action == "serve" and reg.champion() is None:
+            raise RegistryRefused(f"pipeline {reg.pipeline!r} has no champion to serve")
         if moving and before_move is not None:
             before_move(reg.pipeline)
         out = sys.stdout

@@ -711,3 +711,35 @@ fcntl.flock(fd, fcntl.LOCK_EX)
 print("held", flush=True)
 time.sleep(3)
 """
+
+
+def test_models_serve_brings_the_champion_back_after_a_stop(
+    reg: Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a new user: after ``make stop`` nothing served the champion until the next
+    deploy, and no command said how to serve it again."""
+    from serving_support import build_image_model
+
+    from trainyard.serving.client import ServingClient
+    from trainyard.serving.deploy import stop_local_server
+    from trainyard.settings import get_settings
+
+    serve = ["models", "serve", "--pipeline", "digits"]
+    reg.register(make_model(tmp_path), meta())
+    assert cli(serve) == 3
+    assert "RegistryRefused: pipeline 'digits' has no champion to serve" in capsys.readouterr().err
+    model = build_image_model(tmp_path / "real", seed=0)
+    version = reg.register(model, meta("snapR"))
+    assert cli(["models", "promote", "--pipeline", "digits", str(version), "--reason", "x"]) == 0
+    port = yaml.safe_load(next(get_settings().pipelines_dir.glob("*.yaml")).read_text())["serving"][
+        "port"
+    ]
+    assert stop_local_server(get_settings().serving_root)  # as make stop does
+    capsys.readouterr()
+    assert cli(serve) == 0
+    said = capsys.readouterr().out
+    assert f"digits: serving version {version} (stable) on 127.0.0.1:{port}" in said, said
+    with ServingClient("127.0.0.1", port) as client:
+        status, body = client.request("GET", "/v1/models/digits")
+    assert status == 200 and json.loads(body)["model_version_status"][0]["state"] == "AVAILABLE"
+    assert [e["event"] for e in reg.history()] == ["promote"]  # serving moves no champion
