@@ -873,7 +873,9 @@ def format_summary(record: dict[str, Any]) -> str:
         f"validation    {'passed' if val.get('success') else 'not run' if not val else 'failed'}"
         + (f", {val.get('warnings')} warnings" if val.get("warnings") else ""),
         f"training      version {tr.get('version', '-')}, attempts {tr.get('attempts', '-')}, "
-        f"{_fmt_seconds(tr.get('seconds'))}" + _fmt_window(tr.get("window") or val.get("window")),
+        f"{_fmt_seconds(tr.get('seconds'))}" + _fmt_window(tr.get("window") or val.get("window"))
+        if tr
+        else f"training      not run: {_why_not_trained(record)}",
         f"metrics       {_fmt_metrics(gate.get('metrics') or {})}",
         f"champion      {_champion_text(gate)}",
         f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}"
@@ -924,6 +926,13 @@ def _fmt_staged(staged: dict[str, Any]) -> str:
         state += f", replaces {staged['replaced']} for this interval"
     checked = staged.get("checked")
     return f" ({state}: {checked})" if checked else f" ({state})"
+
+
+def _why_not_trained(record: dict[str, Any]) -> str:
+    """Why a run's record has no trained version."""
+    if (record.get("validate") or {}).get("success"):
+        return "this run did not train (backfill_training, or a dry run)"
+    return "its snapshot did not pass validation" if record.get("validate") else "nothing to train"
 
 
 def _why_not_evaluated(record: dict[str, Any]) -> str:

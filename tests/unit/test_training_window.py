@@ -276,6 +276,12 @@ def test_the_run_summary_says_what_the_model_trained_on() -> None:
     assert line == "training      version 3, attempts 1, 2.0 s, on 2 snapshots (227 rows)"
     record["validate"]["window"] = window[:1]
     assert format_summary(record).splitlines()[3].endswith("2.0 s")
+    # found by a new user: a day of a range that did not train read "version -, attempts
+    # -, -, on 2 snapshots (227 rows)"
+    del record["register"]
+    record["validate"]["window"] = window
+    line = format_summary(record).splitlines()[3]
+    assert line == "training      not run: this run did not train (backfill_training, or a dry run)"
 
 
 @pytest.mark.parametrize(("window", "kept"), [({"intervals": 5}, 5), ("newest", 2)])
