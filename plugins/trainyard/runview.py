@@ -726,6 +726,23 @@ def _evaluation(gate: Mapping[str, Any] | None, version: Mapping[str, Any] | Non
     return ""
 
 
+def _unsummarised(story: Mapping[str, Any]) -> str:
+    """Why a run has no summary, from Airflow's state of it when the plugin added it.
+
+    The story's ``airflow_state``, ``failed`` (its failed tasks) and ``failure`` (the
+    reason the failed step recorded).
+    """
+    state, failed = story.get("airflow_state"), list(story.get("failed") or ())
+    if state == "failed" and failed:
+        why = story.get("failure") or "no reason recorded: see the task's log"
+        return f"the run failed at {', '.join(failed)}: {why}"
+    if state == "failed":
+        return "the run failed before its summary"
+    if state in ("running", "queued"):
+        return f"the run is {state}"
+    return "still running, or stopped before its summary"
+
+
 def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url: str) -> str:
     """The run page: snapshot, validation, training, gate, serving and history.
 
@@ -745,8 +762,8 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
         + (
             f" · finished {_e(rec.get('finished_at'))}"
             if story.get("summarised")
-            else " · <span class='warn summary-state'>not summarised (still running, or "
-            "stopped before its summary): the steps' results so far</span>"
+            else f" · <span class='warn summary-state'>not summarised ({_e(_unsummarised(story))})"
+            ": the steps' results so far</span>"
         )
         + "</p>",
         "<h2>Snapshot</h2>",

@@ -297,6 +297,8 @@ def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
         failed = page.locator("table.failed-rules").inner_text()
         assert "row_count" in failed, failed
         assert "not summarised" in page.inner_text("body")
+        state = page.locator(".summary-state").inner_text()
+        assert "the run failed at validate: " in state, state
         assert page.locator("a.datadocs").count() == 1
         page.screenshot(path=str(shots / "run_validation_rejected.png"), full_page=True)
 

@@ -232,6 +232,15 @@ def test_a_run_stopped_by_validation_shows_the_rejection_from_its_results(volume
     page = runview.render_run(story, None, "/pipe")
     assert "REJECTED" in page and "5 rows &lt; 1000" in page and "row_count" in page
     assert "not summarised" in page and "the gate did not run" in page
+    # found by a new user: a failed run's page said "still running, or stopped before its
+    # summary"; the plugin adds what Airflow knows of the run
+    failed = {**story, "airflow_state": "failed", "failed": ["validate"]}
+    said = runview.render_run({**failed, "failure": "1 rule failed: row_count"}, None, "/pipe")
+    assert "not summarised (the run failed at validate: 1 rule failed: row_count)" in said
+    said = runview.render_run(failed, None, "/pipe")
+    assert "failed at validate: no reason recorded: see the task&#x27;s log" in said
+    said = runview.render_run({**story, "airflow_state": "running"}, None, "/pipe")
+    assert "not summarised (the run is running)" in said
 
 
 def test_the_summary_line_says_who_approved_or_rejected() -> None:

@@ -159,6 +159,11 @@ def build_app() -> Any:
             reason = runview.run_failure(get_settings().volume_root, pipeline, run_id, known[1])
             page = runview.render_unrecorded(pipeline, run_id, *known, reason)
             return HTMLResponse(page, headers=headers)
+        if not story.get("summarised") and (known := run_state_from_db(dag_id, run_id)):
+            story = {**story, "airflow_state": known[0], "failed": known[1]}
+            story["failure"] = runview.run_failure(
+                get_settings().volume_root, story["pipeline"], run_id, known[1]
+            )
         base = prefix(request)
         snap = story.get("snapshot") or {}
         docs = (
