@@ -643,6 +643,10 @@ def _list(reg: Registry) -> str:
     rows = [("", "version", "registered", "snapshot", "gate", "metrics")]
     versions, problems = readable_versions(reg)
     problems = pointer_problem + problems
+    try:
+        served = {e.get("version") for e in reg.history() if e.get("event") != "approval"}
+    except RegistryError as e:
+        served, problems = None, [*problems, f"history: {e}"]
     for v, meta in versions:
         try:
             gate = reg.read_file(v, "gate.json") or {}
@@ -656,7 +660,7 @@ def _list(reg: Registry) -> str:
                 str(v),
                 str(meta.get("registered_at", "-")),
                 _snapshot_cell(meta),
-                str(gate.get("verdict", "-")),
+                _gate_cell(gate.get("verdict"), served is None or v in served),
                 _fmt_metrics(metrics),
             )
         )
@@ -669,6 +673,16 @@ def _list(reg: Registry) -> str:
         for r in rows
     ]
     return "\n".join(line.rstrip() for line in lines) + "\n" + unreadable
+
+
+def _gate_cell(verdict: str | None, ever_champion: bool) -> str:
+    """The gate's verdict, ``promote (never served)`` for one that never became champion.
+
+    Its deploy failed, was killed, or waits for a person's approval.
+    """
+    if verdict == "promote" and not ever_champion:
+        return "promote (never served)"
+    return verdict or "-"
 
 
 def caller() -> str:

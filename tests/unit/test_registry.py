@@ -743,3 +743,21 @@ def test_models_serve_brings_the_champion_back_after_a_stop(
         status, body = client.request("GET", "/v1/models/digits")
     assert status == 200 and json.loads(body)["model_version_status"][0]["state"] == "AVAILABLE"
     assert [e["event"] for e in reg.history()] == ["promote"]  # serving moves no champion
+
+
+def test_list_tells_a_promote_that_was_never_served(
+    reg: Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a new user: ``models list`` showed gate ``promote`` for versions whose
+    deploy was killed, as for the champion."""
+    for _ in range(3):
+        version = reg.register(make_model(tmp_path), meta())
+        reg.attach(version, "gate.json", json.dumps({"verdict": "promote", "reason": "ok"}))
+    reg.promote(1, "first", "al")
+    reg.promote(3, "better", "al")
+    reg.rollback("regression", "al")
+    assert cli(["models", "list", "--pipeline", "digits"]) == 0
+    rows = {line.lstrip("* ").split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "promote (never served)" in rows["2"]
+    assert "promote (never served)" not in rows["1"] + rows["3"]
+    assert all(re.search(r" promote( |$)", rows[v]) for v in ("1", "3")), rows
