@@ -1099,6 +1099,7 @@ def run_all(
     Raises:
         StepSkipped: If every interval was skipped.
     """
+    from trainyard import volumes
     from trainyard.registry import caller
 
     overrides = overrides_object(overrides)
@@ -1124,7 +1125,17 @@ def run_all(
         try:
             results["stage"] = stage(pipeline, start, end)
             snap = results["stage"]["snapshot_id"]
-            results["validate"] = validate(pipeline, snap, start)
+            try:
+                results["validate"] = validate(pipeline, snap, start)
+            except SnapshotError as e:
+                if volumes.recorded_damage(volumes.snapshot_dir(cfg.dataset, snap)) is None:
+                    raise
+                # validation found the copy damaged and recorded it: staging the day again
+                # reads its source and replaces the copy (once; a second failure stands)
+                log.warning("%s: %s: staging it again", start, e)
+                results["stage"] = stage(pipeline, start, end)
+                snap = results["stage"]["snapshot_id"]
+                results["validate"] = validate(pipeline, snap, start)
         except StepSkipped as e:
             skipped[start] = str(e)
             # as its DAG run: this day's tasks skip, the range goes on

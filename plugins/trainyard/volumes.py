@@ -52,6 +52,9 @@ log = logging.getLogger("trainyard.volumes")
 
 HASH_ALGO = "blake3"
 MANIFEST = "manifest.json"
+DAMAGED = "damaged.json"
+"""A reader's record, next to the shards, that it found the snapshot damaged
+(:func:`mark_damaged`): staging its interval then reads the source again."""
 DATASET_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 SNAPSHOT_RE = re.compile(r"^[0-9a-f]{16}$")
 _HASH_CHUNK = 8 << 20
@@ -823,7 +826,7 @@ def verify_snapshot(snapshot: Path) -> list[str]:
             continue
         if hash_file(path) != shard.hash:
             problems.append(f"{shard.path}: content hash differs from manifest")
-    expected = {s.path for s in manifest.shards} | {MANIFEST}
+    expected = {s.path for s in manifest.shards} | {MANIFEST, DAMAGED}
     for path in sorted(snapshot.rglob("*")):
         rel = path.relative_to(snapshot).as_posix()
         if path.is_file() and rel not in expected and not rel.startswith("validation/"):
@@ -832,20 +835,26 @@ def verify_snapshot(snapshot: Path) -> list[str]:
         manifest.snapshot_id
     ):
         problems.append(f"{MANIFEST}: snapshot id does not match the listed shards")
+    if problems:
+        mark_damaged(snapshot, "; ".join(problems))
     return problems
 
 
-def check_snapshot(snapshot: Path) -> Manifest:
+def check_snapshot(snapshot: Path, *, content: bool = True) -> Manifest:
     """Fail closed unless every shard of a snapshot is exactly what its manifest lists.
 
     One streaming pass per shard at hashing speed (BLAKE3, memory-mapped, multithreaded):
     each shard is opened without following symbolic links, must be a regular file of the
     listed size, and must hash to the listed digest; the snapshot id must match the listed
     shards. Readers call it before they trust the data (validation, training, evaluation
-    and the deploy's smoke test).
+    and the deploy's smoke test). A damaged snapshot is marked so (:func:`mark_damaged`),
+    so the next staging of its interval reads the source again and replaces it.
 
     Args:
         snapshot: The snapshot directory.
+        content: Hash every shard. Without it only the manifest, the id and each shard's
+            type and size are checked (a ``stat`` per shard, what staging's reuse does)
+            and nothing is marked.
 
     Returns:
         The manifest, checked.
@@ -855,9 +864,73 @@ def check_snapshot(snapshot: Path) -> Manifest:
             (in manifest order) that is missing, not a regular file, of another size or
             content; or the manifest is missing, corrupt or lists shards of another id.
     """
+    snapshot = Path(snapshot)
+    try:
+        return _check_snapshot(snapshot, content)
+    except SnapshotError as e:
+        if content and snapshot.is_dir() and mark_damaged(snapshot, str(e)):
+            raise SnapshotError(
+                f"{e} (recorded: staging its interval again reads the source and replaces it)"
+            ) from e
+        raise
+
+
+def mark_damaged(snapshot: Path, reason: str) -> bool:
+    """Record that a reader found a published snapshot damaged (``<snapshot>/damaged.json``).
+
+    Staging its interval then reads the source again instead of reusing the snapshot, and
+    replaces the damaged copy (a source listing alone cannot tell a flipped bit). The
+    record is written in the dataset's ``.tmp/`` and renamed into place, so a kill leaves
+    either no record or a whole one. Best effort: a reader on a read-only mount (a
+    training pod) or outside a dataset volume records nothing.
+
+    Args:
+        snapshot: A snapshot directory (``<dataset>/snapshots/<id>``).
+        reason: What is wrong (the reader's error).
+
+    Returns:
+        Whether the record was written.
+    """
+    snapshot = Path(snapshot)
+    if snapshot.parent.name != "snapshots" or not SNAPSHOT_RE.match(snapshot.name):
+        return False
+    record = {"reason": reason, "at": _now(), "host": HOST, "pid": os.getpid()}
+    try:
+        with private_tmp_dir(snapshot.parent.parent / ".tmp", prefix="mark-damaged-") as tmp:
+            atomic_write_json(tmp / DAMAGED, record)
+            os.replace(tmp / DAMAGED, snapshot / DAMAGED)
+        fsync_dir(snapshot)
+    except OSError as e:
+        log.info("cannot record that snapshot %s is damaged: %s", snapshot.name, e)
+        return False
+    return True
+
+
+def recorded_damage(snapshot: Path) -> dict[str, Any] | None:
+    """What a reader recorded with :func:`mark_damaged`, or None (none recorded)."""
+    path = Path(snapshot) / DAMAGED
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return {"reason": f"unreadable damage record {path}: {e}", "at": None}
+    return data if isinstance(data, dict) else {"reason": str(data), "at": None}
+
+
+def clear_damage(snapshot: Path) -> None:
+    """Drop a damage record of a snapshot found intact since (staging re-read its source)."""
+    path = Path(snapshot) / DAMAGED
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+
+
+def _check_snapshot(snapshot: Path, content: bool) -> Manifest:
     import stat
 
-    snapshot = Path(snapshot)
     manifest = read_manifest(snapshot)
     sid = manifest.snapshot_id
     if manifest.hash_algo != HASH_ALGO:
@@ -886,6 +959,8 @@ def check_snapshot(snapshot: Path) -> Manifest:
                 raise SnapshotError(
                     f"{damaged}: {st.st_size} bytes, the manifest lists {shard.bytes}"
                 )
+            if not content:
+                continue
             h = blake3.blake3(max_threads=blake3.blake3.AUTO)
             if st.st_size:
                 with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
@@ -1235,6 +1310,9 @@ def _cli_list(args: argparse.Namespace) -> int:
                 mark += f" REJECTED: {state['reason']}"
             elif state["state"] == "not validated":
                 mark += " (not validated)"
+            damage = recorded_damage(snapshot_dir(ds, m.snapshot_id))
+            if damage is not None:
+                mark += f" DAMAGED: {damage['reason']} (staging its interval replaces it)"
             iv = f"  [{m.interval['start']} .. {m.interval['end']})" if m.interval else ""
             print(
                 f"{ds:<16} {m.snapshot_id:<16} {m.kind:<5} {m.rows:>10} "
@@ -1250,6 +1328,7 @@ def _cli_show(args: argparse.Namespace) -> int:
         # manifests written before URLs were redacted at staging
         shown["source"]["url"] = redact_url(shown["source"]["url"])
     shown["validation"] = validation_state(snap)
+    shown["damaged"] = recorded_damage(snap)
     print(json.dumps(shown, indent=2))
     return 0
 

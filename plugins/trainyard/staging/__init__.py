@@ -119,6 +119,13 @@ def _recheck(
     state = volumes.validation_state(path)
     if state["state"] == "rejected":
         return None, f"the interval's snapshot {sid} was rejected ({state['reason']})"
+    damage = volumes.recorded_damage(path)
+    if damage is not None:
+        return None, f"a reader found the interval's snapshot {sid} damaged at {damage['at']}"
+    try:  # a stat per shard; the hashes are the readers' check (they mark what they find)
+        volumes.check_snapshot(path, content=False)
+    except SnapshotError as e:
+        return None, f"the interval's snapshot {sid} is damaged ({e})"
     if not record.get("source_fingerprint"):
         return None, f"no source listing was recorded with snapshot {sid}"
     if record["source_fingerprint"] != fingerprint:
@@ -151,7 +158,8 @@ def _damage(snapshot: Path) -> str | None:
     try:
         volumes.check_snapshot(snapshot)
     except SnapshotError as e:
-        return str(e)
+        found = e.__cause__ if isinstance(e.__cause__, SnapshotError) else e  # not the hint
+        return str(found)
     except OSError as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -292,6 +300,8 @@ def _stage(
         final = volumes.snapshot_dir(dataset, snapshot_id)
         reused = final.is_dir()
         repaired = _damage(final) if reused else None
+        if reused and repaired is None:
+            volumes.clear_damage(final)  # found intact: a stale record must not cost re-reads
         with contextlib.ExitStack() as aside:
             if repaired is not None:  # the source's bytes are in hand: they replace the copy
                 log.warning("snapshot %s is damaged (%s): staged again", snapshot_id, repaired)
