@@ -894,7 +894,9 @@ def format_summary(record: dict[str, Any]) -> str:
     if record.get("failed_days"):
         days = list(record["failed_days"])
         lines.append(
-            f"failed        {', '.join(days)}: their data (the range went on without them)"
+            f"failed        {', '.join(days)}: their data (the range went on without them"
+            + _fmt_failed_in_window(days, tr.get("window") or val.get("window") if tr else None)
+            + ")"
         )
     if dep:
         lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
@@ -904,6 +906,18 @@ def format_summary(record: dict[str, Any]) -> str:
     else:
         lines.append("served        unchanged (nothing deployed)")
     return "\n".join(lines)
+
+
+def _fmt_failed_in_window(days: list[str], window: Any) -> str:
+    """Whether a training window holds failed days (their earlier snapshots) or not."""
+    entries = [e for e in window or [] if isinstance(e, dict)]
+    if len(entries) < 2:
+        return ""
+    trained = {str(e["interval"][0])[:10] for e in entries if e.get("interval")}
+    kept = [d for d in days if d in trained]
+    if kept:
+        return f"; trained on the earlier snapshot of {', '.join(kept)}"
+    return "; the training window left them out"
 
 
 def _fmt_window(window: Any) -> str:

@@ -545,6 +545,51 @@ def replace_interval(
     return out
 
 
+def refuse_interval(
+    dataset: str, key: str, reason: str, *, volume_root: Path | None = None
+) -> dict[str, Any] | None:
+    """Record that an interval's current source breaks its contract at staging.
+
+    The record keeps the snapshot it pointed at, with ``refused: {at, reason}``: that
+    snapshot no longer stands for the interval (training windows and drift baselines
+    leave the interval out, staging does not reuse it, ``snapshots list`` says why) until
+    a staging of the interval succeeds (:func:`replace_interval` writes a record without
+    it). Written atomically under the interval's lock.
+
+    Args:
+        dataset: The dataset name.
+        key: From :func:`interval_key`.
+        reason: The staging error (credentials masked).
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        The record now on disk, or None when the interval was never staged (nothing
+        stood for it).
+    """
+    path = _layout(volume_root).interval(check_dataset_name(dataset), key)
+    with _locked(path.parent / f".{key}.lock"):
+        old = read_interval(dataset, key, volume_root)
+        if not old:
+            return None
+        out = {**old, "refused": {"at": _now(), "reason": reason}}
+        atomic_write_json(path, out)
+    return out
+
+
+def refused_intervals(dataset: str, volume_root: Path | None = None) -> dict[str, list[dict]]:
+    """The interval records whose source was refused, by the snapshot they point at."""
+    folder = _layout(volume_root).intervals(check_dataset_name(dataset))
+    out: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("refused"):
+            out.setdefault(str(record.get("snapshot_id")), []).append(record)
+    return out
+
+
 def validation_state(snapshot: Path) -> dict[str, Any]:
     """What validation said about a snapshot, from its report (``<snapshot>/validation``).
 
@@ -609,7 +654,8 @@ def _validated_intervals(
 ) -> Iterator[tuple[dt.datetime, str, dict[str, Any]]]:
     """``(start, snapshot id, record)`` of each interval whose snapshot passed validation.
 
-    Records without a start, and those whose snapshot is gone, are skipped.
+    Records without a start, those whose snapshot is gone, and those whose current
+    source was refused at staging (:func:`refuse_interval`) are skipped.
 
     Raises:
         SnapshotError: If an interval record is unreadable (naming the file).
@@ -629,6 +675,8 @@ def _validated_intervals(
             sid = _check_snapshot_id(str(record["snapshot_id"]))
         except (OSError, ValueError, KeyError, TypeError, SnapshotError) as e:
             raise SnapshotError(f"{path}: unreadable interval record: {e}") from e
+        if record.get("refused"):
+            continue
         snap = snapshot_dir(dataset, sid, volume_root)
         if (snap / MANIFEST).is_file() and validation_state(snap)["state"] == "validated":
             yield start, sid, record
@@ -674,7 +722,8 @@ def training_window(
     ``newest`` is the run's snapshot alone. ``{intervals: N}`` and ``{since: date}`` read
     the dataset's interval records: an interval counts when it starts no later than the
     run's interval (``interval_start``; no bound without one) and its current snapshot
-    exists and passed validation (a rejected or unvalidated one is left out);
+    exists and passed validation (a rejected or unvalidated one is left out, and so is
+    an interval whose current source was refused at staging);
     ``{intervals: N}`` keeps the last N of them, ``{since: D}`` those starting on or after
     D. Intervals that produced the same content (one snapshot) count once, at their latest
     interval. The run's own snapshot is always in the window.
@@ -1303,8 +1352,15 @@ def _cli_list(args: argparse.Namespace) -> int:
     print(f"{head}  created / interval / validation")
     for ds in datasets:
         validated = latest_validated(ds)
+        refused = refused_intervals(ds)
         for m in list_snapshots(ds):
             mark = " *last validated" if m.snapshot_id == validated else ""
+            for r in refused.get(m.snapshot_id, []):
+                mark += (
+                    f" SUPERSEDED: [{r.get('start')} .. {r.get('end')})'s source was refused "
+                    f"at {r['refused'].get('at')} ({r['refused'].get('reason')}); left out "
+                    "until it stages"
+                )
             state = validation_state(snapshot_dir(ds, m.snapshot_id))
             if state["state"] == "rejected":
                 mark += f" REJECTED: {state['reason']}"

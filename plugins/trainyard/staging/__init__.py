@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard import volumes
-from trainyard.errors import SnapshotError, StagingError, TrainyardError
+from trainyard.errors import SnapshotError, SourceInvalid, StagingError, TrainyardError
 from trainyard.fsutil import atomic_write_json, publish_dir, redact_text, redact_url
 from trainyard.progress import Progress, human_bytes
 from trainyard.staging.sources import open_source, read_contract
@@ -116,6 +116,9 @@ def _recheck(
     path = volumes.snapshot_dir(dataset, sid)
     if not (path / volumes.MANIFEST).is_file():
         return None, f"the interval's snapshot {sid} no longer exists"
+    refused = record.get("refused")
+    if refused:
+        return None, f"the interval's source was refused at {refused.get('at')}"
     state = volumes.validation_state(path)
     if state["state"] == "rejected":
         return None, f"the interval's snapshot {sid} was rejected ({state['reason']})"
@@ -206,11 +209,28 @@ def stage(
         # a source URL may carry credentials (user info, ?token=): never let them out
         text = str(e)
         clean = redact_text(text)
+        if isinstance(e, SourceInvalid):
+            _refuse(pipeline.dataset, interval_start, interval_end, clean)
         if clean == text:
             raise
         error = type(e) if isinstance(e, TrainyardError) else StagingError
     # raised outside the handler, so the unredacted error is not even its context
     raise error(clean)
+
+
+def _refuse(dataset: str, start: str | None, end: str | None, reason: str) -> None:
+    """Record in the interval's record that its current source was refused.
+
+    Its earlier snapshot then no longer stands for it (training windows and drift
+    baselines leave the interval out) until a staging of it succeeds.
+    """
+    key = volumes.interval_key(start, end)
+    if key is None:
+        return
+    try:
+        volumes.refuse_interval(dataset, key, reason)
+    except (OSError, TrainyardError) as e:
+        log.warning("cannot record that interval %s was refused: %s", key, e)
 
 
 def _stage(
@@ -383,9 +403,10 @@ def _kept_without_source(
     """The interval's recorded snapshot when its source is gone (an upstream cleanup).
 
     A snapshot that passed or awaits validation still stands for its interval; a rejected
-    one does not (the source error is raised instead).
+    one, or one whose interval's source was refused since, does not (the source error is
+    raised instead).
     """
-    if not record:
+    if not record or record.get("refused"):
         return None
     sid = str(record.get("snapshot_id"))
     path = volumes.snapshot_dir(dataset, sid)
