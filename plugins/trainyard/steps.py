@@ -896,7 +896,9 @@ def format_summary(record: dict[str, Any]) -> str:
     if record.get("failed_days"):
         days = list(record["failed_days"])
         lines.append(
-            f"failed        {', '.join(days)}: their data (the range went on without them)"
+            f"failed        {', '.join(days)}: their data (the range went on without them"
+            + _fmt_failed_in_window(days, tr.get("window") or val.get("window") if tr else None)
+            + ")"
         )
     if dep:
         lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
@@ -906,6 +908,18 @@ def format_summary(record: dict[str, Any]) -> str:
     else:
         lines.append("served        unchanged (nothing deployed)")
     return "\n".join(lines)
+
+
+def _fmt_failed_in_window(days: list[str], window: Any) -> str:
+    """Whether a training window holds failed days (their earlier snapshots) or not."""
+    entries = [e for e in window or [] if isinstance(e, dict)]
+    if len(entries) < 2:
+        return ""
+    trained = {str(e["interval"][0])[:10] for e in entries if e.get("interval")}
+    kept = [d for d in days if d in trained]
+    if kept:
+        return f"; trained on the earlier snapshot of {', '.join(kept)}"
+    return "; the training window left them out"
 
 
 def _fmt_window(window: Any) -> str:
@@ -1108,6 +1122,7 @@ def run_all(
     Raises:
         StepSkipped: If every interval was skipped.
     """
+    from trainyard import volumes
     from trainyard.registry import caller
 
     overrides = overrides_object(overrides)
@@ -1133,7 +1148,17 @@ def run_all(
         try:
             results["stage"] = stage(pipeline, start, end)
             snap = results["stage"]["snapshot_id"]
-            results["validate"] = validate(pipeline, snap, start)
+            try:
+                results["validate"] = validate(pipeline, snap, start)
+            except SnapshotError as e:
+                if volumes.recorded_damage(volumes.snapshot_dir(cfg.dataset, snap)) is None:
+                    raise
+                # validation found the copy damaged and recorded it: staging the day again
+                # reads its source and replaces the copy (once; a second failure stands)
+                log.warning("%s: %s: staging it again", start, e)
+                results["stage"] = stage(pipeline, start, end)
+                snap = results["stage"]["snapshot_id"]
+                results["validate"] = validate(pipeline, snap, start)
         except StepSkipped as e:
             skipped[start] = str(e)
             # as its DAG run: this day's tasks skip, the range goes on

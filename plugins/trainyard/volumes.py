@@ -52,6 +52,9 @@ log = logging.getLogger("trainyard.volumes")
 
 HASH_ALGO = "blake3"
 MANIFEST = "manifest.json"
+DAMAGED = "damaged.json"
+"""A reader's record, next to the shards, that it found the snapshot damaged
+(:func:`mark_damaged`): staging its interval then reads the source again."""
 DATASET_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 SNAPSHOT_RE = re.compile(r"^[0-9a-f]{16}$")
 _HASH_CHUNK = 8 << 20
@@ -542,6 +545,51 @@ def replace_interval(
     return out
 
 
+def refuse_interval(
+    dataset: str, key: str, reason: str, *, volume_root: Path | None = None
+) -> dict[str, Any] | None:
+    """Record that an interval's current source breaks its contract at staging.
+
+    The record keeps the snapshot it pointed at, with ``refused: {at, reason}``: that
+    snapshot no longer stands for the interval (training windows and drift baselines
+    leave the interval out, staging does not reuse it, ``snapshots list`` says why) until
+    a staging of the interval succeeds (:func:`replace_interval` writes a record without
+    it). Written atomically under the interval's lock.
+
+    Args:
+        dataset: The dataset name.
+        key: From :func:`interval_key`.
+        reason: The staging error (credentials masked).
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        The record now on disk, or None when the interval was never staged (nothing
+        stood for it).
+    """
+    path = _layout(volume_root).interval(check_dataset_name(dataset), key)
+    with _locked(path.parent / f".{key}.lock"):
+        old = read_interval(dataset, key, volume_root)
+        if not old:
+            return None
+        out = {**old, "refused": {"at": _now(), "reason": reason}}
+        atomic_write_json(path, out)
+    return out
+
+
+def refused_intervals(dataset: str, volume_root: Path | None = None) -> dict[str, list[dict]]:
+    """The interval records whose source was refused, by the snapshot they point at."""
+    folder = _layout(volume_root).intervals(check_dataset_name(dataset))
+    out: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("refused"):
+            out.setdefault(str(record.get("snapshot_id")), []).append(record)
+    return out
+
+
 def validation_state(snapshot: Path) -> dict[str, Any]:
     """What validation said about a snapshot, from its report (``<snapshot>/validation``).
 
@@ -606,7 +654,8 @@ def _validated_intervals(
 ) -> Iterator[tuple[dt.datetime, str, dict[str, Any]]]:
     """``(start, snapshot id, record)`` of each interval whose snapshot passed validation.
 
-    Records without a start, and those whose snapshot is gone, are skipped.
+    Records without a start, those whose snapshot is gone, and those whose current
+    source was refused at staging (:func:`refuse_interval`) are skipped.
 
     Raises:
         SnapshotError: If an interval record is unreadable (naming the file).
@@ -626,6 +675,8 @@ def _validated_intervals(
             sid = _check_snapshot_id(str(record["snapshot_id"]))
         except (OSError, ValueError, KeyError, TypeError, SnapshotError) as e:
             raise SnapshotError(f"{path}: unreadable interval record: {e}") from e
+        if record.get("refused"):
+            continue
         snap = snapshot_dir(dataset, sid, volume_root)
         if (snap / MANIFEST).is_file() and validation_state(snap)["state"] == "validated":
             yield start, sid, record
@@ -671,7 +722,8 @@ def training_window(
     ``newest`` is the run's snapshot alone. ``{intervals: N}`` and ``{since: date}`` read
     the dataset's interval records: an interval counts when it starts no later than the
     run's interval (``interval_start``; no bound without one) and its current snapshot
-    exists and passed validation (a rejected or unvalidated one is left out);
+    exists and passed validation (a rejected or unvalidated one is left out, and so is
+    an interval whose current source was refused at staging);
     ``{intervals: N}`` keeps the last N of them, ``{since: D}`` those starting on or after
     D. Intervals that produced the same content (one snapshot) count once, at their latest
     interval. The run's own snapshot is always in the window.
@@ -823,7 +875,7 @@ def verify_snapshot(snapshot: Path) -> list[str]:
             continue
         if hash_file(path) != shard.hash:
             problems.append(f"{shard.path}: content hash differs from manifest")
-    expected = {s.path for s in manifest.shards} | {MANIFEST}
+    expected = {s.path for s in manifest.shards} | {MANIFEST, DAMAGED}
     for path in sorted(snapshot.rglob("*")):
         rel = path.relative_to(snapshot).as_posix()
         if path.is_file() and rel not in expected and not rel.startswith("validation/"):
@@ -832,20 +884,26 @@ def verify_snapshot(snapshot: Path) -> list[str]:
         manifest.snapshot_id
     ):
         problems.append(f"{MANIFEST}: snapshot id does not match the listed shards")
+    if problems:
+        mark_damaged(snapshot, "; ".join(problems))
     return problems
 
 
-def check_snapshot(snapshot: Path) -> Manifest:
+def check_snapshot(snapshot: Path, *, content: bool = True) -> Manifest:
     """Fail closed unless every shard of a snapshot is exactly what its manifest lists.
 
     One streaming pass per shard at hashing speed (BLAKE3, memory-mapped, multithreaded):
     each shard is opened without following symbolic links, must be a regular file of the
     listed size, and must hash to the listed digest; the snapshot id must match the listed
     shards. Readers call it before they trust the data (validation, training, evaluation
-    and the deploy's smoke test).
+    and the deploy's smoke test). A damaged snapshot is marked so (:func:`mark_damaged`),
+    so the next staging of its interval reads the source again and replaces it.
 
     Args:
         snapshot: The snapshot directory.
+        content: Hash every shard. Without it only the manifest, the id and each shard's
+            type and size are checked (a ``stat`` per shard, what staging's reuse does)
+            and nothing is marked.
 
     Returns:
         The manifest, checked.
@@ -855,9 +913,73 @@ def check_snapshot(snapshot: Path) -> Manifest:
             (in manifest order) that is missing, not a regular file, of another size or
             content; or the manifest is missing, corrupt or lists shards of another id.
     """
+    snapshot = Path(snapshot)
+    try:
+        return _check_snapshot(snapshot, content)
+    except SnapshotError as e:
+        if content and snapshot.is_dir() and mark_damaged(snapshot, str(e)):
+            raise SnapshotError(
+                f"{e} (recorded: staging its interval again reads the source and replaces it)"
+            ) from e
+        raise
+
+
+def mark_damaged(snapshot: Path, reason: str) -> bool:
+    """Record that a reader found a published snapshot damaged (``<snapshot>/damaged.json``).
+
+    Staging its interval then reads the source again instead of reusing the snapshot, and
+    replaces the damaged copy (a source listing alone cannot tell a flipped bit). The
+    record is written in the dataset's ``.tmp/`` and renamed into place, so a kill leaves
+    either no record or a whole one. Best effort: a reader on a read-only mount (a
+    training pod) or outside a dataset volume records nothing.
+
+    Args:
+        snapshot: A snapshot directory (``<dataset>/snapshots/<id>``).
+        reason: What is wrong (the reader's error).
+
+    Returns:
+        Whether the record was written.
+    """
+    snapshot = Path(snapshot)
+    if snapshot.parent.name != "snapshots" or not SNAPSHOT_RE.match(snapshot.name):
+        return False
+    record = {"reason": reason, "at": _now(), "host": HOST, "pid": os.getpid()}
+    try:
+        with private_tmp_dir(snapshot.parent.parent / ".tmp", prefix="mark-damaged-") as tmp:
+            atomic_write_json(tmp / DAMAGED, record)
+            os.replace(tmp / DAMAGED, snapshot / DAMAGED)
+        fsync_dir(snapshot)
+    except OSError as e:
+        log.info("cannot record that snapshot %s is damaged: %s", snapshot.name, e)
+        return False
+    return True
+
+
+def recorded_damage(snapshot: Path) -> dict[str, Any] | None:
+    """What a reader recorded with :func:`mark_damaged`, or None (none recorded)."""
+    path = Path(snapshot) / DAMAGED
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return {"reason": f"unreadable damage record {path}: {e}", "at": None}
+    return data if isinstance(data, dict) else {"reason": str(data), "at": None}
+
+
+def clear_damage(snapshot: Path) -> None:
+    """Drop a damage record of a snapshot found intact since (staging re-read its source)."""
+    path = Path(snapshot) / DAMAGED
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+
+
+def _check_snapshot(snapshot: Path, content: bool) -> Manifest:
     import stat
 
-    snapshot = Path(snapshot)
     manifest = read_manifest(snapshot)
     sid = manifest.snapshot_id
     if manifest.hash_algo != HASH_ALGO:
@@ -886,6 +1008,8 @@ def check_snapshot(snapshot: Path) -> Manifest:
                 raise SnapshotError(
                     f"{damaged}: {st.st_size} bytes, the manifest lists {shard.bytes}"
                 )
+            if not content:
+                continue
             h = blake3.blake3(max_threads=blake3.blake3.AUTO)
             if st.st_size:
                 with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
@@ -1228,13 +1352,23 @@ def _cli_list(args: argparse.Namespace) -> int:
     print(f"{head}  created / interval / validation")
     for ds in datasets:
         validated = latest_validated(ds)
+        refused = refused_intervals(ds)
         for m in list_snapshots(ds):
             mark = " *last validated" if m.snapshot_id == validated else ""
+            for r in refused.get(m.snapshot_id, []):
+                mark += (
+                    f" SUPERSEDED: [{r.get('start')} .. {r.get('end')})'s source was refused "
+                    f"at {r['refused'].get('at')} ({r['refused'].get('reason')}); left out "
+                    "until it stages"
+                )
             state = validation_state(snapshot_dir(ds, m.snapshot_id))
             if state["state"] == "rejected":
                 mark += f" REJECTED: {state['reason']}"
             elif state["state"] == "not validated":
                 mark += " (not validated)"
+            damage = recorded_damage(snapshot_dir(ds, m.snapshot_id))
+            if damage is not None:
+                mark += f" DAMAGED: {damage['reason']} (staging its interval replaces it)"
             iv = f"  [{m.interval['start']} .. {m.interval['end']})" if m.interval else ""
             print(
                 f"{ds:<16} {m.snapshot_id:<16} {m.kind:<5} {m.rows:>10} "
@@ -1250,6 +1384,7 @@ def _cli_show(args: argparse.Namespace) -> int:
         # manifests written before URLs were redacted at staging
         shown["source"]["url"] = redact_url(shown["source"]["url"])
     shown["validation"] = validation_state(snap)
+    shown["damaged"] = recorded_damage(snap)
     print(json.dumps(shown, indent=2))
     return 0
 

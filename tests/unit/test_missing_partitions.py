@@ -15,6 +15,7 @@ import pytest
 from tests.daily_csv import pipeline as pipeline_dict
 from tests.daily_csv import read_csv, write_contract, write_csv, write_days
 from trainyard.config import PipelineConfig
+from trainyard.errors import StagingError
 from trainyard.steps import EXIT_DETERMINISTIC, EXIT_FAILED, EXIT_OK, EXIT_SKIPPED
 
 DAY = "2026-11-03"
@@ -248,3 +249,81 @@ def test_validate_logs_its_table_once(env) -> None:
     assert out.returncode == EXIT_OK, out.stderr
     assert out.stderr.count(f"validation of cancer/{sid}:") == 1, out.stderr
     assert f"validation of {sid}:" not in out.stderr
+
+
+def test_a_day_whose_source_is_refused_leaves_the_training_window(
+    volume_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Found by a new user: a staged and validated day whose file was then edited to hold
+    ``abc`` in a number column failed at staging, yet its old snapshot stayed in every
+    training window ("trained on 6 snapshots") and ``snapshots list`` did not say. The
+    interval's record now says its source was refused; windows and drift baselines leave
+    it out until a staging of it succeeds."""
+    from trainyard import volumes
+    from trainyard.errors import SourceInvalid
+    from trainyard.staging import stage
+    from trainyard.validation import validate
+
+    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(tmp_path / "contracts"))
+    write_contract(tmp_path / "contracts")
+    raw = tmp_path / "raw"
+    dates = ["2026-11-03", "2026-11-04", "2026-11-05"]
+    write_days(raw, dates)
+    cfg = PipelineConfig.model_validate(pipeline_dict(raw, training={"window": {"intervals": 7}}))
+    sids = {}
+    for day in dates:
+        sids[day] = stage(cfg, day, day, quiet=True).snapshot_id
+        validate(cfg, sids[day], day)
+
+    def window_days() -> list[str]:
+        entries = volumes.training_window("cancer", {"intervals": 7}, sids[dates[2]], dates[2])
+        return [str(e["interval"][0])[:10] for e in entries]
+
+    assert window_days() == dates
+    rows = read_csv(raw / "2026-11-04.csv")
+    rows[3]["mean_radius"] = "abc"
+    write_csv(raw / "2026-11-04.csv", rows)
+    with pytest.raises(SourceInvalid, match="row 5"):
+        stage(cfg, "2026-11-04", "2026-11-04", quiet=True)
+    assert window_days() == ["2026-11-03", "2026-11-05"]
+    assert volumes.drift_baseline("cancer", sids[dates[2]], dates[2]) == sids["2026-11-03"]
+    key = volumes.interval_key("2026-11-04", "2026-11-04")
+    record = volumes.read_interval("cancer", key)
+    assert record["snapshot_id"] == sids["2026-11-04"] and "row 5" in record["refused"]["reason"]
+    assert volumes.cli_main(["list", "cancer"]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if sids["2026-11-04"] in x]
+    assert " SUPERSEDED: [2026-11-04 .. 2026-11-04)'s source was refused" in line, line
+    # a source that is gone afterwards does not bring the old snapshot back
+    (raw / "2026-11-04.csv").unlink()
+    with pytest.raises(StagingError):
+        stage(cfg, "2026-11-04", "2026-11-04", quiet=True)
+    assert window_days() == ["2026-11-03", "2026-11-05"]
+    # corrected again (the same rows as before): it stages, and is back in the window
+    write_days(raw, dates)
+    again = stage(cfg, "2026-11-04", "2026-11-04", quiet=True)
+    assert again.snapshot_id == sids["2026-11-04"] and "refused" in again.checked
+    assert "refused" not in volumes.read_interval("cancer", key)
+    assert window_days() == dates
+
+
+@pytest.mark.parametrize(
+    ("window_days", "says"),
+    [
+        (["2026-11-01", "2026-11-02"], "; the training window left them out)"),
+        (["2026-11-01", "2026-11-03"], "; trained on the earlier snapshot of 2026-11-03)"),
+    ],
+)
+def test_the_run_summary_says_whether_failed_days_were_trained_on(
+    window_days: list[str], says: str
+) -> None:
+    from trainyard.steps import format_summary
+
+    window = [{"snapshot_id": f"{i:016x}", "interval": [d, d], "rows": 10}
+              for i, d in enumerate(window_days)]  # fmt: skip
+    record = {
+        "pipeline": "cancer",
+        "train": {"version": 2, "attempts": 1, "seconds": 1.0, "window": window},
+        "failed_days": {"2026-11-03": "SourceInvalid: row 5"},
+    }
+    line = next(x for x in format_summary(record).splitlines() if x.startswith("failed"))
+    assert line.endswith(says), line

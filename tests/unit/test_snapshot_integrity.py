@@ -245,3 +245,76 @@ def test_staging_the_source_again_repairs_a_damaged_snapshot(
     assert not list((staged.parent.parent / ".tmp").iterdir())
     third = stage(pipeline(tmp_path / "raw"), quiet=True)  # intact now: reused as before
     assert third.reused and "damaged" not in third.checked
+
+
+def _read_by(reader: str, snapshot: Path, raw: Path) -> None:
+    """A reader meets the damaged snapshot (and fails on it, or reports it)."""
+    if reader == "verify":
+        assert volumes.verify_snapshot(snapshot)
+    elif reader == "validate":
+        with pytest.raises(SnapshotError, match="damaged"):
+            validate(pipeline(raw), snapshot.name, "2026-11-03")
+    else:
+        with pytest.raises(SnapshotError, match="damaged"):
+            volumes.check_snapshot(snapshot)
+
+
+@pytest.mark.parametrize("reader", ["verify", "validate", "check"])
+def test_a_damaged_snapshot_heals_when_its_unchanged_interval_is_staged_again(
+    volume_root: Path, contract: Path, tmp_path: Path, capsys, reader: str
+) -> None:
+    """Found by a new user: after a byte flipped in a shard (same size), ``snapshots
+    verify`` said so, but staging the day again saw its source unchanged, reused the
+    damaged copy ("listed, not re-read") and every run failed on it, forever. The reader
+    that finds the damage records it; the next staging re-reads the source and replaces
+    the copy; after that, an unchanged source is listed and not re-read again."""
+    raw = tmp_path / "raw"
+    raw_images(raw)
+    day = ("2026-11-03", "2026-11-04")
+    snap = stage(pipeline(raw), *day, quiet=True).path
+    flip_byte(snap / "shard-00000.tar", 4000)
+    _read_by(reader, snap, raw)
+    assert volumes.cli_main(["list", "pics"]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if snap.name in line]
+    assert len(listed) == 1 and " DAMAGED: " in listed[0], listed
+
+    again = stage(pipeline(raw), *day, quiet=True)
+    assert again.path == snap and not again.reused
+    assert "found the interval's snapshot" in again.checked
+    assert "whose damaged copy it replaced" in again.checked
+    volumes.check_snapshot(snap)
+    assert not (snap / volumes.DAMAGED).exists()
+    assert not list((snap.parent.parent / ".tmp").iterdir())
+    third = stage(pipeline(raw), *day, quiet=True)
+    assert third.reused and "listed, not re-read" in third.checked
+
+
+def test_staging_notices_a_truncated_or_missing_shard_by_its_listing(
+    volume_root: Path, contract: Path, tmp_path: Path
+) -> None:
+    """No reader needed for damage a ``stat`` shows: the reuse path checks each shard's
+    type and size (cheap) and re-reads the source when one is off."""
+    raw = tmp_path / "raw"
+    raw_images(raw)
+    day = ("2026-11-03", "2026-11-04")
+    snap = stage(pipeline(raw), *day, quiet=True).path
+    os.truncate(snap / "shard-00000.tar", 10240)
+    again = stage(pipeline(raw), *day, quiet=True)
+    assert not again.reused and "whose damaged copy it replaced" in again.checked
+    volumes.check_snapshot(snap)
+
+
+def test_a_stale_damage_record_costs_one_re_read(
+    volume_root: Path, contract: Path, tmp_path: Path
+) -> None:
+    """A record left by a reader racing a repair: the re-read finds the copy intact,
+    drops the record, and the next staging reuses without reading."""
+    raw = tmp_path / "raw"
+    raw_images(raw)
+    day = ("2026-11-03", "2026-11-04")
+    snap = stage(pipeline(raw), *day, quiet=True).path
+    assert volumes.mark_damaged(snap, "a reader's mistake")
+    again = stage(pipeline(raw), *day, quiet=True)
+    assert again.reused and "a reader found the interval's snapshot" in again.checked
+    assert not (snap / volumes.DAMAGED).exists()
+    assert "listed, not re-read" in stage(pipeline(raw), *day, quiet=True).checked

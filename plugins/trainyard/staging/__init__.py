@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard import volumes
-from trainyard.errors import SnapshotError, StagingError, TrainyardError
+from trainyard.errors import SnapshotError, SourceInvalid, StagingError, TrainyardError
 from trainyard.fsutil import atomic_write_json, publish_dir, redact_text, redact_url
 from trainyard.progress import Progress, human_bytes
 from trainyard.staging.sources import open_source, read_contract
@@ -116,9 +116,19 @@ def _recheck(
     path = volumes.snapshot_dir(dataset, sid)
     if not (path / volumes.MANIFEST).is_file():
         return None, f"the interval's snapshot {sid} no longer exists"
+    refused = record.get("refused")
+    if refused:
+        return None, f"the interval's source was refused at {refused.get('at')}"
     state = volumes.validation_state(path)
     if state["state"] == "rejected":
         return None, f"the interval's snapshot {sid} was rejected ({state['reason']})"
+    damage = volumes.recorded_damage(path)
+    if damage is not None:
+        return None, f"a reader found the interval's snapshot {sid} damaged at {damage['at']}"
+    try:  # a stat per shard; the hashes are the readers' check (they mark what they find)
+        volumes.check_snapshot(path, content=False)
+    except SnapshotError as e:
+        return None, f"the interval's snapshot {sid} is damaged ({e})"
     if not record.get("source_fingerprint"):
         return None, f"no source listing was recorded with snapshot {sid}"
     if record["source_fingerprint"] != fingerprint:
@@ -151,7 +161,8 @@ def _damage(snapshot: Path) -> str | None:
     try:
         volumes.check_snapshot(snapshot)
     except SnapshotError as e:
-        return str(e)
+        found = e.__cause__ if isinstance(e.__cause__, SnapshotError) else e  # not the hint
+        return str(found)
     except OSError as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -198,11 +209,28 @@ def stage(
         # a source URL may carry credentials (user info, ?token=): never let them out
         text = str(e)
         clean = redact_text(text)
+        if isinstance(e, SourceInvalid):
+            _refuse(pipeline.dataset, interval_start, interval_end, clean)
         if clean == text:
             raise
         error = type(e) if isinstance(e, TrainyardError) else StagingError
     # raised outside the handler, so the unredacted error is not even its context
     raise error(clean)
+
+
+def _refuse(dataset: str, start: str | None, end: str | None, reason: str) -> None:
+    """Record in the interval's record that its current source was refused.
+
+    Its earlier snapshot then no longer stands for it (training windows and drift
+    baselines leave the interval out) until a staging of it succeeds.
+    """
+    key = volumes.interval_key(start, end)
+    if key is None:
+        return
+    try:
+        volumes.refuse_interval(dataset, key, reason)
+    except (OSError, TrainyardError) as e:
+        log.warning("cannot record that interval %s was refused: %s", key, e)
 
 
 def _stage(
@@ -292,6 +320,8 @@ def _stage(
         final = volumes.snapshot_dir(dataset, snapshot_id)
         reused = final.is_dir()
         repaired = _damage(final) if reused else None
+        if reused and repaired is None:
+            volumes.clear_damage(final)  # found intact: a stale record must not cost re-reads
         with contextlib.ExitStack() as aside:
             if repaired is not None:  # the source's bytes are in hand: they replace the copy
                 log.warning("snapshot %s is damaged (%s): staged again", snapshot_id, repaired)
@@ -373,9 +403,10 @@ def _kept_without_source(
     """The interval's recorded snapshot when its source is gone (an upstream cleanup).
 
     A snapshot that passed or awaits validation still stands for its interval; a rejected
-    one does not (the source error is raised instead).
+    one, or one whose interval's source was refused since, does not (the source error is
+    raised instead).
     """
-    if not record:
+    if not record or record.get("refused"):
         return None
     sid = str(record.get("snapshot_id"))
     path = volumes.snapshot_dir(dataset, sid)
