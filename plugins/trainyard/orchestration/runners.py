@@ -281,6 +281,8 @@ class TrainingOperator(BaseOperator):
 
         training = run_training_or_skip(self.pipeline, context, plan=lambda t: render(t).plan)
         objects = render(training)
+        if settings.runner == "local":
+            log.info("the cluster's plan for these objects (here each pod runs as a process):")
         for line in objects.plan:
             log.info("%s", line)
         self._runner = runner_for(settings)
