@@ -532,6 +532,7 @@ def run_training(
     profile = profile or load_cluster_profile(settings.cluster_profile)
     objects = run_training_objects(profile, pipeline, training, snapshot_id, run_id, window=window)
     emit = log or logger.info
+    emit("the cluster's plan for these objects (here each pod runs as a process):")
     for line in objects.plan:
         emit(line)
     from trainyard.volumes import lease_window
