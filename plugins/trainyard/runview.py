@@ -339,8 +339,10 @@ def summary_line(
     if reg.get("version") is not None:
         metrics = _fmt_metrics(ev.get("metrics"))
         parts.append(f"v{reg['version']}" + (f" {metrics}" if metrics else ""))
-    if dry_run and not reg:
+    if dry_run and not reg and not failed:
         parts.append("dry run: stopped before training (its plan is in the train task's log)")
+    elif dry_run and not reg:
+        parts.append("dry run")
     elif ev:
         parts.append(f"gate {ev.get('verdict', '?')}: {ev.get('reason', '')}".rstrip(": "))
     else:
@@ -621,13 +623,32 @@ def _verdict(verdict: str | None) -> str:
     return f'<span class="{cls} verdict">{_e(verdict or "not decided")}</span>'
 
 
+def _approval(answer: Mapping[str, Any]) -> str:
+    """A person's answer to the approval step (``gate.approval: required``)."""
+    if answer.get("approved") is None:
+        return '<p class="warn approval">approval: waiting for a person</p>'
+    said, cls = ("approved", "ok") if answer.get("approved") else ("rejected", "bad")
+    why = f": {_e(answer.get('reason'))}" if answer.get("reason") else ""
+    return (
+        f'<p class="approval">approval: <span class="{cls} decision">{said}</span> by '
+        f"{_e(answer.get('by'))}{why}</p>"
+    )
+
+
+def _event_name(event: Mapping[str, Any]) -> str:
+    """A history event as a person reads it: an approval says which way it went."""
+    if event.get("event") == "approval":
+        return "approved" if event.get("approved") else "rejected"
+    return str(event.get("event") or "")
+
+
 def _history_table(history: Sequence[Mapping[str, Any]], limit: int = 20) -> str:
     if not history:
         return '<p class="muted">no promotion or rollback yet</p>'
     rows = [
         [
             _e(ev.get("at")),
-            _e(ev.get("event")) + (" (forced)" if ev.get("forced") else ""),
+            _e(_event_name(ev)) + (" (forced)" if ev.get("forced") else ""),
             _e(ev.get("from")),
             _e(ev.get("version")),
             _e(ev.get("actor")),
@@ -909,6 +930,9 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
             )
     else:
         out.append('<p class="muted">the gate did not run</p>')
+    answer = (story.get("record") or {}).get("approve")
+    if isinstance(answer, dict):
+        out.append(_approval(answer))
 
     out.append("<h2>Serving</h2>")
     dep = story.get("deploy")

@@ -336,3 +336,34 @@ def test_chart_labels_are_drawn_whole_in_a_browser() -> None:
     for x, w in boxes:
         assert x >= 0 and x + w <= width, (x, w, width)
     assert "w" * 47 + "…" in svg and "w" * 80 + " (std_shift): 0.5" in svg
+
+
+def test_a_persons_rejection_shows_on_the_run_page_and_in_the_history() -> None:
+    """Found by a new user: a run whose approval a person rejected read "decision: promote,
+    this run deployed nothing", and its history row said "approval" as for an approval."""
+    story = {
+        "pipeline": "digits",
+        "run_id": RUN,
+        "summarised": True,
+        "record": {"approve": {"approved": False, "by": "admin", "reason": "not <today>"}},
+        "gate": {"verdict": "promote", "reason": "All checks passed."},
+        "history": [
+            {"event": "approval", "approved": True, "version": 5, "actor": "admin"},
+            {"event": "approval", "approved": False, "version": 6, "actor": "admin"},
+        ],
+    }
+    page = runview.render_run(story, None, "/pipe")
+    assert (
+        'approval: <span class="bad decision">rejected</span> by admin: not &lt;today&gt;' in page
+    )
+    rows = page.split('class="history"', 1)[1]
+    assert rows.index("rejected") < rows.index("approved")  # newest first
+    story["record"] = {"approve": {"approved": None}}
+    assert "approval: waiting for a person" in runview.render_run(story, None, "/pipe")
+
+
+def test_a_failed_dry_run_does_not_point_at_a_plan_it_never_made() -> None:
+    """Found by a new user: a dry run that failed at stage said its plan was in the train
+    task's log."""
+    line = runview.summary_line({}, failed=["stage"], dry_run=True, reason="bad conf")
+    assert "its plan" not in line and "dry run" in line and "failed: stage (bad conf)" in line
