@@ -559,8 +559,13 @@ def _short(label: str, most: int = 48) -> str:
 
 def _drift(val: Mapping[str, Any]) -> str:
     rules = [r for r in val.get("rules") or [] if str(r.get("rule", "")).startswith("drift:")]
+    if not rules and val.get("previous_snapshot_id"):
+        return '<p class="muted drift">drift: the contract declares no drift rule</p>'
     if not rules:
-        return ""
+        return (
+            '<p class="muted drift">drift: not measured: no validated snapshot of an earlier '
+            "interval to compare with (or the contract declares no drift rule)</p>"
+        )
     bars = [
         (
             f"{r.get('column')} ({str(r['rule']).split(':', 1)[1]})",
@@ -580,7 +585,7 @@ CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:16px;color:#1f2937;background:#fff}
 h1{font-size:20px;margin:0 0 4px}
 h2{font-size:16px;margin:20px 0 6px;border-bottom:1px solid #e5e7eb}
-table{border-collapse:collapse;margin:4px 0}
+table{border-collapse:collapse;margin:4px 0}.tw{overflow-x:auto;max-width:100%}
 td,th{border:1px solid #e5e7eb;padding:3px 8px;text-align:left}
 th{background:#f9fafb}.muted{color:#6b7280}.ok{color:#15803d;font-weight:600}
 .bad{color:#b91c1c;font-weight:600}.warn{color:#b45309;font-weight:600}
@@ -612,7 +617,7 @@ def _page(title: str, body: str) -> str:
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'
+    return f'<div class="tw"><table class="{cls}"><tr>{head}</tr>{body}</table></div>'
 
 
 _PASS, _FAIL = '<span class="ok">pass</span>', '<span class="bad">fail</span>'
@@ -711,8 +716,8 @@ def _confusion(diag: Mapping[str, Any], class_names: Sequence[Any] | None) -> st
         recall = row[i] / total if sum(row) else None
         rows.append(f"<tr><th>{_e(names[i])}</th>{''.join(cells)}<td>{_num(recall)}</td></tr>")
     return (
-        '<table class="confusion"><tr><th>true \\ predicted</th>'
-        f"{head}<th>recall</th></tr>{''.join(rows)}</table>"
+        '<div class="tw"><table class="confusion"><tr><th>true \\ predicted</th>'
+        f"{head}<th>recall</th></tr>{''.join(rows)}</table></div>"
     )
 
 
@@ -869,7 +874,8 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
             f"<p>version <b>{_e(version['version'])}</b> · {_trained_on(version)} · "
             f"{_e(m.get('model'))}, {_e(m.get('strategy'))}, {_e(m.get('workers'))} workers</p>"
         )
-        out.append(_table(list(shown), [[_num(v) for v in shown.values()]], "train-metrics"))
+        rows = [[_e(name), _num(value)] for name, value in shown.items()]
+        out.append(_table(["training figure", "value"], rows, "train-metrics"))
         out.append(_curves(version.get("curves") or {}))
     else:
         out.append('<p class="muted">this run registered no version (skipped or failed)</p>')

@@ -97,6 +97,11 @@ def test_run_story_and_page_show_what_the_run_did(volume: Path) -> None:
     assert "row 17, row 42" in page  # sample rows of the failed rule (a report without keys)
     assert "drift per column vs snapshot 0123456789abcdef" in page
     assert page.count("<rect") == 2 and 'fill="#dc2626"' in page  # the failing drift in red
+    # found by a new user: the training figures ran off the page's right edge as one wide
+    # row; they are a column now, and any wide table scrolls
+    figures = page.split('class="train-metrics"', 1)[1].split("</table>", 1)[0]
+    assert "<th>training figure</th><th>value</th>" in figures and "<td>accuracy</td>" in figures
+    assert page.count('<div class="tw"><table') == page.count("<table")
     # the confusion matrix, rows true and columns predicted, named by the classes
     assert '<table class="confusion">' in page and "<th>cat</th>" in page
     assert "<th>&lt;b&gt;</th>" in page and ">8</td>" in page and "0.9000" in page  # recall
@@ -232,6 +237,8 @@ def test_a_run_stopped_by_validation_shows_the_rejection_from_its_results(volume
     page = runview.render_run(story, None, "/pipe")
     assert "REJECTED" in page and "5 rows &lt; 1000" in page and "row_count" in page
     assert "not summarised" in page and "the gate did not run" in page
+    # found by a new user: with no earlier interval the page said nothing of drift
+    assert "drift: not measured: no validated snapshot of an earlier interval" in page
     # found by a new user: a failed run's page said "still running, or stopped before its
     # summary"; the plugin adds what Airflow knows of the run
     failed = {**story, "airflow_state": "failed", "failed": ["validate"]}
