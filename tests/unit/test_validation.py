@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,10 @@ def test_clean_snapshot_passes_with_report(tmp_path: Path) -> None:
     assert {("row_count", None), ("unique", "txn_id"), ("range", "amount")} <= rules
     html = (result.report_dir / "data_docs" / "index.html").read_text()
     assert "transactions-1.0.0" in html and "txn_id" in html
+    # found by a new user: the page's links into a Data Docs site (its index, the suite's
+    # page, static files) led to Airflow's 404; with no internet it had no styling at all
+    assert not re.search(r'(href|src)="\.\./', html)
+    assert "<head><style>body{" in html and "border-collapse" in html
     assert result.table.splitlines()[0].split()[:4] == ["status", "rule", "column", "unexpected"]
 
 

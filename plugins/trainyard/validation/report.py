@@ -11,6 +11,7 @@ report or the new one, never a mix.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import uuid
@@ -61,13 +62,31 @@ def render_table(outcomes: Sequence[RuleOutcome]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+_SITE_LINK = re.compile(r'\s(href|src)="(?:\.\./)+[^"]*"')
+"""A link into a Data Docs *site* (its index, suite pages, static files): this page is one
+validation result on its own, so each would be a 404."""
+
+_OFFLINE_CSS = (
+    "<style>body{font:14px/1.45 system-ui,sans-serif;margin:16px}"
+    "table{border-collapse:collapse}td,th{border:1px solid #d1d5db;padding:3px 8px;"
+    "text-align:left;vertical-align:top}</style>"
+)
+"""Readable tables before GX's CDN stylesheets load (or where they cannot: no internet)."""
+
+
 def render_data_docs(gx_result: Any) -> str:
-    """Render a suite validation result as a GX Data Docs HTML page."""
+    """Render a suite validation result as one GX Data Docs HTML page.
+
+    GX renders it for a Data Docs site; alone, its links to the site's index and suite
+    pages are dead, so they are made plain text, and a small inline stylesheet keeps its
+    tables readable where GX's CDN stylesheets do not load.
+    """
     from great_expectations.render.renderer import ValidationResultsPageRenderer
     from great_expectations.render.view import DefaultJinjaPageView
 
     document = ValidationResultsPageRenderer().render(gx_result)
-    return DefaultJinjaPageView().render(document)
+    page = _SITE_LINK.sub("", DefaultJinjaPageView().render(document))
+    return page.replace("<head>", "<head>" + _OFFLINE_CSS, 1)
 
 
 def write_report(
