@@ -192,6 +192,22 @@ def test_stage_says_what_it_staged_once(env) -> None:
     assert len(said) == 1, out.stderr
 
 
+def _run_range_breaking(
+    env: dict[str, str], raw: Path, days: list[str]
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Break the contract in ``days``' files, run 2026-11-01 .. DAY: (the run, its last line).
+
+    The run must exit 3 (days failed on their data).
+    """
+    for day in days:
+        rows = read_csv(raw / f"{day}.csv")
+        rows[3]["mean_radius"] = "-7.5"  # the contract says min 0
+        write_csv(raw / f"{day}.csv", rows)
+    out = _run_pipeline(env, "cancer_fail", "--ds", "2026-11-01", "--end-ds", DAY)
+    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
+    return out, out.stderr.strip().splitlines()[-1]
+
+
 def test_trainyard_run_goes_on_past_a_day_whose_data_fails(env, tmp_path: Path) -> None:
     """Found by a cold user: a range stopped at its first rejected day, leaving the days
     after it unstaged, though a backfill's runs fail alone. Here the first and the last
@@ -199,13 +215,7 @@ def test_trainyard_run_goes_on_past_a_day_whose_data_fails(env, tmp_path: Path) 
     last day's run would), and the exit names both days."""
     raw = tmp_path / "raw"
     write_days(raw, ["2026-11-01", "2026-11-02"])
-    for day in ("2026-11-01", DAY):
-        rows = read_csv(raw / f"{day}.csv")
-        rows[3]["mean_radius"] = "-7.5"  # the contract says min 0
-        write_csv(raw / f"{day}.csv", rows)
-    out = _run_pipeline(env, "cancer_fail", "--ds", "2026-11-01", "--end-ds", DAY)
-    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
+    out, last = _run_range_breaking(env, raw, ["2026-11-01", DAY])
     assert last.startswith("trainyard run: DaysFailed: 2 day(s) failed on their data, nothing"), (
         last
     )
@@ -225,12 +235,7 @@ def test_a_range_goes_on_past_an_empty_file(env, tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     write_days(raw, ["2026-11-01", "2026-11-02"])
     (raw / "2026-11-02.csv").write_bytes(b"")
-    rows = read_csv(raw / f"{DAY}.csv")
-    rows[3]["mean_radius"] = "-7.5"  # the contract says min 0
-    write_csv(raw / f"{DAY}.csv", rows)
-    out = _run_pipeline(env, "cancer_fail", "--ds", "2026-11-01", "--end-ds", DAY)
-    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
+    out, last = _run_range_breaking(env, raw, [DAY])
     assert last.startswith("trainyard run: DaysFailed: 2 day(s) failed"), last
     assert "2026-11-02: StagingError: " in last and "source is empty (0 bytes)" in last, last
     assert f"{DAY}: ValidationFailed: " in last, last
