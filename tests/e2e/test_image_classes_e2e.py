@@ -86,7 +86,9 @@ def test_an_image_dataset_of_another_size_trains_and_serves_class_names(tmp_path
                 "dataset": "shapes",
                 "schedule": None,
                 "source": {"url": str(raw), "format": "image_folder", "bootstrap": None},
-                "training": {"epochs": 6, "workers": 2, "batch_size": 32, "learning_rate": 0.01},
+                # Training's input order varies from run to run; at 6 epochs (36 steps) some
+                # orders ended at 0.58 accuracy, at 15 every run measured reached 0.95.
+                "training": {"epochs": 15, "workers": 2, "batch_size": 32, "learning_rate": 0.01},
                 "gate": {"thresholds": {"accuracy": {"min": 0.7}}},
                 "serving": {"model_name": "shapes"},
             }
