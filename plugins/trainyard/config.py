@@ -1066,7 +1066,44 @@ def k8s_name_clashes(
                 f"{'.'.join(keys)}",
             )
         )
-    return out
+    return out + _dataset_volume_clashes(cfg, others)
+
+
+def has_snapshots(dataset: str) -> bool:
+    """Whether the dataset's volume holds a snapshot (it has been staged)."""
+    snapshots = get_settings().volume_root / dataset / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def _dataset_volume_clashes(
+    cfg: PipelineConfig, others: list[PipelineConfig]
+) -> list[tuple[tuple[str, ...], str]]:
+    """The dataset whose PVC name another dataset of ``others`` renders too (``a__b``, ``a_b``).
+
+    Pipelines of one dataset share its volume; distinct datasets must not. A dataset that
+    has been staged keeps the name; between equals the name that sorts first does.
+    """
+    from trainyard.k8s.objects import dataset_pvc_name
+
+    pvc = dataset_pvc_name(cfg.dataset)
+    rivals = sorted(
+        (c for c in others if c.dataset != cfg.dataset and dataset_pvc_name(c.dataset) == pvc),
+        key=lambda c: (c.dataset, c.name),
+    )
+    if not rivals:
+        return []
+    owner = min([*rivals, cfg], key=lambda c: (not has_snapshots(c.dataset), c.dataset))
+    if owner.dataset == cfg.dataset:
+        return []
+    return [
+        (
+            ("dataset",),
+            f"datasets {owner.dataset!r} (pipeline {owner.name!r}) and {cfg.dataset!r} would "
+            f"both use the Kubernetes PersistentVolumeClaim {pvc!r}, which {owner.dataset!r} "
+            "keeps: each dataset needs a volume of its own (one's snapshots and retention "
+            "would act on the other's); rename the dataset and its contract",
+        )
+    ]
 
 
 def shared_name_message(

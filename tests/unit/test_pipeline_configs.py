@@ -221,6 +221,54 @@ def test_two_pipelines_may_not_render_one_kubernetes_object(
     assert cli_main(["check"]) == 0
 
 
+def test_two_datasets_may_not_render_one_volume(tmp_path: Path, monkeypatch) -> None:
+    # 'tx__eu' and 'tx_eu' both became PVC trainyard-data-tx-eu: on a cluster the second
+    # dataset's staging and retention would have acted on the first's snapshots
+    from trainyard import k8s
+
+    assert k8s.dataset_pvc_name("tx__eu") == k8s.dataset_pvc_name("tx_eu") == "trainyard-data-tx-eu"
+    folder, contracts = tmp_path / "pipelines", tmp_path / "contracts"
+    folder.mkdir()
+    contracts.mkdir()
+    raw = yaml.safe_load((PIPELINES / "transactions.yaml").read_text())
+    contract = yaml.safe_load((ROOT / "data_contracts" / "transactions.yaml").read_text())
+    for name, dataset in (("eu", "tx__eu"), ("eu_copy", "tx__eu"), ("eu2", "tx_eu")):
+        (contracts / f"{dataset}.yaml").write_text(
+            yaml.safe_dump({**contract, "dataset": dataset}, sort_keys=False)
+        )
+        pipeline = {
+            **raw,
+            "name": name,
+            "dataset": dataset,
+            "serving": {**raw["serving"], "model_name": name},
+        }
+        pipeline.pop("scoring", None)
+        pipeline.pop("trigger", None)
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    volumes = tmp_path / "v"
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(folder))
+    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
+    monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(volumes))
+
+    # between unstaged datasets the name that sorts first keeps it ('tx__eu' < 'tx_eu');
+    # two pipelines of one dataset share its volume
+    assert check_pipeline(folder / "eu.yaml").dataset == "tx__eu"
+    assert check_pipeline(folder / "eu_copy.yaml").dataset == "tx__eu"
+    with pytest.raises(ConfigError) as exc:
+        check_pipeline(folder / "eu2.yaml")
+    text = str(exc.value)
+    assert (
+        "dataset: datasets 'tx__eu' (pipeline 'eu') and 'tx_eu' would both use the "
+        "Kubernetes PersistentVolumeClaim 'trainyard-data-tx-eu', which 'tx__eu' keeps"
+    ) in text, text
+
+    # a dataset already staged keeps its volume's name over one that sorts first
+    (volumes / "tx_eu" / "snapshots" / "0123456789abcdef").mkdir(parents=True)
+    assert check_pipeline(folder / "eu2.yaml").dataset == "tx_eu"
+    with pytest.raises(ConfigError, match="which 'tx_eu' keeps"):
+        check_pipeline(folder / "eu.yaml")
+
+
 @pytest.mark.parametrize("name", ["../evil", "a/b", "has space", "trânsactions", ".", "x" * 64])
 def test_a_model_name_is_one_safe_folder_and_path_name(tmp_path: Path, name: str) -> None:
     # it names a folder of the serving root and a path of the serving API: "../evil"
