@@ -110,27 +110,11 @@ def test_storage_examples_match_profile() -> None:
     assert pvcs["trainyard-data-digits"]["spec"] == data["spec"]
 
 
-def test_kueue_matches_profile() -> None:
-    flavors = _by_kind("ResourceFlavor")
-    for pool in PROFILE.gpu_pools:
-        spec = flavors[pool.name]["spec"]
-        assert spec["nodeLabels"] == pool.node_labels
-        assert [(t["key"], t.get("value"), t["effect"]) for t in spec["tolerations"]] == [
-            (t.key, t.value, t.effect) for t in pool.taints
-        ]
-    cqs, lqs, wpcs = (
-        _by_kind("ClusterQueue"),
-        _by_kind("LocalQueue"),
-        _by_kind("WorkloadPriorityClass"),
-    )
-    for name, tier in PROFILE.tiers.items():
-        lq = lqs[tier.kueue_queue]
-        assert lq["metadata"]["namespace"] == PROFILE.namespace
-        cq = cqs[lq["spec"]["clusterQueue"]]
-        order = [f["name"] for g in cq["spec"]["resourceGroups"] for f in g["flavors"]]
-        assert order == list(tier.pools), f"tier {name}: ClusterQueue flavor order {order}"
-        assert (tier.kueue_priority_class or tier.priority_class) in wpcs
-    assert len({cq["spec"]["cohortName"] for cq in cqs.values()}) == 1
+def test_cluster_queues_share_one_cohort() -> None:
+    # a tier borrows the other's idle quota; the rest of Kueue's agreement with the
+    # profile is check-manifests' (tests/unit/test_check_manifests.py)
+    cohorts = {cq["spec"]["cohortName"] for cq in _by_kind("ClusterQueue").values()}
+    assert len(cohorts) == 1
 
 
 @pytest.mark.parametrize(
