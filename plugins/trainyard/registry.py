@@ -790,6 +790,13 @@ def cli_main(
             f"unknown pipeline {args.pipeline!r}: no config in {settings.pipelines_dir} and "
             f"nothing registered (known: {', '.join(known) or 'none'})"
         )
+    if args.pipeline not in configs and args.action in ("promote", "rollback", "serve"):
+        raise RegistryRefused(
+            f"pipeline {args.pipeline!r} has no config in {settings.pipelines_dir}: serving "
+            "follows the champion under the config's serving.model_name, so nothing was "
+            f"moved or served; put {args.pipeline}.yaml back to {args.action} (models list, "
+            "show and history read the registry without it)"
+        )
     version = getattr(args, "version", None)
     if version is not None and version not in (known := reg.list_versions()):
         listed = ", ".join(map(str, known)) or "none"

@@ -620,6 +620,29 @@ def test_cli_promote_of_the_champion_records_nothing_and_unknown_pipelines_are_n
         assert "unknown pipeline 'nope': no config in " in capsys.readouterr().err
 
 
+def test_a_pipeline_whose_config_is_gone_keeps_its_registry_readable_but_nothing_moves(
+    reg: Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``models rollback`` of a pipeline whose YAML was deleted said "unknown pipeline
+    'digits' (known: none)", though ``models list`` showed its champion."""
+    reg.register(make_model(tmp_path), meta())
+    reg.promote(1, "first", "tests")
+    (tmp_path / "digits-pipelines" / "digits.yaml").unlink()
+    assert cli(["models", "list", "--pipeline", "digits"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("*  1 ")
+    moves = (
+        ["rollback", "--unserve", "--reason", "retired"],
+        ["promote", "1", "--reason", "again"],
+        ["serve"],
+    )
+    for move in moves:
+        assert cli(["models", move[0], "--pipeline", "digits", *move[1:]]) == 3
+        err = capsys.readouterr().err
+        assert "RegistryRefused: pipeline 'digits' has no config in " in err, err
+        assert f"put digits.yaml back to {move[0]}" in err
+    assert reg.champion() == 1 and [e["event"] for e in reg.history()] == ["promote"]
+
+
 def test_list_shows_a_version_not_yet_evaluated_by_its_numbers(
     reg: Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
