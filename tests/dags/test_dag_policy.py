@@ -65,7 +65,7 @@ def test_dag_level_policy(dags: dict) -> None:
         ("register", 1),
         ("evaluate", 0),
         ("gate", 0),
-        ("deploy", 0),
+        ("deploy", 1),
     ],
 )
 def test_retries_only_for_transient_steps(dags: dict, task_id: str, retries: int) -> None:

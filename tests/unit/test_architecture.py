@@ -187,3 +187,24 @@ def test_a_failing_step_pod_fails_without_retry_naming_the_error(volume_root: Pa
     assert err.value.deterministic is True
     assert "SnapshotError" in str(err.value) and "0123456789abcdef" in str(err.value)
     assert any("-m trainyard validate --pipeline digits --snapshot-id" in ln for ln in lines)
+
+
+def test_a_step_pod_killed_by_a_signal_says_so(volume_root: Path) -> None:
+    """Found by a cold user: a deploy whose process was killed (``kill -9``) failed with
+    its last log line as the reason ("INFO ... before the deploy: serving version 11"),
+    and nothing said it was killed."""
+    from trainyard.config import load_pipeline
+    from trainyard.k8s.profile import load_cluster_profile
+    from trainyard.orchestration.runners import StepFailed, run_pod_locally
+    from trainyard.pods import step_pod
+    from trainyard.settings import get_settings
+
+    settings = get_settings()
+    profile = load_cluster_profile(settings.cluster_profile)
+    pod = step_pod(
+        profile, load_pipeline("digits"), "validate", {"snapshot_id": "0123456789abcdef"}
+    )
+    with pytest.raises(StepFailed) as err:
+        run_pod_locally(pod, settings, log=lambda line: None, started=lambda p: p.kill())
+    assert err.value.deterministic is False  # a retry may well succeed
+    assert "the step's process was killed by SIGKILL" in str(err.value), str(err.value)

@@ -566,6 +566,9 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
     deploy = step(
         "deploy",
         deploy_inputs,
+        # a DeployError (smoke test, not AVAILABLE) is final; a killed deploy is tried
+        # again, starting by serving the champion alone
+        retries=1,
         outlets=[mdl_asset],
         execution_timeout=dt.timedelta(minutes=30),
         on_success_callback=mails.get("promotion"),

@@ -504,7 +504,12 @@ def run_pod_locally(
         if code != 0:
             message = proc.local(TERMINATION_LOG)
             text = message.read_text(encoding="utf-8").strip() if message.is_file() else ""
-            text = text or next((t for t in reversed(tail) if t.strip()), f"exit code {code}")
+            last = next((t for t in reversed(tail) if t.strip()), None)
+            if code < 0 and not text:  # a kill says nothing; its last line would mislead
+                text = f"pod {pod.metadata.name}: the step's process was killed by " + (
+                    f"{signal.Signals(-code).name}" + (f" (its last line: {last})" if last else "")
+                )
+            text = text or last or f"exit code {code}"
             final = code in (EXIT_DETERMINISTIC, EXIT_SKIPPED)
             raise StepFailed(text, deterministic=final, skipped=code == EXIT_SKIPPED)
         result_file = proc.local(XCOM_PATH)
