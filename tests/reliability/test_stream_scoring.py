@@ -766,6 +766,48 @@ def test_the_status_file_says_why_a_scorer_keeps_failing(project, tmp_path: Path
         engine.close()
 
 
+def test_a_refused_commit_does_not_make_a_good_record_poison(project, tmp_path: Path) -> None:
+    """Found by a cold user: with the scores key holding a string, each restarted scorer
+    claimed the pending record, failed its commit (WRONGTYPE) and exited; every claim
+    counted a delivery, and once the key was fixed the valid record was dead-lettered
+    "delivered 4 times and never acknowledged"."""
+    from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.records import RecordChecker
+    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+
+    streams = Streams("rc.in", "rc.out", "rc.dead", "rc-group")
+    engine = RedisStreams(project["url"], streams, consumer="rc")
+    r = engine.r
+    r.delete("rc.in", "rc.out", "rc.dead")
+    checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
+
+    def scorer(n: int) -> Scorer:
+        endpoint = ModelEndpoint("127.0.0.1", project["port"], "events")
+        return Scorer(
+            RedisStreams(project["url"], streams, consumer=f"s{n}"), checker, endpoint,
+            claim_idle_s=0.1,
+        )  # fmt: skip
+
+    try:
+        r.set("rc.out", "not a stream")
+        (record,), _ = make_records(1, seed=3)
+        engine.produce([("ev-0", record)])
+        for n in range(5):  # a supervisor restarting the scorer while the key is wrong
+            time.sleep(0.15)  # idle past claim_idle_s: the next scorer claims it
+            with pytest.raises(StreamError, match="WRONGTYPE"):
+                scorer(n).run(max_records=1)
+        (pending,) = r.xpending_range("rc.in", "rc-group", "-", "+", 10)
+        assert pending["times_delivered"] <= 1, pending
+        r.delete("rc.out")  # fixed
+        time.sleep(0.15)
+        scorer(9).run(max_records=1, exit_when_idle_s=1)
+        assert r.xlen("rc.dead") == 0, _entries(r, "rc.dead")
+        assert [e["id"] for e in _entries(r, "rc.out")] == ["ev-0"]
+    finally:
+        r.delete("rc.in", "rc.out", "rc.dead")
+        engine.close()
+
+
 def test_a_slow_server_does_not_make_the_scorer_claim_its_own_batches(project) -> None:
     """Batches at a server slower than ``claim_idle_s`` are idle pending entries of the
     scorer itself: its claims must leave them alone, or each would be scored twice."""

@@ -214,6 +214,17 @@ class StreamEngine(abc.ABC):
     def produce(self, records: Sequence[tuple[str | None, bytes]], stream: str | None = None):
         """Append ``(key, value)`` records to ``stream`` (default: the input stream)."""
 
+    def release(self, messages: Sequence[Message]) -> None:  # noqa: B027 - optional
+        """Give back records read and not committed, not counting this delivery.
+
+        For a member that stops for a reason not its records' (the stream engine refused
+        a commit): the next member's claim must not take them for poison. Engines that
+        count no deliveries have nothing to undo.
+
+        Raises:
+            StreamError: If the engine cannot be told.
+        """
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
 
@@ -460,6 +471,23 @@ class RedisStreams(StreamEngine):
             raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
         before = {_s(row["message_id"]): row["times_delivered"] for row in take}
         return [m._replace(deliveries=before[m.id] + 1) for m in self._messages(entries)]
+
+    def release(self, messages: Sequence[Message]) -> None:
+        """``XCLAIM ... RETRYCOUNT <deliveries before ours> JUSTID``: this delivery uncounted.
+
+        They stay pending with this member, claimable by the next once idle.
+        """
+        s = self.streams
+        by_count: dict[int, list[str]] = {}
+        for m in messages:
+            by_count.setdefault((m.deliveries or 1) - 1, []).append(m.id)
+        try:
+            for count, ids in by_count.items():
+                self.r.xclaim(
+                    s.input, s.group, self.consumer, 0, ids, retrycount=count, justid=True
+                )
+        except self._redis.RedisError as e:
+            raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
 
     def _forget_idle_members(self, min_idle_ms: int) -> None:
         for c in self.r.xinfo_consumers(self.streams.input, self.streams.group):

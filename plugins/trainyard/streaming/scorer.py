@@ -39,7 +39,10 @@ while the model server fails.
 
 **Poison records.** A record that kills or hangs the scorer would stop every scorer that
 claims it. Claimed records are therefore scored one at a time, with nothing else in
-flight, and one delivered more than ``max_deliveries`` times is dead-lettered unread.
+flight, and one delivered more than ``max_deliveries`` times is dead-lettered unread. A
+scorer that stops because the stream engine refused its commit gives what it read back
+uncounted (:meth:`StreamEngine.release`): restarts before the refusal is fixed must not
+make valid records poison.
 A hung scorer writes no status: its supervisor (:func:`supervise`) kills it when the
 status file is older than :data:`STALE_AFTER_REPORTS` reports, as the Deployment's
 liveness probe does on Kubernetes.
@@ -81,6 +84,7 @@ from trainyard.streaming.engines import (
     RedisStreams,
     Scores,
     StreamEngine,
+    StreamError,
     Streams,
 )
 from trainyard.streaming.records import RecordChecker, show_value
@@ -686,6 +690,22 @@ class Scorer:
         log.error("%s", why)
         self.fail(why)
 
+    def _release_uncounted(self) -> None:
+        """Give back what was read and not committed, this delivery uncounted.
+
+        The stream engine refused a commit (a key of the wrong type, memory full): every
+        scorer after this one would meet the same refusal, exit and be restarted, and each
+        claim of the same records would count one more delivery until valid records were
+        dead-lettered as poison. Best effort: an engine that cannot be told leaves them
+        counted.
+        """
+        with self._ids_lock:
+            left = [m for ms in self._inflight.values() for m in ms]
+        try:
+            self.engine.release(left)
+        except StreamError as e:
+            log.warning("could not give back %d records uncounted: %s", len(left), e)
+
     def _maybe_report(self) -> None:
         now = time.monotonic()
         if now >= self._next_report:
@@ -736,6 +756,7 @@ class Scorer:
             committed, which stay pending in the group).
         """
         inflight: collections.deque[cf.Future[None]] = collections.deque()  # commits
+        stream_refused = False  # the stream engine refused us: not our records' doing
         self._idle_after_s = exit_when_idle_s
         self._progress_at = time.monotonic()
         self.report()
@@ -780,6 +801,7 @@ class Scorer:
         except BaseException as e:
             self.stop.set()  # batches waiting for the server give up: they stay pending
             self._error = f"{type(e).__name__}: {e}"[:500]
+            stream_refused = isinstance(e, StreamError)
             raise
         finally:
             self._committer.shutdown(wait=True, cancel_futures=True)
@@ -791,6 +813,8 @@ class Scorer:
             with self._ids_lock:
                 left = [len(ms) for ms in self._inflight.values()]
             self.left_pending = sum(left)
+            if left and stream_refused:
+                self._release_uncounted()
             if left:
                 log.warning(
                     "stopped with %d records read and not committed (in %d batch%s): "
