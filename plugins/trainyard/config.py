@@ -809,6 +809,15 @@ def check_pipeline(path: Path, profile: Any = None) -> PipelineConfig:
                         f"{kind} dataset (models for it: {fits})",
                     )
                 )
+            if contract.image is not None and field("scoring", "stream") is not None:
+                problems.append(
+                    where(
+                        ("scoring", "stream"),
+                        f"stream scoring takes table records (one JSON object a row), but "
+                        f"{dataset!r} is an image dataset (its feature "
+                        f"{contract.image.column!r} is an image)",
+                    )
+                )
             if isinstance(fmt, str) and contract.source.format != fmt:
                 problems.append(
                     where(
