@@ -286,6 +286,27 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
     while _api(base, token, f"/api/v2/backfills/{first['id']}").get("completed_at") is None:
         assert time.monotonic() < end, "the first backfill never completed"
         time.sleep(3)
+    # A middle day cleared alone trains (nothing later is queued) on the window as of it.
+    middle = sorted(backfill, key=lambda r: r["logical_date"])[1]
+    from trainyard.layout import run_key
+
+    middle_record = root.parent / "_models" / "transactions" / "runs"
+    middle_record = middle_record / f"{run_key(middle['dag_run_id'])}.json"
+    when = middle["logical_date"]
+    out = project.airflow(
+        "tasks", "clear", "trainyard_transactions", "-s", when, "-e", when, "--yes", timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    end = time.monotonic() + 600
+    while (run := _api(base, token, f"/api/v2/dags/trainyard_transactions/dagRuns/"
+                       f"{middle['dag_run_id']}"))["end_date"] in (None, middle["end_date"]) or (
+        run["state"] not in ("success", "failed")
+    ):  # fmt: skip
+        assert time.monotonic() < end, f"the cleared run never ended: {run}"
+        time.sleep(3)
+    assert "register" in json.loads(middle_record.read_text()), "it trained"
+    first_ends[middle["dag_run_id"]] = run["end_date"]
+
     _create_backfill(base, token, "completed")
     end = time.monotonic() + 900
     while time.monotonic() < end:
@@ -295,6 +316,10 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
             break
         time.sleep(5)
     assert all(r["state"] == "success" for r in backfill), backfill
+    # reprocessed, the middle run skipped training: its record names no version (its
+    # register result was the cleared try's)
+    again = json.loads(middle_record.read_text())
+    assert "register" not in again and "train" not in again, again
     records = {p.name: json.loads(p.read_text()) for p in (root / "intervals").iterdir()}
     assert sorted(p.name for p in (root / "snapshots").iterdir()) == snapshots, records
     assert {p.name: p.stat().st_mtime_ns for p in (root / "intervals").iterdir()} == stamps

@@ -120,9 +120,21 @@ def resolve(source: Source, context: Mapping[str, Any]) -> Any:
         return _run_fact(source, context)
     if isinstance(source, Results):
         ti = context["ti"]
-        pulled = {t: ti.xcom_pull(task_ids=t) for t in source.task_ids}
+        done = _succeeded(ti, source.task_ids)
+        pulled = {t: ti.xcom_pull(task_ids=t) for t in source.task_ids if t in done}
         return {t: v for t, v in pulled.items() if v}
     return source
+
+
+def _succeeded(ti: Any, task_ids: tuple[str, ...]) -> set[str]:
+    """Which of ``task_ids`` succeeded in the task's run.
+
+    A run cleared and run again keeps the results of tasks that then skip without
+    starting (``register`` after a skipped ``train``): their result is an earlier try's.
+    """
+    states = ti.get_task_states(dag_id=ti.dag_id, task_ids=list(task_ids), run_ids=[ti.run_id])
+    run = states.get(ti.run_id) or {}
+    return {t for t in task_ids if run.get(t) == "success"}
 
 
 def resolve_all(inputs: Mapping[str, Source], context: Mapping[str, Any]) -> dict[str, Any]:
