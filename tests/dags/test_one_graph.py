@@ -446,6 +446,26 @@ def test_the_first_step_refuses_a_conf_a_later_step_would(
     assert check_run_conf(_cfg(), ok).epochs == _cfg().training.epochs
 
 
+@pytest.mark.parametrize("runner", ["local", "kubernetes"])
+def test_a_failed_training_task_records_why_for_the_runs_page(
+    k8s_dags: dict, runner: str, volume_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a cold user: a run whose train task failed said "no reason recorded" on
+    its page and note (only step tasks recorded theirs)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from trainyard import runview
+
+    monkeypatch.setenv("TRAINYARD_RUNNER", runner)
+    dag = k8s_dags["trainyard_digits"]
+    context = _context(dag, {"epoch": 3}, "manual", 0)  # a train task cleared alone
+    context["ti"] = Staged(context["ti"])
+    with pytest.raises(AirflowFailException, match="unknown key"):
+        dag.get_task("train").execute(context)
+    reason = runview.run_failure(volume_root, "digits", context["run_id"], ["train"])
+    assert reason is not None and "unknown key(s) in the run's conf: 'epoch'" in reason
+
+
 def test_the_form_bounds_the_reason_for_forcing(k8s_dags: dict) -> None:
     """Found by a cold user: a 5,000-character reason filled every page it showed on."""
     from airflow.sdk.definitions.param import ParamValidationError

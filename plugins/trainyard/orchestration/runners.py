@@ -29,7 +29,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -139,32 +139,7 @@ class StepOperator(BaseOperator):
         A failure's reason is also written where the run's page and note read it
         (:meth:`Layout.run_failure`): a step that failed returns no result to show.
         """
-        try:
-            return self._execute(context)
-        except AirflowSkipException:
-            raise
-        except AirflowException as e:  # a retry that succeeds makes this moot: see run_failure
-            self._record_failure(context["run_id"], str(e))
-            raise
-
-    def _record_failure(self, run_id: str, reason: str) -> None:
-        import datetime as dt
-
-        from trainyard.fsutil import atomic_write_json
-        from trainyard.layout import Layout
-        from trainyard.settings import get_settings
-
-        path = Layout(get_settings().volume_root).run_failure(self.pipeline.name, run_id)
-        doc = {
-            "step": self.step,
-            "reason": reason[:1000],
-            "at": dt.datetime.now(dt.UTC).isoformat(),
-        }
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, doc)
-        except OSError as e:  # the run still fails with its reason; only the page lacks it
-            log.warning("cannot record why %s failed in %s: %s", self.step, path, e)
+        return recording_failure(self.pipeline.name, self.step, context, self._execute)
 
     def _execute(self, context: Context) -> dict[str, Any]:
         from trainyard.settings import get_settings
@@ -212,6 +187,39 @@ class StepOperator(BaseOperator):
             self._runner.kill()
 
 
+def recording_failure(
+    pipeline: str, step: str, context: Context, execute: Callable[[Context], dict[str, Any]]
+) -> dict[str, Any]:
+    """Run a task's ``execute``; a failure's reason is also written for the run's page.
+
+    The run's page and note read it (:meth:`Layout.run_failure`): a step that failed
+    returns no result to show.
+    """
+    try:
+        return execute(context)
+    except AirflowSkipException:
+        raise
+    except AirflowException as e:  # a retry that succeeds makes this moot: see run_failure
+        _record_failure(pipeline, step, context["run_id"], str(e))
+        raise
+
+
+def _record_failure(pipeline: str, step: str, run_id: str, reason: str) -> None:
+    import datetime as dt
+
+    from trainyard.fsutil import atomic_write_json
+    from trainyard.layout import Layout
+    from trainyard.settings import get_settings
+
+    path = Layout(get_settings().volume_root).run_failure(pipeline, run_id)
+    doc = {"step": step, "reason": reason[:1000], "at": dt.datetime.now(dt.UTC).isoformat()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, doc)
+    except OSError as e:  # the run still fails with its reason; only the page lacks it
+        log.warning("cannot record why %s failed in %s: %s", step, path, e)
+
+
 class TrainingOperator(BaseOperator):
     """A run's distributed training: its rendered Service + Indexed Jobs, launched.
 
@@ -244,7 +252,13 @@ class TrainingOperator(BaseOperator):
         self._result: dict[str, Any] | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        """Render this run's training objects and run them to completion."""
+        """Render this run's training objects and run them to completion.
+
+        A failure's reason is recorded for the run's page and note, as a step's is.
+        """
+        return recording_failure(self.pipeline.name, "train", context, self._execute)
+
+    def _execute(self, context: Context) -> dict[str, Any]:
         from trainyard.k8s.render import run_training_objects
         from trainyard.orchestration.graph import run_training_or_skip
         from trainyard.settings import get_settings
