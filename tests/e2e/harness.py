@@ -38,6 +38,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int, besides: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """``n`` distinct free ports, none of ``besides`` (ports picked but not yet bound).
+
+    Picked one at a time and released, two ports can come out the same: the triggerer's
+    log server once took the API server's port and standalone never answered.
+    """
+    while True:
+        socks = [socket.socket() for _ in range(n)]
+        try:
+            for s in socks:
+                s.bind(("127.0.0.1", 0))
+            ports = [int(s.getsockname()[1]) for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+        if not set(ports) & besides:
+            return ports
+
+
 @dataclass
 class Project:
     """Paths and environment of one isolated project run."""
@@ -127,7 +146,7 @@ def make_project(
     Returns:
         The project handle; call ``init_airflow`` before running DAGs.
     """
-    port = free_port()
+    port, worker_logs, trigger_logs = free_ports(3, {api_port} if api_port else frozenset())
     pipelines = tmp / "pipelines"
     pipelines.mkdir()
     wanted = {"digits": {"from": "digits", **(pipeline_overrides or {})}, **(extra_pipelines or {})}
@@ -166,8 +185,8 @@ def make_project(
             AIRFLOW__API__PORT=str(api_port),
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{api_port}/execution/",
             # standalone's log servers bind every interface: ports of their own
-            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
-            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(worker_logs),
+            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(trigger_logs),
         )
     return Project(home=tmp, env=env, port=port, postgres=postgres)
 

@@ -30,7 +30,7 @@ from tests.e2e.harness import (
     Project,
     StandaloneEnv,
     admin_password,
-    free_port,
+    free_ports,
     make_project,
     sign_in,
     standalone,
@@ -46,7 +46,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> StandaloneEnv:
     from aiosmtpd.controller import Controller
 
     tmp = tmp_path_factory.mktemp("approval")
-    api_port, smtp_port = free_port(), free_port()
+    api_port, smtp_port = free_ports(2)
     inbox = Inbox()
     smtp = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
     smtp.start()

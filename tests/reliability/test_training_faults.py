@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,7 +133,13 @@ from trainyard.config import TrainingConfig, parse_pipeline
 from trainyard.training.launcher import run_training
 p = parse_pipeline(Path({pipeline!r}))
 params = TrainingConfig(model="small_cnn", workers=2, epochs=50, batch_size=32)
-log = lambda line: print(line, flush=True)
+import threading
+lock = threading.Lock()
+def log(line):
+    # one write a line: print() from the workers' two log threads once wrote "line1line2"
+    with lock:
+        sys.stdout.write(line + "\\n")
+        sys.stdout.flush()
 run_training(p, params, {snap!r}, run_id="term", log=log)
 """
 
@@ -159,10 +166,14 @@ def test_killed_launcher_leaves_no_worker(sig: int, volume_root: Path, tmp_path:
     try:
         while len(ready) < 2 and time.monotonic() < deadline:
             line = launcher.stdout.readline()
+            if not line:  # the launcher ended: nothing more will come
+                break
             seen.append(line.rstrip()[:200])
-            if "TRAINYARD_WORKER_READY" in line:
-                ready.add(line.split("]")[0])
-        assert len(ready) == 2, "workers never became ready:\n" + "\n".join(seen[-40:])
+            ready.update(re.findall(r"\[(worker:\d+)\] TRAINYARD_WORKER_READY", line))
+        assert len(ready) == 2, (
+            f"workers never became ready (launcher exit code {launcher.poll()}):\n"
+            + "\n".join(seen[-40:])
+        )
     except BaseException:
         # a launcher left running would go on training and load the tests after this one
         with contextlib.suppress(psutil.NoSuchProcess):
