@@ -1078,7 +1078,7 @@ def k8s_name_clashes(
     return out + _dataset_volume_clashes(cfg, others)
 
 
-def has_snapshots(dataset: str) -> bool:
+def _has_snapshots(dataset: str) -> bool:
     """Whether the dataset's volume holds a snapshot (it has been staged)."""
     snapshots = get_settings().volume_root / dataset / "snapshots"
     return snapshots.is_dir() and any(snapshots.iterdir())
@@ -1101,7 +1101,7 @@ def _dataset_volume_clashes(
     )
     if not rivals:
         return []
-    owner = min([*rivals, cfg], key=lambda c: (not has_snapshots(c.dataset), c.dataset))
+    owner = min([*rivals, cfg], key=lambda c: (not _has_snapshots(c.dataset), c.dataset))
     if owner.dataset == cfg.dataset:
         return []
     return [

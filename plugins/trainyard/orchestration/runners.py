@@ -136,8 +136,8 @@ class StepOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         """Render the step's pod for this run and launch it with this runner.
 
-        A failure's reason is also written where the run's page and note read it
-        (:meth:`Layout.run_failure`): a step that failed returns no result to show.
+        A failure's reason is recorded for the run's page and note
+        (:func:`recording_failure`): a step that failed returns no result to show.
         """
         return recording_failure(self.pipeline.name, self.step, context, self._execute)
 
@@ -520,9 +520,9 @@ def run_pod_locally(
             text = message.read_text(encoding="utf-8").strip() if message.is_file() else ""
             last = next((t for t in reversed(tail) if t.strip()), None)
             if code < 0 and not text:  # a kill says nothing; its last line would mislead
-                text = f"pod {pod.metadata.name}: the step's process was killed by " + (
-                    f"{signal.Signals(-code).name}" + (f" (its last line: {last})" if last else "")
-                )
+                killer = signal.Signals(-code).name
+                text = f"pod {pod.metadata.name}: the step's process was killed by {killer}"
+                text += f" (its last line: {last})" if last else ""
             text = text or last or f"exit code {code}"
             final = code in (EXIT_DETERMINISTIC, EXIT_SKIPPED)
             raise StepFailed(text, deterministic=final, skipped=code == EXIT_SKIPPED)
