@@ -747,7 +747,7 @@ def parse_pipeline(path: Path) -> PipelineConfig:
     return cfg
 
 
-def check_pipeline(path: Path, profile: Any = None) -> PipelineConfig:
+def check_pipeline(path: Path, profile: Any = None, cluster: bool = False) -> PipelineConfig:
     """Parse a pipeline and check what the schema cannot: names it refers to must exist.
 
     The training model must be registered, the dataset must have a data contract whose
@@ -760,6 +760,8 @@ def check_pipeline(path: Path, profile: Any = None) -> PipelineConfig:
     Args:
         path: The pipeline file.
         profile: The ``ClusterProfile``; default the settings' (``TRAINYARD_CLUSTER_PROFILE``).
+        cluster: Check for a cluster: also refuse what runs only on this machine (a Redis
+            stream without a ``url``: :func:`trainyard.k8s.scoring.cluster_stream_problem`).
 
     Raises:
         ConfigError: Every problem as ``file:line: field: message`` (or the profile's own
@@ -875,6 +877,11 @@ def check_pipeline(path: Path, profile: Any = None) -> PipelineConfig:
         profile = profile if profile is not None else load_cluster_profile()
         for keys, why in training_problems(profile, training):
             problems.append(where(("training", *keys), why))
+    if cfg is not None and cluster:
+        from trainyard.k8s.scoring import cluster_stream_problem
+
+        if why := cluster_stream_problem(cfg):
+            problems.append(where(("scoring", "stream"), why))
     if cfg is not None:
         others = other_pipelines(cfg)
         shared = shared_names(cfg, others=others)
@@ -1147,7 +1154,10 @@ def cli_main(argv: list[str]) -> int:
     """``python -m trainyard pipelines check [--profile FILE] [FILE ...]`` (default: all).
 
     Pipelines are checked against the cluster profile ``render`` would use: ``--profile``,
-    else ``TRAINYARD_CLUSTER_PROFILE``, else ``deploy/cluster_profile.yaml``.
+    else ``TRAINYARD_CLUSTER_PROFILE``, else ``deploy/cluster_profile.yaml``. Checked for a
+    cluster (``--profile`` given, or ``TRAINYARD_RUNNER=kubernetes``), every object of a
+    pipeline is also rendered and validated: what passes renders. Otherwise what would not
+    run on a cluster (a Redis stream without ``url``) is said on its ``ok`` line.
 
     Args:
         argv: Arguments after ``pipelines``.
@@ -1187,18 +1197,29 @@ def cli_main(argv: list[str]) -> int:
         return 1
     from trainyard.k8s.profile import load_cluster_profile
 
+    from trainyard.k8s.scoring import cluster_stream_problem
+    from trainyard.pods import render_problems
+
     try:
         profile = load_cluster_profile(args.profile)
     except ConfigError as e:
         sys.stderr.write(f"{e}\n")
         return 1
-    return check_files(
-        files,
-        lambda path: check_pipeline(path, profile),
-        lambda cfg: f"pipeline {cfg.name}: dataset {cfg.dataset}, model {cfg.training.model}",
-        ConfigError,
-        "pipeline",
-    )
+    cluster = args.profile is not None or get_settings().runner == "kubernetes"
+
+    def check(path: Path) -> PipelineConfig:
+        cfg = check_pipeline(path, profile, cluster=cluster)
+        if cluster and (problems := render_problems(profile, cfg)):
+            raise InvalidPipelineConfig(path, [f"{path}: render: {p}" for p in problems])
+        return cfg
+
+    def describe(cfg: PipelineConfig) -> str:
+        said = f"pipeline {cfg.name}: dataset {cfg.dataset}, model {cfg.training.model}"
+        if not cluster and (why := cluster_stream_problem(cfg)):
+            said += f"; not for a cluster: scoring.stream: {why}"
+        return said
+
+    return check_files(files, check, describe, ConfigError, "pipeline")
 
 
 def pipeline_json_schema() -> str:

@@ -161,6 +161,23 @@ def render_objects(
     return out
 
 
+def render_problems(profile: ClusterProfile, pipeline: PipelineConfig) -> list[str]:
+    """What keeps the pipeline's objects from rendering for the cluster, as ``render`` says it.
+
+    Renders every step (with a sample snapshot id and version) and checks each object
+    against the schemas and Pod Security, as ``render --step all`` does: ``pipelines check``
+    on a cluster passes only what renders.
+
+    Returns:
+        The problems, none if every object renders and is valid.
+    """
+    try:
+        objs = render_objects(profile, pipeline, "all", snapshot="0" * 16, version=1)
+    except ConfigError as e:
+        return [str(e)]
+    return [f"rendered object invalid: {e}" for o in objs for e in checks.validate_object(o)]
+
+
 def cli_main(argv: list[str]) -> int:
     """``render <pipeline> [--step S] [--snapshot ID] [--version N] [--profile F] [--kueue]``.
 

@@ -403,3 +403,44 @@ def test_an_unknown_priority_override_is_refused_before_anything_runs() -> None:
     with pytest.raises(ConfigError, match=r"priority: unknown priority tier 'ultra' \(known: "):
         training_params(load_pipeline("digits"), {"priority": "ultra"})
     assert training_params(load_pipeline("digits"), {"priority": "low"}).priority == "low"
+
+
+def test_checked_for_a_cluster_a_pipeline_passes_only_what_renders(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # A cold user's Redis stream without a url passed `pipelines check --profile ...` and
+    # under TRAINYARD_RUNNER=kubernetes, then `render --step all` refused the pipeline
+    from trainyard.config import cli_main
+    from trainyard.pods import render_problems
+
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    raw = yaml.safe_load((PIPELINES / "transactions.yaml").read_text())
+    stream = {"input": "tx.in", "output": "tx.scores", "dead_letter": "tx.dead"}
+    raw["scoring"] = {"stream": stream}
+    path = folder / "transactions.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(folder))
+    monkeypatch.delenv("TRAINYARD_RUNNER", raising=False)
+    profile = str(ROOT / "deploy" / "cluster_profile.yaml")
+
+    # on this machine the project's own Redis serves it: valid, and the ok line says so
+    assert cli_main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert "ok   " in out and "not for a cluster: scoring.stream: engine redis without url" in out
+    # for a cluster: refused with the file's line, both ways of asking
+    assert cli_main(["check", "--profile", profile]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"transactions\.yaml:\d+: scoring\.stream: engine redis without url", err)
+    monkeypatch.setenv("TRAINYARD_RUNNER", "kubernetes")
+    assert cli_main(["check"]) == 1
+    capsys.readouterr()
+
+    # with a url it renders: the check passes what render prints
+    raw["scoring"]["stream"]["url"] = "redis://scores.example:6379/0"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert cli_main(["check"]) == 0
+    assert "not for a cluster" not in capsys.readouterr().out
+    from trainyard.k8s.profile import load_cluster_profile
+
+    assert render_problems(load_cluster_profile(Path(profile)), parse_pipeline(path)) == []

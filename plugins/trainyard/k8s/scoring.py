@@ -42,6 +42,21 @@ STALE_AFTER_S = 120
 scorer waits for a slow or dead model server) is older than this."""
 
 
+def cluster_stream_problem(pipeline: PipelineConfig) -> str | None:
+    """Why the pipeline's ``scoring.stream`` cannot run on a cluster, or None if it can.
+
+    Redis without a ``url`` is the project's own server on this machine, which no pod
+    reaches; it is fine on a laptop.
+    """
+    stream = pipeline.scoring.stream
+    if stream is not None and stream.engine == "redis" and not stream.url:
+        return (
+            "engine redis without url is the project's own server on this machine; on a "
+            "cluster give a url (redis://host:6379/0) or use engine kafka"
+        )
+    return None
+
+
 def scorer_deployment(profile: ClusterProfile, pipeline: PipelineConfig) -> V1Deployment:
     """The scorer Deployment of a pipeline with ``scoring.stream``.
 
@@ -75,11 +90,8 @@ def scorer_deployment(profile: ClusterProfile, pipeline: PipelineConfig) -> V1De
     stream = pipeline.scoring.stream
     if stream is None:
         raise ConfigError(f"pipeline {pipeline.name!r} has no scoring.stream: no scorer to deploy")
-    if stream.engine == "redis" and not stream.url:
-        raise ConfigError(
-            f"pipeline {pipeline.name!r}: scoring.stream.engine redis without url is the "
-            "project's own server on this machine; on a cluster use engine kafka or a url"
-        )
+    if why := cluster_stream_problem(pipeline):
+        raise ConfigError(f"pipeline {pipeline.name!r}: scoring.stream: {why}")
     name = scorer_name(pipeline.name)
     selector = {
         APP_LABEL: "trainyard",
