@@ -141,17 +141,20 @@ def _numeric_only(annotation: Any) -> bool:
 
 
 class StrictModel(BaseModel):
-    """A frozen config model: unknown keys refused, and no boolean taken for a number."""
+    """A frozen config model: unknown keys refused, no boolean or text taken for a number."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        """Refuse ``true`` for a number: pydantic would read it as 1 (``epochs: yes``)."""
+    def _only_numbers_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse ``true`` or ``"2"`` for a number: pydantic would read them as 1 and 2."""
         field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and _numeric_only(field.annotation):
-            raise ValueError(f"expected a number, got {str(value).lower()}")
+        if not isinstance(value, bool | str) or field is None:
+            return value
+        if _numeric_only(field.annotation):
+            shown = str(value).lower() if isinstance(value, bool) else f"text {value!r}"
+            raise ValueError(f"expected a number, got {shown}")
         return value
 
 

@@ -382,10 +382,13 @@ def test_check_says_a_yml_file_is_ignored(tmp_path: Path, monkeypatch, capsys) -
 
 
 @pytest.mark.parametrize(
-    "override", [{"epochs": True}, {"learning_rate": False}, {"workers": True}], ids=str
+    "override",
+    [{"epochs": True}, {"learning_rate": False}, {"workers": True}, {"epochs": "2"}],
+    ids=str,
 )
-def test_a_boolean_is_not_a_number_in_a_training_override(override: dict) -> None:
-    """Found by a cold user: ``{"epochs": true}`` trained one epoch (pydantic read it as 1)."""
+def test_a_boolean_or_text_is_not_a_number_in_a_training_override(override: dict) -> None:
+    """Found by cold users: ``{"epochs": true}`` trained one epoch (pydantic read it as
+    1), and ``{"epochs": "2"}`` two."""
     from trainyard.config import load_pipeline
     from trainyard.steps import training_params
 
