@@ -434,6 +434,19 @@ def test_a_column_no_contract_can_name_says_to_rename_or_drop_it(
     assert "declare it" not in message
 
 
+def test_a_quoted_header_name_spanning_lines_is_named_whole(
+    volume_root: Path, table_contract: Path, tmp_path: Path
+):
+    """Found by a cold user: the column ``"ev\x1b[31milé\r\nx"`` was named without the
+    ``x`` after its line break (the header was read as one line, the data by the CSV rules)."""
+    write_contract(table_contract)
+    src = tmp_path / "tx.csv"
+    src.write_bytes(b'id,x,y,"ev\x1b[31mil\xc3\xa9\r\nx"\na,1.0,0,1\nb,2.0,1,1\n')
+    name = "ev\x1b[31milé\r\nx"
+    message = refused(volume_root, "tx", src, f"column {name!r} is not in the contract", fmt="csv")
+    assert "no contract can name it" in message
+
+
 def test_a_header_name_with_a_space_around_it_is_pointed_out(
     volume_root: Path, table_contract: Path, tmp_path: Path
 ):

@@ -184,18 +184,25 @@ def _cast_batch(batch: Any, schema: Any, where: str) -> Any:
 
 
 def _csv_header(src: Source, f: SourceFile) -> list[str]:
+    """The header row's names; a quoted name may span lines, as the CSV reader reads it."""
+    where = f"{f.path}: row 1 (header)"
+
+    def lines(fh: Any) -> Iterator[str]:
+        read = 0
+        for line in _bounded_lines(fh):
+            read += len(line or b"")
+            if line is None or read > MAX_ROW_BYTES:
+                raise SourceInvalid(f"{where}: {_TOO_LONG}")
+            try:  # a byte order mark (Excel's exports) is no name
+                yield line.decode("utf-8-sig" if read == len(line) else "utf-8")
+            except UnicodeDecodeError as e:
+                raise SourceInvalid(f"{where}: not UTF-8 text ({e.reason})") from e
+
     with src.fs.open(f.path, "rb") as fh:
-        line = next(_bounded_lines(fh), b"")
-    if line is None:
-        raise SourceInvalid(f"{f.path}: row 1 (header): {_TOO_LONG}")
-    try:
-        text = line.decode("utf-8-sig")  # a byte order mark (Excel's exports) is no name
-    except UnicodeDecodeError as e:
-        raise SourceInvalid(f"{f.path}: row 1 (header): not UTF-8 text ({e.reason})") from e
-    try:
-        return next(csv.reader([text]), [])
-    except csv.Error as e:
-        raise SourceInvalid(f"{f.path}: row 1 (header): not valid CSV ({e})") from None
+        try:
+            return next(csv.reader(lines(fh)), [])
+        except csv.Error as e:
+            raise SourceInvalid(f"{where}: not valid CSV ({e})") from None
 
 
 def _bounded_lines(fh: Any, limit: int = MAX_ROW_BYTES) -> Iterator[bytes | None]:
