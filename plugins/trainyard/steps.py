@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -1551,6 +1551,38 @@ def run_step(name: str, argv: list[str]) -> int:
     return EXIT_OK
 
 
+@contextlib.contextmanager
+def _the_only_cli_run(pipeline: str) -> Iterator[str | None]:
+    """Hold ``_models/<pipeline>/.run.lock`` for a ``trainyard run``, or say who holds it.
+
+    Two runs of one pipeline at once both trained, and the second's deploy was then
+    refused (gated against a champion that had changed): its training was wasted. The
+    DAG's runs are one at a time already (``max_active_runs=1``).
+
+    Yields:
+        None if the lock is held, else who holds it (``pid N since T``).
+    """
+    import fcntl
+
+    from trainyard.layout import Layout
+
+    folder = Layout(get_settings().volume_root).models(pipeline)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".run.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            return
+        since = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} since {since}".encode(), 0)
+        yield None
+    finally:
+        os.close(fd)
+
+
 def run_cli_main(argv: list[str]) -> int:
     """``python -m trainyard run --pipeline P [--ds DAY [--end-ds DAY]] [--overrides JSON]``."""
     p = argtypes.ArgumentParser(
@@ -1585,11 +1617,18 @@ def run_cli_main(argv: list[str]) -> int:
         training_params(cfg, _training_overrides(args.overrides))
     except ConfigError as e:
         p.error(f"--overrides: {e}")
-    try:
-        record = run_all(args.pipeline, args.overrides, intervals)
-    except StepSkipped as e:
-        _report_error(f"trainyard run: skipped: {e}")
-        return EXIT_SKIPPED
+    with _the_only_cli_run(cfg.name) as holder:
+        if holder is not None:
+            _report_error(
+                f"trainyard run: pipeline {cfg.name!r} is being run by another `trainyard "
+                f"run` ({holder}): wait for it to end; nothing was run"
+            )
+            return EXIT_FAILED
+        try:
+            record = run_all(args.pipeline, args.overrides, intervals)
+        except StepSkipped as e:
+            _report_error(f"trainyard run: skipped: {e}")
+            return EXIT_SKIPPED
     sys.stdout.write(format_summary(record) + "\n")
     if record.get("failed_days"):  # the range went on without them, as a backfill does
         failed = record["failed_days"]

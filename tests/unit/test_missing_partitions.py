@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.daily_csv import DATASET, read_csv, write_contract, write_csv, write_days
 from tests.daily_csv import pipeline as pipeline_dict
-from tests.daily_csv import read_csv, write_contract, write_csv, write_days
 from trainyard.config import PipelineConfig
 from trainyard.errors import StagingError
 from trainyard.steps import EXIT_DETERMINISTIC, EXIT_FAILED, EXIT_OK, EXIT_SKIPPED
@@ -332,3 +332,38 @@ def test_the_run_summary_says_whether_failed_days_were_trained_on(
     }
     line = next(x for x in format_summary(record).splitlines() if x.startswith("failed"))
     assert line.endswith(says), line
+
+
+_HOLD_RUN_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, b"pid 4242 since then", 0)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_cli_run_of_a_pipeline_is_refused_while_one_runs(env, volume_root: Path) -> None:
+    """Found by a cold user: two ``trainyard run`` of one pipeline at once both trained, and
+    the second's deploy was refused afterwards (its champion had changed): wasted work."""
+    lock = volume_root / "_models" / "cancer_fail" / ".run.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_RUN_LOCK, str(lock)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        argv = [sys.executable, "-m", "trainyard", "run", "--pipeline", "cancer_fail"]
+        out = subprocess.run(
+            [*argv, "--ds", DAY], env=env, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert out.returncode == EXIT_FAILED, out.stderr
+    assert (
+        "pipeline 'cancer_fail' is being run by another `trainyard run` (pid 4242 since then): "
+        "wait for it to end; nothing was run"
+    ) in out.stderr
+    assert not (volume_root / DATASET / "snapshots").exists()  # nothing staged
