@@ -34,8 +34,8 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "check data contracts; export and import them as ODCS (Open Data Contract Standard).",
     ),
     "pipelines": (
-        "trainyard.config",
-        "cli_main",
+        "trainyard.pods",
+        "pipelines_main",
         "check pipeline configs (schema, models, contracts, metrics); print their JSON schema.",
     ),
     "models": (

@@ -12,6 +12,7 @@ import hashlib
 import re
 import types
 import typing
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -1153,7 +1154,9 @@ def ensure_own_names(cfg: PipelineConfig) -> None:
         raise ConfigError(f"pipeline {cfg.name!r}: {'.'.join(keys)}: {why}")
 
 
-def cli_main(argv: list[str]) -> int:
+def cli_main(
+    argv: list[str], render_problems: Callable[[Any, PipelineConfig], list[str]] | None = None
+) -> int:
     """``python -m trainyard pipelines check [--profile FILE] [FILE ...]`` (default: all).
 
     Pipelines are checked against the cluster profile ``render`` would use: ``--profile``,
@@ -1164,6 +1167,8 @@ def cli_main(argv: list[str]) -> int:
 
     Args:
         argv: Arguments after ``pipelines``.
+        render_problems: What keeps a pipeline's objects from rendering for a profile
+            (:func:`trainyard.pods.render_problems`, which this layer cannot import).
 
     Returns:
         0 if every pipeline is valid, 1 if any is not (or the profile is not), 2 on usage
@@ -1199,9 +1204,7 @@ def cli_main(argv: list[str]) -> int:
         sys.stderr.write(f"no pipelines found in {get_settings().pipelines_dir}\n")
         return 1
     from trainyard.k8s.profile import load_cluster_profile
-
     from trainyard.k8s.scoring import cluster_stream_problem
-    from trainyard.pods import render_problems
 
     try:
         profile = load_cluster_profile(args.profile)
@@ -1212,7 +1215,7 @@ def cli_main(argv: list[str]) -> int:
 
     def check(path: Path) -> PipelineConfig:
         cfg = check_pipeline(path, profile, cluster=cluster)
-        if cluster and (problems := render_problems(profile, cfg)):
+        if cluster and render_problems and (problems := render_problems(profile, cfg)):
             raise InvalidPipelineConfig(path, [f"{path}: render: {p}" for p in problems])
         return cfg
 

@@ -178,6 +178,20 @@ def render_problems(profile: ClusterProfile, pipeline: PipelineConfig) -> list[s
     return [f"rendered object invalid: {e}" for o in objs for e in checks.validate_object(o)]
 
 
+def pipelines_main(argv: list[str]) -> int:
+    """``python -m trainyard pipelines ...``: checked for a cluster, what passes renders.
+
+    Args:
+        argv: Arguments after ``pipelines``.
+
+    Returns:
+        The exit code (:func:`trainyard.config.cli_main`).
+    """
+    from trainyard.config import cli_main as pipelines_cli
+
+    return pipelines_cli(argv, render_problems=render_problems)
+
+
 def cli_main(argv: list[str]) -> int:
     """``render <pipeline> [--step S] [--snapshot ID] [--version N] [--profile F] [--kueue]``.
 

@@ -187,7 +187,7 @@ def test_two_pipelines_may_not_render_one_kubernetes_object(
     # Distinct model names can still render one Deployment: 'fraud.model' is cut and
     # hashed into serving-fraud-model-80a7545c, the very name of model 'fraud-model-80a7545c'
     from trainyard import k8s
-    from trainyard.config import cli_main
+    from trainyard.pods import pipelines_main as cli_main
 
     folder = tmp_path / "pipelines"
     folder.mkdir()
@@ -372,7 +372,7 @@ def test_two_pipelines_may_not_write_scores_to_one_stream(tmp_path: Path, monkey
 
 
 def test_check_says_a_yml_file_is_ignored(tmp_path: Path, monkeypatch, capsys) -> None:
-    from trainyard.config import cli_main
+    from trainyard.pods import pipelines_main as cli_main
 
     (tmp_path / "digits.yaml").write_text((ROOT / "dags" / "pipelines" / "digits.yaml").read_text())
     (tmp_path / "tx.yml").write_text("name: tx\n")  # a user's copy: no DAG, said nowhere
@@ -413,7 +413,7 @@ def test_checked_for_a_cluster_a_pipeline_passes_only_what_renders(
 ) -> None:
     # A cold user's Redis stream without a url passed `pipelines check --profile ...` and
     # under TRAINYARD_RUNNER=kubernetes, then `render --step all` refused the pipeline
-    from trainyard.config import cli_main
+    from trainyard.pods import pipelines_main as cli_main
     from trainyard.pods import render_problems
 
     folder = tmp_path / "pipelines"
