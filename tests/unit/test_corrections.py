@@ -58,19 +58,33 @@ def test_unchanged_source_is_listed_not_read(raw: Path) -> None:
     again = stage(cfg, START, END, quiet=True)
     assert again.reused and again.snapshot_id == first.snapshot_id
     assert "source unchanged" in again.checked and "not re-read" in again.checked
-    # Proof that it was not read: same size and modification time, other bytes.
+    # Only a file's metadata changed (its modification time touched): the content is read
+    # and decides, and it is the same
     path = raw / f"{DAY}.csv"
     st = path.stat()
-    data = path.read_bytes()
-    path.write_bytes(data.replace(b"r0000", b"r000X", 1))
-    assert path.stat().st_size == st.st_size
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert stage(cfg, START, END, quiet=True).snapshot_id == first.snapshot_id
-    # Once the stamp moves, the content is read and decides.
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    moved = stage(cfg, START, END, quiet=True)
-    assert moved.snapshot_id != first.snapshot_id and not moved.reused
-    assert moved.replaced == first.snapshot_id
+    touched = stage(cfg, START, END, quiet=True)
+    assert (
+        touched.snapshot_id == first.snapshot_id and "same content as snapshot" in touched.checked
+    )
+    assert stage(cfg, START, END, quiet=True).checked.startswith("source unchanged")
+
+
+def test_a_correction_keeping_size_and_modification_time_is_read(raw: Path) -> None:
+    """Found by a cold user: a corrected value of the same width, synced with its old
+    modification time kept (``cp -p``, ``rsync -t``, ``touch -r``), was "listed, not
+    re-read" and the old snapshot trained on. The status-change time, which no user can
+    set back, is part of each file's stamp."""
+    cfg = _cfg(raw)
+    first = stage(cfg, START, END, quiet=True)
+    path = raw / f"{DAY}.csv"
+    st = path.stat()
+    path.write_bytes(path.read_bytes().replace(b"r0000", b"r000X", 1))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    fixed = stage(cfg, START, END, quiet=True)
+    assert fixed.snapshot_id != first.snapshot_id and not fixed.reused, fixed.checked
+    assert fixed.replaced == first.snapshot_id and "source changed" in fixed.checked
 
 
 def test_changed_source_makes_a_new_snapshot_for_its_interval(raw: Path) -> None:

@@ -593,3 +593,28 @@ except StagingError as e:
     )
     assert proc.returncode == 3, proc.stderr
     assert "shard-00000.tar: cannot write shard: [Errno 27] File too large" in proc.stdout
+
+
+def test_a_corrected_image_keeping_size_and_modification_time_is_read(
+    volume_root: Path, contracts: Path, tmp_path: Path, stager: str
+):
+    """Found by a cold user (on a CSV day): a file rewritten with the same size and its old
+    modification time put back (``cp -p``, ``rsync -t``) was taken for the listed one, and
+    the old snapshot reused. The C scanner and the Python listing both stamp each file
+    with its status-change time too, which no user can set back."""
+    raw = tmp_path / "raw"
+    DAY = ("2026-11-01T02:00:00+00:00", "2026-11-02T02:00:00+00:00")
+    png(raw / "0" / "a.png", value=7, size=(8, 8))
+    png(raw / "1" / "b.png", value=9, size=(8, 8))
+    first = stage(pics_pipeline(raw), *DAY, quiet=True)
+    assert stage(pics_pipeline(raw), *DAY, quiet=True).checked.startswith("source unchanged")
+    path = raw / "0" / "a.png"
+    st = path.stat()
+    fixed = io.BytesIO()
+    Image.new("L", (8, 8), 8).save(fixed, format="PNG")
+    assert len(fixed.getvalue()) == st.st_size  # a corrected pixel value, the same size
+    path.write_bytes(fixed.getvalue())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = stage(pics_pipeline(raw), *DAY, quiet=True)
+    assert again.snapshot_id != first.snapshot_id and not again.reused, again.checked
+    assert "source changed" in again.checked

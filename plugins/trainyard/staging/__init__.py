@@ -134,11 +134,11 @@ def _recheck(
     if record["source_fingerprint"] != fingerprint:
         return None, (
             f"the source changed since snapshot {sid} was staged at {record.get('staged_at')} "
-            "(file sizes, modification times, or the contract's version or columns differ)"
+            "(file sizes, change stamps, or the contract's version or columns differ)"
         )
     return path, (
         f"source unchanged since {record.get('staged_at')}: {_files(src_files)}, "
-        f"{human_bytes(src_bytes)}, same names, sizes and modification times, same contract "
+        f"{human_bytes(src_bytes)}, same names, sizes and change stamps, same contract "
         "version and columns (listed, not re-read; validation applies the contract's rules "
         "again)"
     )
@@ -187,7 +187,7 @@ def stage(
         quiet: No progress line and no summary on stderr.
 
     An interval that was staged before is not re-read while its source lists the same
-    files (names, sizes, modification times) under the same contract terms (version,
+    files (names, sizes, change stamps) under the same contract terms (version,
     columns and their types, extension) and its
     snapshot was not rejected. Otherwise content decides: the source is read again, and a
     different content becomes a new snapshot the interval points at (its record keeps the

@@ -32,6 +32,15 @@
 #define NAME_MAX_TAR 100
 #define MAX_THREADS 64
 
+/* A file's change stamp (ns): the later of its modification and status-change times. A
+   rewrite that keeps the size and sets the modification time back (cp -p, rsync -t,
+   touch -r) still moves the status-change time, which no user can set. */
+static int64_t change_stamp(const struct stat *st) {
+    int64_t m = (int64_t)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+    int64_t c = (int64_t)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec;
+    return m > c ? m : c;
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* scan                                                                                 */
 
@@ -140,7 +149,7 @@ static void *stat_part(void *arg) {
             continue;
         }
         e->size = (int64_t)st.st_size;
-        e->mtime = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        e->mtime = change_stamp(&st);
     }
     if (dir_fd >= 0) close(dir_fd);
     return NULL;
@@ -607,7 +616,7 @@ static void *pack_part(void *arg) {
             struct stat st;
             if (fstat(fd, &st) != 0) { int e = errno; close(fd); fail(p, j, i, READ_ERROR, e, 0, 0, shard); failed = 1; break; }
             close(fd);
-            int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+            int64_t mtime = change_stamp(&st);
             if (!S_ISREG(st.st_mode)) { fail(p, j, i, NOT_REGULAR, 0, got, 0, shard); failed = 1; break; }
             if (got != n) { fail(p, j, i, SIZE_CHANGED, 0, got, 0, shard); failed = 1; break; }
             if (mtime != p->stamps[i]) { fail(p, j, i, MTIME_CHANGED, 0, got, mtime, shard); failed = 1; break; }

@@ -45,7 +45,7 @@ from trainyard.contracts import MAX_IMAGE_PIXELS
 from trainyard.errors import StagingError
 from trainyard.progress import Advance
 from trainyard.staging.forks import gc_paused, run_forked, shared_array, usable_cpus
-from trainyard.staging.sources import Source, SourceFile, under
+from trainyard.staging.sources import Source, SourceFile, change_stamp, under
 from trainyard.volumes import ShardInfo, hash_file
 
 LABELS_FILE = "labels.csv"
@@ -569,7 +569,7 @@ class _PieceWriter:
                     st = fstat(fd)
                     close(fd)
                     fd = -1
-                    mtime, regular = st.st_mtime_ns, S_ISREG(st.st_mode)
+                    mtime, regular = change_stamp(st), S_ISREG(st.st_mode)
                     if not regular or got != n or mtime != stamp:
                         break
                 slots.clear()

@@ -2,10 +2,11 @@
 
 A source is a file or a folder behind an fsspec URL (a local path or NFS mount,
 ``file://``, or an object store whose fsspec package is installed). Its fingerprint (size
-and modification time of every file) is taken before staging and compared after, so a
-source that changes while it is read is refused instead of being staged half-old. Readers
-that compare each file with its listing as they read it (the small-files stager does, as
-``tar`` does) leave only the folders' modification times to check afterwards.
+and change stamp of every file: :func:`change_stamp`) is taken before staging and compared
+after, so a source that changes while it is read is refused instead of being staged
+half-old. Readers that compare each file with its listing as they read it (the
+small-files stager does, as ``tar`` does) leave only the folders' modification times to
+check afterwards.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def contract_schema(contract: ContractInfo) -> Any:
 class SourceFile(NamedTuple):
     """One file of a source: its fsspec path, path relative to the source root, size, stamp.
 
-    ``stamp`` is the modification time in nanoseconds on a local file system, else the
+    ``stamp`` is the change stamp (ns, :func:`change_stamp`) on a local file system, else the
     store's own version or time string.
     """
 
@@ -164,7 +165,7 @@ class NativeListing:
 
     Per file, in sample key order (``<folder>/<stem>``): its folder's index in ``folders``,
     its name (NUL-terminated in ``names`` at ``name_off``), the length of its stem, size,
-    modification time (ns) and key (in ``keys`` at ``key_off``: Arrow's string layout).
+    change stamp (ns) and key (in ``keys`` at ``key_off``: Arrow's string layout).
     No Python object per file exists until :attr:`Source.files` is asked for.
     """
 
@@ -333,7 +334,20 @@ def _is_local(fs: Any) -> bool:
     return "file" in protocol or "local" in protocol
 
 
+def change_stamp(st: os.stat_result) -> int:
+    """A local file's change stamp (ns): the later of its modification and change times.
+
+    A rewrite that keeps the size and sets the modification time back (``cp -p``,
+    ``rsync -t``, ``touch -r``) still moves the status-change time, which no user can set:
+    a corrected file is read again, never taken for the listed one.
+    """
+    return max(st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _stamp(info: dict[str, Any]) -> str:
+    if info.get("mtime") is not None and info.get("created") is not None:
+        # a local file as fsspec lists it: its change stamp (change_stamp), in seconds
+        return str(max(info["mtime"], info["created"]))
     for key in ("mtime", "LastModified", "last_modified", "updated", "ETag", "etag", "created"):
         if info.get(key) is not None:
             return str(info[key])
@@ -453,7 +467,7 @@ def _not_regular(path: str) -> str:
 def _stat_all(
     folders: list[str], folder_of: list[int], names: list[str], paths: list[str]
 ) -> tuple[list[int], list[int]]:
-    """Size and modification time (ns) of every file, relative to its open folder."""
+    """Size and change stamp (ns) of every file, relative to its open folder."""
     n = len(names)
     workers = usable_cpus() if n >= _PARALLEL_STAT_MIN else 1
     sizes = shared_array(n, "int64")
@@ -479,7 +493,7 @@ def _stat_all(
                 if not S_ISREG(st.st_mode):
                     raise StagingError(f"{paths[i]}: {_not_regular(paths[i])}")
                 sizes[i] = st.st_size
-                mtimes[i] = st.st_mtime_ns
+                mtimes[i] = change_stamp(st)
         except OSError as e:
             raise StagingError(f"{paths[i]}: cannot read source file: {e.strerror}") from None
         finally:
