@@ -466,6 +466,34 @@ def test_a_failed_training_task_records_why_for_the_runs_page(
     assert reason is not None and "unknown key(s) in the run's conf: 'epoch'" in reason
 
 
+@pytest.mark.parametrize("stop", ["TrainingError", "AirflowTaskTerminated"])
+def test_a_task_stopped_from_outside_records_why(
+    k8s_dags: dict, volume_root: Path, stop: str
+) -> None:
+    """Found by a cold user: a run marked failed in the middle of training said "no
+    reason recorded" on its note, though its task had logged ``TrainingError: training
+    stopped by SIGTERM`` (only Airflow's own exceptions were recorded)."""
+    from airflow.sdk.exceptions import AirflowTaskTerminated
+
+    from trainyard import runview
+    from trainyard.errors import TrainingError
+    from trainyard.orchestration.runners import recording_failure
+
+    context = _context(k8s_dags["trainyard_digits"], {}, "manual", 0)
+    raised = {
+        "TrainingError": TrainingError("training stopped by SIGTERM: every worker was killed"),
+        "AirflowTaskTerminated": AirflowTaskTerminated("Task received SIGTERM signal"),
+    }[stop]
+
+    def execute(context: dict) -> dict:
+        raise raised
+
+    with pytest.raises(type(raised)):
+        recording_failure("digits", "train", context, execute)
+    reason = runview.run_failure(volume_root, "digits", context["run_id"], ["train"])
+    assert reason is not None and "SIGTERM" in reason, reason
+
+
 def test_the_form_bounds_the_reason_for_forcing(k8s_dags: dict) -> None:
     """Found by a cold user: a 5,000-character reason filled every page it showed on."""
     from airflow.sdk.definitions.param import ParamValidationError

@@ -195,12 +195,20 @@ def recording_failure(
     The run's page and note read it (:meth:`Layout.run_failure`): a step that failed
     returns no result to show.
     """
+    from airflow.sdk.exceptions import AirflowTaskTerminated
+
     try:
         return execute(context)
     except AirflowSkipException:
         raise
     except AirflowException as e:  # a retry that succeeds makes this moot: see run_failure
         _record_failure(pipeline, step, context["run_id"], str(e))
+        raise
+    except AirflowTaskTerminated as e:  # the run or task marked failed, or its worker stopped
+        _record_failure(pipeline, step, context["run_id"], f"stopped from outside: {e}")
+        raise
+    except Exception as e:  # e.g. training stopped by SIGTERM when the run was marked failed
+        _record_failure(pipeline, step, context["run_id"], f"{type(e).__name__}: {e}")
         raise
 
 
