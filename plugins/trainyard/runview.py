@@ -664,14 +664,40 @@ def _history_table(history: Sequence[Mapping[str, Any]], limit: int = 20) -> str
     return _table(["at", "event", "from", "to", "by", "reason"], rows, "history")
 
 
-def _served(champion: Mapping[str, Any] | None) -> str:
+def _served(
+    champion: Mapping[str, Any] | None,
+    server: Mapping[str, Any] | None = None,
+    pipeline: str = "",
+) -> str:
+    """The champion and, when the server was asked (``server``), whether it serves it."""
     if not champion or champion.get("version") is None:
         return "<p>serving: <b>nothing</b> (no champion yet)</p>"
     ev = champion.get("event") or {}
-    return (
-        f'<p>serving now: <b class="served">version {_e(champion["version"])}</b> '
+    since = (
         f'<span class="muted">since {_e(ev.get("at"))} ({_e(ev.get("event"))} by '
-        f"{_e(ev.get('actor'))})</span></p>"
+        f"{_e(ev.get('actor'))})</span>"
+    )
+    version = champion["version"]
+    if server is None or version in (server.get("versions") or ()):
+        said = f'<p>serving now: <b class="served">version {_e(version)}</b> {since}'
+        if server is not None:
+            said += f' <span class="muted">(answering at {_e(server.get("address"))})</span>'
+        return said + "</p>"
+    if server.get("error") and not server.get("versions"):
+        now = (
+            f"the model server at <code>{_e(server.get('address'))}</code> does not answer "
+            f"({_e(server.get('error'))}): nothing is served; <code>python -m trainyard "
+            f"models serve --pipeline {_e(pipeline)}</code> serves the champion again"
+        )
+    else:
+        now = (
+            f"the model server at <code>{_e(server.get('address'))}</code> serves version(s) "
+            f"{_e(', '.join(map(str, server.get('versions') or [])) or 'none')} of it, not "
+            "the champion"
+        )
+    return (
+        f'<p class="warn">champion: <b>version {_e(version)}</b> {since}; <b>not served</b>: '
+        f"{now}</p>"
     )
 
 
@@ -949,7 +975,7 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
         )
     elif story.get("summarised"):
         out.append("<p>this run deployed nothing</p>")
-    out.append(_served(story.get("champion")))
+    out.append(_served(story.get("champion"), story.get("server"), story["pipeline"]))
     out.append("<h3>promotions and rollbacks</h3>")
     out.append(_history_table(story.get("history") or []))
     return _page(f"{story['pipeline']} run {story['run_id']}", "".join(out))
@@ -968,7 +994,10 @@ def render_pipeline(story: Mapping[str, Any], run_url: Any) -> str:
     versions = story.get("versions") or []
     champion = (story.get("champion") or {}).get("version")
     history = story.get("history") or []
-    out = [f"<h1>{_e(story['pipeline'])} · versions</h1>", _served(story.get("champion"))]
+    out = [
+        f"<h1>{_e(story['pipeline'])} · versions</h1>",
+        _served(story.get("champion"), story.get("server"), story["pipeline"]),
+    ]
     holdout: dict[str, list[tuple[float, float]]] = {}
     for v in versions:
         for name, value in ((v.get("gate") or {}).get("candidate_metrics") or {}).items():

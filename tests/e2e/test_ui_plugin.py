@@ -266,6 +266,7 @@ def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
         assert page.locator("table.snapshot").inner_text().count("reused") == 1
         assert "no per-epoch history recorded" in page.inner_text("body")  # 0 epochs
         assert "serving now: version 1" in page.inner_text("body")
+        assert "(answering at 127.0.0.1:" in page.inner_text("body")  # the server was asked
         link = page.locator("a.datadocs")
         assert link.get_attribute("href", timeout=5_000).endswith("/data_docs/index.html")
         page.screenshot(path=str(shots / "run_rejected.png"), full_page=True)

@@ -374,3 +374,65 @@ def test_a_failed_dry_run_does_not_point_at_a_plan_it_never_made() -> None:
     task's log."""
     line = runview.summary_line({}, failed=["stage"], dry_run=True, reason="bad conf")
     assert "its plan" not in line and "dry run" in line and "failed: stage (bad conf)" in line
+
+
+def test_the_pipeline_page_says_when_the_champion_is_not_served(
+    volume: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a cold user: after ``make stop`` the page said "serving now: version 1"
+    from the registry while no model server ran. The page asks the server (a real HTTP
+    server here, answering as TF Serving does) before it says what is served."""
+    import http.server
+    import socket
+    import threading
+
+    import yaml
+
+    from trainyard.orchestration.ui import server_answer
+
+    available: list[int] = []
+
+    class Serving(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = [{"version": str(v), "state": "AVAILABLE"} for v in available]
+            body = json.dumps({"model_version_status": status}).encode()
+            self.send_response(200 if self.path == "/v1/models/digits" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serving)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    raw = yaml.safe_load((root / "dags" / "pipelines" / "digits.yaml").read_text())
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
+    monkeypatch.delenv("TRAINYARD_RUNNER", raising=False)
+
+    def page(port: int) -> str:
+        raw["serving"]["port"] = port
+        (pipelines / "digits.yaml").write_text(yaml.safe_dump(raw))
+        story = {**runview.pipeline_story(volume, "digits"), "server": server_answer("digits")}
+        return runview.render_pipeline(story, lambda r: f"/runs/{r}")
+
+    try:
+        available[:] = [1]
+        said = page(server.server_address[1])
+        assert "serving now: <b" in said and "(answering at 127.0.0.1:" in said
+        available[:] = [2]
+        said = page(server.server_address[1])
+        assert "not served" in said and "serves version(s) 2 of it, not the champion" in said
+    finally:
+        server.shutdown()
+        server.server_close()
+    said = page(closed)
+    assert "serving now" not in said and "not served" in said
+    assert f"127.0.0.1:{closed}</code> does not answer" in said
+    assert "models serve --pipeline digits" in said

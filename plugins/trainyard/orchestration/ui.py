@@ -106,6 +106,51 @@ def _dataset(pipeline: str, root: Path) -> str:
         raise NotFound(f"unknown pipeline {pipeline!r}") from None
 
 
+def server_answer(pipeline: str, timeout_s: float = 0.5) -> dict[str, Any] | None:
+    """What the pipeline's model server answers now, on this machine (the local runner).
+
+    The registry names the champion; a stopped server (``make stop``) serves nothing all
+    the same, so the pipeline page asks the server before saying what is served.
+
+    Returns:
+        ``address``, and ``versions`` (its AVAILABLE versions of the model) or ``error``
+        (why it did not answer); None on a cluster or without a pipeline config.
+    """
+    import http.client
+    import json
+
+    from trainyard.config import load_pipeline
+    from trainyard.errors import ConfigError
+    from trainyard.settings import get_settings
+
+    if get_settings().runner != "local":
+        return None
+    try:
+        serving = load_pipeline(pipeline).serving
+    except ConfigError:
+        return None
+    address = f"{serving.host}:{serving.port}"
+    conn = http.client.HTTPConnection(serving.host, serving.port, timeout=timeout_s)
+    try:
+        conn.request("GET", f"/v1/models/{quote(serving.model_name, safe='')}")
+        response = conn.getresponse()
+        body = response.read(1 << 20)
+    except (OSError, http.client.HTTPException) as e:
+        return {"address": address, "error": str(e) or type(e).__name__}
+    finally:
+        conn.close()
+    if response.status != 200:
+        return {"address": address, "versions": [], "error": f"HTTP {response.status}"}
+    try:
+        entries = json.loads(body).get("model_version_status") or []
+    except (ValueError, AttributeError):
+        return {"address": address, "error": "not a model server's answer"}
+    versions = sorted(
+        int(e["version"]) for e in entries if isinstance(e, dict) and e.get("state") == "AVAILABLE"
+    )
+    return {"address": address, "versions": versions}
+
+
 @cache
 def build_app() -> Any:
     """The plugin's FastAPI app, every route behind Airflow's DAG authorisation.
@@ -172,14 +217,16 @@ def build_app() -> Any:
             if snap.get("data_docs")
             else None
         )
+        story = {**story, "server": server_answer(story["pipeline"])}
         page = runview.render_run(story, docs, f"{base}/pipelines/{quote(dag_id, safe='')}")
         return HTMLResponse(page, headers=headers)
 
     @app.get("/pipelines/{dag_id}", dependencies=read_runs, response_class=HTMLResponse)
     def pipeline_page(dag_id: str, request: Request) -> HTMLResponse:
-        """The pipeline's versions over time."""
+        """The pipeline's versions over time, and what its model server answers now."""
         pipeline = runview.pipeline_of(dag_id)
         story = runview.pipeline_story(get_settings().volume_root, pipeline)
+        story["server"] = server_answer(pipeline)
         base = f"{prefix(request)}/runs/{quote(dag_id, safe='')}/"
         page = runview.render_pipeline(story, lambda run_id: base + quote(str(run_id), safe=""))
         return HTMLResponse(page, headers=headers)
@@ -191,8 +238,10 @@ def build_app() -> Any:
 
     @app.get("/api/pipelines/{dag_id}", dependencies=read_runs)
     def pipeline_api(dag_id: str) -> dict[str, Any]:
-        """The pipeline's story as JSON."""
-        return runview.pipeline_story(get_settings().volume_root, runview.pipeline_of(dag_id))
+        """The pipeline's story as JSON, with what its model server answers now."""
+        pipeline = runview.pipeline_of(dag_id)
+        story = runview.pipeline_story(get_settings().volume_root, pipeline)
+        return {**story, "server": server_answer(pipeline)}
 
     @app.get("/datadocs/{dag_id}/{snapshot_id}/{path:path}", dependencies=read_runs)
     def data_docs(dag_id: str, snapshot_id: str, path: str) -> FileResponse:
