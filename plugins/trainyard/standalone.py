@@ -14,6 +14,11 @@ checkout before anything touches its database. The API port and the log servers'
 ``--port`` (``make standalone AIRFLOW_PORT=N``) moves the API server and, with it, the
 execution API URL the workers call (Airflow's ``[core] execution_api_server_url``, which
 otherwise still names 8080 and every task fails before it starts).
+
+``airflow standalone`` does not notice when one of its components dies (a scheduler
+killed stayed a zombie, and runs queued for ever): the wrapper watches them every
+:data:`WATCH_S` and, when one has exited, says which and stops the rest, so ``make
+standalone`` ends with the reason instead of stalling.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ DEFAULT_PORT = 8080
 GRACE_S = 10.0
 """How long the group gets after SIGTERM before SIGKILL."""
 RECORD = "standalone.json"
+WATCH_S = 2.0
+"""How often the wrapper checks that Airflow's components still run."""
+COMPONENTS = ("scheduler", "dag-processor", "api-server", "triggerer")
+"""What ``airflow standalone`` runs, each as its child process ``airflow <name>``."""
 LOG_SERVERS = {
     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": 8793,
     "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": 8794,
@@ -86,6 +95,45 @@ def stop_group(pgid: int, grace_s: float = GRACE_S) -> int:
             os.killpg(pgid, signal.SIGKILL)
         psutil.wait_procs(left, timeout=10)
     return len(left)
+
+
+def exited_components(pid: int, seen: dict[str, int]) -> list[str]:
+    """The components of the standalone ``pid`` that have exited since they were seen.
+
+    Args:
+        pid: The ``airflow standalone`` process.
+        seen: Component name → its process id, filled in as each is first seen running.
+
+    Returns:
+        The names of those that are gone or zombies (nobody waits for them).
+    """
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+    alive = set()
+    for child in children:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            alive.add(child.pid)
+            if child.pid in seen.values():  # its command line may change (uvicorn's does)
+                continue
+            cmdline = child.cmdline()
+        except psutil.Error:
+            continue
+        name = next((c for c in cmdline[-1:] if c in COMPONENTS), None)
+        if name is not None and "airflow" in " ".join(cmdline[:-1]):
+            seen.setdefault(name, child.pid)
+    return [name for name, child_pid in seen.items() if child_pid not in alive]
+
+
+def _stop_asked(path: Path) -> bool:
+    """Whether ``stop`` has marked the record (or removed it): Airflow is being stopped."""
+    try:
+        return "stopped_by" in read_json(path)
+    except (OSError, ValueError, TypeError):
+        return True
 
 
 def _running() -> dict[str, Any] | None:
@@ -179,8 +227,28 @@ def run(port: int | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    seen: dict[str, int] = {}
+    exited: list[str] = []
     try:
-        code = proc.wait()
+        while True:
+            try:
+                code = proc.wait(timeout=WATCH_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if not stopping and (exited := exited_components(proc.pid, seen)):
+                if _stop_asked(path):  # `stop` (make stop) is ending them all
+                    exited = []
+                    continue
+                print(
+                    f"\nAirflow's {' and '.join(exited)} exited, and airflow standalone "
+                    "goes on without it (runs would stay queued): stopping the rest; start "
+                    "it again with make standalone (the model server keeps serving)",
+                    flush=True,
+                )
+                stop_group(proc.pid)
+                code = proc.wait()
+                break
     finally:
         stop_group(proc.pid)  # what it left: the scheduler's workers
         try:
@@ -192,6 +260,8 @@ def run(port: int | None = None) -> int:
             path.unlink(missing_ok=True)
     if stopped_by_stop and not stopping:
         print("Airflow standalone stopped (make stop)", flush=True)
+    if exited:
+        return 1
     return 0 if stopping or stopped_by_stop else code
 
 
