@@ -576,18 +576,47 @@ def refuse_interval(
     return out
 
 
-def refused_intervals(dataset: str, volume_root: Path | None = None) -> dict[str, list[dict]]:
-    """The interval records whose source was refused, by the snapshot they point at."""
+def _interval_records(dataset: str, volume_root: Path | None) -> Iterator[dict]:
+    """Every readable interval record of the dataset, in key order."""
     folder = _layout(volume_root).intervals(check_dataset_name(dataset))
-    out: dict[str, list[dict]] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             record = read_json(path)
         except (OSError, ValueError):
             continue
-        if isinstance(record, dict) and record.get("refused"):
+        if isinstance(record, dict):
+            yield record
+
+
+def refused_intervals(dataset: str, volume_root: Path | None = None) -> dict[str, list[dict]]:
+    """The interval records whose source was refused, by the snapshot they point at."""
+    out: dict[str, list[dict]] = {}
+    for record in _interval_records(dataset, volume_root):
+        if record.get("refused"):
             out.setdefault(str(record.get("snapshot_id")), []).append(record)
     return out
+
+
+def replaced_snapshots(dataset: str, volume_root: Path | None = None) -> dict[str, dict]:
+    """Snapshots an interval no longer points at: old id → the replacement's record.
+
+    Returns:
+        ``{"by": the snapshot the interval points at now, "at": when, "why": why}`` per
+        replaced snapshot (one the interval points at again is not replaced).
+    """
+    out: dict[str, dict] = {}
+    current = set()
+    for record in _interval_records(dataset, volume_root):
+        now = str(record.get("snapshot_id"))
+        current.add(now)
+        for old in record.get("replaced") or []:
+            if isinstance(old, dict) and old.get("snapshot_id") and old["snapshot_id"] != now:
+                out[str(old["snapshot_id"])] = {
+                    "by": now,
+                    "at": old.get("replaced_at"),
+                    "why": old.get("why"),
+                }
+    return {sid: r for sid, r in out.items() if sid not in current}
 
 
 def validation_state(snapshot: Path) -> dict[str, Any]:
@@ -1353,8 +1382,11 @@ def _cli_list(args: argparse.Namespace) -> int:
     for ds in datasets:
         validated = latest_validated(ds)
         refused = refused_intervals(ds)
+        replaced = replaced_snapshots(ds)
         for m in list_snapshots(ds):
             mark = " *last validated" if m.snapshot_id == validated else ""
+            if (by := replaced.get(m.snapshot_id)) is not None:
+                mark += f" REPLACED by {by['by']} at {by['at']} (its interval points there now)"
             for r in refused.get(m.snapshot_id, []):
                 mark += (
                     f" SUPERSEDED: [{r.get('start')} .. {r.get('end')})'s source was refused "

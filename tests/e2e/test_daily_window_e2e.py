@@ -90,7 +90,7 @@ def test_a_rejected_day_is_fixed_then_passes(project: Project) -> None:
     assert "ValidationFailed" in text and "mean_radius" in text
     rejected = _interval_record(project, DAYS[2])["snapshot_id"]
     listed = project.trainyard("snapshots", "list", "cancer")
-    line = next(t for t in listed.stdout.splitlines() if rejected in t)
+    line = next(t for t in listed.stdout.splitlines() if t.split()[1:2] == [rejected])
     assert "REJECTED" in line and "mean_radius" in line
     write_csv(path, good)  # the upstream fix
     out = _run(project, DAYS[2], {"dry_run": True})

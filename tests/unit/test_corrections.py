@@ -144,7 +144,9 @@ def test_rejected_snapshot_never_blocks_its_interval(raw: Path, capsys) -> None:
     assert _record()["snapshot_id"] == fixed.snapshot_id
     assert volumes.cli_main(["list", "cancer"]) == 0
     listed = capsys.readouterr().out
-    fixed_line = next(t for t in listed.splitlines() if fixed.snapshot_id in t)
+    fixed_line = next(t for t in listed.splitlines() if t.split()[1] == fixed.snapshot_id)
+    bad_line = next(t for t in listed.splitlines() if t.split()[1] == bad.snapshot_id)
+    assert f"REPLACED by {fixed.snapshot_id}" in bad_line
     assert "REJECTED" not in fixed_line and "*last validated" in fixed_line
     # once fixed and validated, an unchanged source is not read again
     assert "not re-read" in stage(cfg, START, END, quiet=True).checked
@@ -263,3 +265,30 @@ def test_a_contract_edit_staging_depends_on_reads_the_source_again(
     retyped = stage(cfg, START, END, quiet=True)
     assert not retyped.reused and retyped.snapshot_id != first.snapshot_id
     assert "the contract's version or columns differ" in retyped.checked
+
+
+def test_snapshots_list_marks_the_snapshot_a_correction_replaced(raw: Path, capsys) -> None:
+    """Found by a cold user: after a corrected day was reprocessed, ``snapshots list``
+    showed both of its snapshots with no mark to tell which the interval used."""
+    cfg = _cfg(raw)
+    first = stage(cfg, START, END, quiet=True)
+    path = raw / f"{DAY}.csv"
+    rows = read_csv(path)
+    write_csv(path, rows[:-5])
+    second = stage(cfg, START, END, quiet=True)
+
+    def lines() -> dict[str, str]:
+        capsys.readouterr()
+        assert volumes.cli_main(["list", "cancer"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        return {sid: next(line for line in out if sid in line.split()[1]) for sid in ids}
+
+    ids = (first.snapshot_id, second.snapshot_id)
+    listed = lines()
+    assert f"REPLACED by {second.snapshot_id} at " in listed[first.snapshot_id]
+    assert "REPLACED" not in listed[second.snapshot_id]
+    write_csv(path, rows)  # put back: the interval points at the first one again
+    assert stage(cfg, START, END, quiet=True).snapshot_id == first.snapshot_id
+    listed = lines()
+    assert "REPLACED" not in listed[first.snapshot_id]
+    assert f"REPLACED by {first.snapshot_id} at " in listed[second.snapshot_id]
