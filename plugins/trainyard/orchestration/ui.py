@@ -117,10 +117,10 @@ def server_answer(pipeline: str, timeout_s: float = 0.5) -> dict[str, Any] | Non
         (why it did not answer); None on a cluster or without a pipeline config.
     """
     import http.client
-    import json
 
     from trainyard.config import load_pipeline
     from trainyard.errors import ConfigError
+    from trainyard.serving.client import ServingClient, ServingHTTPError
     from trainyard.settings import get_settings
 
     if get_settings().runner != "local":
@@ -130,24 +130,18 @@ def server_answer(pipeline: str, timeout_s: float = 0.5) -> dict[str, Any] | Non
     except ConfigError:
         return None
     address = f"{serving.host}:{serving.port}"
-    conn = http.client.HTTPConnection(serving.host, serving.port, timeout=timeout_s)
     try:
-        conn.request("GET", f"/v1/models/{quote(serving.model_name, safe='')}")
-        response = conn.getresponse()
-        body = response.read(1 << 20)
+        with ServingClient(serving.host, serving.port, timeout=timeout_s) as client:
+            entries = client.status(serving.model_name)
+        versions = sorted(
+            int(e["version"]) for e in entries if isinstance(e, dict) and e["state"] == "AVAILABLE"
+        )
+    except ServingHTTPError as e:
+        return {"address": address, "versions": [], "error": f"HTTP {e.status}"}
     except (OSError, http.client.HTTPException) as e:
         return {"address": address, "error": str(e) or type(e).__name__}
-    finally:
-        conn.close()
-    if response.status != 200:
-        return {"address": address, "versions": [], "error": f"HTTP {response.status}"}
-    try:
-        entries = json.loads(body).get("model_version_status") or []
-    except (ValueError, AttributeError):
+    except (TypeError, KeyError, ValueError):
         return {"address": address, "error": "not a model server's answer"}
-    versions = sorted(
-        int(e["version"]) for e in entries if isinstance(e, dict) and e.get("state") == "AVAILABLE"
-    )
     return {"address": address, "versions": versions}
 
 
