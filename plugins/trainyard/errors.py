@@ -30,6 +30,13 @@ class SourceInvalid(StagingError):
     """
 
 
+class SourceUnreadable(StagingError):
+    """The storage refused to read the source (credentials, a bad name, access denied).
+
+    No retry fixes it: the source URL or its connection must change.
+    """
+
+
 class StepSkipped(TrainyardError):
     """A step has nothing to do for this run: the task and what depends on it skip.
 

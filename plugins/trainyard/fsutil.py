@@ -15,7 +15,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -338,7 +338,7 @@ def _raise_bad_timestamp(loader: Any, root: Any) -> None:
             stack.extend(item for pair in node.value for item in pair)
 
 
-_SECRET_PARAMS = re.compile(
+SECRET_KEY_RE = re.compile(
     r"(?i)^(.*token.*|.*secret.*|.*passw(or)?d.*|.*signature.*|.*credential.*|sig|key|"
     r"api[-_]?key|access[-_]?key.*|auth.*|code|sas|se|sp|sv|x-amz-.*|x-goog-.*)$"
 )
@@ -347,11 +347,14 @@ _SECRET_PARAMS = re.compile(
 def redact_url(url: str) -> str:
     """A URL fit to store or print: its secrets replaced by ``***``.
 
-    Masked: the password of the user info (the user too when alone, a bare token) and
-    secret-looking query parameters (``token``, ``sig``, ``X-Amz-Signature``, ...).
+    Masked: the whole user info (``user:password@`` or a bare token), whatever characters
+    the secret holds (a ``/``, ``#``, ``?`` or ``@`` in it, as in about half of real AWS
+    secret keys, used to end the masking early), and secret-looking query parameters
+    (``token``, ``sig``, ``X-Amz-Signature``, ...).
 
-    Credentials belong in fsspec storage options or an Airflow connection, never in the
-    URL text; this keeps them out of manifests, logs and errors when they are there.
+    Credentials belong in an Airflow connection (``source.conn_id``), never in the URL
+    text: ``pipelines check`` refuses them there; this keeps them out of manifests, logs
+    and errors wherever a URL still carries one.
 
     Args:
         url: Any URL or path.
@@ -363,31 +366,60 @@ def redact_url(url: str) -> str:
 
     if "://" not in url and "?" not in url and "@" not in url:
         return url
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, after = rest.rpartition("@")
+    if sep and at and _is_userinfo(userinfo):
+        url, rest = f"{scheme}://***@{after}", after
     try:
         parts = urlsplit(url)
     except ValueError:
-        return _URL_USERINFO.sub(r"\1***@", url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, host = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
+        return url
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_SECRET_PARAMS.match(k) for k, _ in pairs):
+        if any(SECRET_KEY_RE.match(k) for k, _ in pairs):
             query = urlencode(
-                [(k, "***" if _SECRET_PARAMS.match(k) else v) for k, v in pairs], safe="*/:"
+                [(k, "***" if SECRET_KEY_RE.match(k) else v) for k, v in pairs], safe="*/:"
             )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
-_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]*@")
+def _is_userinfo(text: str) -> bool:
+    """Whether what a URL holds before its last ``@`` is credentials, not a path.
+
+    ``user:secret`` (the secret may hold any character) or a bare token; a path with an
+    ``@`` in a later segment (``bucket/me@example.com/x``) has a ``/`` and no ``:``.
+    """
+    return bool(text) and text != "***" and (":" in text or "/" not in text)
+
+
+def url_credentials(url: str) -> str | None:
+    """The user info a URL carries (``user:secret`` or a token), masked; None without.
+
+    ``pipelines check`` refuses a source URL that carries any: credentials go in an
+    Airflow connection.
+    """
+    _, sep, rest = url.partition("://")
+    userinfo, at, _ = rest.rpartition("@")
+    return redact_url(url) if sep and at and _is_userinfo(userinfo) else None
+
+
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
-def redact_text(text: str) -> str:
-    """``text`` with every URL in it passed through :func:`redact_url` (for messages)."""
+def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` fit to print: every URL masked (:func:`redact_url`), every known secret too.
+
+    Args:
+        text: A message, e.g. a storage library's error, which may quote a secret without
+            its URL (botocore names an "invalid bucket" made of credentials).
+        secrets: Values to mask wherever they appear (a connection's password).
+
+    Returns:
+        The text with ``***`` for each secret.
+    """
+    for secret in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, "***")
     return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
 
 

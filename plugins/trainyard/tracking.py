@@ -54,6 +54,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainyard.connections import conn_env_name, read_connection
+from trainyard.errors import ConfigError
+from trainyard.fsutil import redact_url
+
 if TYPE_CHECKING:
     from trainyard.config import PipelineConfig, TrackingConfig
     from trainyard.registry import Registry
@@ -84,11 +88,6 @@ class TrackingError(Exception):
     """The tracker could not be reached, refused a request, or is not configured."""
 
 
-def conn_env_name(conn_id: str) -> str:
-    """The environment variable Airflow reads a connection from: ``AIRFLOW_CONN_<ID>``."""
-    return f"AIRFLOW_CONN_{conn_id.upper()}"
-
-
 @dataclass(frozen=True)
 class Endpoint:
     """Where the tracking server answers.
@@ -102,28 +101,11 @@ class Endpoint:
     auth: str | None = None
 
 
-def _from_conn_json(conn_id: str, text: str) -> Endpoint:
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise TrackingError(f"{conn_env_name(conn_id)} is neither a URI nor JSON: {e}") from e
-    if not isinstance(data, dict) or not data.get("host"):
-        raise TrackingError(f"{conn_env_name(conn_id)} (JSON) names no host")
-    host = str(data["host"])
-    scheme = str(data.get("conn_type") or "http")
-    if "://" in host:  # the HTTP connection's habit: the scheme in the host field
-        scheme, host = host.split("://", 1)
-    netloc = host.rstrip("/") + (f":{data['port']}" if data.get("port") else "")
-    path = str(data.get("schema") or "").strip("/")
-    url = f"{scheme}://{netloc}" + (f"/{path}" if path else "")
-    return _endpoint(conn_id, url, data.get("login"), data.get("password"))
-
-
 def _endpoint(conn_id: str, url: str, login: Any = None, password: Any = None) -> Endpoint:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TrackingError(
-            f"connection {conn_id!r} gives {_redact(url)!r}: trainyard speaks MLflow's REST API "
+            f"connection {conn_id!r} gives {redact_url(url)!r}: trainyard speaks MLflow's REST API "
             "over http or https (give an http or https connection with the server's host and "
             "port)"
         )
@@ -137,14 +119,6 @@ def _endpoint(conn_id: str, url: str, login: Any = None, password: Any = None) -
         secret = urllib.parse.unquote(str(password or ""))
         auth = "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
     return Endpoint(url=base, auth=auth)
-
-
-def _redact(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def tracking_uri(conn_id: str, environ: dict[str, str] | None = None) -> Endpoint:
@@ -166,11 +140,21 @@ def tracking_uri(conn_id: str, environ: dict[str, str] | None = None) -> Endpoin
         TrackingError: Neither is set, or the value is not an http(s) address.
     """
     env = os.environ if environ is None else environ
-    text = env.get(conn_env_name(conn_id), "").strip()
-    if text.startswith("{"):
-        return _from_conn_json(conn_id, text)
-    if text:
-        return _endpoint(conn_id, text)
+    try:
+        conn = read_connection(conn_id, env)
+    except ConfigError as e:
+        raise TrackingError(str(e)) from None
+    if conn is not None:
+        host, scheme = conn.host, conn.conn_type or "http"
+        if "://" in host:  # the HTTP connection's habit: the scheme in the host field
+            scheme, host = host.split("://", 1)
+        if not host:
+            shown = redact_url(env[conn_env_name(conn_id)])
+            raise TrackingError(f"{conn_env_name(conn_id)} names no host: {shown!r}")
+        netloc = host.rstrip("/") + (f":{conn.port}" if conn.port else "")
+        path = conn.schema.strip("/")
+        url = f"{scheme}://{netloc}" + (f"/{path}" if path else "")
+        return _endpoint(conn_id, url, conn.login or None, conn.password or None)
     fallback = env.get("MLFLOW_TRACKING_URI", "").strip()
     if fallback:
         return _endpoint(conn_id, fallback)

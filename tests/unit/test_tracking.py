@@ -64,7 +64,7 @@ def test_the_tracker_address_comes_from_the_connection(env, expected) -> None:
         ({}, "no AIRFLOW_CONN_MLFLOW_X and no MLFLOW_TRACKING_URI"),
         ({"AIRFLOW_CONN_MLFLOW_X": "postgres://h/db"}, "over http or https"),
         ({"AIRFLOW_CONN_MLFLOW_X": "{not json"}, "neither a URI nor JSON"),
-        ({"AIRFLOW_CONN_MLFLOW_X": "http://u:pw@:5000"}, "'http://u:***@"),
+        ({"AIRFLOW_CONN_MLFLOW_X": "http://u:pw@:5000"}, "'http://***@"),
     ],
     ids=["missing", "not http", "bad JSON", "no host (password not shown)"],
 )
@@ -205,19 +205,19 @@ def test_the_mirror_follows_the_registry_and_never_duplicates(
 def test_the_local_runner_hands_a_step_airflows_lookup_of_the_connection(
     monkeypatch: pytest.MonkeyPatch, caplog, capfd
 ) -> None:
-    from trainyard.orchestration.runners import tracking_env
+    from trainyard.orchestration.runners import connection_env
 
     # Airflow finds it (here in its environment backend; its database works the same way)
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_Y", "http://ann:secret1@h:5000/pre")
     cfg = _pipeline("mlflow_y")
-    env = tracking_env(cfg, "register", environ={})
+    env = connection_env(cfg, "register", environ={})
     assert tracking_uri("mlflow_y", env) == Endpoint("http://h:5000/pre", "Basic YW5uOnNlY3JldDE=")
-    assert tracking_env(cfg, "register") == {}  # the process has it already: left alone
-    assert tracking_env(cfg, "stage", environ={}) == {}  # stage mirrors nothing
+    assert connection_env(cfg, "register") == {}  # the process has it already: left alone
+    assert connection_env(cfg, "stage", environ={}) == {}  # stage mirrors nothing
     with caplog.at_level(logging.WARNING):
-        assert tracking_env(_pipeline("nope"), "evaluate", environ={}) == {}
+        assert connection_env(_pipeline("nope"), "evaluate", environ={}) == {}
     # (Airflow's logging may route the orchestration logger past caplog)
-    assert "tracking connection 'nope'" in caplog.text + "".join(capfd.readouterr())
+    assert "connection 'nope'" in caplog.text + "".join(capfd.readouterr())
 
 
 def _mirrored(server: str, experiment: str) -> dict[int, dict]:

@@ -31,10 +31,16 @@ def source_present(pipeline: PipelineConfig, ds: str | None) -> bool:
     """
     import fsspec
 
+    from trainyard.connections import connection_from_fields, storage_options
+    from trainyard.orchestration.runners import airflow_connection
+
     url = pipeline.source_url(ds)
     if pipeline.source.bootstrap and ("://" not in url or url.startswith("file://")):
         return True
-    fs, root = fsspec.core.url_to_fs(url)
+    conn_id = pipeline.source.conn_id
+    fields = airflow_connection(conn_id) if conn_id else None
+    conn = connection_from_fields(conn_id, fields) if conn_id and fields else None
+    fs, root = fsspec.core.url_to_fs(url, **storage_options(url, conn))
     return bool(fs.exists(root.rstrip("/") or "/"))
 
 

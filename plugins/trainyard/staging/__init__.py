@@ -17,16 +17,25 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainyard import volumes
-from trainyard.errors import SnapshotError, SourceInvalid, StagingError, TrainyardError
+from trainyard.connections import conn_env_name
+from trainyard.errors import (
+    SnapshotError,
+    SourceInvalid,
+    SourceMissing,
+    SourceUnreadable,
+    StagingError,
+    TrainyardError,
+)
 from trainyard.fsutil import atomic_write_json, publish_dir, redact_text, redact_url
 from trainyard.progress import Progress, human_bytes
 from trainyard.staging.sources import open_source, read_contract
 
 if TYPE_CHECKING:
     from trainyard.config import PipelineConfig
+    from trainyard.connections import Connection
 
 log = logging.getLogger(__name__)
 
@@ -203,19 +212,67 @@ def stage(
             labels or images), ill-typed rows or a failed write; nothing is published
             then. Credentials in the source URL are masked in every message.
     """
+    from trainyard.connections import read_connection
+
+    conn_id = pipeline.source.conn_id
+    conn = read_connection(conn_id) if conn_id else None
+    if conn_id and conn is None:
+        raise SourceUnreadable(
+            f"the Airflow connection {conn_id!r} (source.conn_id) is not available to this "
+            f"step: no {conn_env_name(conn_id)} in its environment (the local runner passes "
+            "it from Airflow; on a cluster give the pod a Secret with it, or use workload "
+            "identity and drop conn_id)"
+        )
+    secrets = conn.secrets if conn is not None else ()
     try:
-        return _stage(pipeline, interval_start, interval_end, restage=restage, quiet=quiet)
-    except Exception as e:
-        # a source URL may carry credentials (user info, ?token=): never let them out
-        text = str(e)
-        clean = redact_text(text)
+        return _stage(
+            pipeline, interval_start, interval_end, conn=conn, restage=restage, quiet=quiet
+        )
+    except TrainyardError as e:
+        clean = redact_text(str(e), secrets)
         if isinstance(e, SourceInvalid):
             _refuse(pipeline.dataset, interval_start, interval_end, clean)
-        if clean == text:
+        if clean == str(e):
             raise
-        error = type(e) if isinstance(e, TrainyardError) else StagingError
+        error: TrainyardError = type(e)(clean)
+    except FileNotFoundError as e:
+        error = SourceMissing(f"{redact_url(pipeline.source.url)}: {redact_text(str(e), secrets)}")
+    except PermissionError as e:
+        error = _unreadable(pipeline, e, secrets)
+    except OSError as e:  # a connection lost or timed out: a retry may read it
+        error = StagingError(_library_message(pipeline, e, secrets))
+    except Exception as e:
+        if type(e).__module__.split(".")[0] not in STORAGE_LIBRARIES:
+            clean = redact_text(str(e), secrets)
+            if clean == str(e):
+                raise  # a fault of trainyard's own: its traceback matters
+            error = StagingError(f"{type(e).__name__}: {clean}")
+        else:  # a storage library's refusal (botocore's ParamValidationError, ...)
+            error = _unreadable(pipeline, e, secrets)
     # raised outside the handler, so the unredacted error is not even its context
-    raise error(clean)
+    raise error
+
+
+STORAGE_LIBRARIES = frozenset(
+    {"fsspec", "s3fs", "botocore", "aiobotocore", "boto3", "gcsfs", "google", "adlfs", "azure"}
+    | {"aiohttp", "requests", "urllib3"}
+)
+"""Packages whose exceptions mean the source could not be read, not a fault of trainyard's."""
+
+
+def _library_message(pipeline: PipelineConfig, e: BaseException, secrets: Any) -> str:
+    return (
+        f"{redact_url(pipeline.source.url)}: reading the source failed: "
+        f"{type(e).__name__}: {redact_text(str(e), secrets)}"
+    )
+
+
+def _unreadable(pipeline: PipelineConfig, e: BaseException, secrets: Any) -> SourceUnreadable:
+    """A storage library's refusal (credentials, a bad name, a denied request): not retried."""
+    return SourceUnreadable(
+        _library_message(pipeline, e, secrets)
+        + " (check source.url and the credentials of source.conn_id; a retry would fail alike)"
+    )
 
 
 def _refuse(dataset: str, start: str | None, end: str | None, reason: str) -> None:
@@ -238,6 +295,7 @@ def _stage(
     interval_start: str | None,
     interval_end: str | None,
     *,
+    conn: Connection | None,
     restage: bool,
     quiet: bool,
 ) -> StageResult:
@@ -256,7 +314,7 @@ def _stage(
     url = pipeline.source_url(ds)
     _ensure_source(pipeline, url, ds)
     try:
-        src = open_source(url, pipeline.source.format, contract.extension)
+        src = open_source(url, pipeline.source.format, contract.extension, conn)
     except StagingError as e:
         kept = None if restage else _kept_without_source(dataset, record, e, t0)
         if kept is None:

@@ -21,6 +21,7 @@ from stat import S_ISREG
 from typing import Any, NamedTuple
 
 from trainyard import native
+from trainyard.connections import Connection, storage_options
 from trainyard.errors import SourceMissing, StagingError
 from trainyard.fsutil import redact_url
 from trainyard.settings import get_settings
@@ -574,13 +575,32 @@ def _scan_native(root: str, extensions: tuple[str, ...] | None) -> tuple[Any, An
     return listing, folders
 
 
-def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
+def _why_not_there(fs: Any, root: str) -> None:
+    """Raise the store's own error when a source "does not exist" because it was refused.
+
+    ``exists`` answers False for a refusal too (401, 403): asked for its metadata, and for
+    one byte over HTTP (whose ``info`` reads a refusal as absence), the store says which.
+    """
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    try:
+        if "http" in protocols:
+            fs.cat_file(root, start=0, end=1)
+        else:
+            fs.info(root)
+    except FileNotFoundError:
+        return
+
+
+def open_source(
+    url: str, fmt: str, extension: str | None = None, conn: Connection | None = None
+) -> Source:
     """Resolve a source URL and list the files to stage.
 
     Args:
         url: A path or fsspec URL: one file, or a folder (files are found recursively).
         fmt: ``csv``, ``parquet``, ``jsonl`` or ``image_folder``.
         extension: For image folders, the sample file extension from the contract.
+        conn: The Airflow connection holding the store's credentials (``source.conn_id``).
 
     Returns:
         The source, files sorted by relative path.
@@ -591,11 +611,12 @@ def open_source(url: str, fmt: str, extension: str | None = None) -> Source:
     import fsspec
 
     try:
-        fs, root = fsspec.core.url_to_fs(url)
+        fs, root = fsspec.core.url_to_fs(url, **storage_options(url, conn))
     except (ImportError, ValueError) as e:
         raise StagingError(f"{redact_url(url)}: cannot open source ({e})") from None
     root = root.rstrip("/") or "/"
     if not fs.exists(root):
+        _why_not_there(fs, root)
         raise SourceMissing(f"{redact_url(url)}: source does not exist")
     if fmt == "image_folder":
         extensions: tuple[str, ...] | None = (
