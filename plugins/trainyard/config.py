@@ -23,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     ValidationInfo,
     field_serializer,
@@ -31,7 +32,14 @@ from pydantic import (
 )
 
 from trainyard.errors import ConfigError
-from trainyard.fsutil import YamlWhere, check_files, load_yaml, redact_url, yaml_line_index
+from trainyard.fsutil import (
+    YamlWhere,
+    check_files,
+    load_yaml,
+    redact_url,
+    url_credentials,
+    yaml_line_index,
+)
 from trainyard.settings import get_settings
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -167,6 +175,9 @@ class SourceConfig(StrictModel):
     ``bootstrap`` names a bundled generator that writes the raw source when it is missing
     (the demo's stand-in for a data lake).
 
+    ``conn_id`` names the Airflow connection that holds the credentials of an object
+    store (:func:`trainyard.connections.storage_options`); a URL never carries them.
+
     ``when_missing`` says what a run does when its partition (the URL for its interval)
     does not exist: ``fail`` (default) fails the stage task without retry; ``skip`` skips
     it and everything after it (the run shows skipped, not failed); ``wait`` waits for it
@@ -176,6 +187,7 @@ class SourceConfig(StrictModel):
 
     url: str
     format: Literal["csv", "parquet", "jsonl", "image_folder"]
+    conn_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] | None = None
     bootstrap: str | None = None
     when_missing: Literal["wait", "skip", "fail"] = "fail"
     wait_timeout_s: float = Field(default=6 * 3600, gt=0)
@@ -184,6 +196,15 @@ class SourceConfig(StrictModel):
     @field_validator("url")
     @classmethod
     def _placeholders(cls, value: str) -> str:
+        shown = url_credentials(value)
+        if shown is not None:
+            raise ValueError(
+                f"{shown}: credentials in the URL are refused (they would show in logs, "
+                "run pages and lineage): keep them in an Airflow connection and name it "
+                "as source.conn_id (its login and password, or its extra's storage_options, "
+                "reach the file system), or use the environment's or the cluster's "
+                "workload identity"
+            )
         unknown = sorted({p for p in PLACEHOLDER_RE.findall(value) if p != "ds"})
         if unknown:
             names = ", ".join("{" + p + "}" for p in unknown)
@@ -356,6 +377,20 @@ class ChampionRule(StrictModel):
         return data
 
 
+class ApproversConfig(StrictModel):
+    """Who may answer a candidate's approval request (``gate.approval: required``).
+
+    ``users`` are Airflow account ids; ``roles`` are roles of Airflow's simple auth manager
+    (``[core] simple_auth_manager_users``), expanded to their accounts when the request is
+    made. Four-eyes by default: the person who triggered a run may not approve it
+    (``allow_triggerer: true`` lifts that).
+    """
+
+    users: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    roles: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    allow_triggerer: bool = False
+
+
 class GateConfig(StrictModel):
     """Declarative evaluation gate."""
 
@@ -366,6 +401,18 @@ class GateConfig(StrictModel):
     fail_run_on_reject: bool = False
     approval: Literal["none", "required"] = "none"
     approval_timeout_h: float = Field(default=72.0, gt=0)
+    approvers: ApproversConfig | None = None
+
+    @model_validator(mode="after")
+    def _approvers_named(self) -> GateConfig:
+        if self.approval == "required" and not (
+            self.approvers and (self.approvers.users or self.approvers.roles)
+        ):
+            raise ValueError(
+                "approval: required needs approvers: name who may approve (approvers: "
+                "{users: [...], roles: [...]}); anyone with a login could approve otherwise"
+            )
+        return self
 
     def for_task(self, task: str) -> GateConfig:
         """This gate with ``metrics`` set to the task's defaults when none were given."""

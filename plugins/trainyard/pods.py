@@ -82,6 +82,7 @@ SAMPLE_VALUES: dict[str, dict[str, Any]] = {
     },
     "evaluate": {"version": "{version}", "force_promote": False, "actor": "render"},
     "deploy": {"version": "{version}", "actor": "render"},
+    "approval": {"version": "{version}", "decision": "pending", "run_id": "{run_id}"},
     "summary": {"run_id": "{run_id}", "results": {}},
 }
 """Argument values ``render`` fills in for each step (ids from its options)."""
@@ -143,6 +144,8 @@ def render_objects(
                 from trainyard.k8s.scoring import scorer_deployment
 
                 out.append(scorer_deployment(profile, pipeline))
+            continue
+        if s == "approval" and pipeline.gate.approval != "required" and step != s:
             continue
         if s == "train":
             snap = fill(s, "{snapshot}")

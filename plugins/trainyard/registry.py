@@ -357,24 +357,52 @@ class Registry:
                 raise RegistryError(f"{self.history_path}:{i}: not a JSON line: {e}") from e
         return events
 
-    def record_approval(self, version: int, approved: bool, actor: str, reason: str) -> None:
-        """Record a person's approval or rejection of a version (``approval.json`` + history).
+    def record_approval(
+        self, version: int, approved: bool | None, actor: str, reason: str, **extra: Any
+    ) -> dict[str, Any]:
+        """Record a person's answer about a version (``approval.json`` + history).
 
         Args:
             version: The version asked about.
-            approved: Their answer.
+            approved: Their answer; None: asked (again) and not answered yet, which
+                withdraws any earlier answer.
             actor: Who answered (``timeout`` when nobody did in time).
             reason: What they wrote (may be empty).
+            **extra: Recorded alongside (``run_id``, ``at``).
+
+        Returns:
+            The event recorded.
 
         Raises:
             RegistryError: If the version does not exist.
         """
         version = int(version)
-        event = _event("approval", approved=approved, version=version, actor=actor, reason=reason)
+        event = _event(
+            "approval", approved=approved, version=version, actor=actor, reason=reason, **extra
+        )
         with self._locked():
             self.version_dir(version)
             self.attach(version, "approval.json", json.dumps(event, indent=2))
             self._append_history(event)
+        return event
+
+    def approval_answer(self, version: int) -> dict[str, Any]:
+        """The answer held for a version's approval request, as a run's record shows it.
+
+        Returns:
+            ``approved`` (None: waiting, or never asked), ``by``, ``reason``, ``at``.
+        """
+        try:
+            answer = self.read_file(version, "approval.json") or {}
+        except RegistryError:  # no such version (any more): nothing was answered for it
+            answer = {}
+        waiting = answer.get("approved") is None
+        return {
+            "approved": answer.get("approved"),
+            "by": None if waiting else answer.get("actor"),
+            "reason": "waiting" if waiting else answer.get("reason") or "",
+            "at": answer.get("at"),
+        }
 
     def _append_history(self, event: Mapping[str, Any]) -> None:
         line = (json.dumps(dict(event), sort_keys=True) + "\n").encode()
@@ -702,27 +730,11 @@ def caller() -> str:
     return name or "cli"
 
 
-def _ensure_asks_approval(pipeline: str) -> None:
-    """Refuse ``models approve|reject`` for a pipeline that does not ask for approval.
-
-    Raises:
-        RegistryRefused: If its config says ``gate.approval: none``.
-        ConfigError: If it has no (valid) config.
-    """
-    from trainyard.config import load_pipeline
-
-    cfg = load_pipeline(pipeline)
-    if cfg.gate.approval != "required":
-        raise RegistryRefused(
-            f"pipeline {pipeline!r} does not ask for approval (gate.approval: "
-            f"{cfg.gate.approval}): its gate alone decides; nothing was recorded"
-        )
-
-
 def cli_main(
     argv: list[str],
     after_move: Callable[[str], str] | None = None,
     before_move: Callable[[str], None] | None = None,
+    answer: Callable[..., dict[str, Any]] | None = None,
 ) -> int:
     """``python -m trainyard models list|show|promote|rollback|history|serve --pipeline P``.
 
@@ -732,6 +744,8 @@ def cli_main(
             follows the champion); its line is printed.
         before_move: Called with the pipeline before a promote or rollback; what it
             raises stops the move before anything is written.
+        answer: Records ``approve``/``reject`` (:func:`trainyard.steps.approval`, the one
+            writer of an approval), called with pipeline, version, decision, by, reason.
 
     Returns:
         The exit code (trainyard errors propagate to the dispatcher, which prints them).
@@ -778,8 +792,6 @@ def cli_main(
             f"--reason is {len(args.reason)} characters: a reason is a sentence or a few "
             f"(at most {MAX_REASON_CHARS}); link to anything longer"
         )
-    if args.action in ("approve", "reject"):
-        _ensure_asks_approval(args.pipeline)
     settings = get_settings()
     reg = Registry(settings.models_root, args.pipeline)
     configs = {p.stem for p in settings.pipelines_dir.glob("*.yaml")}
@@ -830,9 +842,13 @@ def cli_main(
             else:
                 out.write(f"{reg.pipeline}: version {args.version} already is the champion\n")
         elif args.action in ("approve", "reject"):
-            reg.record_approval(args.version, args.action == "approve", args.actor, args.reason)
+            if answer is None:
+                raise RegistryRefused("models approve|reject: no approval writer given")
             said = "approved" if args.action == "approve" else "rejected"
+            done = answer(reg.pipeline, args.version, said, args.actor, args.reason)
             out.write(f"{reg.pipeline}: version {args.version} {said} by {args.actor}\n")
+            if done.get("rolled_back"):
+                out.write(f"it was the champion: rolled back; {done.get('served')}\n")
         elif args.action == "rollback":
             target = reg.rollback(args.reason, args.actor, unserve=args.unserve)
             out.write(f"{reg.pipeline}: champion is now {'none' if target is None else target}\n")

@@ -171,6 +171,11 @@ def run_story(
     summarised = record is not None
     if record is None and results:
         record = {"pipeline": pipeline, "run_id": run_id, **results}
+    if record is not None:
+        record = {k: v for k, v in record.items() if k != "approve"}
+        answer = approval_of(root, pipeline, record)
+        if answer is not None:
+            record["approve"] = answer
     versions = _versions(root, pipeline)
     reg_version = ((record or {}).get("register") or {}).get("version")
     mine = [
@@ -215,6 +220,30 @@ def run_story(
         "champion": champion,
         "history": history,
     }
+
+
+def approval_of(root: Path, pipeline: str, results: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The answer the registry holds for the run's candidate, as a run record shows it.
+
+    Never an XCom: the registry's ``approval.json`` is written only from the answer Airflow
+    recorded (:func:`trainyard.steps.approval`).
+
+    Returns:
+        ``approved`` (None: waiting), ``by``, ``reason``, ``at``; None when the candidate
+        was never asked about.
+    """
+    from trainyard.registry import Registry
+
+    version = (results.get("register") or {}).get("version")
+    if version is None:
+        return None
+    reg = Registry(Layout(root).models_root, pipeline)
+    try:
+        if reg.read_file(int(version), "approval.json") is None:
+            return None
+        return reg.approval_answer(int(version))
+    except (RegistryError, ValueError):
+        return None
 
 
 def _ensure_pipeline(root: Path, pipeline: str) -> None:

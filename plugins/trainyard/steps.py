@@ -597,21 +597,16 @@ def promotion_reason(meta: dict[str, Any], gate: dict[str, Any]) -> str:
     return f"deployed after gate on snapshot {meta['snapshot_id']}"
 
 
-def deploy(
-    pipeline: str,
-    version: int,
-    actor: str | None = None,
-    approved_by: str | None = None,
-    approval_reason: str | None = None,
-) -> dict[str, Any]:
+def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, Any]:
     """Publish a gated version to serving, smoke-test it, and make it the champion.
 
     Serving is first put back on the registry's champion (which undoes what a killed
     deploy left), then the version is served as ``canary`` and smoke-tested. On a failed
     smoke test serving rolls back to the previous champion and ``DeployError`` is raised;
-    the champion pointer only moves after the new version answered correctly. A person's
-    approval (``gate.approval: required``) is recorded first and is the promotion's actor
-    and reason.
+    the champion pointer only moves after the new version answered correctly. A version
+    that needs a person's approval (``gate.approval: required``) ships only on the answer
+    the registry holds for it (:func:`approval`, written from Airflow's record of the
+    ``approve`` task or by ``models approve``): that person is the promotion's actor.
 
     Returns:
         ``version``, ``url``, ``sample_prediction``, ``smoke_rows``, ``previous``,
@@ -641,15 +636,16 @@ def deploy(
         previous = registry.champion()
         ensure_gated_against_champion(cfg.name, previous, version, gate)
         promote_reason = promotion_reason(meta, gate)
-        if approved_by:
-            registry.record_approval(version, True, approved_by, approval_reason or "")
         if cfg.gate.approval == "required":
             answer = registry.read_file(version, "approval.json") or {}
             if not answer.get("approved"):
                 said = (
-                    f"{answer.get('actor')} rejected it: {answer.get('reason') or '(no reason)'}"
-                    if answer
-                    else "nobody has approved it"
+                    "nobody has approved it"
+                    if not answer
+                    else "its approval request waits for an answer"
+                    if answer.get("approved") is None
+                    else f"{answer.get('actor')} rejected it: "
+                    f"{answer.get('reason') or '(no reason)'}"
                 )
                 raise DeployError(
                     f"{cfg.name} version {version} needs a person's approval (gate.approval: "
@@ -699,6 +695,80 @@ def deploy(
         "smoke_rows": result.smoke_rows,
         "scorer": roll_scorer(cfg, local=host == cfg.serving.host),
     }
+
+
+APPROVAL_DECISIONS = ("pending", "approved", "rejected")
+"""What ``approval`` records: asked and not answered yet, or a person's answer."""
+
+
+def approval(
+    pipeline: str,
+    version: int,
+    decision: str,
+    by: str | None = None,
+    reason: str | None = None,
+    run_id: str | None = None,
+) -> dict[str, Any]:
+    """Record the answer to a candidate's approval request: the registry's one writer of it.
+
+    The ``approve`` task runs it with the answer Airflow recorded for the request (its
+    human-in-the-loop record, never an XCom), ``models approve|reject`` with the caller's.
+    ``pending`` (the request asked, or asked again after ``approve`` was cleared) withdraws
+    an earlier answer, so no deploy ships on it. Rejecting the version that is the
+    champion (``approve`` cleared and answered again after it shipped) rolls the champion
+    back, and serving follows, so registry, serving and the run's page tell one story.
+
+    Args:
+        pipeline: Pipeline name.
+        version: The candidate asked about.
+        decision: One of :data:`APPROVAL_DECISIONS`.
+        by: Who answered (``pending``: who asked, if anyone).
+        reason: What they wrote.
+        run_id: The run that asked.
+
+    Returns:
+        ``version``, ``decision``, ``by``, ``reason``, ``rolled_back`` (the champion after
+        a rollback this rejection caused, as ``served``), ``served``.
+
+    Raises:
+        ConfigError: On an unknown decision, or a pipeline that asks no approval.
+    """
+    from trainyard.registry import caller
+
+    if decision not in APPROVAL_DECISIONS:
+        raise ConfigError(f"decision {decision!r}: expected one of {', '.join(APPROVAL_DECISIONS)}")
+    cfg = load_pipeline(pipeline)
+    if cfg.gate.approval != "required":
+        raise RegistryRefused(
+            f"pipeline {pipeline!r} does not ask for approval (gate.approval: "
+            f"{cfg.gate.approval}): its gate alone decides; nothing was recorded"
+        )
+    registry = _registry(cfg)
+    version = int(version)
+    actor = by or ("nobody yet" if decision == "pending" else caller())
+    approved = {"pending": None, "approved": True, "rejected": False}[decision]
+    out: dict[str, Any] = {"version": version, "decision": decision, "by": actor}
+    out["reason"] = reason or ""
+    with registry.deploy_lock():
+        registry.record_approval(version, approved, actor, reason or "", run_id=run_id)
+        rolled_back = decision == "rejected" and registry.champion() == version
+        if rolled_back:
+            registry.rollback(
+                f"rejected by {actor} after it shipped: {reason or '(no reason given)'}",
+                actor,
+                unserve=True,
+            )
+        out["rolled_back"] = rolled_back
+        out["served"] = follow_registry(pipeline) if rolled_back else None
+    log.info(
+        "%s version %d: %s by %s%s",
+        cfg.name,
+        version,
+        decision,
+        actor,
+        f"; the champion was rolled back: {out['served']}" if rolled_back else "",
+    )
+    return out
 
 
 def roll_scorer(cfg: PipelineConfig, local: bool) -> str | None:
@@ -831,15 +901,11 @@ def summary(
         "pipeline": cfg.name,
         "run_id": run_id,
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
-        **(results or {}),
+        **{k: v for k, v in (results or {}).items() if k != "approve"},
     }
-    answer = (results or {}).get("approve")
     version = ((results or {}).get("register") or {}).get("version")
-    if isinstance(answer, dict) and answer.get("approved") is False and version is not None:
-        # a rejection stops the run before deploy: its record is kept here
-        _registry(cfg).record_approval(
-            int(version), False, str(answer.get("by")), str(answer.get("reason") or "")
-        )
+    if cfg.gate.approval == "required" and (results or {}).get("evaluate", {}).get("promote"):
+        record["approve"] = _registry(cfg).approval_answer(int(version))
     atomic_write_json(layout.run_record(cfg.name, run_id), record)
     atomic_write_json(layout.last_run(cfg.name), record)
     if log_it:
@@ -1438,8 +1504,6 @@ STEPS: dict[str, Step] = {
                 _pipeline(),
                 Arg("version", "int", required=True, help="the version to serve"),
                 Arg("actor", help="who asked"),
-                Arg("approved_by", help="who approved it (gate.approval: required)"),
-                Arg("approval_reason", help="what the approver wrote"),
             ),
             (
                 "version",
@@ -1451,6 +1515,20 @@ STEPS: dict[str, Step] = {
                 "scorer",
             ),
             "Publish a gated version to serving, smoke-test it, make it the champion.",
+        ),
+        Step(
+            "approval",
+            approval,
+            (
+                _pipeline(),
+                Arg("version", "int", required=True, help="the candidate asked about"),
+                Arg("decision", required=True, help="pending, approved or rejected"),
+                Arg("by", help="who answered"),
+                Arg("reason", help="what they wrote"),
+                Arg("run_id", help="the run that asked"),
+            ),
+            ("version", "decision", "by", "reason", "rolled_back", "served"),
+            "Record the answer to a candidate's approval request (gate.approval: required).",
         ),
         Step(
             "summary",
@@ -1480,6 +1558,7 @@ def deterministic(error: BaseException) -> bool:
         RegistryRefused,
         SourceInvalid,
         SourceMissing,
+        SourceUnreadable,
         TrainingError,
         ValidationFailed,
     )
@@ -1496,7 +1575,8 @@ def deterministic(error: BaseException) -> bool:
         | SnapshotError
         | DeployError
         | SourceInvalid
-        | SourceMissing,
+        | SourceMissing
+        | SourceUnreadable,
     )
 
 
@@ -1648,7 +1728,9 @@ def models_main(argv: list[str]) -> int:
     """
     from trainyard.registry import cli_main
 
-    return cli_main(argv, after_move=follow_registry, before_move=_check_before_move)
+    return cli_main(
+        argv, after_move=follow_registry, before_move=_check_before_move, answer=approval
+    )
 
 
 def _check_before_move(pipeline: str) -> None:

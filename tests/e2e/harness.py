@@ -322,8 +322,8 @@ def standalone(project: Project, api_port: int, log_path: Path) -> Iterator[str]
             project.stop_postgres()
 
 
-def admin_password(project: Project) -> str:
-    """The ``admin`` password standalone generated (simple auth manager)."""
+def admin_password(project: Project, username: str = "admin") -> str:
+    """The password standalone generated for an account (simple auth manager)."""
     import json
     import time
 
@@ -332,7 +332,7 @@ def admin_password(project: Project) -> str:
         if path.exists():
             break
         time.sleep(1)
-    return json.loads(path.read_text())["admin"]
+    return json.loads(path.read_text())[username]
 
 
 def api_token(base: str, password: str, username: str = "admin") -> str:
@@ -379,6 +379,23 @@ class StandaloneEnv:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read())
 
+    def api_as(
+        self, username: str, path: str, method: str = "GET", body: dict | None = None
+    ) -> tuple[int, Any]:
+        """Call the API as another account of the simple auth manager: status, JSON body."""
+        token = api_token(self.base, admin_password(self.project, username), username)
+        req = urllib.request.Request(
+            f"{self.base}{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
     def trigger_and_wait(
         self, conf: dict, dag: str = "trainyard_digits", deadline_s: float = 900
     ) -> dict[str, Any]:
@@ -420,10 +437,10 @@ class Inbox:
         return part.get_content() if part is not None else ""
 
 
-def sign_in(page: Any, base: str, password: str) -> None:
-    """Sign a Playwright page in to Airflow's UI as ``admin``."""
+def sign_in(page: Any, base: str, password: str, username: str = "admin") -> None:
+    """Sign a Playwright page in to Airflow's UI (as ``admin`` unless told)."""
     page.goto(f"{base}/")
-    page.get_by_label("Username").fill("admin")
+    page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill(password)
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(f"{base}/", timeout=30_000)

@@ -1,21 +1,25 @@
 """``gate.approval: required``: a person approves or rejects a candidate, for real.
 
-One ``airflow standalone`` (scheduler, triggerer, API server) runs the digits pipeline
-twice. Each run waits in the ``approve`` task (Airflow's human-in-the-loop
-``ApprovalOperator``, awaiting input) showing the gate report; the test answers
-in a real browser (Chromium via Playwright: the task's Required Action page, the reason
-typed in, the Approve button clicked), and through Airflow's own API as that page does
-(``PATCH .../hitlDetails`` with the option and a reason). Approve ships the model with
-the approver as the promotion's actor and reason; Reject skips the deploy, keeps the
-champion and records the approver's reason in the registry. Both answers are mailed
-(``notify:``, a real SMTP server on loopback). The deploy step refuses the rejected
-version when called by hand, until ``models approve`` records a person's yes.
+One ``airflow standalone`` (scheduler, API server) with three accounts of the simple auth
+manager: ``admin`` (triggers the runs), ``alice`` (role ``op``: the pipeline's approvers
+are ``roles: [op]``) and ``mallory`` (Airflow's ordinary ``user`` role). Each run waits in
+the ``approve`` task (Airflow's human-in-the-loop ``ApprovalOperator``, awaiting input)
+showing the gate report; alice answers in a real browser (Chromium via Playwright: the
+task's Required Action page, the reason typed in, the Approve button clicked), and through
+Airflow's own API as that page does (``PATCH .../hitlDetails``). Neither mallory nor the
+run's triggerer may answer (four-eyes). Approve ships the model with alice as the
+promotion's actor; Reject skips the deploy, and mallory editing the approve task's XComs
+and clearing ``deploy`` ships nothing: deploy reads the registry, written only from
+Airflow's record of the answer. Clearing ``approve`` after a shipped version is rejected
+rolls it back, in registry and serving alike. Both answers are mailed (``notify:``, a real
+SMTP server on loopback).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +64,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> StandaloneEnv:
             # check in a fresh clone's make test), so both gates pass whatever the seed does
             "gate": {
                 "approval": "required",
+                "approvers": {"roles": ["op"]},
                 "approval_timeout_h": 1,
                 "thresholds": {"accuracy": {"min": 0.5}},
                 "champion": {"metric": "accuracy", "max_regression": 1.0},
@@ -69,6 +74,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> StandaloneEnv:
         api_port=api_port,
     )
     project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    project.env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = "admin:admin,alice:op,mallory:user"
     project.env["AIRFLOW_CONN_SMTP_DEFAULT"] = json.dumps(
         {
             "conn_type": "smtp",
@@ -92,14 +98,21 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> StandaloneEnv:
 Answer = Callable[[StandaloneEnv, str, str, str], None]
 
 
+def _hitl(run_id: str) -> str:
+    return f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1"
+
+
+def _as(env: StandaloneEnv, user: str, run_id: str, option: str, reason: str) -> int:
+    """Answer as ``user`` does through the UI's page: ``PATCH .../hitlDetails``."""
+    body = {"chosen_options": [option], "params_input": {"reason": reason}}
+    return env.api_as(user, f"{_hitl(run_id)}/hitlDetails", "PATCH", body)[0]
+
+
 def _through_the_api(env: StandaloneEnv, run_id: str, option: str, reason: str) -> None:
-    """Answer as the UI's page does: ``PATCH .../hitlDetails``."""
-    hitl = f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1"
-    env.api(
-        f"{hitl}/hitlDetails",
-        "PATCH",
-        {"chosen_options": [option], "params_input": {"reason": reason}},
-    )
+    """Answer as alice, after the triggerer and an ordinary user were turned away."""
+    assert _as(env, "admin", run_id, option, "my own run") == 403  # four-eyes
+    assert _as(env, "mallory", run_id, option, "not an approver") == 403
+    assert _as(env, "alice", run_id, option, reason) == 200
 
 
 def _in_the_browser(env: StandaloneEnv, run_id: str, option: str, reason: str) -> None:
@@ -111,7 +124,7 @@ def _in_the_browser(env: StandaloneEnv, run_id: str, option: str, reason: str) -
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        sign_in(page, env.base, env.password)
+        sign_in(page, env.base, admin_password(env.project, "alice"), "alice")
         page.goto(
             f"{env.base}/dags/{DAG}/runs/{quote(run_id, safe='')}/tasks/approve/required_actions"
         )
@@ -125,38 +138,73 @@ def _in_the_browser(env: StandaloneEnv, run_id: str, option: str, reason: str) -
         browser.close()
 
 
-def _answer(
-    env: StandaloneEnv, option: str, reason: str, answer: Answer = _through_the_api
-) -> tuple[dict, dict[str, Any]]:
-    """Trigger a run, wait for its approval request, answer it, wait for the run's end."""
-    run = env.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": {}})
-    run_path = f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}"
-    hitl = f"{run_path}/taskInstances/approve/-1/hitlDetails"
-    end = time.monotonic() + 900
+def _wait_for_request(env: StandaloneEnv, run_id: str, handled: int = 1) -> dict[str, Any]:
+    """Wait until the run's approve task asks (for the ``handled``-th time); the request."""
+    run_path = f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}"
+    end = time.monotonic() + 600
     while True:
-        status, body, _ = env.get(hitl)
+        status, body, _ = env.get(f"{_hitl(run_id)}/hitlDetails")
         # Airflow 3.3 shows a waiting human-in-the-loop task as awaiting_input (deferred before)
         waiting = ("awaiting_input", "deferred")
         if status == 200 and json.loads(body)["task_instance"]["state"] in waiting:
             break
         state = env.api(run_path)["state"]
         assert state in ("queued", "running"), f"the run ended {state} before asking for approval"
-        assert time.monotonic() < end, "no approval request within 900 s"
-        time.sleep(3)
-    request = json.loads(body)
+        assert time.monotonic() < end, "no approval request within 600 s"
+        time.sleep(2)
     # Airflow 3.3 races an answer that lands before the scheduler has handled the pausing
     # workload's exit (6 s late on this busy machine): it then marks the rescheduled task
     # failed. A person takes longer; the test waits for the scheduler's own log line.
-    finished = f"TaskInstance Finished: dag_id={DAG}, task_id=approve, run_id={run['dag_run_id']}"
+    finished = f"TaskInstance Finished: dag_id={DAG}, task_id=approve, run_id={run_id}"
     log = env.project.home / "standalone.log"
-    while finished not in log.read_text(errors="replace"):
+    while log.read_text(errors="replace").count(finished) < handled:
         assert time.monotonic() < end, "the scheduler never handled the paused approve task"
         time.sleep(1)
-    answer(env, run["dag_run_id"], option, reason)
+    return json.loads(body)
+
+
+def _wait_for_run(env: StandaloneEnv, run_id: str) -> dict[str, Any]:
+    run_path = f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}"
+    end = time.monotonic() + 600
     while (run := env.api(run_path))["state"] not in ("success", "failed"):
-        assert time.monotonic() < end + 600, f"run still {run['state']} after the answer"
-        time.sleep(3)
-    return run, request
+        assert time.monotonic() < end, f"run still {run['state']} after the answer"
+        time.sleep(2)
+    return run
+
+
+def _answer(
+    env: StandaloneEnv, option: str, reason: str, answer: Answer = _through_the_api
+) -> tuple[dict, dict[str, Any]]:
+    """Trigger a run as admin, wait for its approval request, answer it, wait for the end."""
+    run = env.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": {}})
+    request = _wait_for_request(env, run["dag_run_id"])
+    answer(env, run["dag_run_id"], option, reason)
+    return _wait_for_run(env, run["dag_run_id"]), request
+
+
+def _clear(env: StandaloneEnv, user: str, run_id: str, task: str) -> int:
+    body = {
+        "dry_run": False,
+        "dag_run_id": run_id,
+        "task_ids": [task],
+        "only_failed": False,
+        "include_downstream": False,
+        "include_upstream": False,
+    }
+    return env.api_as(user, f"/api/v2/dags/{DAG}/clearTaskInstances", "POST", body)[0]
+
+
+def _task_end(env: StandaloneEnv, run_id: str, task: str, before: set[str]) -> str:
+    """Wait for a cleared task to run again and end; its final state."""
+    end = time.monotonic() + 600
+    seen_running = False
+    while True:
+        state = env.task_states(run_id).get(task)
+        seen_running = seen_running or state not in before
+        if seen_running and state in ("success", "failed", "skipped", "upstream_failed"):
+            return state
+        assert time.monotonic() < end, f"{task} still {state}"
+        time.sleep(2)
 
 
 def _registry(project: Project) -> tuple[dict, list[dict]]:
@@ -177,20 +225,22 @@ def test_an_approved_candidate_ships_with_the_approver_recorded(env: StandaloneE
     assert states["approve"] == "success" and states["deploy"] == "success"
     champion, history = _registry(env.project)
     assert champion["version"] == 1
-    approval, promote = history[-2:]
+    asked, approval, promote = history[-3:]
+    assert (asked["event"], asked["approved"]) == ("approval", None)
     assert (approval["event"], approval["approved"]) == ("approval", True)
-    assert approval["actor"] == "admin"
-    assert promote["event"] == "promote" and promote["actor"] == "admin"
-    assert promote["reason"] == "approved by admin: curves and gate look right"
+    assert approval["actor"] == "alice"
+    assert promote["event"] == "promote" and promote["actor"] == "alice"
+    assert promote["reason"] == "approved by alice: curves and gate look right"
     version = env.project.volume_root / "_models" / "digits" / "versions" / "1"
     assert json.loads((version / "approval.json").read_text())["approved"] is True
     inbox = env.inbox  # type: ignore[attr-defined]
     assert inbox.subjects() == ["[trainyard] digits: version 1 promoted and served"]
-    assert "admin: curves and gate look right" in inbox.body(0)
+    assert "alice: curves and gate look right" in inbox.body(0)
 
 
 def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: StandaloneEnv) -> None:
     run, request = _answer(env, "Reject", "wait for the relabelled batch")
+    env.runs["rejected"] = run
     assert run["state"] == "success"  # a person's "no" is an answer, not a failure
     assert request["subject"] == "Ship digits version 2?"
     states = env.task_states(run["dag_run_id"])
@@ -200,20 +250,35 @@ def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: Standa
     assert champion["version"] == 1
     last = history[-1]
     assert (last["event"], last["approved"], last["version"]) == ("approval", False, 2)
-    assert (last["actor"], last["reason"]) == ("admin", "wait for the relabelled batch")
+    assert (last["actor"], last["reason"]) == ("alice", "wait for the relabelled batch")
     version = env.project.volume_root / "_models" / "digits" / "versions" / "2"
     assert json.loads((version / "approval.json").read_text())["reason"] == (
         "wait for the relabelled batch"
     )
     inbox = env.inbox  # type: ignore[attr-defined]
-    assert inbox.subjects()[1:] == ["[trainyard] digits: version 2 rejected by admin"]
+    assert inbox.subjects()[1:] == ["[trainyard] digits: version 2 rejected by alice"]
     assert "wait for the relabelled batch" in inbox.body(1) and "Gate: PROMOTE" in inbox.body(1)
+
+    # the bypass found by a hostile pass: an ordinary user edits the approve task's skip
+    # marker (and its answer) and clears deploy; deploy runs, reads the registry, refuses
+    xcoms = f"{_hitl(run['dag_run_id']).removesuffix('/-1')}/xcomEntries"
+    for key, value in (
+        ("skipmixin_key", {"skipped": []}),
+        ("return_value", {"approved": True, "by": "alice", "reason": "forged"}),
+    ):
+        status, _ = env.api_as("mallory", f"{xcoms}/{key}", "PATCH", {"value": value})
+        assert status == 200, f"the user role could not edit {key}: the attack changed"
+    assert _clear(env, "mallory", run["dag_run_id"], "deploy") == 200
+    assert _task_end(env, run["dag_run_id"], "deploy", {"skipped"}) == "failed"
+    champion, history = _registry(env.project)
+    assert champion["version"] == 1
+    assert not [e for e in history if e.get("approved") is True and e.get("version") == 2]
 
     # found by a new user: the deploy step shipped the rejected version when run by hand
     by_hand = env.project.trainyard("deploy", "--pipeline", "digits", "--version", "2")
     assert by_hand.returncode == 3, by_hand.stderr[-2000:]
     assert "needs a person's approval" in by_hand.stderr
-    assert "admin rejected it: wait for the relabelled batch" in by_hand.stderr
+    assert "alice rejected it: wait for the relabelled batch" in by_hand.stderr
     assert _registry(env.project)[0]["version"] == 1
     # a person's yes from the CLI, then the deploy step ships it
     yes = env.project.trainyard(
@@ -226,3 +291,34 @@ def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: Standa
     champion, history = _registry(env.project)
     assert champion["version"] == 2
     assert history[-1]["reason"] == "approved by alice: batch relabelled"
+
+
+def test_a_shipped_version_rejected_on_a_second_ask_is_rolled_back(env: StandaloneEnv) -> None:
+    """Clearing ``approve`` after the version shipped left serving and ``approval.json``
+    disagreeing; now the request is asked again, the earlier answer stops counting, and a
+    Reject rolls the champion back, in the registry and in what the server answers."""
+    assert _registry(env.project)[0]["version"] == 2  # shipped by the previous test
+    run_id = env.runs["rejected"]["dag_run_id"]
+    assert _clear(env, "admin", run_id, "approve") == 200
+    _wait_for_request(env, run_id, handled=2)
+    version = env.project.volume_root / "_models" / "digits" / "versions" / "2"
+    assert json.loads((version / "approval.json").read_text())["approved"] is None
+    assert _as(env, "alice", run_id, "Reject", "the relabelled batch was wrong") == 200
+    assert _task_end(env, run_id, "approve", {"awaiting_input"}) == "success"
+    champion, history = _registry(env.project)
+    assert champion["version"] == 1
+    assert (history[-1]["event"], history[-1]["from"], history[-1]["version"]) == (
+        "rollback",
+        2,
+        1,
+    )
+    assert history[-1]["reason"] == (
+        "rejected by alice after it shipped: the relabelled batch was wrong"
+    )
+    port = env.project.port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/digits", timeout=10) as r:
+        served = json.loads(r.read())["model_version_status"]
+    assert [s["version"] for s in served if s["state"] == "AVAILABLE"] == ["1"]
+    page = env.api(f"/trainyard/api/runs/{DAG}/{quote(run_id, safe='')}")
+    assert page["record"]["approve"]["approved"] is False
+    assert page["record"]["approve"]["by"] == "alice"

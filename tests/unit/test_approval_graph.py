@@ -20,7 +20,10 @@ def test_approval_sits_between_gate_and_deploy_and_feeds_deploy_and_summary(
     assert "approve" not in plain.task_dict
     assert plain.task_dict["deploy"].upstream_task_ids == {"gate"}
 
-    spec = pipeline_dict(tmp_path, gate={"approval": "required", "approval_timeout_h": 4})
+    spec = pipeline_dict(
+        tmp_path,
+        gate={"approval": "required", "approval_timeout_h": 4, "approvers": {"roles": ["op"]}},
+    )
     dag = build_dag(PipelineConfig.model_validate(spec))
     approve = dag.task_dict["approve"]
     assert isinstance(approve, ApprovalOperator)
@@ -29,9 +32,9 @@ def test_approval_sits_between_gate_and_deploy_and_feeds_deploy_and_summary(
     assert approve.options == ["Approve", "Reject"] and approve.defaults == ["Reject"]
     assert approve.response_timeout == dt.timedelta(hours=4)
     assert "report" in approve.body and "reason" in approve.params
-    deploy_inputs = dag.task_dict["deploy"].inputs
-    assert {"approved_by", "approval_reason"} <= set(deploy_inputs)
-    assert "approve" in dag.task_dict["summary"].inputs["results"].task_ids
+    # no XCom of the approve task is an input anywhere: deploy reads the registry alone
+    assert set(dag.task_dict["deploy"].inputs) == {"version", "actor"}
+    assert "approve" not in dag.task_dict["summary"].inputs["results"].task_ids
 
 
 def test_an_answer_becomes_a_plain_record() -> None:
@@ -49,24 +52,37 @@ def test_an_answer_becomes_a_plain_record() -> None:
     assert approved == {
         "approved": True,
         "by": "admin",
+        "user_id": "1",
         "reason": "looks right",
         "at": "2026-11-25 20:41:00+00:00",
     }
     # nobody answered: the default option (Reject) was taken by the timeout
     timed_out = answer_record({"chosen_options": ["Reject"], "params_input": {}})
     assert timed_out["approved"] is False and timed_out["by"].startswith("timeout")
+    assert timed_out["user_id"] is None
 
 
 def test_a_run_waiting_for_approval_is_not_recorded_as_a_rejection(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Found in review: ``run`` stops before deploy with ``approved: None`` (waiting), and the
-    summary step took that for a person's Reject (of a version by "None")."""
+    """Found in review: a run stopped before deploy with no answer yet was taken by the
+    summary for a person's Reject (of a version by "None"). The summary now shows the
+    registry's answer, and a candidate nobody answered for is waiting."""
+    import yaml
+
     from trainyard import steps
 
+    shipped = Path(__file__).resolve().parents[2] / "dags" / "pipelines" / "digits.yaml"
+    doc = yaml.safe_load(shipped.read_text())
+    doc["gate"] |= {"approval": "required", "approvers": {"users": ["alice"]}}
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "digits.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(tmp_path / "pipelines"))
     monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(tmp_path / "volumes"))
-    waiting = {"approved": None, "by": None, "reason": "waiting"}
-    record = steps.summary("digits", "run-1", {"register": {"version": 1}, "approve": waiting})
+    forged = {"approved": True, "by": "mallory", "reason": "an edited XCom"}
+    results = {"register": {"version": 1}, "evaluate": {"promote": True}, "approve": forged}
+    record = steps.summary("digits", "run-1", results)
     assert not list((tmp_path / "volumes").rglob("approval.json"))
     assert not list((tmp_path / "volumes").rglob("history.jsonl"))
+    assert record["approve"]["approved"] is None
     assert "approval      waiting for a person" in steps.format_summary(record)

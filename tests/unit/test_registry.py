@@ -521,6 +521,7 @@ def test_cli_approve_only_for_pipelines_that_ask_for_approval(
     pipelines.mkdir()
     doc = yaml.safe_load((get_settings().pipelines_dir / "digits.yaml").read_text())
     doc.setdefault("gate", {})["approval"] = "required"
+    doc["gate"]["approvers"] = {"users": ["carol"]}
     (pipelines / "digits.yaml").write_text(yaml.safe_dump(doc))
     monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
     monkeypatch.setenv("USER", "carol")

@@ -559,10 +559,6 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         approve = approval_task(
             cfg, PersonRejectedMail(rejected.notify, cfg.name) if rejected else None
         )
-        deploy_inputs |= {
-            "approved_by": FromXCom("approve", "by"),
-            "approval_reason": FromXCom("approve", "reason"),
-        }
     deploy = step(
         "deploy",
         deploy_inputs,
@@ -573,10 +569,9 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         execution_timeout=dt.timedelta(minutes=30),
         on_success_callback=mails.get("promotion"),
     )
-    tasks = (*STEP_TASKS, "approve") if approve is not None else STEP_TASKS
     summary = step(
         "summary",
-        {"run_id": FromRun("run_id"), "results": Results(tasks)},
+        {"run_id": FromRun("run_id"), "results": Results(STEP_TASKS)},
         trigger_rule="none_failed",
     )
     stage >> validate >> train >> register >> evaluate

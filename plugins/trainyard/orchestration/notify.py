@@ -72,7 +72,7 @@ class OutcomeMail:
         metrics = _metrics_rows(decision)
         # the reason, then the gate report: every check, candidate and champion side by side
         text = f"{decision.get('reason')}\n\n{decision.get('report') or ''}".strip()
-        answer = ti.xcom_pull(task_ids="approve") if ti.task_id in ("approve", "deploy") else None
+        answer = _answer(ti, self.pipeline) if ti.task_id in ("approve", "deploy") else None
         person = (
             [("approval", f"{answer.get('by')}: {answer.get('reason') or '(no reason)'}")]
             if isinstance(answer, dict)
@@ -95,6 +95,15 @@ class OutcomeMail:
             *metrics,
         ]
         return subject, rows, text
+
+
+def _answer(ti: Any, pipeline: str) -> dict[str, Any] | None:
+    """The registry's answer to the run's approval request (never the ``approve`` XCom)."""
+    from trainyard.runview import approval_of
+    from trainyard.settings import get_settings
+
+    registered = ti.xcom_pull(task_ids="register") or {}
+    return approval_of(get_settings().volume_root, pipeline, {"register": registered})
 
 
 def _metrics_rows(decision: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -136,6 +145,6 @@ class PersonRejectedMail(OutcomeMail):
 
     def __call__(self, context: Mapping[str, Any]) -> None:
         """Send the rejection mail if the person (or the timeout) said Reject."""
-        answer = context["ti"].xcom_pull(task_ids="approve")
+        answer = _answer(context["ti"], self.pipeline)
         if isinstance(answer, dict) and answer.get("approved") is False:
             super().__call__(context)

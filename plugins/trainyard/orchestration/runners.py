@@ -151,14 +151,7 @@ class StepOperator(BaseOperator):
         values = resolve_all(self.inputs, context)
         self._lineage = (values, {}, context["run_id"])
         self._runner = runner_for(get_settings())
-        try:
-            result = self._runner.run_step(self.pipeline, self.step, values, context)
-        except StepFailed as e:
-            if e.skipped:
-                raise AirflowSkipException(str(e)) from None
-            if e.deterministic:
-                raise AirflowFailException(str(e)) from None
-            raise AirflowException(str(e)) from None
+        result = launch_step(self.pipeline, self.step, values, context, self._runner)
         for outlet in self.outlets or []:
             context["outlet_events"][outlet].extra = {
                 "pipeline": self.pipeline.name,
@@ -185,6 +178,43 @@ class StepOperator(BaseOperator):
         """Stop the step's process or pod."""
         if self._runner is not None:
             self._runner.kill()
+
+
+def launch_step(
+    cfg: PipelineConfig,
+    step: str,
+    values: dict[str, Any],
+    context: Context,
+    runner: Runner | None = None,
+) -> dict[str, Any]:
+    """Run one step's pod with this deployment's runner; its failure as Airflow's.
+
+    Args:
+        cfg: The pipeline.
+        step: A key of :data:`trainyard.steps.STEPS`.
+        values: Its arguments.
+        context: The task's context.
+        runner: The runner (default: the one ``TRAINYARD_RUNNER`` names).
+
+    Returns:
+        The step's result.
+
+    Raises:
+        AirflowSkipException: The step had nothing to do.
+        AirflowFailException: It failed in a way no retry fixes.
+        AirflowException: It failed otherwise.
+    """
+    from trainyard.settings import get_settings
+
+    runner = runner or runner_for(get_settings())
+    try:
+        return runner.run_step(cfg, step, values, context)
+    except StepFailed as e:
+        if e.skipped:
+            raise AirflowSkipException(str(e)) from None
+        if e.deterministic:
+            raise AirflowFailException(str(e)) from None
+        raise AirflowException(str(e)) from None
 
 
 def recording_failure(
@@ -343,15 +373,18 @@ TRACKING_STEPS = ("register", "evaluate", "deploy")
 """The steps that mirror into the pipeline's tracker (:mod:`trainyard.tracking`)."""
 
 
-def tracking_env(
+def connection_env(
     cfg: PipelineConfig, step: str, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The tracker's connection for a step's process, as ``AIRFLOW_CONN_<CONN_ID>`` (JSON).
+    """The Airflow connections a step's process needs, as ``AIRFLOW_CONN_<CONN_ID>`` (JSON).
 
-    Steps read the connection from their environment (they import no Airflow); here
-    Airflow looks it up (its secrets backends, then its database), so a connection kept
-    anywhere Airflow finds one reaches the step. One the environment already has is left
-    to it; one Airflow does not know is a warning (the step's mirror then warns and skips).
+    ``stage`` gets the source's (``source.conn_id``), the tracking steps the tracker's
+    (``tracking.conn_id``). Steps read connections from their environment (they import
+    no Airflow); here Airflow looks each up (its secrets backends, then its database, and
+    masks its password in every log), so a connection kept anywhere Airflow finds one
+    reaches the step. One the environment already has is left to it; a tracker's that
+    Airflow does not know is a warning (the mirror then warns and skips), a source's is
+    the stage step's to refuse.
 
     Args:
         cfg: The pipeline.
@@ -359,29 +392,42 @@ def tracking_env(
         environ: The Airflow worker's environment (default: this process's).
 
     Returns:
-        Variables to add to the step's environment (none without ``tracking:``).
+        Variables to add to the step's environment.
     """
-    if cfg.tracking is None or step not in TRACKING_STEPS:
-        return {}
-    from trainyard.tracking import conn_env_name
+    from trainyard.connections import conn_env_name
 
-    name = conn_env_name(cfg.tracking.conn_id)
-    if name in (os.environ if environ is None else environ):
-        return {}
+    wanted = []
+    if step == "stage" and cfg.source.conn_id:
+        wanted.append(cfg.source.conn_id)
+    if step in TRACKING_STEPS and cfg.tracking is not None:
+        wanted.append(cfg.tracking.conn_id)
+    env = os.environ if environ is None else environ
+    out = {}
+    for conn_id in wanted:
+        name = conn_env_name(conn_id)
+        if name in env:
+            continue
+        fields = airflow_connection(conn_id)
+        if fields is None:
+            log.warning(
+                "connection %r of pipeline %s: Airflow has none; step %s runs without it",
+                conn_id,
+                cfg.name,
+                step,
+            )
+            continue
+        out[name] = json.dumps(fields)
+    return out
+
+
+def airflow_connection(conn_id: str) -> dict[str, Any] | None:
+    """A connection as Airflow finds it (its JSON form's fields), or None if it has none."""
     try:
         from airflow.sdk import BaseHook
 
-        conn = BaseHook.get_connection(cfg.tracking.conn_id)
-    except Exception as e:  # Airflow raises its own not-found error; either way: go on
-        log.warning(
-            "tracking connection %r of pipeline %s: Airflow has none (%s); the MLflow mirror "
-            "of step %s will be skipped",
-            cfg.tracking.conn_id,
-            cfg.name,
-            e,
-            step,
-        )
-        return {}
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # Airflow raises its own not-found error
+        return None
     fields = {
         "conn_type": conn.conn_type,
         "host": conn.host,
@@ -389,8 +435,9 @@ def tracking_env(
         "schema": conn.schema,
         "login": conn.login,
         "password": conn.password,
+        "extra": conn.extra_dejson,
     }
-    return {name: json.dumps({k: v for k, v in fields.items() if v not in (None, "")})}
+    return {k: v for k, v in fields.items() if v not in (None, "", {})}
 
 
 class LocalRunner:
@@ -413,7 +460,7 @@ class LocalRunner:
             self.settings,
             log=log.info,
             started=self._started,
-            env=tracking_env(cfg, step),
+            env=connection_env(cfg, step),
         )
 
     def pod(

@@ -339,7 +339,7 @@ def step_results(session: Any, dag_id: str, run_id: str) -> dict[str, Any]:
             XComModel.run_id == run_id,
             XComModel.key == "return_value",
             XComModel.map_index == -1,
-            XComModel.task_id.in_((*STEP_TASKS, "approve")),
+            XComModel.task_id.in_(STEP_TASKS),
         )
     ).all()
     out = {}
@@ -367,19 +367,23 @@ def note_for(dag_run: Any) -> str | None:
     current = dag_run.note
     if current and not current.startswith(NOTE_MARK):
         return None
+    from trainyard.runview import NotFound, approval_of, pipeline_of, run_failure
+    from trainyard.settings import get_settings
+
     results = results_of_run(dag_run)
     failed = failed_tasks(dag_run)
     if not results and not failed:
         return None
     dry_run = bool((getattr(dag_run, "conf", None) or {}).get("dry_run"))
     reason = None
-    if failed:
-        from trainyard.runview import NotFound, pipeline_of, run_failure
-        from trainyard.settings import get_settings
-
-        with contextlib.suppress(NotFound):
-            pipeline = pipeline_of(str(dag_run.dag_id))
-            reason = run_failure(get_settings().volume_root, pipeline, dag_run.run_id, failed)
+    root = get_settings().volume_root
+    with contextlib.suppress(NotFound):
+        pipeline = pipeline_of(str(dag_run.dag_id))
+        answer = approval_of(root, pipeline, results)
+        if answer is not None and answer.get("approved") is not None:
+            results = {**results, "approve": answer}
+        if failed:
+            reason = run_failure(root, pipeline, dag_run.run_id, failed)
     return (NOTE_MARK + summary_line(results, failed, dry_run, reason))[:NOTE_MAX]
 
 
