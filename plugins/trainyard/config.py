@@ -185,13 +185,46 @@ class SourceConfig(StrictModel):
     ``wait_poke_s`` seconds from the Airflow worker, failing after ``wait_timeout_s``).
     """
 
-    url: str
-    format: Literal["csv", "parquet", "jsonl", "image_folder"]
-    conn_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] | None = None
-    bootstrap: str | None = None
-    when_missing: Literal["wait", "skip", "fail"] = "fail"
-    wait_timeout_s: float = Field(default=6 * 3600, gt=0)
-    wait_poke_s: float = Field(default=300, gt=0)
+    url: str = Field(
+        description="fsspec URL or path (relative: to the project); `{ds}` is replaced by the "
+        "interval's start date (any other `{name}` is refused: a typo would name a file that "
+        "never exists). A URL carrying credentials (`user:secret@`) is refused at its line: "
+        "name an Airflow connection in `source.conn_id`; secret query parameters (`token`, "
+        "`sig`, ...) are masked wherever the URL is stored or printed."
+    )
+    format: Literal["csv", "parquet", "jsonl", "image_folder"] = Field(
+        description="The source's format, which must be the contract's `source.format`; "
+        "`image_folder` is one folder per class."
+    )
+    conn_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] | None = Field(
+        default=None,
+        description="An Airflow connection holding the store's credentials: its login and "
+        "password become the file system's (`key`/`secret` for `s3`, with `endpoint_url` from "
+        "its extra; `account_name`/`account_key` for `abfs`; basic auth for `http(s)`), its "
+        "extra's `storage_options` pass to fsspec as they are. The local runner hands it to "
+        "the stage step from Airflow's own lookup; on a cluster the step pod reads "
+        "`AIRFLOW_CONN_<ID>` from its environment (a Secret), or leave it out and use "
+        "workload identity. A storage library's refusal fails staging once, not retried.",
+    )
+    bootstrap: str | None = Field(
+        default=None,
+        description="A bundled generator that writes the source when it is missing (the demo's "
+        "`sklearn_digits`, `synthetic_transactions`).",
+    )
+    when_missing: Literal["wait", "skip", "fail"] = Field(
+        default="fail",
+        description="When the interval's partition does not exist: `fail` fails `stage` without "
+        "retry; `skip` skips the run's tasks with the reason (the run is not red); `wait` waits "
+        "for it in a `wait_for_source` sensor before staging (reschedule mode).",
+    )
+    wait_timeout_s: float = Field(
+        default=6 * 3600,
+        gt=0,
+        description="With `wait`: seconds after which the sensor fails (without retry).",
+    )
+    wait_poke_s: float = Field(
+        default=300, gt=0, description="With `wait`: seconds between checks."
+    )
 
     @field_validator("url")
     @classmethod
@@ -231,14 +264,35 @@ class StagingConfig(StrictModel):
     snapshotted.
     """
 
-    shard_target_mb: int = Field(default=128, ge=1)
-    row_group_rows: int = Field(default=65536, ge=1)
-    retention: int = Field(default=7, ge=1)
-    pvc_size: str = "10Gi"
-    storage_class: str | None = None
-    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"] = "ReadWriteMany"
-    volume_snapshot_class: str | None = None
-    volume_snapshot_timeout_s: float = Field(default=1800, gt=0)
+    shard_target_mb: int = Field(default=128, ge=1, description="Target shard size in MB.")
+    row_group_rows: int = Field(default=65536, ge=1, description="Parquet row group size (tables).")
+    retention: int = Field(
+        default=7,
+        ge=1,
+        description="Snapshots kept per dataset besides the validated, leased and "
+        "model-referenced ones.",
+    )
+    pvc_size: str = Field(
+        default="10Gi",
+        description="The dataset's PersistentVolumeClaim size (kubernetes runner), a Kubernetes "
+        "quantity (`10Gi`, `500M`).",
+    )
+    storage_class: str | None = Field(
+        default=None,
+        description="Its StorageClass, a DNS-1123 subdomain name (lowercase letters, digits, `-`, "
+        "`.`); default: the cluster profile's.",
+    )
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"] = Field(
+        default="ReadWriteMany", description="Its access mode."
+    )
+    volume_snapshot_class: str | None = Field(
+        default=None,
+        description="A CSI VolumeSnapshotClass: the PVC is snapshotted after each new snapshot; "
+        "default: the cluster profile's, else none.",
+    )
+    volume_snapshot_timeout_s: float = Field(
+        default=1800, gt=0, description="Seconds to wait for that VolumeSnapshot to be ready."
+    )
 
     _dns_subdomain = field_validator("storage_class", "volume_snapshot_class")(dns_subdomain)
     _quantity = field_validator("pvc_size")(kubernetes_quantity)
@@ -247,13 +301,20 @@ class StagingConfig(StrictModel):
 class WindowIntervals(StrictModel):
     """Train on the last ``intervals`` data intervals whose snapshots passed validation."""
 
-    intervals: int = Field(ge=1, le=100_000)
+    intervals: int = Field(
+        ge=1,
+        le=100_000,
+        description="N of `{intervals: N}`: the last N validated data intervals up to the run's.",
+    )
 
 
 class WindowSince(StrictModel):
     """Train on every validated interval snapshot whose interval starts on or after ``since``."""
 
-    since: dt.date
+    since: dt.date = Field(
+        description="The date of `{since: YYYY-MM-DD}`: every validated interval starting on or "
+        "after it."
+    )
 
     @field_serializer("since")
     def _iso(self, value: dt.date) -> str:
@@ -282,21 +343,63 @@ class TrainingConfig(StrictModel):
     validation; ``{since: YYYY-MM-DD}`` every such interval starting on or after the date.
     """
 
-    model: str
-    window: TrainingWindow = "newest"
-    strategy: Literal["multi_worker_mirrored", "parameter_server"] = "multi_worker_mirrored"
-    workers: int = Field(default=2, ge=1, le=64)
-    parameter_servers: int = Field(default=1, ge=0, le=16)
-    epochs: int = Field(default=3, ge=0, le=1000)
-    batch_size: int = Field(default=64, ge=1)
-    learning_rate: float = Field(default=1e-3, gt=0)
-    steps_per_execution: int = Field(default=8, ge=1)
-    priority: str = "high"
-    gpus_per_worker: int = Field(default=1, ge=0, le=MAX_GPUS_PER_WORKER)
-    start_deadline_s: float = Field(default=120, gt=0)
-    attempt_timeout_s: float = Field(default=1800, gt=0)
-    max_attempts: int = Field(default=3, ge=1)
-    seed: int = 0
+    model: str = Field(
+        description="A registered architecture "
+        "(`plugins/trainyard/training/worker/architectures.py`: `small_cnn`, `mlp`)."
+    )
+    window: TrainingWindow = Field(
+        default="newest",
+        description="What the model trains on: `newest` (the run's snapshot), `{intervals: N}` "
+        "(the last N validated intervals up to the run's) or `{since: YYYY-MM-DD}`.",
+    )
+    strategy: Literal["multi_worker_mirrored", "parameter_server"] = Field(
+        default="multi_worker_mirrored",
+        description="`multi_worker_mirrored` (all-reduce workers) or `parameter_server` (chief, "
+        "workers, parameter servers).",
+    )
+    workers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Workers (the trigger form caps it at what this machine runs locally).",
+    )
+    parameter_servers: int = Field(
+        default=1,
+        ge=0,
+        le=16,
+        description="Parameter servers (`parameter_server` strategy: at least 1).",
+    )
+    epochs: int = Field(default=3, ge=0, le=1000, description="Epochs.")
+    batch_size: int = Field(default=64, ge=1, description="Global batch size.")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Learning rate.")
+    steps_per_execution: int = Field(default=8, ge=1, description="Steps per `tf.function` call.")
+    priority: str = Field(
+        default="high",
+        description="The cluster profile's tier, exactly as the profile spells it (`high`, `low` "
+        "in `deploy/cluster_profile.yaml`): which GPU pools, which PriorityClass, which Airflow "
+        "pool. Another name is an error of `pipelines check`, `render` and the pipeline's DAG.",
+    )
+    gpus_per_worker: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_GPUS_PER_WORKER,
+        description="GPUs requested per worker (and chief) pod, at most the `gpus_per_node` of "
+        "the tier's largest GPU node in the cluster profile. 0 trains on CPUs: the pods go to the "
+        "CPU pool, as parameter servers do, without GPU affinity or tolerations (refused with "
+        "Kueue, whose queues admit onto GPU flavors).",
+    )
+    start_deadline_s: float = Field(
+        default=120,
+        gt=0,
+        description="Seconds by which every worker must be up, or the attempt restarts.",
+    )
+    attempt_timeout_s: float = Field(
+        default=1800, gt=0, description="One attempt's time limit in seconds."
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="Attempts (each resumes from the last checkpoint)."
+    )
+    seed: int = Field(default=0, description="Initialisation and shuffling seed.")
 
     @field_validator("parameter_servers")
     @classmethod
@@ -335,8 +438,8 @@ class TrainingConfig(StrictModel):
 class Threshold(StrictModel):
     """An absolute bound on one metric."""
 
-    min: float | None = None
-    max: float | None = None
+    min: float | None = Field(default=None, description="Lower bound of that metric.")
+    max: float | None = Field(default=None, description="Upper bound of that metric.")
 
 
 #: Every gate metric evaluation computes, and whether a higher value is better.
@@ -362,11 +465,22 @@ class ChampionRule(StrictModel):
     ``higher_is_better`` defaults to the metric's direction (:data:`HIGHER_IS_BETTER`).
     """
 
-    metric: str
-    higher_is_better: bool = True
-    min_improvement: float = 0.0
-    relative: bool = False
-    max_regression: float = 0.0
+    metric: str = Field(description="The metric compared.")
+    higher_is_better: bool = Field(
+        default=True,
+        description="Its direction; default: the metric's (true for `accuracy`, `auc`, `r2`; "
+        "false for `loss`, `rmse`, `mae`).",
+    )
+    min_improvement: float = Field(
+        default=0.0, description="The candidate must beat the champion by this much."
+    )
+    relative: bool = Field(
+        default=False,
+        description="The improvement and regression are fractions of the champion's value.",
+    )
+    max_regression: float = Field(
+        default=0.0, description="Or the candidate may be worse by at most this much."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -386,22 +500,61 @@ class ApproversConfig(StrictModel):
     (``allow_triggerer: true`` lifts that).
     """
 
-    users: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
-    roles: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
-    allow_triggerer: bool = False
+    users: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        default=[], description="Airflow account ids who may approve."
+    )
+    roles: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        default=[],
+        description="Roles of Airflow's simple auth manager (`[core] "
+        "simple_auth_manager_users`), expanded to their accounts when the request is made.",
+    )
+    allow_triggerer: bool = Field(
+        default=False,
+        description="Four-eyes when false: the person who triggered a run may not approve it.",
+    )
 
 
 class GateConfig(StrictModel):
     """Declarative evaluation gate."""
 
-    metrics: list[str] | None = None
-    thresholds: dict[str, Threshold] = Field(default_factory=dict)
-    champion: ChampionRule | None = None
-    slices: list[str] = Field(default_factory=list)
-    fail_run_on_reject: bool = False
-    approval: Literal["none", "required"] = "none"
-    approval_timeout_h: float = Field(default=72.0, gt=0)
-    approvers: ApproversConfig | None = None
+    metrics: list[str] | None = Field(
+        default=None,
+        description="Metrics evaluated on the holdout; default: the task's, `[accuracy, loss]` "
+        "for a classifier, `[rmse, mae, r2]` for a regressor. A classifier's: `accuracy`, `loss` "
+        "(cross-entropy), `auc`; a regressor's (`roles.task: regression` in the contract): "
+        "`rmse`, `mae`, `r2`, `loss` (mean squared error).",
+    )
+    thresholds: dict[str, Threshold] = Field(
+        default={}, description="Absolute bounds: metric → `{min, max}`."
+    )
+    champion: ChampionRule | None = Field(
+        default=None,
+        description='"No worse than the current champion" on one metric (none: thresholds only).',
+    )
+    slices: list[str] = Field(
+        default=[], description="Columns whose values get per-slice metrics in the gate report."
+    )
+    fail_run_on_reject: bool = Field(
+        default=False, description="A rejection fails the run instead of skipping the deploy."
+    )
+    approval: Literal["none", "required"] = Field(
+        default="none",
+        description="`required`: after the gate passes, a person approves or rejects the "
+        "candidate in the Airflow UI (Required Actions: the gate report, Approve/Reject, a "
+        "reason) before it ships; Reject skips the deploy; both answers are recorded in the "
+        "registry (`approval.json`, `history.jsonl`), and `deploy` ships only on the answer "
+        "recorded there.",
+    )
+    approval_timeout_h: float = Field(
+        default=72.0,
+        gt=0,
+        description="Hours to wait for an answer; then the candidate is rejected (by `timeout`).",
+    )
+    approvers: ApproversConfig | None = Field(
+        default=None,
+        description="Who may answer (required with `approval: required`): the request's "
+        "assigned users, which Airflow enforces and the task checks again.",
+    )
 
     @model_validator(mode="after")
     def _approvers_named(self) -> GateConfig:
@@ -437,12 +590,32 @@ class ServingConfig(StrictModel):
     """Where and how the promoted model is served."""
 
     model_name: Annotated[str, AfterValidator(_serving_model_name)] = Field(
-        json_schema_extra={"pattern": MODEL_NAME_RE.pattern}
+        json_schema_extra={"pattern": MODEL_NAME_RE.pattern},
+        description="Model name in the serving API (`/v1/models/<name>`) and its folder in the "
+        "serving root; 1 to 63 of `A-Z a-z 0-9 . _ -`, starting with a letter or digit. Each "
+        "pipeline needs its own, compared case-blind: a pipeline that has registered models keeps "
+        "it over one that has not, else the file that sorts first does; for the other, `pipelines "
+        "check` and its DAG show the error, and its deploy and `models promote/rollback` refuse "
+        "before anything moves. Its Kubernetes Deployment and Service are `serving-<name>` when "
+        "the name is a DNS label (lowercase, digits, `-`), else the name made one, cut and given "
+        "`-<hash8>`; `pipelines check` also refuses two pipelines whose rendered names (serving, "
+        "scorer, training) would still meet.",
     )
-    host: str = "127.0.0.1"
-    port: int = Field(default=8501, ge=1, le=65535)
-    smoke_rows: int = Field(default=8, ge=1)
-    replicas: int = Field(default=2, ge=1)
+    host: str = Field(default="127.0.0.1", description="The local server's address.")
+    port: int = Field(
+        default=8501,
+        ge=1,
+        le=65535,
+        description="The local server's REST port. The cluster's TF Serving Service listens on "
+        "8501 whatever this says, while the deploy step and the scorer dial this port there too: "
+        "keep 8501 for a cluster.",
+    )
+    smoke_rows: int = Field(
+        default=8,
+        ge=1,
+        description="Holdout rows whose served predictions must equal the offline ones.",
+    )
+    replicas: int = Field(default=2, ge=1, description="TF Serving replicas (kubernetes runner).")
 
 
 STREAM_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -467,14 +640,42 @@ class StreamConfig(StrictModel):
     ``input``). ``group`` is the consumer group (default ``trainyard-<pipeline>``).
     """
 
-    engine: Literal["redis", "kafka"] = "redis"
-    input: StreamName
-    output: StreamName
-    dead_letter: StreamName
-    group: StreamName | None = None
-    url: str | None = None
-    bootstrap_servers: str | None = None
-    partitions: int = Field(default=1, ge=1, le=1024)
+    engine: Literal["redis", "kafka"] = Field(
+        default="redis",
+        description="`redis` (Redis Streams; the project's own server in `.trainyard/redis`) or "
+        "`kafka`.",
+    )
+    input: StreamName = Field(
+        description="The input stream (Redis key or Kafka topic): one JSON record per entry, "
+        "checked against the dataset's contract."
+    )
+    output: StreamName = Field(
+        description="The output stream: `{id, score, class_id, version, source}` per record, "
+        "keyed by record id. One pipeline's own (compared exactly, with the engine and server): a "
+        "second pipeline writing to it is refused."
+    )
+    dead_letter: StreamName = Field(
+        description="The dead-letter stream: every record that fails the contract, with the "
+        "reason. One pipeline's own, as `output`."
+    )
+    group: StreamName | None = Field(
+        default=None, description="The consumer group; default: `trainyard-<pipeline>`."
+    )
+    url: str | None = Field(
+        default=None,
+        description="A Redis URL (`redis://host:6379/0`, `unix:///path.sock`); default: the "
+        "project's server, or `TRAINYARD_REDIS_URL`. Required on a cluster, where no pod reaches "
+        "this machine's server (`pipelines check --profile` refuses a Redis stream without it).",
+    )
+    bootstrap_servers: str | None = Field(
+        default=None, description="Kafka brokers, `host:port[,host:port]` (required for `kafka`)."
+    )
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Partitions of the Kafka input topic: the scorer Deployment's replicas.",
+    )
 
     @model_validator(mode="after")
     def _engine_fields(self) -> StreamConfig:
@@ -499,13 +700,49 @@ class ScoringConfig(StrictModel):
     batch, which another record may have stopped; a claimed one is tried alone.
     """
 
-    stream: StreamConfig | None = None
-    batch_size: int = Field(default=256, ge=1, le=65536)
-    max_wait_ms: int = Field(default=20, ge=1, le=60_000)
-    max_in_flight: int = Field(default=2, ge=1, le=64)
-    claim_idle_s: float = Field(default=60, gt=0, le=86_400, allow_inf_nan=False)
-    max_deliveries: int = Field(default=2, ge=2, le=1000)
-    request_timeout_s: float = Field(default=30, gt=0, le=3600, allow_inf_nan=False)
+    stream: StreamConfig | None = Field(
+        default=None,
+        description="The streams the scorer reads and writes (none: nothing is scored).",
+    )
+    batch_size: int = Field(
+        default=256, ge=1, le=65536, description="Records per micro-batch (one `:predict` call)."
+    )
+    max_wait_ms: int = Field(
+        default=20, ge=1, le=60_000, description="How long a read waits for records (milliseconds)."
+    )
+    max_in_flight: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Micro-batches at the model server at once; beyond that the scorer stops "
+        "reading (back-pressure).",
+    )
+    claim_idle_s: float = Field(
+        default=60,
+        gt=0,
+        le=86_400,
+        allow_inf_nan=False,
+        description="Records another scorer read but left unacknowledged this long (seconds) are "
+        "claimed (a killed scorer's), one at a time. Shorter than a batch's time at the model "
+        "server (`request_timeout_s` and its retries), two scorers on one group claim each "
+        "other's batches and score them twice.",
+    )
+    max_deliveries: int = Field(
+        default=2,
+        ge=2,
+        le=1000,
+        description="A claimed record delivered more times than this without a commit (every "
+        "scorer that took it crashed, was killed or hung) is dead-lettered unread. At least 2: "
+        "its first delivery is in a batch another record may have stopped; a claimed one is tried "
+        "alone.",
+    )
+    request_timeout_s: float = Field(
+        default=30,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="One `:predict` call's time limit in seconds (then retried with back-off).",
+    )
 
 
 class TriggerStreamConfig(StrictModel):
@@ -523,13 +760,42 @@ class TriggerStreamConfig(StrictModel):
     handed over again.
     """
 
-    engine: Literal["redis", "kafka"] = "redis"
-    name: StreamName
-    group: StreamName | None = None
-    url: str | None = None
-    kafka_config_id: str | None = Field(default=None, min_length=1)
-    poll_interval_s: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
-    redeliver_after_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
+    engine: Literal["redis", "kafka"] = Field(
+        default="redis",
+        description="`redis` (a Redis stream read with a consumer group; the project's own "
+        "server) or `kafka` (common-messaging's `MessageQueueTrigger`).",
+    )
+    name: StreamName = Field(description="The Redis stream key or Kafka topic.")
+    group: StreamName | None = Field(
+        default=None,
+        description="The Redis consumer group; default: `trainyard-trigger-<pipeline>`.",
+    )
+    url: str | None = Field(
+        default=None,
+        description="A Redis URL (`redis://`, `rediss://`, `unix://`; `redis` only); default: the "
+        "project's server, or `TRAINYARD_REDIS_URL`.",
+    )
+    kafka_config_id: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The Airflow connection of the Kafka brokers (`kafka` only); default: "
+        "`kafka_default`.",
+    )
+    poll_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="How long one read waits for a message (seconds).",
+    )
+    redeliver_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        allow_inf_nan=False,
+        description="A message no run took (acknowledged) this many seconds after it was "
+        "announced is announced again, e.g. one taken while the DAG was paused (`redis` only).",
+    )
 
     @model_validator(mode="after")
     def _engine_fields(self) -> TriggerStreamConfig:
@@ -549,7 +815,13 @@ class TriggerStreamConfig(StrictModel):
 class TriggerConfig(StrictModel):
     """What starts a run besides the schedule: ``stream`` (an Airflow ``AssetWatcher``)."""
 
-    stream: TriggerStreamConfig | None = None
+    stream: TriggerStreamConfig | None = Field(
+        default=None,
+        description='A stream whose "new data" messages each start a run (an Airflow '
+        "`AssetWatcher`). A message holds `ds` (a day: `[ds, ds + 1 day)`) or `interval_start` "
+        "and `interval_end` (days, the end excluded), or nothing (the day the run runs); days are "
+        "`YYYY-MM-DD`, not after today nor before `start_date`.",
+    )
 
 
 EMAIL_RE = re.compile(r"^[^@\s<>]+@[^@\s<>]+$")
@@ -564,12 +836,27 @@ class NotifyConfig(StrictModel):
     served the new champion). (Not ``on``: YAML reads a bare ``on`` key as ``true``.)
     """
 
-    email: list[str] = Field(min_length=1)
-    events: list[Literal["failure", "rejection", "promotion"]] = Field(
-        default_factory=lambda: list(NOTIFY_EVENTS), min_length=1
+    email: list[str] = Field(
+        min_length=1,
+        description="Recipients of the pipeline's outcome mails (at least one address).",
     )
-    smtp_conn_id: str = "smtp_default"
-    from_email: str = "trainyard@localhost"
+    events: list[Literal["failure", "rejection", "promotion"]] = Field(
+        default=list(NOTIFY_EVENTS),
+        min_length=1,
+        description="Which outcomes are mailed: a task failed for good (after its retries; the "
+        "task, the error), a rejection by the gate or by a person asked for approval (the reason "
+        "and the gate report, candidate and champion side by side), a promotion (the served "
+        "version, its URL, metrics and approver). Mails are sent by Airflow's tasks only, not by "
+        "`python -m trainyard run`.",
+    )
+    smtp_conn_id: str = Field(
+        default="smtp_default",
+        description="The Airflow SMTP connection the mails go through (host, port, login, TLS; "
+        "looked up when a mail is sent). Its extras `timeout` and `retry_limit` bound how long a "
+        "mail server that does not answer can hold a task (Airflow's defaults: 30 s, 5 retries); "
+        "a local test server needs `disable_tls` and `disable_ssl`.",
+    )
+    from_email: str = Field(default="trainyard@localhost", description="The sender address.")
 
     @model_validator(mode="before")
     @classmethod
@@ -607,9 +894,27 @@ class TrackingConfig(StrictModel):
     run. The tracker's URL is the Airflow connection ``conn_id`` (:mod:`trainyard.tracking`).
     """
 
-    backend: Literal["mlflow"]
-    conn_id: str = Field(min_length=1, max_length=250, pattern=r"^[A-Za-z0-9_.-]+$")
-    experiment: str | None = Field(default=None, min_length=1, max_length=500)
+    backend: Literal["mlflow"] = Field(
+        description="`mlflow` (the only one): MLflow's REST API, server 2.x or 3.x with its "
+        "artifact proxy (`--serve-artifacts`, the default)."
+    )
+    conn_id: str = Field(
+        min_length=1,
+        max_length=250,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The Airflow connection of the tracking server, an `http` or `https` "
+        "connection (host, port, a path prefix as schema, login/password for basic auth). Steps "
+        "read it as `AIRFLOW_CONN_<CONN_ID>` (the local runner sets that for each step from "
+        "Airflow's own lookup, so a connection in Airflow's database works; outside Airflow, and "
+        "in pods, set it yourself), else `MLFLOW_TRACKING_URI`.",
+    )
+    experiment: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="The MLflow experiment the runs go to (made on first use); default: "
+        "`trainyard/<name>`.",
+    )
     # MLflow refuses '/' and ':' in a registered model's name, and a name that is blank, '.'
     # or starts with '..'; quotes and backslashes would break the search filters the mirror
     # builds from the name. Checked by _model_name (one clear message); the pattern is for
@@ -619,8 +924,17 @@ class TrackingConfig(StrictModel):
         min_length=1,
         max_length=256,
         json_schema_extra={"pattern": r"^(?!\.\.)(?!\.$)(?!\s*$)[^/:'\"`\\]+$"},
+        description="The MLflow registered model whose versions mirror trainyard's; default: the "
+        "pipeline's `name`. At most 256 characters; no `/` or `:`, which MLflow refuses, not "
+        "blank, `.` or starting with `..`; no quotes or backslashes.",
     )
-    timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="How long one request to the tracker may take (seconds).",
+    )
 
     @field_validator("registered_model")
     @classmethod
@@ -652,25 +966,66 @@ class PipelineConfig(StrictModel):
     only the backfill's last run (``last``), each run, or none.
     """
 
-    name: str
-    dataset: str
-    description: str = ""
-    owner: str = "ml-platform"
-    schedule: str | None = "0 2 * * *"
-    start_date: dt.date
-    catchup: bool = False
-    trigger_on_dataset: bool = False
-    backfill_training: Literal["last", "each", "none"] = "last"
-    tags: list[str] = Field(default_factory=list)
-    source: SourceConfig
-    staging: StagingConfig = StagingConfig()
-    training: TrainingConfig
-    gate: GateConfig = GateConfig()
-    serving: ServingConfig
-    scoring: ScoringConfig = ScoringConfig()
-    trigger: TriggerConfig = TriggerConfig()
-    notify: NotifyConfig | None = None
-    tracking: TrackingConfig | None = None
+    name: str = Field(
+        description="Pipeline name, equal to the file name: a lowercase letter, then lowercase "
+        "letters, digits and `_` (at most 63). The DAG is `trainyard_<name>`, the registry "
+        "`_models/<name>/`."
+    )
+    dataset: str = Field(
+        description="Dataset name (as `name`): its volume `<volume root>/<dataset>/` and its "
+        "contract `data_contracts/<dataset>.yaml`."
+    )
+    description: str = Field(default="", description="Shown as the DAG's description.")
+    owner: str = Field(default="ml-platform", description="Airflow task owner.")
+    schedule: str | None = Field(
+        default="0 2 * * *",
+        description="Cron expression of the data intervals (checked: `0 25 * * *` is refused; "
+        "`@daily`, `@hourly` ... are cron), or null for manual runs only.",
+    )
+    start_date: dt.date = Field(
+        description="The first data interval (`YYYY-MM-DD`; a date that is no calendar day, "
+        "`2026-11-31`, is refused)."
+    )
+    catchup: bool = Field(
+        default=False, description="Run every missed interval since `start_date` when unpaused."
+    )
+    trigger_on_dataset: bool = Field(
+        default=False,
+        description="Also run when another pipeline publishes a new validated snapshot of the "
+        "same dataset (an Airflow Asset event).",
+    )
+    backfill_training: Literal["last", "each", "none"] = Field(
+        default="last",
+        description="In a backfill, which runs train: the backfill's `last` run, `each` run, or "
+        "`none`.",
+    )
+    tags: list[str] = Field(default=[], description="DAG tags.")
+    source: SourceConfig = Field(description="Where an interval's raw data is read from.")
+    staging: StagingConfig = Field(
+        default=StagingConfig(), description="How snapshots are written and kept."
+    )
+    training: TrainingConfig = Field(
+        description="Distributed training; each field is also the trigger form's default."
+    )
+    gate: GateConfig = Field(default=GateConfig(), description="Whether a candidate may ship.")
+    serving: ServingConfig = Field(description="Where the champion is served.")
+    scoring: ScoringConfig = Field(
+        default=ScoringConfig(),
+        description="Stream scoring with the served champion (`python -m trainyard score-stream`; "
+        "the deploy step starts or restarts it).",
+    )
+    trigger: TriggerConfig = Field(
+        default=TriggerConfig(), description="What starts a run besides the schedule."
+    )
+    notify: NotifyConfig | None = Field(
+        default=None, description="E-mail the pipeline's outcomes (none without it)."
+    )
+    tracking: TrackingConfig | None = Field(
+        default=None,
+        description="Mirror each training into an experiment tracker (off without it). "
+        "trainyard's registry stays the source of truth; a tracker that cannot be reached costs "
+        "one warning, never a run.",
+    )
 
     @field_validator("name", "dataset")
     @classmethod
@@ -1279,10 +1634,12 @@ def pipeline_json_schema() -> str:
     """The pipeline config's JSON schema (``dags/pipelines/pipeline.schema.json``)."""
     import json
 
-    schema = PipelineConfig.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["$id"] = "https://trainyard.dev/schemas/pipeline.schema.json"
-    return json.dumps(schema, indent=2, sort_keys=True)
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://trainyard.dev/schemas/pipeline.schema.json",
+        **PipelineConfig.model_json_schema(),
+    }
+    return json.dumps(schema, indent=2)  # properties in the models' order, as documented
 
 
 def pipeline_files(pipelines_dir: Path | None = None) -> list[Path]:

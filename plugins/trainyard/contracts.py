@@ -1,7 +1,7 @@
 """Data contracts (``data_contracts/<dataset>.yaml``): load, check, split, serve.
 
 A contract declares a dataset's source, columns and quality rules, roles, drift limits and
-holdout split (the format is documented in ``data_contracts/README.md``). Loading checks it
+holdout split (the format is documented in ``docs/reference/contracts.md``). Loading checks it
 twice: against the JSON schema shipped next to the contracts (structure, types, unknown
 fields), then against semantic rules (every rule names an existing column of a fitting
 type). Every failure is one ``ContractError`` naming the file, the line and the field.
