@@ -14,7 +14,6 @@ import json
 import keyword
 import math
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -23,10 +22,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from trainyard import argtypes
 from trainyard.errors import ContractError
 from trainyard.fsutil import YamlWhere as _Where
-from trainyard.fsutil import check_files, load_yaml
+from trainyard.fsutil import load_yaml
 from trainyard.fsutil import yaml_line_index as _line_index
 from trainyard.settings import get_settings
 
@@ -927,88 +925,3 @@ def feature_spec(contract: Contract) -> dict[str, tuple[str, tuple[int | None, .
         else:
             spec[name] = ("float32", (None,))
     return spec
-
-
-def cli_main(argv: list[str]) -> int:
-    """``trainyard contracts check|export|import``: check contracts; translate them to ODCS.
-
-    Args:
-        argv: Arguments after ``contracts``.
-
-    Returns:
-        0 if every contract is valid (or translated), 1 if any is invalid, 2 on usage errors.
-    """
-    parser = argtypes.ArgumentParser(prog="trainyard contracts")
-    sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="check contracts (default: every contract)")
-    check.add_argument("files", nargs="*", type=Path)
-    export = sub.add_parser(
-        "export", help="write contracts as Open Data Contract Standard (ODCS v3.2.0) YAML"
-    )
-    export.add_argument("datasets", nargs="*", help="default: every contract")
-    export.add_argument("--format", choices=["odcs"], required=True)
-    export.add_argument(
-        "--output-dir", type=Path, help="write <dataset>.odcs.yaml there (default: stdout)"
-    )
-    imp = sub.add_parser("import", help="write an ODCS contract as a trainyard contract")
-    imp.add_argument("file", type=Path)
-    imp.add_argument(
-        "--output-dir", type=Path, help="where to write <dataset>.yaml (default: the contracts)"
-    )
-    imp.add_argument("--force", action="store_true", help="replace an existing contract")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    if args.command == "export":
-        return _export(args.datasets, args.output_dir)
-    if args.command == "import":
-        return _import(args.file, args.output_dir, args.force)
-    files = args.files or contract_files()
-    if not files:
-        sys.stderr.write(f"no contracts found in {get_settings().contracts_dir}\n")
-        return 1
-    return check_files(
-        files, parse_contract, lambda c: f"{c.dataset} {c.version}", ContractError, "contract"
-    )
-
-
-def _export(datasets: list[str], output_dir: Path | None) -> int:
-    import yaml
-
-    from trainyard.odcs import check_odcs, export_contract
-
-    folder = get_settings().contracts_dir
-    files = [folder / f"{d}.yaml" for d in datasets] if datasets else contract_files()
-    for path in files:
-        if not path.is_file():
-            known = ", ".join(p.stem for p in contract_files()) or "none"
-            raise ContractError(f"no contract {path.stem!r} in {folder} (known: {known})")
-        doc = export_contract(path)
-        check_odcs(doc, f"{path.stem} exported")  # what trainyard writes, ODCS accepts
-        text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
-        if output_dir is None:
-            sys.stdout.write(("---\n" if len(files) > 1 else "") + text)
-        else:
-            from trainyard.fsutil import atomic_write_bytes
-
-            output_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(output_dir / f"{path.stem}.odcs.yaml", text.encode())
-            sys.stderr.write(f"wrote {output_dir / f'{path.stem}.odcs.yaml'}\n")
-    return 0
-
-
-def _import(file: Path, output_dir: Path | None, force: bool) -> int:
-    from trainyard.fsutil import atomic_write_bytes
-    from trainyard.odcs import import_contract
-
-    if not file.is_file():
-        raise ContractError(f"{file}: no such file")
-    dataset, text = import_contract(file)
-    target = (output_dir or get_settings().contracts_dir) / f"{dataset}.yaml"
-    if target.exists() and not force:
-        raise ContractError(f"{target} exists: pass --force to replace it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(target, text.encode())
-    sys.stderr.write(f"wrote {target} (contract of dataset {dataset!r})\n")
-    return 0

@@ -27,7 +27,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
-from trainyard.config import DEFAULT_GATE_METRICS, HIGHER_IS_BETTER, GateConfig, Threshold
+from trainyard.config import (
+    DEFAULT_GATE_METRICS,
+    KNOWN_METRICS,
+    GateConfig,
+    Threshold,
+)
 from trainyard.errors import ConfigError, EvaluationError, GateRejected, TrainyardError
 
 if TYPE_CHECKING:
@@ -36,7 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainyard.evaluation")
 
-KNOWN_METRICS = tuple(HIGHER_IS_BETTER)
 _EPS = 1e-7  # probability clip of the cross-entropy, as Keras does
 _TOL = 1e-9  # float slack when comparing a metric with a bound
 _MAX_SLICES = 256

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from trainyard.errors import ContractError
@@ -261,38 +260,3 @@ def from_odcs(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
         raw["drift"] = ml["drift"]
     raw["split"] = ml["split"]
     return raw
-
-
-def export_contract(path: Path) -> dict[str, Any]:
-    """Parse and check a contract file, then translate it (``contracts export``)."""
-    from trainyard.contracts import parse_contract
-    from trainyard.fsutil import load_yaml
-
-    parse_contract(path)
-    return to_odcs(load_yaml(path.read_text(encoding="utf-8"), path))
-
-
-def import_contract(path: Path) -> tuple[str, str]:
-    """Translate an ODCS file into a checked contract (``contracts import``).
-
-    Returns:
-        The dataset and the contract's YAML text.
-
-    Raises:
-        ContractError: For a file ODCS or trainyard's contract checks refuse.
-    """
-    import yaml
-
-    from trainyard.contracts import parse_contract_text
-    from trainyard.fsutil import load_yaml
-
-    doc = load_yaml(path.read_text(encoding="utf-8"), path)
-    if not isinstance(doc, dict):
-        raise ContractError(f"{path}: not an ODCS document (a YAML mapping)")
-    raw = from_odcs(doc, str(path))
-    text = (
-        f"# Imported from {path.name} (ODCS {doc.get('apiVersion')}) by trainyard contracts "
-        "import.\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True)
-    )
-    parse_contract_text(text, path.with_name(f"{raw['dataset']}.yaml"))
-    return str(raw["dataset"]), text

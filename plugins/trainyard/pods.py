@@ -182,17 +182,76 @@ def render_problems(profile: ClusterProfile, pipeline: PipelineConfig) -> list[s
 
 
 def pipelines_main(argv: list[str]) -> int:
-    """``python -m trainyard pipelines ...``: checked for a cluster, what passes renders.
+    """``python -m trainyard pipelines check [--profile FILE] [FILE ...]`` (default: all).
+
+    Pipelines are checked against the cluster profile ``render`` would use: ``--profile``,
+    else ``TRAINYARD_CLUSTER_PROFILE``, else ``deploy/cluster_profile.yaml``. Checked for a
+    cluster (``--profile`` given, or ``TRAINYARD_RUNNER=kubernetes``), every object of a
+    pipeline is also rendered and validated: what passes renders. Otherwise what would not
+    run on a cluster (a Redis stream without ``url``) is said on its ``ok`` line.
 
     Args:
         argv: Arguments after ``pipelines``.
 
     Returns:
-        The exit code (:func:`trainyard.config.cli_main`).
+        0 if every pipeline is valid, 1 if any is not (or the profile is not), 2 on usage
+        errors.
     """
-    from trainyard.config import cli_main as pipelines_cli
+    import sys
+    from pathlib import Path
 
-    return pipelines_cli(argv, render_problems=render_problems)
+    from trainyard.config import InvalidPipelineConfig, pipeline_files, pipeline_json_schema
+    from trainyard.fsutil import check_files
+    from trainyard.pipelines import check_pipeline
+    from trainyard.settings import get_settings
+
+    parser = argtypes.ArgumentParser(prog="python -m trainyard pipelines")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="check pipeline configs (default: every pipeline)")
+    check.add_argument("files", nargs="*", type=Path)
+    check.add_argument(
+        "--profile",
+        type=Path,
+        help="cluster profile YAML, as for render (default: TRAINYARD_CLUSTER_PROFILE, "
+        "else deploy/cluster_profile.yaml)",
+    )
+    sub.add_parser("schema", help="print the pipeline config's JSON schema")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if args.command == "schema":
+        sys.stdout.write(pipeline_json_schema() + "\n")
+        return 0
+    files = args.files or pipeline_files()
+    if not args.files:
+        for stray in sorted(get_settings().pipelines_dir.glob("*.yml")):
+            sys.stderr.write(f"{stray}: ignored: pipeline files end in .yaml\n")
+    if not files:
+        sys.stderr.write(f"no pipelines found in {get_settings().pipelines_dir}\n")
+        return 1
+    from trainyard.k8s.scoring import cluster_stream_problem
+
+    try:
+        profile = load_cluster_profile(args.profile)
+    except ConfigError as e:
+        sys.stderr.write(f"{e}\n")
+        return 1
+    cluster = args.profile is not None or get_settings().runner == "kubernetes"
+
+    def check(path: Path) -> PipelineConfig:
+        cfg = check_pipeline(path, profile, cluster=cluster)
+        if cluster and (problems := render_problems(profile, cfg)):
+            raise InvalidPipelineConfig(path, [f"{path}: render: {p}" for p in problems])
+        return cfg
+
+    def describe(cfg: PipelineConfig) -> str:
+        said = f"pipeline {cfg.name}: dataset {cfg.dataset}, model {cfg.training.model}"
+        if not cluster and (why := cluster_stream_problem(cfg)):
+            said += f"; not for a cluster: scoring.stream: {why}"
+        return said
+
+    return check_files(files, check, describe, ConfigError, "pipeline")
 
 
 def cli_main(argv: list[str]) -> int:

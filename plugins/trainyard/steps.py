@@ -33,7 +33,6 @@ from trainyard import argtypes
 from trainyard.config import (
     PipelineConfig,
     TrainingConfig,
-    ensure_own_names,
     error_message,
     load_pipeline,
 )
@@ -51,6 +50,7 @@ from trainyard.errors import (
     ValidationFailed,
 )
 from trainyard.fsutil import atomic_write_json, read_json
+from trainyard.pipelines import check, ensure_own_names
 from trainyard.settings import get_settings
 
 log = logging.getLogger("trainyard.steps")
@@ -197,7 +197,7 @@ def stage(
     from trainyard.staging import stage as stage_source
 
     # names the config refers to (model, contract, metrics) are checked before any read
-    cfg = load_pipeline(pipeline, check=True)
+    cfg = check(pipeline)
     check_interval(interval_start, interval_end, cfg.start_date)
     if snapshot_id:
         path = _snapshot_path(cfg, snapshot_id)

@@ -131,7 +131,7 @@ def test_epochs_param_validates(dags: dict, value: object, ok: bool) -> None:
     ],
 )
 def test_backfill_training_policy(policy: str, run_type: str, queued: int, trains: bool) -> None:
-    from trainyard.orchestration.graph import should_train
+    from trainyard.orchestration.run_conf import should_train
 
     decision, reason = should_train(policy, run_type, queued)
     assert decision is trains

@@ -402,7 +402,7 @@ def test_training_decision_follows_the_backfill_policy(
 ) -> None:
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from trainyard.orchestration.graph import run_training_or_skip, should_train
+    from trainyard.orchestration.run_conf import run_training_or_skip, should_train
 
     cfg = _cfg().model_copy(update={"backfill_training": policy})
     context = _context(k8s_dags["trainyard_digits"], {"workers": 3}, run_type, queued)
@@ -441,7 +441,7 @@ def test_the_first_step_refuses_a_conf_a_later_step_would(
     assert reason is not None and why in reason
     assert runview.run_failure(volume_root, "digits", context["run_id"], ["train"]) is None
     ok = _context(dag, {"force_promote": True, "force_reason": "a bad day"}, "manual", 0)
-    from trainyard.orchestration.graph import check_run_conf
+    from trainyard.orchestration.run_conf import check_run_conf
 
     assert check_run_conf(_cfg(), ok).epochs == _cfg().training.epochs
 

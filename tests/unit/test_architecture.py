@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "plugins" / "trainyard"
 
 
-def _module(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+def _module(path: Path, package: Path = PACKAGE) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -48,55 +48,118 @@ def test_airflow_is_imported_only_under_orchestration() -> None:
     assert offenders == []
 
 
-def _module_level_edges() -> dict[str, set[str]]:
-    """Module → trainyard modules it imports at module level (what can make a circle)."""
-    modules = {_module(p) for p in PACKAGE.rglob("*.py")}
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """Ids of the import nodes under ``if TYPE_CHECKING:`` (never run, so never a circle)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def import_edges(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module → the package's modules it imports ANYWHERE in it (functions included).
+
+    An import inside a function runs as surely as one at the top, only later: a circle
+    through one is still a circle (three of them hid from a check of the top level only).
+    """
+    modules = {_module(p, package) for p in package.rglob("*.py")}
     edges: dict[str, set[str]] = {}
-    for path in PACKAGE.rglob("*.py"):
-        mod = _module(path)
+    for path in package.rglob("*.py"):
+        mod = _module(path, package)
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_checking_only(tree)
         found: set[str] = set()
-        for node in tree.body:
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                names = [n if n in modules else node.module for n in names]
             found |= {n for n in names if n in modules and n != mod}
         edges[mod] = found
     return edges
 
 
-def test_no_import_circle_at_module_level() -> None:
-    edges = _module_level_edges()
+def find_circle(edges: dict[str, set[str]]) -> list[str]:
+    """One import circle (``a -> b -> a``), or [] when there is none."""
     state: dict[str, int] = {}
-    cycle: list[str] = []
 
-    def visit(mod: str, stack: list[str]) -> bool:
+    def visit(mod: str, stack: list[str]) -> list[str]:
         state[mod] = 1
         for dep in sorted(edges.get(mod, ())):
             if state.get(dep) == 1:
-                cycle.extend([*stack[stack.index(dep) :], dep] if dep in stack else [mod, dep])
-                return True
-            if state.get(dep) is None and visit(dep, [*stack, dep]):
-                return True
+                return [*stack[stack.index(dep) :], dep]
+            if state.get(dep) is None and (circle := visit(dep, [*stack, dep])):
+                return circle
         state[mod] = 2
-        return False
+        return []
 
     for mod in sorted(edges):
-        if state.get(mod) is None and visit(mod, [mod]):
-            break
-    assert cycle == [], " -> ".join(cycle)
+        if state.get(mod) is None and (circle := visit(mod, [mod])):
+            return circle
+    return []
 
 
-def test_lower_layers_never_import_the_upper_ones() -> None:
-    """orchestration -> pods/steps -> stages: no stage module reaches back up."""
-    upper = ("trainyard.orchestration", "trainyard.steps", "trainyard.pods", "trainyard.cli")
-    for mod, found in _imports().items():
-        if mod.startswith(upper) or mod == "trainyard.__main__":
-            continue
-        bad = sorted(n for n in found if n.startswith(upper))
-        assert bad == [], f"{mod} imports {bad}"
+def test_no_import_circle_even_through_imports_inside_functions() -> None:
+    circle = find_circle(import_edges())
+    assert circle == [], " -> ".join(circle)
+
+
+def test_the_circle_check_sees_an_import_inside_a_function(tmp_path: Path) -> None:
+    """The check must be able to fail: a copy of the package with one function-level import
+    that closes a circle (steps -> ... -> config -> steps) is caught."""
+    import shutil
+
+    copy = tmp_path / "trainyard"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    assert find_circle(import_edges(copy)) == []
+    config = copy / "config.py"
+    late = "\n\ndef _late() -> None:\n    from trainyard import steps  # noqa: F401\n"
+    config.write_text(config.read_text(encoding="utf-8") + late)
+    circle = find_circle(import_edges(copy))
+    assert "trainyard.steps" in circle and "trainyard.config" in circle, circle
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # 0: the base every module may use
+    ("errors", "settings", "fsutil", "layout", "argtypes", "lognoise", "cpus", "progress",
+     "native", "connections"),
+    # 1: one file's config and contract, parsed and typed
+    ("config", "contracts", "odcs"),
+    # 2: what is stored: snapshots and model versions
+    ("volumes", "registry"),
+    # 3: the stages, and what spans pipelines
+    ("staging", "validation", "training", "evaluation", "serving", "k8s", "streaming",
+     "tracking", "pipelines", "runview", "metadb", "standalone"),
+    # 4: the step table and the pods it renders
+    ("steps", "pods"),
+    # 5: entry points: the command line and Airflow
+    ("cli", "orchestration", "__main__"),
+)  # fmt: skip
+
+
+def _layer(mod: str) -> int:
+    top = mod.split(".")[1] if "." in mod else ""
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{mod} is in no layer of test_architecture.LAYERS: give it one")
+
+
+def test_imports_run_one_way_down_the_layers() -> None:
+    """Entry points -> steps -> stages -> storage -> config -> base, counting every import."""
+    wrong = sorted(
+        f"{mod} (layer {_layer(mod)}) imports {dep} (layer {_layer(dep)})"
+        for mod, deps in import_edges().items()
+        if mod != "trainyard"
+        for dep in deps
+        if dep != "trainyard" and _layer(dep) > _layer(mod)
+    )
+    assert wrong == [], "\n".join(wrong)
 
 
 def test_no_two_modules_share_a_name_for_different_things() -> None:

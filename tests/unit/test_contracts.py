@@ -181,17 +181,19 @@ def test_holdout_mask_empty() -> None:
 
 
 def test_cli_check(capsys: pytest.CaptureFixture[str]) -> None:
-    assert contracts.cli_main(["check"]) == 0
+    from trainyard.cli import contracts as contracts_cli
+
+    assert contracts_cli.cli_main(["check"]) == 0
     out = capsys.readouterr().out
     assert all(f"ok   {p}" in out for p in contract_files())
     bad = [str(p) for p in NEGATIVE[:3]]
-    assert contracts.cli_main(["check", str(POSITIVE[0]), *bad]) == 1
+    assert contracts_cli.cli_main(["check", str(POSITIVE[0]), *bad]) == 1
     captured = capsys.readouterr()
     assert f"ok   {POSITIVE[0]}" in captured.out
     assert "3 of 4 contract(s) invalid" in captured.err
     for p in NEGATIVE[:3]:
         assert _expected(p) in captured.err
-    assert contracts.cli_main(["frobnicate"]) == 2
+    assert contracts_cli.cli_main(["frobnicate"]) == 2
 
 
 def test_schema_file_is_a_valid_json_schema() -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainyard.cli.contracts import export_contract
 from trainyard.contracts import parse_contract, parse_contract_text
 from trainyard.errors import ContractError
-from trainyard.odcs import check_odcs, export_contract, from_odcs
+from trainyard.odcs import check_odcs, from_odcs
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "contracts" / "positive"

@@ -12,8 +12,9 @@ import jsonschema
 import pytest
 import yaml
 
-from trainyard.config import check_pipeline, parse_pipeline, pipeline_json_schema
+from trainyard.config import parse_pipeline, pipeline_json_schema
 from trainyard.errors import ConfigError
+from trainyard.pipelines import check_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = ROOT / "dags" / "pipelines"
@@ -155,8 +156,8 @@ def test_every_problem_of_a_file_is_reported_at_once() -> None:
 def test_two_pipelines_may_not_serve_under_one_model_name(tmp_path: Path, monkeypatch) -> None:
     # A user copied digits.yaml for a variant and kept serving.model_name: both pipelines
     # would publish their version 1, 2, ... into one served model, each over the other's.
-    from trainyard.config import ensure_own_names
     from trainyard.orchestration.graph import build_dags
+    from trainyard.pipelines import ensure_own_names
 
     folder = tmp_path / "pipelines"
     folder.mkdir()
@@ -309,7 +310,7 @@ def test_a_model_name_is_one_safe_folder_and_path_name(tmp_path: Path, name: str
 def test_two_pipelines_may_not_write_scores_to_one_stream(tmp_path: Path, monkeypatch) -> None:
     # A cold user's copy with the same scoring.stream doubled every score in the output,
     # with nothing in an entry to tell the two pipelines' scores apart.
-    from trainyard.config import ensure_own_names
+    from trainyard.pipelines import ensure_own_names
 
     folder = tmp_path / "pipelines"
     folder.mkdir()

@@ -94,7 +94,7 @@ def dataset_pvc_name(dataset: str) -> str:
     """The PVC holding a dataset's volume: ``trainyard-data-<dataset>``.
 
     ``_`` becomes ``-``, and runs of ``-`` one (``a__b`` and ``a_b`` meet: ``pipelines
-    check`` refuses the second, see :func:`trainyard.config.k8s_name_clashes`). When that
+    check`` refuses the second, see :func:`trainyard.pipelines.k8s_name_clashes`). When that
     is longer than 63 characters: its head, cut to fit, then ``-<hash8>`` of the dataset
     name, so two long names with the same head never share a volume.
     """

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,6 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainyard.config import (
     PipelineConfig,
-    TrainingConfig,
-    name_clashes,
-    name_owners,
     parse_pipeline,
     pipeline_files,
     training_pool_name,
@@ -43,6 +40,8 @@ from trainyard.errors import ConfigError
 from trainyard.orchestration.inputs import FromParam, FromRun, FromXCom, Results
 from trainyard.orchestration.notify import PersonRejectedMail
 from trainyard.orchestration.notify import callbacks as notify_callbacks
+from trainyard.orchestration.runners import StepOperator, TrainingOperator
+from trainyard.pipelines import name_clashes, name_owners
 from trainyard.registry import MAX_REASON_CHARS
 from trainyard.settings import Settings, get_settings
 
@@ -238,138 +237,6 @@ def publish_snapshot_event(asset: Asset, dataset: str, pipeline: str) -> Any:
     return publish_snapshot
 
 
-def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bool, str]:
-    """Whether this run trains, given the pipeline's backfill policy.
-
-    Args:
-        policy: ``last``, ``each`` or ``none`` (``PipelineConfig.backfill_training``).
-        run_type: The DagRun's run type (``backfill``, ``scheduled``, ``manual``, ...).
-        later_runs_queued: How many runs of this DAG are still queued.
-
-    Returns:
-        (train or not, the reason in one sentence).
-    """
-    if run_type != "backfill" or policy == "each":
-        return True, "train"
-    if policy == "none":
-        return (
-            False,
-            "backfill run: the pipeline trains on no backfill run (backfill_training: none)",
-        )
-    if later_runs_queued:
-        return False, (
-            f"backfill run with {later_runs_queued} later interval(s) still queued: "
-            "training happens once, in the backfill's last run"
-        )
-    return True, "last run of the backfill: training on the window as of its interval"
-
-
-FORM_OVERRIDES = ("epochs", "workers", "strategy", "priority")
-"""The trigger form's training fields; nothing else of a run's conf reaches training."""
-
-
-def _overrides(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: params.get(k) for k in FORM_OVERRIDES if k in params}
-
-
-def run_training_params(cfg: PipelineConfig, params: Mapping[str, Any]) -> TrainingConfig:
-    """A run's effective training config: the trigger form's values over the pipeline's.
-
-    Both runners train with it: the local ``train`` task hands the same overrides to
-    ``steps.train``, the kubernetes runner renders the run's Service and Jobs from it.
-
-    Args:
-        cfg: The pipeline config.
-        params: The run's params (``context["params"]``).
-
-    Returns:
-        The validated training config of this run.
-    """
-    from trainyard.steps import training_params
-
-    return training_params(cfg, _overrides(params))
-
-
-def check_run_conf(cfg: PipelineConfig, context: Mapping[str, Any]) -> TrainingConfig:
-    """Refuse a run's trigger form or conf that a later step would refuse.
-
-    The stage task asks first thing, so a run with a typo fails before it stages
-    anything, and the train task again (a task cleared alone).
-
-    Returns:
-        The run's effective training config (:func:`run_training_params`).
-
-    Raises:
-        AirflowFailException: Naming the problem: a conf key the form does not have,
-            force promote without a reason (or one over
-            :data:`trainyard.registry.MAX_REASON_CHARS`), an invalid training override.
-    """
-    params = context["params"]
-    dag = context.get("dag")
-    conf = getattr(context.get("dag_run"), "conf", None) or {}
-    known = set(getattr(dag, "params", None) or params)
-    if unknown := sorted(set(conf) - known):
-        raise AirflowFailException(
-            f"unknown key(s) in the run's conf: {', '.join(map(repr, unknown))} (the trigger "
-            f"form's: {', '.join(sorted(known))})"
-        )
-    reason = (params.get("force_reason") or "").strip()
-    if params.get("force_promote") and not reason:
-        raise AirflowFailException(
-            "force promote needs a reason (the form's 'Reason for forcing'); refused "
-            "before anything ran"
-        )
-    if len(reason) > MAX_REASON_CHARS:
-        raise AirflowFailException(
-            f"the reason for forcing has {len(reason)} characters (at most "
-            f"{MAX_REASON_CHARS}); link to anything longer"
-        )
-    try:
-        return run_training_params(cfg, params)
-    except ConfigError as e:
-        raise AirflowFailException(str(e)) from None
-
-
-def run_training_or_skip(
-    cfg: PipelineConfig,
-    context: Mapping[str, Any],
-    plan: Callable[[TrainingConfig], Sequence[str]] | None = None,
-) -> TrainingConfig:
-    """This run's training config, or a skip before anything trains.
-
-    The one decision both runners take before training: the pipeline's backfill policy
-    (:func:`should_train`), then the trigger form's dry run, which logs what would train
-    and stops. The local ``train`` task asks first thing; the kubernetes runner's
-    ``create_training_service`` setup too, so a skipped run creates no Service or Job and
-    everything after training (and the teardown) skips with it.
-
-    Args:
-        cfg: The pipeline config.
-        context: The task's context (``params``, ``dag_run``, ``ti``).
-        plan: The runner's training plan of a config, as log lines (a dry run logs them).
-
-    Returns:
-        The run's effective training config (:func:`run_training_params`).
-
-    Raises:
-        AirflowSkipException: If the backfill policy leaves this run out, or on a dry run.
-    """
-    dag_run, params = context["dag_run"], context["params"]
-    queued = 0
-    if dag_run.run_type == "backfill" and cfg.backfill_training == "last":
-        queued = context["ti"].get_dr_count(dag_id=dag_run.dag_id, states=["queued"])
-    train_now, why = should_train(cfg.backfill_training, dag_run.run_type, queued)
-    if not train_now:
-        raise AirflowSkipException(why)
-    training = check_run_conf(cfg, context)
-    if params.get("dry_run"):
-        log.info("dry run: would train %s", training.model_dump_json())
-        if plan is not None:
-            log.info("training plan:\n%s", "\n".join(plan(training)))
-        raise AirflowSkipException("dry run: stopping before training")
-    return training
-
-
 def _failure_callback() -> Callable[[Any], None] | None:
     """A failure notifier named by ``TRAINYARD_FAILURE_NOTIFIER`` (``module:attribute``).
 
@@ -461,7 +328,6 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         cfg: The pipeline config.
         settings: Locations (the Assets name them).
     """
-    from trainyard.orchestration.runners import StepOperator, TrainingOperator
     from trainyard.orchestration.stream_trigger import arrivals_asset
 
     t = cfg.training
@@ -646,7 +512,7 @@ def broken_dag(path: Path, error: ConfigError, dag_id: str | None = None) -> DAG
 def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
     """Build one DAG per pipeline YAML file, in sorted order; each loads or fails alone.
 
-    A name two pipelines claim (:func:`~trainyard.config.name_owners`) breaks only the
+    A name two pipelines claim (:func:`~trainyard.pipelines.name_owners`) breaks only the
     DAG of the one that does not own it, and a working pipeline's DAG id is never taken
     by a broken file's (that one gets a suffix).
 

@@ -145,7 +145,7 @@ class StepOperator(BaseOperator):
         from trainyard.settings import get_settings
 
         if self.step == "stage":  # the run's first step: a conf no later step takes fails now
-            from trainyard.orchestration.graph import check_run_conf
+            from trainyard.orchestration.run_conf import check_run_conf
 
             check_run_conf(self.pipeline, context)
         values = resolve_all(self.inputs, context)
@@ -262,7 +262,7 @@ class TrainingOperator(BaseOperator):
     """A run's distributed training: its rendered Service + Indexed Jobs, launched.
 
     Whether the run trains is decided first, alike on both runners
-    (:func:`trainyard.orchestration.graph.run_training_or_skip`: backfill policy, dry run).
+    (:func:`trainyard.orchestration.run_conf.run_training_or_skip`: backfill policy, dry run).
 
     Args:
         pipeline: The pipeline config.
@@ -298,7 +298,7 @@ class TrainingOperator(BaseOperator):
 
     def _execute(self, context: Context) -> dict[str, Any]:
         from trainyard.k8s.render import run_training_objects
-        from trainyard.orchestration.graph import run_training_or_skip
+        from trainyard.orchestration.run_conf import run_training_or_skip
         from trainyard.settings import get_settings
 
         settings = get_settings()

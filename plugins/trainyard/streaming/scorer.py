@@ -71,9 +71,10 @@ import numpy as np
 import orjson
 
 from trainyard.argtypes import ArgumentParser, positive_float, positive_int
-from trainyard.config import PipelineConfig, ensure_own_names, load_pipeline
+from trainyard.config import PipelineConfig, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
 from trainyard.fsutil import atomic_write_json, cmdline_has, process_alive, terminate
+from trainyard.pipelines import ensure_own_names
 from trainyard.serving import serving_host
 from trainyard.serving.client import ServingClient
 from trainyard.settings import get_settings

@@ -29,7 +29,7 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "list | show | verify | mirror | gc dataset snapshots.",
     ),
     "contracts": (
-        "trainyard.contracts",
+        "trainyard.cli.contracts",
         "cli_main",
         "check data contracts; export and import them as ODCS (Open Data Contract Standard).",
     ),
