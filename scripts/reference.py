@@ -211,6 +211,7 @@ def cli_reference() -> str:
     """
     from trainyard import cli, steps
 
+    had_tensorflow = "tensorflow" in sys.modules  # a test session may have imported it
     out = ["| command | what it does |", "|---|---|"]
     out += [f"| [`{c}`](#{_slug(c)}) | {_cell(h)} |" for c, h in cli.commands().items()]
     out += ["", "## Steps", ""]
@@ -223,7 +224,7 @@ def cli_reference() -> str:
     for name, (module, function, help_text) in cli.TOOLS.items():
         parser = tool_parser(getattr(importlib.import_module(module), function))
         out += _command_section(name, help_text, parser, 3)
-    if "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules and not had_tensorflow:
         raise RuntimeError("building the CLI's parsers imported TensorFlow")
     return "\n".join(out).rstrip("\n") + "\n"
 

@@ -12,7 +12,6 @@ the task log (the step runner and the training launcher) drop the known TensorFl
 from __future__ import annotations
 
 import logging
-import os
 import re
 
 VERBOSE_ENV = "TRAINYARD_VERBOSE"
@@ -33,7 +32,9 @@ _TF_NOISE = re.compile(
 
 def verbose() -> bool:
     """Whether the user asked for every line (``TRAINYARD_VERBOSE=1``)."""
-    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes")
+    from trainyard.settings import get_settings
+
+    return get_settings().verbose
 
 
 def is_noise(line: str) -> bool:

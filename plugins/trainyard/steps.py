@@ -477,7 +477,7 @@ def register(
         "contract_version": load_contract(cfg.dataset).version,
         "config_hash": cfg.config_hash(),
         "code_version": _code_version(__version__),
-        "image": os.environ.get("TRAINYARD_IMAGE", "local"),
+        "image": get_settings().image,
         "run_id": run_id,
         "training": params,
         "train_metrics": metrics,
@@ -615,9 +615,9 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
     from trainyard import evaluation
     from trainyard.contracts import feature_spec, load_contract
     from trainyard.registry import caller
-    from trainyard.serving import serving_host
     from trainyard.serving.deploy import deploy as deploy_version
     from trainyard.serving.deploy import ensure_local_server, serve_champion
+    from trainyard.settings import serving_endpoint
 
     cfg = load_pipeline(pipeline)
     ensure_own_names(cfg)
@@ -666,16 +666,16 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         )
         # On a cluster the deploy pod reaches TF Serving through its Service; locally the
         # step starts the server itself when nothing answers on the port.
-        host = serving_host(cfg)
-        if host == cfg.serving.host:
-            ensure_local_server(settings.serving_root, host, cfg.serving.port)
+        endpoint = serving_endpoint(cfg, settings)
+        if endpoint.local:
+            ensure_local_server(settings.serving_root, endpoint.host, endpoint.port)
         result = deploy_version(
             model_name=cfg.serving.model_name,
             version=version,
             model_dir=registry.version_dir(version) / "model",
             serving_root=settings.serving_root,
-            host=host,
-            port=cfg.serving.port,
+            host=endpoint.host,
+            port=endpoint.port,
             smoke_inputs=smoke.features,
             expected=smoke.expected,
             feature_spec=spec,
@@ -693,7 +693,7 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         "sample_prediction": result.sample_prediction,
         "sample_key": smoke.keys[0] if len(smoke.keys) else None,
         "smoke_rows": result.smoke_rows,
-        "scorer": roll_scorer(cfg, local=host == cfg.serving.host),
+        "scorer": roll_scorer(cfg, local=endpoint.local),
     }
 
 
@@ -824,9 +824,9 @@ def follow_registry(pipeline: str) -> str:
         One line saying what is served now, and where.
     """
     from trainyard.contracts import feature_spec, load_contract
-    from trainyard.serving import serving_host
     from trainyard.serving.client import ServingClient
     from trainyard.serving.deploy import ensure_local_server, serve_champion, wait_available
+    from trainyard.settings import serving_endpoint
 
     cfg = load_pipeline(pipeline)  # its names were checked before the move
     settings = get_settings()
@@ -838,18 +838,18 @@ def follow_registry(pipeline: str) -> str:
         settings.serving_root, cfg.serving.model_name, champion, model_dir, spec
     )
     if champion is not None:
-        host = serving_host(cfg)
-        where = f"{host}:{cfg.serving.port}"
+        endpoint = serving_endpoint(cfg, settings)
+        where = endpoint.address
         try:
-            if host == cfg.serving.host:
-                ensure_local_server(settings.serving_root, host, cfg.serving.port)
-            with ServingClient(host, cfg.serving.port) as client:
+            if endpoint.local:
+                ensure_local_server(settings.serving_root, endpoint.host, endpoint.port)
+            with ServingClient(endpoint.host, endpoint.port) as client:
                 wait_available(client, cfg.serving.model_name, champion, 60.0)
             served += f" on {where}"
         except (TrainyardError, OSError) as e:
             served += f"; but the server on {where} does not serve it yet: {e}"
         try:
-            scorer = start_scorer_if_stopped(cfg, local=host == cfg.serving.host)
+            scorer = start_scorer_if_stopped(cfg, local=endpoint.local)
         except TrainyardError as e:
             scorer = f"the stream scorer did not start: {e}"
         if scorer is not None:
@@ -1582,18 +1582,18 @@ def deterministic(error: BaseException) -> bool:
 
 def _emit(result: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
-    xcom = os.environ.get("TRAINYARD_XCOM_PATH")
+    xcom = get_settings().xcom_path
     if xcom:
-        atomic_write_json(Path(xcom), result)
+        atomic_write_json(xcom, result)
 
 
 def _report_error(line: str) -> None:
     """The one-line error on stderr and in the pod's termination message."""
     sys.stderr.write(line + "\n")
-    path = os.environ.get("TRAINYARD_TERMINATION_LOG")
+    path = get_settings().termination_log
     if path:
         with contextlib.suppress(OSError):
-            Path(path).write_text(line[:4000] + "\n", encoding="utf-8")
+            path.write_text(line[:4000] + "\n", encoding="utf-8")
 
 
 def run_step(name: str, argv: list[str]) -> int:
@@ -1739,11 +1739,11 @@ def _check_before_move(pipeline: str) -> None:
     The pipeline's names, and locally its serving port (one taken by something else
     would leave the new champion unserved).
     """
-    from trainyard.serving import serving_host
     from trainyard.serving.deploy import check_port_is_ours
+    from trainyard.settings import serving_endpoint
 
     cfg = load_pipeline(pipeline)
     ensure_own_names(cfg)
-    host = serving_host(cfg)
-    if host == cfg.serving.host:
-        check_port_is_ours(get_settings().serving_root, host, cfg.serving.port)
+    endpoint = serving_endpoint(cfg)
+    if endpoint.local:
+        check_port_is_ours(get_settings().serving_root, endpoint.host, endpoint.port)

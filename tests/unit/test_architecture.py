@@ -271,3 +271,59 @@ def test_a_step_pod_killed_by_a_signal_says_so(volume_root: Path) -> None:
         run_pod_locally(pod, settings, log=lambda line: None, started=lambda p: p.kill())
     assert err.value.deterministic is False  # a retry may well succeed
     assert "the step's process was killed by SIGKILL" in str(err.value), str(err.value)
+
+
+POD_ENVIRONMENT = {
+    "trainyard.training.spec",
+    "trainyard.training.worker.main",
+    "trainyard.training.worker.tf_config",
+    "trainyard.training.launcher",
+    "trainyard.streaming.scorer",
+}
+"""Modules that read the pod's (or a child process's) environment contract, which the
+launcher or supervisor sets for the process it starts: ``TRAINYARD_TF_*``, the attempt,
+the parent's pid, test fault injection."""
+
+
+def _env_reads(tree: ast.Module) -> set[str]:
+    """``TRAINYARD_*`` names a module reads from the environment."""
+    consts = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        for t in n.targets
+        if isinstance(t, ast.Name) and isinstance(n.value.value, str)
+    }
+
+    def name_of(node: ast.AST) -> str | None:
+        value = consts.get(node.id) if isinstance(node, ast.Name) else None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            value = node.value
+        return value if value and value.startswith("TRAINYARD_") else None
+
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        arg = None
+        if isinstance(node, ast.Call) and node.args:
+            func = ast.unparse(node.func)
+            if func.endswith(("environ.get", "os.getenv", "environ.pop")):
+                arg = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("environ"):
+            arg = node.slice
+        if arg is not None and (name := name_of(arg)):
+            found.add(name)
+    return found
+
+
+def test_settings_are_read_in_one_module() -> None:
+    """Every ``TRAINYARD_*`` setting in :mod:`trainyard.settings` (31 names were read in 8+
+    modules); only the pod's environment contract is read where the pod's process runs."""
+    readers = {
+        _module(path): names
+        for path in PACKAGE.rglob("*.py")
+        if (names := _env_reads(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert "TRAINYARD_RUNNER" in readers.get("trainyard.settings", set())  # the check sees
+    stray = {m: sorted(n) for m, n in readers.items() if m not in POD_ENVIRONMENT | {
+        "trainyard.settings"}}  # fmt: skip
+    assert stray == {}

@@ -243,7 +243,7 @@ def _failure_callback() -> Callable[[Any], None] | None:
     Any Airflow notifier instance or callback works, e.g. an SmtpNotifier or SlackNotifier
     created in a small module of your own.
     """
-    spec = os.environ.get("TRAINYARD_FAILURE_NOTIFIER")
+    spec = get_settings().failure_notifier
     if not spec:
         return None
     import importlib

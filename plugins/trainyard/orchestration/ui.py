@@ -121,18 +121,19 @@ def server_answer(pipeline: str, timeout_s: float = 0.5) -> dict[str, Any] | Non
     from trainyard.config import load_pipeline
     from trainyard.errors import ConfigError
     from trainyard.serving.client import ServingClient, ServingHTTPError
-    from trainyard.settings import get_settings
+    from trainyard.settings import get_settings, serving_endpoint
 
     if get_settings().runner != "local":
         return None
     try:
-        serving = load_pipeline(pipeline).serving
+        cfg = load_pipeline(pipeline)
     except ConfigError:
         return None
-    address = f"{serving.host}:{serving.port}"
+    endpoint = serving_endpoint(cfg)
+    address = endpoint.address
     try:
-        with ServingClient(serving.host, serving.port, timeout=timeout_s) as client:
-            entries = client.status(serving.model_name)
+        with ServingClient(endpoint.host, endpoint.port, timeout=timeout_s) as client:
+            entries = client.status(cfg.serving.model_name)
         versions = sorted(
             int(e["version"]) for e in entries if isinstance(e, dict) and e["state"] == "AVAILABLE"
         )

@@ -47,7 +47,7 @@ def url(redis_dir: Path | None = None) -> str:
 
 
 def _binary() -> str:
-    name = os.environ.get("TRAINYARD_REDIS_SERVER", "redis-server")
+    name = get_settings().redis_server
     found = shutil.which(name)
     if not found:
         raise RedisServerError(

@@ -75,9 +75,8 @@ from trainyard.config import PipelineConfig, load_pipeline
 from trainyard.errors import ConfigError, TrainyardError
 from trainyard.fsutil import atomic_write_json, cmdline_has, process_alive, terminate
 from trainyard.pipelines import ensure_own_names
-from trainyard.serving import serving_host
 from trainyard.serving.client import ServingClient
-from trainyard.settings import get_settings
+from trainyard.settings import get_settings, serving_endpoint
 from trainyard.streaming.engines import (
     KafkaStreams,
     Message,
@@ -851,12 +850,12 @@ def previous_failure(status_file: Path | None) -> str | None:
 
 def model_unreachable(cfg: PipelineConfig, timeout_s: float = 5.0) -> str | None:
     """Why the pipeline's model server cannot score now (down, or no version served), or None."""
-    host = serving_host(cfg)
-    endpoint = ModelEndpoint(host, cfg.serving.port, cfg.serving.model_name, timeout_s=timeout_s)
+    where = serving_endpoint(cfg)
+    endpoint = ModelEndpoint(where.host, where.port, cfg.serving.model_name, timeout_s=timeout_s)
     try:
         endpoint.resolve()
     except (OSError, http.client.HTTPException, LookupError) as e:
-        return f"model server {host}:{cfg.serving.port}: {type(e).__name__}: {e}"
+        return f"model server {where.address}: {type(e).__name__}: {e}"
     finally:
         endpoint.close()
     return None
@@ -886,9 +885,9 @@ def build_scorer(
     sc = cfg.scoring
     streams_of(cfg)  # one clear error when there is nothing to score
     checker = RecordChecker(load_contract(cfg.dataset))
-    host = serving_host(cfg)
+    where = serving_endpoint(cfg)
     endpoint = ModelEndpoint(
-        host, cfg.serving.port, cfg.serving.model_name, timeout_s=sc.request_timeout_s
+        where.host, where.port, cfg.serving.model_name, timeout_s=sc.request_timeout_s
     )
     engine = open_engine(cfg, consumer)
     return Scorer(

@@ -400,7 +400,9 @@ def communication_options() -> Any:
 
     impl = tf.distribute.experimental.CommunicationImplementation
     gpus = tf.config.list_physical_devices("GPU")
-    pack = int(os.environ.get("TRAINYARD_ALLREDUCE_PACK_BYTES", "0"))
+    from trainyard.settings import get_settings
+
+    pack = get_settings().allreduce_pack_bytes
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=pack, implementation=impl.NCCL if gpus else impl.AUTO
     )
