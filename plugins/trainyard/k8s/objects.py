@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from trainyard.errors import ConfigError
 from trainyard.k8s.placement import Placement, cpu_placement, placement_for_tier
-from trainyard.settings import SERVING_REST_PORT
+from trainyard.settings import SERVING_GRPC_PORT, SERVING_REST_PORT
 from trainyard.training import spec
 
 if TYPE_CHECKING:
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 VOLUME_ROOT = "/volumes"
 TF_PORT = 2222
-SERVING_GRPC_PORT = 8500
 BASE_CONTAINER = "base"
 """Main container name: ``KubernetesPodOperator.base_container_name`` (logs, XCom)."""
 JOB_NAME_PREFIX = "job-"
