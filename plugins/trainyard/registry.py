@@ -620,15 +620,25 @@ def _write_plain_json(path: Path, obj: Any) -> None:
 # --------------------------------------------------------------------- CLI
 
 
-def _fmt_metrics(metrics: Mapping[str, Any]) -> str:
-    # a version not yet evaluated shows its training figures: numbers only (not its
-    # class names, model or strategy)
+def format_metrics(
+    metrics: Mapping[str, Any] | None, *, sep: str = ", ", limit: int | None = None
+) -> str:
+    """Metrics as a person reads them: ``accuracy=0.9432, loss=0.1489``.
+
+    Numbers only (a version's training figures also hold class names, model, strategy),
+    sorted by name, no per-slice figures (``accuracy@region=eu``), floats to 4 places.
+
+    Args:
+        metrics: Name → value.
+        sep: Between two metrics.
+        limit: At most this many (the first by name).
+    """
     items = [
         (k, v)
-        for k, v in sorted(metrics.items())
+        for k, v in sorted((metrics or {}).items())
         if "@" not in k and isinstance(v, int | float) and not isinstance(v, bool)
-    ]
-    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in items)
+    ][:limit]
+    return sep.join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in items)
 
 
 def readable_versions(reg: Registry) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
@@ -689,7 +699,7 @@ def _list(reg: Registry) -> str:
                 str(meta.get("registered_at", "-")),
                 _snapshot_cell(meta),
                 _gate_cell(gate.get("verdict"), served is None or v in served),
-                _fmt_metrics(metrics),
+                format_metrics(metrics, sep=" "),
             )
         )
     unreadable = "".join(f"unreadable, skipped: {p}\n" for p in problems)

@@ -24,6 +24,7 @@ from typing import Any
 
 from trainyard.errors import ConfigError, RegistryError, TrainyardError
 from trainyard.layout import Layout, safe_name
+from trainyard.registry import format_metrics
 
 DAG_PREFIX = "trainyard_"
 NOTE_MAX = 1000
@@ -323,15 +324,6 @@ def pipeline_story(root: Path, pipeline: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the run note
 
 
-def _fmt_metrics(metrics: Mapping[str, Any] | None, limit: int = 3) -> str:
-    items = [
-        (k, v)
-        for k, v in (metrics or {}).items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
-    ]
-    return ", ".join(f"{k}={v:.4f}" for k, v in items[:limit])
-
-
 def summary_line(
     results: Mapping[str, Any],
     failed: Sequence[str] = (),
@@ -366,7 +358,7 @@ def summary_line(
         "validation " + ("passed" if val.get("success") else "failed" if val_failed else "not run")
     )
     if reg.get("version") is not None:
-        metrics = _fmt_metrics(ev.get("metrics"))
+        metrics = format_metrics(ev.get("metrics"), limit=3)
         parts.append(f"v{reg['version']}" + (f" {metrics}" if metrics else ""))
     if dry_run and not reg and not failed:
         parts.append("dry run: stopped before training (its plan is in the train task's log)")
@@ -1044,7 +1036,7 @@ def render_pipeline(story: Mapping[str, Any], run_url: Any) -> str:
     rows = []
     for v in versions[::-1]:
         gate = v.get("gate") or {}
-        metrics = _fmt_metrics(gate.get("candidate_metrics") or v.get("metrics"), 4)
+        metrics = format_metrics(gate.get("candidate_metrics") or v.get("metrics"), limit=4)
         tags = []
         if v["version"] == champion:
             tags.append('<b class="ok">champion</b>')

@@ -51,6 +51,7 @@ from trainyard.errors import (
 )
 from trainyard.fsutil import atomic_write_json, read_json
 from trainyard.pipelines import check, ensure_own_names
+from trainyard.registry import format_metrics
 from trainyard.settings import get_settings
 
 log = logging.getLogger("trainyard.steps")
@@ -450,7 +451,6 @@ def register(
         ``version``, ``metrics``, ``attempts``, ``seconds``, ``snapshots`` (the ids it
         was trained on).
     """
-    from trainyard import __version__
     from trainyard.contracts import load_contract
     from trainyard.layout import Layout
     from trainyard.training.spec import TENSORBOARD_DIR, run_paths
@@ -476,7 +476,6 @@ def register(
         "data_until": data_until(read),
         "contract_version": load_contract(cfg.dataset).version,
         "config_hash": cfg.config_hash(),
-        "code_version": _code_version(__version__),
         "image": get_settings().image,
         "run_id": run_id,
         "training": params,
@@ -942,7 +941,7 @@ def format_summary(record: dict[str, Any]) -> str:
         f"{_fmt_seconds(tr.get('seconds'))}" + _fmt_window(tr.get("window") or val.get("window"))
         if tr
         else f"training      not run: {_why_not_trained(record)}",
-        f"metrics       {_fmt_metrics(gate.get('metrics') or {})}",
+        f"metrics       {format_metrics(gate.get('metrics') or {})}",
         f"champion      {_champion_text(gate)}",
         f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}"
         if gate
@@ -1027,7 +1026,7 @@ def _why_not_evaluated(record: dict[str, Any]) -> str:
 def _champion_text(gate: dict[str, Any]) -> str:
     if not gate:  # the run did not train (a backfill's earlier day, a dry run, a failure)
         return "not compared (this run evaluated nothing)"
-    metrics = _fmt_metrics(gate.get("champion_metrics") or {})
+    metrics = format_metrics(gate.get("champion_metrics") or {})
     if metrics:
         return metrics
     if gate.get("champion") is not None and gate.get("champion") != gate.get("version"):
@@ -1052,27 +1051,8 @@ def _fmt_prediction(deployed: dict[str, Any]) -> str:
     return f"{text}, over HTTP; {deployed.get('smoke_rows')} smoke rows matched offline evaluation"
 
 
-def _fmt_metrics(metrics: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-        for k, v in sorted(metrics.items())
-        if "@" not in k
-    )
-
-
 def _fmt_seconds(value: Any) -> str:
     return f"{value:.1f} s" if isinstance(value, int | float) else "-"
-
-
-def _code_version(package_version: str) -> str:
-    head = get_settings().project_dir / ".git" / "HEAD"
-    try:
-        ref = head.read_text().strip()
-        if ref.startswith("ref: "):
-            ref = (head.parent / ref[5:]).read_text().strip()
-        return f"{package_version}+g{ref[:12]}"
-    except OSError:
-        return package_version
 
 
 DAILY = "0 0 * * *"

@@ -286,6 +286,28 @@ def table_files(snapshot: Path) -> list[Path]:
     return [Path(snapshot) / s.path for s in manifest.shards if s.role == role]
 
 
+def data_shards(snapshot: Path, kind: str | None = None) -> list[Path]:
+    """The data shards a snapshot's manifest lists, in its order, each checked to be there.
+
+    Args:
+        snapshot: The snapshot directory.
+        kind: The kind the reader needs (``table`` or ``files``), if it needs one.
+
+    Raises:
+        SnapshotError: A snapshot of another kind, a listed shard missing, or none listed.
+    """
+    manifest = read_manifest(snapshot)
+    if kind is not None and manifest.kind != kind:
+        raise SnapshotError(f"{snapshot}: expected a {kind} snapshot, got kind {manifest.kind!r}")
+    out = [Path(snapshot) / s.path for s in manifest.data_shards]
+    for path in out:
+        if not path.is_file():
+            raise SnapshotError(f"{path}: shard listed in the manifest is missing")
+    if not out:
+        raise SnapshotError(f"{Path(snapshot) / MANIFEST}: no data shards")
+    return out
+
+
 def list_snapshots(dataset: str, volume_root: Path | None = None) -> list[Manifest]:
     """Every complete snapshot of a dataset, oldest first.
 

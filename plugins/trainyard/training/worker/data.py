@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from trainyard.contracts import holdout_mask
 from trainyard.errors import ContractError, SnapshotError
+from trainyard.volumes import data_shards, read_manifest
 
 Split = Literal["train", "holdout", "all"]
 
@@ -33,38 +34,6 @@ def select(keys: Sequence[str], fraction: float, split: Split) -> np.ndarray:
     if split == "train":
         return ~mask
     raise ValueError(f"split must be 'train', 'holdout' or 'all', got {split!r}")
-
-
-def read_manifest(snapshot_dir: Path) -> dict[str, Any]:
-    """The snapshot's ``manifest.json`` as a dict (``kind``, ``shards``), checked.
-
-    Raises:
-        SnapshotError: Missing, unreadable or malformed manifest.
-    """
-    from trainyard.volumes import read_manifest as read_checked
-
-    return read_checked(Path(snapshot_dir)).to_dict()
-
-
-def data_shards(snapshot_dir: Path, manifest: dict[str, Any]) -> list[Path]:
-    """Paths of the data shards named by the manifest, in manifest order.
-
-    Raises:
-        SnapshotError: A listed shard is missing, or there is none.
-    """
-    out = []
-    for i, shard in enumerate(manifest["shards"]):
-        if not isinstance(shard, dict) or "path" not in shard:
-            raise SnapshotError(f"{snapshot_dir}/manifest.json: shards[{i}] has no path")
-        if shard.get("role", "data") != "data":
-            continue
-        path = Path(snapshot_dir) / shard["path"]
-        if not path.is_file():
-            raise SnapshotError(f"{path}: shard listed in the manifest is missing")
-        out.append(path)
-    if not out:
-        raise SnapshotError(f"{snapshot_dir}/manifest.json: no data shards")
-    return out
 
 
 @dataclass(frozen=True)
@@ -161,12 +130,7 @@ def file_index(snapshot_dir: Path, contract: Any) -> FileIndex:
             or a label that disagrees with the shard's ``.cls`` member (names key and shard).
     """
     snapshot_dir = Path(snapshot_dir)
-    manifest = read_manifest(snapshot_dir)
-    if manifest["kind"] != "files":
-        raise SnapshotError(
-            f"{snapshot_dir}: expected a files snapshot, got kind {manifest['kind']!r}"
-        )
-    shards = data_shards(snapshot_dir, manifest)
+    shards = data_shards(snapshot_dir, "files")
     index_path = snapshot_dir / "index.parquet"
     try:
         table = pq.read_table(
@@ -250,20 +214,6 @@ def _decode_image(data: bytes, contract: Any, where: str) -> np.ndarray:
     return arr / 255.0
 
 
-def table_files(snapshot_dir: Path) -> list[Path]:
-    """Parquet data shards of a table snapshot.
-
-    Raises:
-        SnapshotError: Not a table snapshot, or a shard is missing.
-    """
-    manifest = read_manifest(snapshot_dir)
-    if manifest["kind"] != "table":
-        raise SnapshotError(
-            f"{snapshot_dir}: expected a table snapshot, got kind {manifest['kind']!r}"
-        )
-    return data_shards(Path(snapshot_dir), manifest)
-
-
 def label_dtype(contract: Any) -> type[np.generic]:
     """The labels' dtype: float32 targets for a regressor, int64 class ids otherwise."""
     return np.float32 if contract.is_regression else np.int64
@@ -273,7 +223,7 @@ def _table_columns(snapshot_dir: Path, contract: Any) -> dict[str, np.ndarray | 
     roles = contract.roles
     names = [roles.key, roles.label, *roles.features]
     cols: dict[str, list[Any]] = {n: [] for n in names}
-    for path in table_files(snapshot_dir):
+    for path in data_shards(snapshot_dir, "table"):
         try:
             table = pq.read_table(path, columns=names)
         except (pa.ArrowInvalid, KeyError) as e:
@@ -335,9 +285,9 @@ def load_examples(snapshot_dir: Path, contract: Any, split: Split) -> Examples:
             null or non-numeric feature (names the column).
     """
     snapshot_dir = Path(snapshot_dir)
-    manifest = read_manifest(snapshot_dir)
+    kind = read_manifest(snapshot_dir).kind
     fraction = contract.split.holdout_fraction if contract.split else 0.0
-    if manifest["kind"] == "files":
+    if kind == "files":
         if contract.image is None:
             raise ContractError(
                 f"{snapshot_dir}: files snapshot but the contract has no image section"

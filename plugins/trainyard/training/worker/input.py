@@ -41,10 +41,9 @@ from trainyard.training.worker.data import (
     file_index,
     label_dtype,
     load_window_examples,
-    read_manifest,
     select,
-    table_files,
 )
+from trainyard.volumes import data_shards, read_manifest
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -101,7 +100,7 @@ class SnapshotInput:
         self.split = split
         self.in_graph = in_graph
         self.cache = cache
-        kinds = {str(read_manifest(d)["kind"]) for d in self.snapshot_dirs}
+        kinds = {read_manifest(d).kind for d in self.snapshot_dirs}
         if len(kinds) != 1:
             raise TrainingError(
                 f"the training window mixes snapshot kinds {sorted(kinds)}: "
@@ -123,7 +122,7 @@ class SnapshotInput:
             labels, keys = ex.labels, ex.keys
             stats = {f: (float(np.mean(v)), float(np.var(v))) for f, v in ex.features.items()}
             self._table = {**ex.features, "__label__": labels} if in_graph else None
-            self._files = [f for d in self.snapshot_dirs for f in table_files(d)]
+            self._files = [f for d in self.snapshot_dirs for f in data_shards(d, "table")]
             self._keep = set(ex.keys) if split != "all" else None
         if contract.is_regression:
             target = (float(np.mean(labels)), float(np.var(labels))) if len(labels) else (0.0, 1.0)
