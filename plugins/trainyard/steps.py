@@ -532,7 +532,8 @@ def evaluate(
         ``promote``, ``verdict``, ``reason``, ``version``, ``champion``, ``metrics``,
         ``champion_metrics``, ``report`` (markdown).
     """
-    from trainyard import evaluation
+    from trainyard.evaluation.gate import ForceRequest
+    from trainyard.evaluation.step import evaluate_and_decide
     from trainyard.registry import caller
 
     cfg = load_pipeline(pipeline)
@@ -546,12 +547,12 @@ def evaluate(
         )
     force = None
     if force_promote:
-        force = evaluation.ForceRequest(
+        force = ForceRequest(
             actor=actor or caller(),
             reason=force_reason or "",
             at=dt.datetime.now(dt.UTC).isoformat(),
         )
-    decision = evaluation.evaluate_and_decide(cfg, registry, int(version), force)
+    decision = evaluate_and_decide(cfg, registry, int(version), force)
     log.info("gate decision for %s v%s:\n%s", cfg.name, version, decision.to_markdown())
     _mirror(cfg, registry, int(version))
     return decision.summary()
@@ -611,8 +612,8 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
         ``version``, ``url``, ``sample_prediction``, ``smoke_rows``, ``previous``,
         ``scorer`` (the stream scorer it started or restarted: :func:`roll_scorer`).
     """
-    from trainyard import evaluation
     from trainyard.contracts import feature_spec, load_contract
+    from trainyard.evaluation.step import smoke_examples
     from trainyard.registry import caller
     from trainyard.serving.deploy import deploy as deploy_version
     from trainyard.serving.deploy import ensure_local_server, serve_champion
@@ -654,7 +655,7 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
                 )
             actor = str(answer.get("actor"))
             promote_reason = f"approved by {actor}: {answer.get('reason') or '(no reason given)'}"
-        smoke = evaluation.smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
+        smoke = smoke_examples(cfg, registry, version, cfg.serving.smoke_rows)
         spec = feature_spec(contract)
         champion_dir = registry.version_dir(previous) / "model" if previous is not None else None
         log.info(

@@ -12,16 +12,10 @@ import pytest
 from sklearn.metrics import log_loss, mean_absolute_error, mean_squared_error, roc_auc_score
 
 from trainyard.config import GateConfig
-from trainyard.errors import ConfigError
-from trainyard.evaluation import (
-    EvaluationError,
-    ForceRequest,
-    compute_metrics,
-    evaluate_model,
-    metrics_with_slices,
-    required_metrics,
-    run_gate,
-)
+from trainyard.errors import ConfigError, EvaluationError
+from trainyard.evaluation.gate import ForceRequest, required_metrics
+from trainyard.evaluation.metrics import compute_metrics, evaluate_model, metrics_with_slices
+from trainyard.evaluation.step import run_gate
 
 RNG = np.random.default_rng(7)
 N, DIM, CLASSES = 300, 4, 3
@@ -349,7 +343,7 @@ def test_evaluate_and_decide_on_a_staged_snapshot(
     from PIL import Image
 
     from trainyard.config import load_pipeline
-    from trainyard.evaluation import evaluate_and_decide, smoke_examples
+    from trainyard.evaluation.step import evaluate_and_decide, smoke_examples
     from trainyard.registry import Registry
     from trainyard.settings import get_settings
     from trainyard.staging import stage
@@ -469,7 +463,7 @@ def test_importing_evaluation_and_registry_loads_no_heavy_module() -> None:
 def test_diagnostics_confusion_matrix_matches_sklearn() -> None:
     from sklearn.metrics import confusion_matrix
 
-    from trainyard.evaluation import diagnostics
+    from trainyard.evaluation.metrics import diagnostics
 
     rng = np.random.default_rng(3)
     y = rng.integers(0, 4, 500)
@@ -487,7 +481,7 @@ def test_diagnostics_confusion_matrix_matches_sklearn() -> None:
 
 
 def test_diagnostics_residuals_histogram_counts_every_finite_row() -> None:
-    from trainyard.evaluation import RESIDUAL_BINS, diagnostics
+    from trainyard.evaluation.metrics import RESIDUAL_BINS, diagnostics
 
     rng = np.random.default_rng(4)
     target = rng.normal(100, 10, 1000)

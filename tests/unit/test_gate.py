@@ -1,4 +1,4 @@
-"""Table-driven tests of the evaluation gate (``trainyard.evaluation.decide``)."""
+"""Table-driven tests of the evaluation gate (``trainyard.evaluation.gate.decide``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from trainyard.config import GateConfig
 from trainyard.errors import GateRejected
-from trainyard.evaluation import ForceRequest, decide
+from trainyard.evaluation.gate import ForceRequest, decide
 
 DIGITS_GATE = {
     "metrics": ["accuracy", "loss"],

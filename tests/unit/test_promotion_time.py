@@ -11,7 +11,8 @@ import pytest
 from trainyard import volumes
 from trainyard.config import GateConfig
 from trainyard.errors import GateRejected
-from trainyard.evaluation import ForceRequest, decide, newest_data
+from trainyard.evaluation.gate import ForceRequest, decide
+from trainyard.evaluation.step import newest_data
 
 GATE = GateConfig.model_validate(
     {

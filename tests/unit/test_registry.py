@@ -563,7 +563,7 @@ def test_checkpoints_of_runs_nobody_retried_for_a_week_are_removed(tmp_path: Pat
 def _gated(reg: Registry, version: int, champion: int | None) -> None:
     """``gate.json`` as the evaluate step writes it (a second cold user found the deploy
     check reading a key only the step's XCom result has: every second run failed)."""
-    from trainyard.evaluation import GateDecision
+    from trainyard.evaluation.gate import GateDecision
 
     decision = GateDecision(
         True, "promote", "checks passed", [], champion is None, version=version,
