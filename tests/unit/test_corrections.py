@@ -17,6 +17,7 @@ import pytest
 from tests.daily_csv import LABEL, read_csv, write_contract, write_csv, write_days
 from tests.daily_csv import pipeline as pipeline_dict
 from trainyard import volumes
+from trainyard.cli import snapshots as snapshots_cli
 from trainyard.config import PipelineConfig
 from trainyard.errors import StagingError, ValidationFailed
 from trainyard.staging import stage
@@ -125,11 +126,11 @@ def test_rejected_snapshot_never_blocks_its_interval(raw: Path, capsys) -> None:
     assert f"snapshot {bad.snapshot_id} was rejected" in rerun.checked
     assert "mean_radius" in rerun.checked
     # snapshots list / show mark it and say why
-    assert volumes.cli_main(["list", "cancer"]) == 0
+    assert snapshots_cli.cli_main(["list", "cancer"]) == 0
     listed = capsys.readouterr().out
     line = next(t for t in listed.splitlines() if bad.snapshot_id in t)
     assert "REJECTED" in line and "mean_radius" in line and "min" in line
-    assert volumes.cli_main(["show", "cancer", bad.snapshot_id]) == 0
+    assert snapshots_cli.cli_main(["show", "cancer", bad.snapshot_id]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["validation"]["state"] == "rejected"
     assert "mean_radius" in shown["validation"]["reason"]
@@ -142,7 +143,7 @@ def test_rejected_snapshot_never_blocks_its_interval(raw: Path, capsys) -> None:
     assert validate(cfg, fixed.snapshot_id).success
     assert volumes.latest_validated("cancer") == fixed.snapshot_id
     assert _record()["snapshot_id"] == fixed.snapshot_id
-    assert volumes.cli_main(["list", "cancer"]) == 0
+    assert snapshots_cli.cli_main(["list", "cancer"]) == 0
     listed = capsys.readouterr().out
     fixed_line = next(t for t in listed.splitlines() if t.split()[1] == fixed.snapshot_id)
     bad_line = next(t for t in listed.splitlines() if t.split()[1] == bad.snapshot_id)
@@ -236,7 +237,7 @@ def test_a_snapshot_rejected_on_revalidation_is_no_longer_the_last_validated(
         validate(cfg, newer)
 
     assert volumes.latest_validated("cancer") == older
-    assert volumes.cli_main(["list", "cancer"]) == 0
+    assert snapshots_cli.cli_main(["list", "cancer"]) == 0
     lines = capsys.readouterr().out.splitlines()
     line = next(t for t in lines if newer in t)
     assert "REJECTED" in line and "validated" not in line, line
@@ -279,7 +280,7 @@ def test_snapshots_list_marks_the_snapshot_a_correction_replaced(raw: Path, caps
 
     def lines() -> dict[str, str]:
         capsys.readouterr()
-        assert volumes.cli_main(["list", "cancer"]) == 0
+        assert snapshots_cli.cli_main(["list", "cancer"]) == 0
         out = capsys.readouterr().out.splitlines()
         return {sid: next(line for line in out if sid in line.split()[1]) for sid in ids}
 

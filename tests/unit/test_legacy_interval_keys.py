@@ -9,6 +9,7 @@ a training window counted the day twice, once per record.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -76,9 +77,9 @@ def test_a_day_recorded_under_both_keys_counts_once(cfg: PipelineConfig, volume_
     # the second day was recorded by an older trainyard, pointing at another snapshot,
     # and recorded again since under the new key
     older = _as_older_trainyard(volume_root, 1)
-    record = volumes.read_json(older)
+    record = json.loads(older.read_text())
     shutil.copy(older, older.with_name(f"{volumes.interval_key(DAYS[1], DAYS[2])}.json"))
-    older.write_text(volumes.json.dumps({**record, "snapshot_id": sids[3]}))
+    older.write_text(json.dumps({**record, "snapshot_id": sids[3]}))
 
     window = volumes.training_window("cancer", {"intervals": 4}, sids[2], DAYS[2])
 

@@ -14,6 +14,7 @@ import pytest
 
 from tests.daily_csv import DATASET, read_csv, write_contract, write_csv, write_days
 from tests.daily_csv import pipeline as pipeline_dict
+from trainyard.cli import snapshots as snapshots_cli
 from trainyard.config import PipelineConfig
 from trainyard.errors import StagingError
 from trainyard.steps import EXIT_DETERMINISTIC, EXIT_FAILED, EXIT_OK, EXIT_SKIPPED
@@ -295,7 +296,7 @@ def test_a_day_whose_source_is_refused_leaves_the_training_window(
     key = volumes.interval_key("2026-11-04", "2026-11-04")
     record = volumes.read_interval("cancer", key)
     assert record["snapshot_id"] == sids["2026-11-04"] and "row 5" in record["refused"]["reason"]
-    assert volumes.cli_main(["list", "cancer"]) == 0
+    assert snapshots_cli.cli_main(["list", "cancer"]) == 0
     [line] = [x for x in capsys.readouterr().out.splitlines() if sids["2026-11-04"] in x]
     assert " SUPERSEDED: [2026-11-04 .. 2026-11-04)'s source was refused" in line, line
     # a source that is gone afterwards does not bring the old snapshot back

@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from trainyard import volumes
+from trainyard.cli import snapshots as snapshots_cli
 from trainyard.config import PipelineConfig
 from trainyard.errors import SnapshotError, ValidationFailed
 from trainyard.staging import stage
@@ -274,7 +275,7 @@ def test_a_damaged_snapshot_heals_when_its_unchanged_interval_is_staged_again(
     snap = stage(pipeline(raw), *day, quiet=True).path
     flip_byte(snap / "shard-00000.tar", 4000)
     _read_by(reader, snap, raw)
-    assert volumes.cli_main(["list", "pics"]) == 0
+    assert snapshots_cli.cli_main(["list", "pics"]) == 0
     listed = [line for line in capsys.readouterr().out.splitlines() if snap.name in line]
     assert len(listed) == 1 and " DAMAGED: " in listed[0], listed
 

@@ -24,7 +24,7 @@ TOOLS: dict[str, tuple[str, str, str]] = {
     ),
     "run": ("trainyard.steps", "run_cli_main", "Run every step of a pipeline, in order."),
     "snapshots": (
-        "trainyard.volumes",
+        "trainyard.cli.snapshots",
         "cli_main",
         "list | show | verify | mirror | gc dataset snapshots.",
     ),

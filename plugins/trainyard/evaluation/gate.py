@@ -296,7 +296,7 @@ def _champion_check(
 
 def _time_check(candidate: str | None, champion: str | None) -> Check:
     """The candidate's newest data must not be older than the champion's."""
-    from trainyard.volumes import _instant
+    from trainyard.volumes.paths import _instant
 
     name, rule = "time:data", "newest data >= champion's"
     if candidate is None or champion is None:

@@ -1,0 +1,220 @@
+"""Training windows and drift baselines: which validated snapshots a run reads."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from trainyard.errors import SnapshotError
+from trainyard.fsutil import (
+    read_json,
+)
+from trainyard.volumes.maintenance import lease_snapshot
+from trainyard.volumes.manifest import read_manifest
+from trainyard.volumes.paths import (
+    MANIFEST,
+    _check_snapshot_id,
+    _instant,
+    _layout,
+    check_dataset_name,
+    snapshot_dir,
+)
+from trainyard.volumes.pointers import interval_key, latest_validated, validation_state
+
+log = logging.getLogger("trainyard.volumes")
+
+
+def window_entry(dataset: str, snapshot_id: str, volume_root: Path | None = None) -> dict[str, Any]:
+    """One snapshot of a training window: ``dataset``, ``snapshot_id``, ``interval``, ``rows``.
+
+    Raises:
+        SnapshotError: If the snapshot does not exist.
+    """
+    manifest = read_manifest(snapshot_dir(dataset, snapshot_id, volume_root))
+    iv = manifest.interval
+    return {
+        "dataset": dataset,
+        "snapshot_id": snapshot_id,
+        "interval": [iv.get("start"), iv.get("end")] if iv else None,
+        "rows": manifest.rows,
+    }
+
+
+def _validated_intervals(
+    dataset: str, volume_root: Path | None = None
+) -> Iterator[tuple[dt.datetime, str, dict[str, Any]]]:
+    """``(start, snapshot id, record)`` of each interval whose snapshot passed validation.
+
+    Records without a start, those whose snapshot is gone, and those whose current
+    source was refused at staging (:func:`refuse_interval`) are skipped.
+
+    Raises:
+        SnapshotError: If an interval record is unreadable (naming the file).
+    """
+    folder = _layout(volume_root).intervals(check_dataset_name(dataset))
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    names = {p.stem for p in paths}
+    for path in paths:
+        try:
+            record = read_json(path)
+            if not record.get("start"):
+                continue
+            key = interval_key(record["start"], record.get("end"))
+            if key != path.stem and key in names:
+                continue  # an older trainyard's key of an interval recorded again since
+            start = _instant(record["start"])
+            sid = _check_snapshot_id(str(record["snapshot_id"]))
+        except (OSError, ValueError, KeyError, TypeError, SnapshotError) as e:
+            raise SnapshotError(f"{path}: unreadable interval record: {e}") from e
+        if record.get("refused"):
+            continue
+        snap = snapshot_dir(dataset, sid, volume_root)
+        if (snap / MANIFEST).is_file() and validation_state(snap)["state"] == "validated":
+            yield start, sid, record
+
+
+def drift_baseline(
+    dataset: str,
+    snapshot_id: str,
+    interval_start: str | None = None,
+    volume_root: Path | None = None,
+) -> str | None:
+    """The snapshot a snapshot's drift is measured against, or None (nothing to compare).
+
+    For a run's data interval: the validated snapshot of the latest interval that starts
+    before it, so a day's verdict does not depend on which days ran before it (a backfill
+    run again, or a correction of an old day, compares each day with the day before, not
+    with the newest day). Without an interval (a snapshot given by hand): the dataset's
+    most recently validated snapshot. Never the snapshot itself.
+
+    Raises:
+        SnapshotError: If an interval record is unreadable.
+    """
+    if not interval_start:
+        latest = latest_validated(dataset, volume_root)
+        return latest if latest != snapshot_id else None
+    until = _instant(interval_start)
+    best: tuple[dt.datetime, str] | None = None
+    for start, sid, _ in _validated_intervals(dataset, volume_root):
+        if start < until and sid != snapshot_id and (best is None or start > best[0]):
+            best = (start, sid)
+    return best[1] if best else None
+
+
+def training_window(
+    dataset: str,
+    window: Any,
+    snapshot_id: str,
+    interval_start: str | None = None,
+    volume_root: Path | None = None,
+) -> list[dict[str, Any]]:
+    """The snapshots a run trains on, oldest interval first; the run's own snapshot last.
+
+    ``newest`` is the run's snapshot alone. ``{intervals: N}`` and ``{since: date}`` read
+    the dataset's interval records: an interval counts when it starts no later than the
+    run's interval (``interval_start``; no bound without one) and its current snapshot
+    exists and passed validation (a rejected or unvalidated one is left out, and so is
+    an interval whose current source was refused at staging);
+    ``{intervals: N}`` keeps the last N of them, ``{since: D}`` those starting on or after
+    D. Intervals that produced the same content (one snapshot) count once, at their latest
+    interval. The run's own snapshot is always in the window.
+
+    Args:
+        dataset: The dataset name.
+        window: ``"newest"``, or an object with ``intervals`` or ``since``
+            (``config.TrainingWindow``), or its JSON form.
+        snapshot_id: The run's snapshot (just staged and validated).
+        interval_start: The run's data interval start (the window ends there).
+        volume_root: Another volume root (defaults to the configured one).
+
+    Returns:
+        One :func:`window_entry` per snapshot (``interval`` is the interval it was
+        recorded for, ``[start, end]``, or None).
+
+    Raises:
+        SnapshotError: If the run's snapshot does not exist or an interval record is
+            unreadable (naming the file).
+        ConfigError: If ``window`` is none of the three forms.
+    """
+    from trainyard.errors import ConfigError
+
+    if hasattr(window, "model_dump"):
+        window = window.model_dump(mode="json")
+    own = window_entry(dataset, snapshot_id, volume_root)
+    if window == "newest":
+        return [own]
+    if not isinstance(window, dict) or not (
+        {"intervals"} == set(window) or {"since"} == set(window)
+    ):
+        raise ConfigError(
+            f"training window {window!r}: must be 'newest', {{intervals: N}} or {{since: date}}"
+        )
+    until = _instant(interval_start) if interval_start else None
+    picked: dict[str, dict[str, Any]] = {}
+    for start, sid, record in _validated_intervals(dataset, volume_root):
+        if until is not None and start > until:
+            continue
+        if "since" in window and start.date() < dt.date.fromisoformat(str(window["since"])):
+            continue
+        entry = {
+            **window_entry(dataset, sid, volume_root),
+            "interval": [record["start"], record.get("end")],
+        }
+        if sid not in picked or _instant(picked[sid]["interval"][0]) < start:
+            picked[sid] = {**entry, "_start": start}
+    mine = picked.pop(snapshot_id, None)
+    others = [
+        {k: v for k, v in e.items() if k != "_start"}
+        for e in sorted(picked.values(), key=lambda e: e["_start"])
+    ]
+    if "intervals" in window:
+        keep = int(window["intervals"]) - 1
+        others = others[max(len(others) - keep, 0) :] if keep > 0 else []
+    return [*others, {**own, "interval": mine["interval"]} if mine else own]
+
+
+def data_until(snapshots: Sequence[dict[str, Any]]) -> str | None:
+    """The newest data a model read: the latest interval start of its snapshots.
+
+    Snapshots without an interval count by their creation time (``created_at``).
+
+    Args:
+        snapshots: Window entries (``interval``: ``[start, end]`` or None, ``created_at``).
+
+    Returns:
+        The ISO time, or None when no snapshot says.
+    """
+    times = []
+    for snap in snapshots:
+        iv = snap.get("interval") or [None]
+        times.append(iv[0] or snap.get("created_at"))
+    known = [t for t in times if t]
+    return max(known, key=_instant) if known else None
+
+
+@contextmanager
+def lease_window(
+    dataset: str,
+    snapshot_ids: Sequence[str],
+    *,
+    purpose: str = "read",
+    volume_root: Path | None = None,
+) -> Iterator[list[Path]]:
+    """:func:`lease_snapshot` for every snapshot of a training window, released together.
+
+    Raises:
+        SnapshotError: If any of them is gone (the ones already leased are released).
+    """
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                lease_snapshot(dataset, sid, purpose=purpose, volume_root=volume_root)
+            )
+            for sid in dict.fromkeys(snapshot_ids)
+        ]
