@@ -89,5 +89,9 @@ class DeployError(TrainyardError):
     """A deployment failed its smoke test or never became available (after rollback)."""
 
 
+class ApprovalMissing(DeployError):
+    """A version that needs a person's approval has none (yet, or it was rejected)."""
+
+
 class ServingError(TrainyardError):
     """The model server cannot start (its port is taken, its base path unusable)."""

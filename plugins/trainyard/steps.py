@@ -23,8 +23,7 @@ import logging
 import os
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +36,7 @@ from trainyard.config import (
     load_pipeline,
 )
 from trainyard.errors import (
+    ApprovalMissing,
     ConfigError,
     DaysFailed,
     DeployError,
@@ -44,14 +44,13 @@ from trainyard.errors import (
     RegistryRefused,
     SnapshotError,
     SourceMissing,
-    StagingError,
     StepSkipped,
     TrainyardError,
     ValidationFailed,
 )
 from trainyard.fsutil import atomic_write_json, read_json
 from trainyard.pipelines import check, ensure_own_names
-from trainyard.registry import format_metrics
+from trainyard.runs import format_summary, since
 from trainyard.settings import get_settings
 
 log = logging.getLogger("trainyard.steps")
@@ -379,6 +378,32 @@ def train(
     )
 
 
+def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bool, str]:
+    """Whether this run trains, given the pipeline's backfill policy.
+
+    Args:
+        policy: ``last``, ``each`` or ``none`` (``PipelineConfig.backfill_training``).
+        run_type: The DagRun's run type (``backfill``, ``scheduled``, ``manual``, ...).
+        later_runs_queued: How many runs of this DAG are still queued.
+
+    Returns:
+        (train or not, the reason in one sentence).
+    """
+    if run_type != "backfill" or policy == "each":
+        return True, "train"
+    if policy == "none":
+        return (
+            False,
+            "backfill run: the pipeline trains on no backfill run (backfill_training: none)",
+        )
+    if later_runs_queued:
+        return False, (
+            f"backfill run with {later_runs_queued} later interval(s) still queued: "
+            "training happens once, in the backfill's last run"
+        )
+    return True, "last run of the backfill: training on the window as of its interval"
+
+
 def _remove_run_folder(cfg: PipelineConfig, run_id: str) -> Path:
     """Remove a training run's folder (its checkpoints and output); return where it was."""
     import shutil
@@ -647,7 +672,7 @@ def deploy(pipeline: str, version: int, actor: str | None = None) -> dict[str, A
                     else f"{answer.get('actor')} rejected it: "
                     f"{answer.get('reason') or '(no reason)'}"
                 )
-                raise DeployError(
+                raise ApprovalMissing(
                     f"{cfg.name} version {version} needs a person's approval (gate.approval: "
                     f"required) and {said}; approve it in the Airflow UI (Required Actions) or "
                     f"with python -m trainyard models approve --pipeline {cfg.name} {version} "
@@ -913,149 +938,6 @@ def summary(
     return record
 
 
-def _since(record: dict[str, Any]) -> str:
-    """A line when the champion is no longer what the last recorded run left (or "")."""
-    try:
-        champion = _registry(load_pipeline(str(record.get("pipeline")))).champion()
-    except TrainyardError:
-        return ""
-    served = (record.get("deploy") or {}).get("version")
-    left = served if served is not None else (record.get("evaluate") or {}).get("champion")
-    if champion == left:
-        return ""
-    now = "none" if champion is None else f"version {champion}"
-    return f"now           the champion is {now} (python -m trainyard models history)\n"
-
-
-def format_summary(record: dict[str, Any]) -> str:
-    """Render a run record as the few lines a person wants to read."""
-    stage_r, val = record.get("stage") or {}, record.get("validate") or {}
-    tr = {**(record.get("train") or {}), **(record.get("register") or {})}
-    gate, dep = record.get("evaluate") or {}, record.get("deploy") or {}
-    finished = f" (finished {record['finished_at'][:19]})" if record.get("finished_at") else ""
-    lines = [
-        f"pipeline      {record.get('pipeline')}   run {record.get('run_id')}{finished}",
-        f"snapshot      {stage_r.get('snapshot_id', '-')}" + _fmt_staged(stage_r),
-        f"validation    {'passed' if val.get('success') else 'not run' if not val else 'failed'}"
-        + (f", {val.get('warnings')} warnings" if val.get("warnings") else ""),
-        f"training      version {tr.get('version', '-')}, attempts {tr.get('attempts', '-')}, "
-        f"{_fmt_seconds(tr.get('seconds'))}" + _fmt_window(tr.get("window") or val.get("window"))
-        if tr
-        else f"training      not run: {_why_not_trained(record)}",
-        f"metrics       {format_metrics(gate.get('metrics') or {})}",
-        f"champion      {_champion_text(gate)}",
-        f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}"
-        if gate
-        else f"gate          not run: {_why_not_evaluated(record)}",
-    ]
-    answer = record.get("approve")
-    if isinstance(answer, dict):
-        if answer.get("approved") is None:
-            lines.append("approval      waiting for a person (gate.approval: required)")
-        else:
-            said = "approved" if answer.get("approved") else "rejected"
-            why = answer.get("reason") or "(no reason)"
-            lines.append(f"approval      {said} by {answer.get('by')}: {why}")
-    if record.get("skipped"):
-        days = record["skipped"]
-        lines.append(f"skipped       {', '.join(days)}: nothing to stage (source.when_missing)")
-    if record.get("failed_days"):
-        days = list(record["failed_days"])
-        lines.append(
-            f"failed        {', '.join(days)}: their data (the range went on without them"
-            + _fmt_failed_in_window(days, tr.get("window") or val.get("window") if tr else None)
-            + ")"
-        )
-    if dep:
-        lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
-        lines.append(f"prediction    {_fmt_prediction(dep)}")
-        if dep.get("scorer"):
-            lines.append(f"stream        {dep['scorer']}")
-    else:
-        lines.append("served        unchanged (nothing deployed)")
-    return "\n".join(lines)
-
-
-def _fmt_failed_in_window(days: list[str], window: Any) -> str:
-    """Whether a training window holds failed days (their earlier snapshots) or not."""
-    entries = [e for e in window or [] if isinstance(e, dict)]
-    if len(entries) < 2:
-        return ""
-    trained = {str(e["interval"][0])[:10] for e in entries if e.get("interval")}
-    kept = [d for d in days if d in trained]
-    if kept:
-        return f"; trained on the earlier snapshot of {', '.join(kept)}"
-    return "; the training window left them out"
-
-
-def _fmt_window(window: Any) -> str:
-    """``, on N snapshots (R rows)`` for a training window of more than one snapshot."""
-    entries = [e for e in window or [] if isinstance(e, dict)]
-    if len(entries) < 2:
-        return ""
-    rows = sum(int(e.get("rows") or 0) for e in entries)
-    return f", on {len(entries)} snapshots ({rows} rows)"
-
-
-def _fmt_staged(staged: dict[str, Any]) -> str:
-    """How the snapshot came about, in the words of what staging checked."""
-    if not staged:
-        return ""
-    state = "reused" if staged.get("reused") else "new"
-    if staged.get("replaced"):
-        state += f", replaces {staged['replaced']} for this interval"
-    checked = staged.get("checked")
-    return f" ({state}: {checked})" if checked else f" ({state})"
-
-
-def _why_not_trained(record: dict[str, Any]) -> str:
-    """Why a run's record has no trained version."""
-    if (record.get("validate") or {}).get("success"):
-        return "this run did not train (backfill_training, or a dry run)"
-    return "its snapshot did not pass validation" if record.get("validate") else "nothing to train"
-
-
-def _why_not_evaluated(record: dict[str, Any]) -> str:
-    """Why a run's record has no gate decision."""
-    if record.get("train") or record.get("register"):
-        return "the run stopped before the gate"
-    if (record.get("validate") or {}).get("success"):
-        return "this run did not train (backfill_training, or a dry run)"
-    return "nothing to evaluate"
-
-
-def _champion_text(gate: dict[str, Any]) -> str:
-    if not gate:  # the run did not train (a backfill's earlier day, a dry run, a failure)
-        return "not compared (this run evaluated nothing)"
-    metrics = format_metrics(gate.get("champion_metrics") or {})
-    if metrics:
-        return metrics
-    if gate.get("champion") is not None and gate.get("champion") != gate.get("version"):
-        return f"v{gate['champion']} (not compared)"
-    return "none (first run)"
-
-
-def _fmt_prediction(deployed: dict[str, Any]) -> str:
-    pred = deployed.get("sample_prediction") or {}
-    probs = pred.get("probabilities")
-    if "predictions" in pred and "class_id" not in pred:
-        text = f"value {pred['predictions']:.4g}"
-    else:
-        name = pred.get("class_name")
-        text = f"class {pred.get('class_id')}" + (
-            f" {name!r}" if name not in (None, str(pred.get("class_id"))) else ""
-        )
-    if isinstance(probs, list) and probs:
-        text += f" (p={max(probs):.3f})"
-    if deployed.get("sample_key"):
-        text += f" for holdout sample {deployed['sample_key']!r}"
-    return f"{text}, over HTTP; {deployed.get('smoke_rows')} smoke rows matched offline evaluation"
-
-
-def _fmt_seconds(value: Any) -> str:
-    return f"{value:.1f} s" if isinstance(value, int | float) else "-"
-
-
 DAILY = "0 0 * * *"
 """The intervals of a pipeline without a schedule: days (UTC)."""
 
@@ -1129,141 +1011,6 @@ def data_intervals(
             "data is not complete (a DAG run of it would not have started yet)"
         )
     return out
-
-
-RUN_FORCE_KEYS = frozenset({"force_promote", "force_reason"})
-"""``trainyard run --overrides`` keys that force the gate, not training parameters."""
-
-
-def _training_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The training parameters among ``trainyard run --overrides`` (no :data:`RUN_FORCE_KEYS`)."""
-    return {k: v for k, v in overrides.items() if k not in RUN_FORCE_KEYS}
-
-
-def _days_text(days: dict[str, str]) -> str:
-    """``day: why; day: why`` for the days a ``trainyard run`` range skipped or failed."""
-    return "; ".join(f"{day}: {why}" for day, why in days.items())
-
-
-def run_all(
-    pipeline: str,
-    overrides: dict[str, Any] | None = None,
-    intervals: list[tuple[str, str]] | None = None,
-) -> dict[str, Any]:
-    """Run every step in this process, in order, without Airflow (``trainyard run``).
-
-    Each interval is staged and validated as its DAG run would; as in a backfill, which of
-    them train follows the pipeline's ``backfill_training`` (``last``: the final one, on
-    its training window).
-
-    Args:
-        pipeline: Pipeline name.
-        overrides: Training overrides and ``force_promote`` / ``force_reason``.
-        intervals: ``(start, end)`` data intervals (:func:`data_intervals`); None: the
-            latest complete one.
-
-    Returns:
-        The run summary of the last interval that was not skipped; ``skipped`` lists the
-        days skipped (``source.when_missing: skip``, logged with why), if any.
-
-    Raises:
-        StepSkipped: If every interval was skipped.
-    """
-    from trainyard import volumes
-    from trainyard.registry import caller
-
-    overrides = overrides_object(overrides)
-    if overrides.get("force_promote") and not overrides.get("force_reason"):
-        raise ConfigError("force_promote needs a force_reason (recorded with who and when)")
-    training = _training_overrides(overrides)
-    cfg = load_pipeline(pipeline)
-    training_params(cfg, training)  # refuse bad overrides before staging
-    intervals = intervals or data_intervals(cfg)
-    # two runs started in the same second must not share a run id (and its work folders)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    record: dict[str, Any] = {}
-    skipped: dict[str, str] = {}  # day: why
-    rejected: dict[str, str] = {}  # day: the error (bad data: no retry fixes it)
-    for i, (start, end) in enumerate(intervals):
-        start, end = start[:10], end[:10]  # as the DAG's steps get them (run_interval): days
-        last = i == len(intervals) - 1
-        trains = cfg.backfill_training == "each" or (cfg.backfill_training == "last" and last)
-        if len(intervals) == 1:
-            trains = True
-        run_id = f"cli__{start[:10]}__{stamp}"
-        results: dict[str, Any] = {}
-        try:
-            results["stage"] = stage(pipeline, start, end)
-            snap = results["stage"]["snapshot_id"]
-            try:
-                results["validate"] = validate(pipeline, snap, start)
-            except SnapshotError as e:
-                if volumes.recorded_damage(volumes.snapshot_dir(cfg.dataset, snap)) is None:
-                    raise
-                # validation found the copy damaged and recorded it: staging the day again
-                # reads its source and replaces the copy (once; a second failure stands)
-                log.warning("%s: %s: staging it again", start, e)
-                results["stage"] = stage(pipeline, start, end)
-                snap = results["stage"]["snapshot_id"]
-                results["validate"] = validate(pipeline, snap, start)
-        except StepSkipped as e:
-            skipped[start] = str(e)
-            # as its DAG run: this day's tasks skip, the range goes on
-            log.warning("%s: skipped: %s", start, e)
-            continue
-        except (StagingError, SnapshotError, ValidationFailed) as e:
-            if len(intervals) == 1:
-                raise
-            # as its DAG run: this day fails alone (a backfill's run fails alone whatever
-            # its staging error, once its retries are spent), the range goes on
-            rejected[start] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-            log.error("%s: failed: %s", start, e)
-            continue
-        if trains:
-            window = results["validate"]["window"]
-            try:
-                results["train"] = train(pipeline, snap, run_id, training, window=window)
-            except BaseException:
-                # nothing resumes a run of this command (its run id is new each time):
-                # its checkpoints would only fill the volume
-                folder = _remove_run_folder(cfg, run_id)
-                log.info("removed the checkpoints of run %s (%s)", run_id, folder)
-                raise
-            version = results["train"]["version"]
-            results["evaluate"] = evaluate(
-                pipeline,
-                version,
-                bool(overrides.get("force_promote")),
-                overrides.get("force_reason"),
-                caller(),
-            )
-            cfg = load_pipeline(pipeline)
-            approval = _registry(cfg).read_file(version, "approval.json") or {}
-            if results["evaluate"]["promote"] and (
-                cfg.gate.approval != "required" or approval.get("approved")
-            ):
-                results["deploy"] = deploy(pipeline, version, caller())
-            elif results["evaluate"]["promote"]:
-                log.warning(
-                    "%s version %s passed the gate and waits for a person's approval "
-                    "(gate.approval: required): python -m trainyard models approve --pipeline "
-                    "%s %s --reason '...', then python -m trainyard deploy --pipeline %s "
-                    "--version %s",
-                    pipeline, version, pipeline, version, pipeline, version,
-                )  # fmt: skip
-                results["approve"] = {"approved": None, "by": None, "reason": "waiting"}
-        record = summary(pipeline, run_id, results, log_it=not last)  # the CLI prints the last
-    if rejected and (not record or rejected.get(intervals[-1][0][:10])):
-        raise DaysFailed(
-            f"{len(rejected)} day(s) failed on their data, nothing trained: {_days_text(rejected)}"
-        )
-    if not record:
-        raise StepSkipped(_days_text(skipped))
-    if skipped:
-        record["skipped"] = list(skipped)
-    if rejected:
-        record["failed_days"] = rejected
-    return record
 
 
 # --------------------------------------------------------------------------- the table
@@ -1533,7 +1280,6 @@ def deterministic(error: BaseException) -> bool:
     """Whether no retry can fix this failure (bad config or data, rejection, damage)."""
     from trainyard.errors import (
         ConfigError,
-        DaysFailed,
         DeployError,
         GateRejected,
         RegistryRefused,
@@ -1606,125 +1352,7 @@ def run_step(name: str, argv: list[str]) -> int:
         _report_error(f"trainyard {name}: interrupted")
         return 130
     if name == "summary" and kwargs.get("run_id") is None:
-        sys.stdout.write(format_summary(result) + "\n" + _since(result))
+        sys.stdout.write(format_summary(result) + "\n" + since(result))
     else:
         _emit(result)
     return EXIT_OK
-
-
-@contextlib.contextmanager
-def _the_only_cli_run(pipeline: str) -> Iterator[str | None]:
-    """Hold ``_models/<pipeline>/.run.lock`` for a ``trainyard run``, or say who holds it.
-
-    Two runs of one pipeline at once both trained, and the second's deploy was then
-    refused (gated against a champion that had changed): its training was wasted. The
-    DAG's runs are one at a time already (``max_active_runs=1``).
-
-    Yields:
-        None if the lock is held, else who holds it (``pid N since T``).
-    """
-    import fcntl
-
-    from trainyard.layout import Layout
-
-    folder = Layout(get_settings().volume_root).models(pipeline)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / ".run.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            return
-        since = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} since {since}".encode(), 0)
-        yield None
-    finally:
-        os.close(fd)
-
-
-def run_cli_main(argv: list[str]) -> int:
-    """``python -m trainyard run --pipeline P [--ds DAY [--end-ds DAY]] [--overrides JSON]``."""
-    p = argtypes.ArgumentParser(
-        prog="python -m trainyard run",
-        description="Run every step of a pipeline without Airflow, for the data intervals "
-        "its DAG runs would have: the latest complete one, those starting on --ds, or on "
-        "each day from --ds to --end-ds (a backfill: which runs train follows "
-        "backfill_training).",
-    )
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--ds", type=argtypes.day, help="interval day (YYYY-MM-DD)")
-    p.add_argument("--end-ds", type=argtypes.day, help="last day of a range (YYYY-MM-DD)")
-    p.add_argument("--overrides", type=Arg("overrides", "json").parse, default={})
-    args = p.parse_args(argv)
-    if args.end_ds and not args.ds:
-        p.error("--end-ds needs --ds")
-    try:
-        overrides_object(args.overrides)
-    except ConfigError as e:
-        p.error(f"--{e}")
-    try:
-        cfg = load_pipeline(args.pipeline)
-    except ConfigError as e:  # an unknown pipeline or a config that cannot run, as for a step
-        _report_error(f"trainyard run: {type(e).__name__}: {e}")
-        return EXIT_DETERMINISTIC
-    try:
-        intervals = data_intervals(cfg, args.ds, args.end_ds) if args.ds else None
-    except ConfigError as e:
-        p.error(str(e))
-    try:
-        # an unknown or ill-typed option: a usage error
-        training_params(cfg, _training_overrides(args.overrides))
-    except ConfigError as e:
-        p.error(f"--overrides: {e}")
-    with _the_only_cli_run(cfg.name) as holder:
-        if holder is not None:
-            _report_error(
-                f"trainyard run: pipeline {cfg.name!r} is being run by another `trainyard "
-                f"run` ({holder}): wait for it to end; nothing was run"
-            )
-            return EXIT_FAILED
-        try:
-            record = run_all(args.pipeline, args.overrides, intervals)
-        except StepSkipped as e:
-            _report_error(f"trainyard run: skipped: {e}")
-            return EXIT_SKIPPED
-    sys.stdout.write(format_summary(record) + "\n")
-    if record.get("failed_days"):  # the range went on without them, as a backfill does
-        failed = record["failed_days"]
-        _report_error(f"trainyard run: {len(failed)} day(s) failed: {_days_text(failed)}")
-        return EXIT_DETERMINISTIC
-    return EXIT_OK
-
-
-def models_main(argv: list[str]) -> int:
-    """``python -m trainyard models ...``: the registry's CLI; serving follows its champion.
-
-    Args:
-        argv: Arguments after ``models``.
-
-    Returns:
-        The exit code.
-    """
-    from trainyard.registry import cli_main
-
-    return cli_main(
-        argv, after_move=follow_registry, before_move=_check_before_move, answer=approval
-    )
-
-
-def _check_before_move(pipeline: str) -> None:
-    """Refuse ``models promote|rollback`` that serving could not follow: checked first.
-
-    The pipeline's names, and locally its serving port (one taken by something else
-    would leave the new champion unserved).
-    """
-    from trainyard.serving.deploy import check_port_is_ours
-    from trainyard.settings import serving_endpoint
-
-    cfg = load_pipeline(pipeline)
-    ensure_own_names(cfg)
-    endpoint = serving_endpoint(cfg)
-    if endpoint.local:
-        check_port_is_ours(get_settings().serving_root, endpoint.host, endpoint.port)

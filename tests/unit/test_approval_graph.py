@@ -6,6 +6,7 @@ import datetime as dt
 from pathlib import Path
 
 from tests.daily_csv import pipeline as pipeline_dict
+from trainyard import runs
 from trainyard.config import PipelineConfig
 
 
@@ -85,4 +86,4 @@ def test_a_run_waiting_for_approval_is_not_recorded_as_a_rejection(
     assert not list((tmp_path / "volumes").rglob("approval.json"))
     assert not list((tmp_path / "volumes").rglob("history.jsonl"))
     assert record["approve"]["approved"] is None
-    assert "approval      waiting for a person" in steps.format_summary(record)
+    assert "approval      waiting for a person" in runs.format_summary(record)

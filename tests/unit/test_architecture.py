@@ -134,7 +134,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("volumes", "registry"),
     # 3: the stages, and what spans pipelines
     ("staging", "validation", "training", "evaluation", "serving", "k8s", "streaming",
-     "tracking", "pipelines", "runview", "metadb", "standalone"),
+     "tracking", "pipelines", "runs", "runview", "metadb", "standalone"),
     # 4: the step table and the pods it renders
     ("steps", "pods"),
     # 5: entry points: the command line and Airflow

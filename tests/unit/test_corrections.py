@@ -20,8 +20,8 @@ from trainyard import volumes
 from trainyard.cli import snapshots as snapshots_cli
 from trainyard.config import PipelineConfig
 from trainyard.errors import StagingError, ValidationFailed
+from trainyard.runs import format_summary
 from trainyard.staging import stage
-from trainyard.steps import format_summary
 from trainyard.validation import validate
 
 DAY = "2026-11-03"

@@ -322,7 +322,7 @@ def test_a_day_whose_source_is_refused_leaves_the_training_window(
 def test_the_run_summary_says_whether_failed_days_were_trained_on(
     window_days: list[str], says: str
 ) -> None:
-    from trainyard.steps import format_summary
+    from trainyard.runs import format_summary
 
     window = [{"snapshot_id": f"{i:016x}", "interval": [d, d], "rows": 10}
               for i, d in enumerate(window_days)]  # fmt: skip

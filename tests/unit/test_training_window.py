@@ -263,7 +263,7 @@ def test_the_tf_input_reads_the_union_of_the_window(staged) -> None:
 
 
 def test_the_run_summary_says_what_the_model_trained_on() -> None:
-    from trainyard.steps import format_summary
+    from trainyard.runs import format_summary
 
     window = [{"snapshot_id": "a", "rows": 114}, {"snapshot_id": "b", "rows": 113}]
     record = {

@@ -22,7 +22,7 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "main",
         "One training worker (the container of every training Job's pod).",
     ),
-    "run": ("trainyard.steps", "run_cli_main", "Run every step of a pipeline, in order."),
+    "run": ("trainyard.cli.run", "run_cli_main", "Run every step of a pipeline, in order."),
     "snapshots": (
         "trainyard.cli.snapshots",
         "cli_main",
@@ -39,7 +39,7 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "check pipeline configs (schema, models, contracts, metrics); print their JSON schema.",
     ),
     "models": (
-        "trainyard.steps",
+        "trainyard.cli.models",
         "models_main",
         "list | show | promote | rollback versions (serving follows the champion).",
     ),

@@ -16,34 +16,9 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from trainyard.config import PipelineConfig, TrainingConfig
 from trainyard.errors import ConfigError
 from trainyard.registry import MAX_REASON_CHARS
+from trainyard.steps import should_train
 
 log = logging.getLogger("trainyard.orchestration")
-
-
-def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bool, str]:
-    """Whether this run trains, given the pipeline's backfill policy.
-
-    Args:
-        policy: ``last``, ``each`` or ``none`` (``PipelineConfig.backfill_training``).
-        run_type: The DagRun's run type (``backfill``, ``scheduled``, ``manual``, ...).
-        later_runs_queued: How many runs of this DAG are still queued.
-
-    Returns:
-        (train or not, the reason in one sentence).
-    """
-    if run_type != "backfill" or policy == "each":
-        return True, "train"
-    if policy == "none":
-        return (
-            False,
-            "backfill run: the pipeline trains on no backfill run (backfill_training: none)",
-        )
-    if later_runs_queued:
-        return False, (
-            f"backfill run with {later_runs_queued} later interval(s) still queued: "
-            "training happens once, in the backfill's last run"
-        )
-    return True, "last run of the backfill: training on the window as of its interval"
 
 
 FORM_OVERRIDES = ("epochs", "workers", "strategy", "priority")
