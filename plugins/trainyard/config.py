@@ -350,6 +350,13 @@ class TrainingConfig(StrictModel):
         description="What the model trains on: `newest` (the run's snapshot), `{intervals: N}` "
         "(the last N validated intervals up to the run's) or `{since: YYYY-MM-DD}`.",
     )
+    window_gaps: Literal["fail", "train"] = Field(
+        default="fail",
+        description="An interval the window reaches whose snapshot is gone (another "
+        "pipeline's retention, `snapshots gc`, a hand): `fail` names each and trains nothing "
+        "(stage the days again to bring them back); `train` trains on what is left and says "
+        "which days it lacks.",
+    )
     strategy: Literal["multi_worker_mirrored", "parameter_server"] = Field(
         default="multi_worker_mirrored",
         description="`multi_worker_mirrored` (all-reduce workers) or `parameter_server` (chief, "

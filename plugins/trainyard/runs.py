@@ -53,6 +53,11 @@ def format_summary(record: dict[str, Any]) -> str:
         if gate
         else f"gate          not run: {_why_not_evaluated(record)}",
     ]
+    if val.get("lacks"):
+        lines.append(
+            f"lacks         {', '.join(d[:10] for d in val['lacks'])}: the window's snapshots of "
+            "these intervals are gone (training.window_gaps: train)"
+        )
     answer = record.get("approve")
     if isinstance(answer, dict):
         if answer.get("approved") is None:

@@ -289,7 +289,17 @@ def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None)
     cfg = load_pipeline(pipeline)
     result = run_validation(cfg, snapshot_id, interval_start)  # it logs its table
     window = cfg.training.window if interval_start else "newest"
-    entries = volumes.training_window(cfg.dataset, window, snapshot_id, interval_start)
+    entries, gaps = volumes.window_with_gaps(cfg.dataset, window, snapshot_id, interval_start)
+    if gaps:
+        said = "; ".join(f"{start[:10]}: {why}" for start, why in gaps)
+        if cfg.training.window_gaps == "fail":
+            raise SnapshotError(
+                f"the training window of {cfg.name} ({_window_text(window)} as of "
+                f"{interval_start}) lacks {len(gaps)} interval(s): {said}. Stage them again "
+                f"(python -m trainyard run --pipeline {cfg.name} --ds DAY), or set "
+                "training.window_gaps: train to train on what is left"
+            )
+        log.warning("training window lacks %d interval(s): %s", len(gaps), said)
     log.info(
         "training window %s as of %s: %d snapshot(s), %d rows: %s",
         _window_text(window),
@@ -304,6 +314,7 @@ def validate(pipeline: str, snapshot_id: str, interval_start: str | None = None)
         "report_dir": str(result.report_dir),
         "warnings": len(result.warnings),
         "window": entries,
+        "lacks": [start for start, _ in gaps],
         "rows": result.rows,
         "rules": [rule_result(r) for r in result.summary.get("rules", [])],
     }
@@ -1180,7 +1191,16 @@ STEPS: dict[str, Step] = {
                 Arg("snapshot_id", required=True, help="the snapshot to check"),
                 Arg("interval_start", help="the run's interval start (ends the training window)"),
             ),
-            ("success", "snapshot_id", "report_dir", "warnings", "window", "rows", "rules"),
+            (
+                "success",
+                "snapshot_id",
+                "report_dir",
+                "warnings",
+                "window",
+                "lacks",
+                "rows",
+                "rules",
+            ),
             "Validate a snapshot against its data contract.",
             # the report goes into the snapshot; validated.json is updated
             writes_dataset=True,

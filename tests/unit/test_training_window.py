@@ -323,3 +323,66 @@ def test_models_list_shows_how_many_more_snapshots_a_version_read(
     rows = capsys.readouterr().out.splitlines()
     assert rows[1].split()[2] == window[-1]["snapshot_id"]  # one snapshot: no count
     assert f"{window[-1]['snapshot_id']} +4" in rows[2]
+
+
+def test_retention_keeps_what_another_pipelines_window_reads(
+    tmp_path: Path, volume_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two pipelines on one dataset: ``nightly`` stages with retention 1, ``weekly`` trains on
+    the last 3 days. ``nightly``'s retention (and ``snapshots gc``) deleted days ``weekly``'s
+    window still covered, and ``weekly`` trained on fewer days, naming none. Retention now
+    knows every reader, and a window with a hole names each missing day and fails."""
+    from trainyard.steps import validate as validate_step
+
+    raw = tmp_path / "raw"
+    write_days(raw, DAYS[:3])
+    write_contract(tmp_path / "contracts")
+    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(tmp_path / "contracts"))
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    nightly = pipeline_dict(raw, name="nightly", staging={"retention": 1})
+    weekly = pipeline_dict(raw, name="weekly", training={"window": {"intervals": 3}})
+    weekly["serving"] = {"model_name": "weekly"}
+    for spec in (nightly, weekly):
+        (pipelines / f"{spec['name']}.yaml").write_text(json.dumps(spec))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
+    cfg = parse_pipeline(pipelines / "nightly.yaml")
+    ids = []
+    for day in DAYS[:3]:
+        ids.append(stage(cfg, *_interval(day), quiet=True).snapshot_id)
+        validate(cfg, ids[-1])
+    on_disk = {p.name for p in (volume_root / "cancer" / "snapshots").iterdir()}
+    assert set(ids) <= on_disk  # nightly's retention 1 kept weekly's three days
+    protected = volumes.protected_snapshots("cancer")
+    assert protected[ids[0]] == "training window of pipeline weekly"
+    assert volumes.gc_snapshots("cancer", 1) == []
+
+    # a day deleted by hand: the window names it and trains nothing
+    import shutil
+
+    shutil.rmtree(volume_root / "cancer" / "snapshots" / ids[0])
+    with pytest.raises(SnapshotError, match=f"lacks 1 interval\\(s\\): {DAYS[0]}: its snapshot"):
+        validate_step("weekly", ids[2], _interval(DAYS[2])[0])
+    # the pipeline says to train on what is left: it does, and says which day it lacks
+    weekly["training"]["window_gaps"] = "train"
+    (pipelines / "weekly.yaml").write_text(json.dumps(weekly))
+    out = validate_step("weekly", ids[2], _interval(DAYS[2])[0])
+    assert [e["snapshot_id"] for e in out["window"]] == [ids[1], ids[2]]
+    assert out["lacks"] == [_interval(DAYS[0])[0]]
+    from trainyard.runs import format_summary
+
+    lines = format_summary({"pipeline": "weekly", "validate": out}).splitlines()
+    assert any(line.startswith(f"lacks         {DAYS[0]}:") for line in lines)
+
+
+def test_a_pipeline_config_that_does_not_load_stops_retention(
+    staged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    (pipelines / "broken.yaml").write_text("name: broken\ndataset: [\n")
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
+    before = {m.snapshot_id for m in volumes.list_snapshots("cancer")}
+    with pytest.raises(SnapshotError, match="broken.yaml: a pipeline config that does not load"):
+        volumes.gc_snapshots("cancer", 1)
+    assert {m.snapshot_id for m in volumes.list_snapshots("cancer")} == before

@@ -34,6 +34,7 @@ from trainyard.volumes.maintenance import (
     active_leases,
     gc_snapshots,
     lease_snapshot,
+    lease_window,
     protected_snapshots,
 )
 from trainyard.volumes.manifest import (
@@ -74,9 +75,9 @@ from trainyard.volumes.pointers import (
 from trainyard.volumes.window import (
     data_until,
     drift_baseline,
-    lease_window,
     training_window,
     window_entry,
+    window_with_gaps,
 )
 
 __all__ = [
@@ -127,4 +128,5 @@ __all__ = [
     "validation_state",
     "verify_snapshot",
     "window_entry",
+    "window_with_gaps",
 ]

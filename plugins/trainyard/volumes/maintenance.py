@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,18 +40,40 @@ log = logging.getLogger("trainyard.volumes")
 def protected_snapshots(dataset: str, volume_root: Path | None = None) -> dict[str, str]:
     """Snapshots that retention must keep, with the reason.
 
-    The latest validated snapshot, and every snapshot a registered model version was trained
+    The latest validated snapshot; every snapshot a registered model version was trained
     on (read from ``_models/*/versions/*/metadata.json``, fields ``dataset``,
-    ``snapshot_id`` and every entry of ``snapshots``, its training window).
+    ``snapshot_id`` and every entry of ``snapshots``, its training window); and every
+    snapshot the training window of ANY pipeline on this dataset covers now, whichever
+    pipeline staged it (one pipeline's retention deleted days another's window still read).
 
     Returns:
         ``{snapshot_id: reason}``.
+
+    Raises:
+        SnapshotError: If a model's metadata or a pipeline config does not read (either
+            might name any snapshot: nothing may be deleted then).
     """
+    from trainyard.config import parse_pipeline, pipeline_files
+    from trainyard.errors import ConfigError
+    from trainyard.volumes.window import training_window
+
     root = volume_root if volume_root is not None else get_settings().volume_root
     keep: dict[str, str] = {}
     validated = latest_validated(dataset, root)
     if validated:
         keep[validated] = "latest validated"
+    for path in pipeline_files():
+        try:
+            cfg = parse_pipeline(path)
+        except ConfigError as e:
+            raise SnapshotError(
+                f"{path}: a pipeline config that does not load might read {dataset!r}: "
+                f"refusing to garbage-collect ({str(e).splitlines()[-1].strip()})"
+            ) from None
+        if cfg.dataset != dataset or cfg.training.window == "newest":
+            continue
+        for entry in training_window(dataset, cfg.training.window, None, None, root):
+            keep.setdefault(entry["snapshot_id"], f"training window of pipeline {cfg.name}")
     for meta_path in sorted(root.glob("_models/*/versions/*/metadata.json")):
         try:
             meta = read_json(meta_path)
@@ -264,3 +286,27 @@ def gc_snapshots(
     for trash in trashed:
         shutil.rmtree(trash, ignore_errors=True)
     return doomed
+
+
+@contextmanager
+def lease_window(
+    dataset: str,
+    snapshot_ids: Sequence[str],
+    *,
+    purpose: str = "read",
+    volume_root: Path | None = None,
+) -> Iterator[list[Path]]:
+    """:func:`lease_snapshot` for every snapshot of a training window, released together.
+
+    Raises:
+        SnapshotError: If any of them is gone (the ones already leased are released).
+    """
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                lease_snapshot(dataset, sid, purpose=purpose, volume_root=volume_root)
+            )
+            for sid in dict.fromkeys(snapshot_ids)
+        ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ from trainyard.errors import SnapshotError
 from trainyard.fsutil import (
     read_json,
 )
-from trainyard.volumes.maintenance import lease_snapshot
 from trainyard.volumes.manifest import read_manifest
 from trainyard.volumes.paths import (
     MANIFEST,
@@ -44,13 +42,15 @@ def window_entry(dataset: str, snapshot_id: str, volume_root: Path | None = None
     }
 
 
-def _validated_intervals(
+def _interval_walk(
     dataset: str, volume_root: Path | None = None
-) -> Iterator[tuple[dt.datetime, str, dict[str, Any]]]:
-    """``(start, snapshot id, record)`` of each interval whose snapshot passed validation.
+) -> Iterator[tuple[dt.datetime, str, dict[str, Any], str | None]]:
+    """``(start, snapshot id, record, why not usable)`` of each interval record, by start.
 
-    Records without a start, those whose snapshot is gone, and those whose current
-    source was refused at staging (:func:`refuse_interval`) are skipped.
+    ``why`` is None for an interval whose snapshot passed validation; else what keeps it
+    out: its current source was refused at staging, its snapshot is gone (deleted by
+    retention, a ``snapshots gc`` or by hand), or validation did not pass it. An older
+    trainyard's key of an interval recorded again since is skipped.
 
     Raises:
         SnapshotError: If an interval record is unreadable (naming the file).
@@ -58,6 +58,7 @@ def _validated_intervals(
     folder = _layout(volume_root).intervals(check_dataset_name(dataset))
     paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
     names = {p.stem for p in paths}
+    rows = []
     for path in paths:
         try:
             record = read_json(path)
@@ -70,10 +71,24 @@ def _validated_intervals(
             sid = _check_snapshot_id(str(record["snapshot_id"]))
         except (OSError, ValueError, KeyError, TypeError, SnapshotError) as e:
             raise SnapshotError(f"{path}: unreadable interval record: {e}") from e
-        if record.get("refused"):
-            continue
         snap = snapshot_dir(dataset, sid, volume_root)
-        if (snap / MANIFEST).is_file() and validation_state(snap)["state"] == "validated":
+        why = None
+        if record.get("refused"):
+            why = "its source was refused at staging"
+        elif not (snap / MANIFEST).is_file():
+            why = f"its snapshot {sid} is gone (deleted by retention, snapshots gc or by hand)"
+        elif (state := validation_state(snap))["state"] != "validated":
+            why = f"its snapshot {sid} is {state['state']}"
+        rows.append((start, sid, record, why))
+    yield from sorted(rows, key=lambda r: r[0])
+
+
+def _validated_intervals(
+    dataset: str, volume_root: Path | None = None
+) -> Iterator[tuple[dt.datetime, str, dict[str, Any]]]:
+    """``(start, snapshot id, record)`` of each interval whose snapshot passed validation."""
+    for start, sid, record, why in _interval_walk(dataset, volume_root):
+        if why is None:
             yield start, sid, record
 
 
@@ -108,7 +123,7 @@ def drift_baseline(
 def training_window(
     dataset: str,
     window: Any,
-    snapshot_id: str,
+    snapshot_id: str | None,
     interval_start: str | None = None,
     volume_root: Path | None = None,
 ) -> list[dict[str, Any]]:
@@ -127,7 +142,8 @@ def training_window(
         dataset: The dataset name.
         window: ``"newest"``, or an object with ``intervals`` or ``since``
             (``config.TrainingWindow``), or its JSON form.
-        snapshot_id: The run's snapshot (just staged and validated).
+        snapshot_id: The run's snapshot (just staged and validated); None: the window as
+            of ``interval_start`` alone (what retention keeps for a pipeline).
         interval_start: The run's data interval start (the window ends there).
         volume_root: Another volume root (defaults to the configured one).
 
@@ -140,13 +156,33 @@ def training_window(
             unreadable (naming the file).
         ConfigError: If ``window`` is none of the three forms.
     """
+    return window_with_gaps(dataset, window, snapshot_id, interval_start, volume_root)[0]
+
+
+def window_with_gaps(
+    dataset: str,
+    window: Any,
+    snapshot_id: str | None,
+    interval_start: str | None = None,
+    volume_root: Path | None = None,
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """:func:`training_window` and the intervals it spans whose data is gone.
+
+    A gap is an interval within the window's reach whose recorded snapshot no longer
+    exists (another pipeline's retention, a ``snapshots gc``, a hand): the window would
+    silently train on fewer days. An interval left out on purpose (its source refused,
+    its snapshot rejected) is no gap.
+
+    Returns:
+        The window's entries, and ``(interval start, why)`` per gap, oldest first.
+    """
     from trainyard.errors import ConfigError
 
     if hasattr(window, "model_dump"):
         window = window.model_dump(mode="json")
-    own = window_entry(dataset, snapshot_id, volume_root)
+    own = window_entry(dataset, snapshot_id, volume_root) if snapshot_id else None
     if window == "newest":
-        return [own]
+        return ([own] if own else []), []
     if not isinstance(window, dict) or not (
         {"intervals"} == set(window) or {"since"} == set(window)
     ):
@@ -154,27 +190,40 @@ def training_window(
             f"training window {window!r}: must be 'newest', {{intervals: N}} or {{since: date}}"
         )
     until = _instant(interval_start) if interval_start else None
+    since = dt.date.fromisoformat(str(window["since"])) if "since" in window else None
+    wanted = int(window["intervals"]) if "intervals" in window else None
     picked: dict[str, dict[str, Any]] = {}
-    for start, sid, record in _validated_intervals(dataset, volume_root):
-        if until is not None and start > until:
+    gaps: list[tuple[str, str]] = []
+    rows = [r for r in _interval_walk(dataset, volume_root) if until is None or r[0] <= until]
+    for start, sid, record, why in reversed(rows):  # newest first: the last N are wanted
+        if since is not None and start.date() < since:
+            break
+        if wanted is not None and len(picked) >= wanted and snapshot_id in (*picked, None):
+            break
+        if why is not None:
+            if "is gone" in why and sid not in picked:
+                gaps.append((str(record["start"]), why))
             continue
-        if "since" in window and start.date() < dt.date.fromisoformat(str(window["since"])):
-            continue
-        entry = {
-            **window_entry(dataset, sid, volume_root),
-            "interval": [record["start"], record.get("end")],
-        }
-        if sid not in picked or _instant(picked[sid]["interval"][0]) < start:
-            picked[sid] = {**entry, "_start": start}
-    mine = picked.pop(snapshot_id, None)
+        if sid not in picked:
+            picked[sid] = {
+                **window_entry(dataset, sid, volume_root),
+                "interval": [record["start"], record.get("end")],
+                "_start": start,
+            }
+    mine = picked.pop(snapshot_id, None) if snapshot_id else None
     others = [
         {k: v for k, v in e.items() if k != "_start"}
         for e in sorted(picked.values(), key=lambda e: e["_start"])
     ]
-    if "intervals" in window:
-        keep = int(window["intervals"]) - 1
+    if wanted is not None:
+        keep = wanted - 1 if own else wanted
         others = others[max(len(others) - keep, 0) :] if keep > 0 else []
-    return [*others, {**own, "interval": mine["interval"]} if mine else own]
+        kept = [e for e in [*others, mine] if e]
+        if len(others) >= keep and kept:  # a full window: gaps older than it do not matter
+            first = min(_instant(e["interval"][0]) for e in kept)
+            gaps = [g for g in gaps if _instant(g[0]) >= first]
+    entries = [*others, *([{**own, "interval": mine["interval"]} if mine else own] if own else [])]
+    return entries, sorted(gaps)
 
 
 def data_until(snapshots: Sequence[dict[str, Any]]) -> str | None:
@@ -194,27 +243,3 @@ def data_until(snapshots: Sequence[dict[str, Any]]) -> str | None:
         times.append(iv[0] or snap.get("created_at"))
     known = [t for t in times if t]
     return max(known, key=_instant) if known else None
-
-
-@contextmanager
-def lease_window(
-    dataset: str,
-    snapshot_ids: Sequence[str],
-    *,
-    purpose: str = "read",
-    volume_root: Path | None = None,
-) -> Iterator[list[Path]]:
-    """:func:`lease_snapshot` for every snapshot of a training window, released together.
-
-    Raises:
-        SnapshotError: If any of them is gone (the ones already leased are released).
-    """
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        yield [
-            stack.enter_context(
-                lease_snapshot(dataset, sid, purpose=purpose, volume_root=volume_root)
-            )
-            for sid in dict.fromkeys(snapshot_ids)
-        ]
