@@ -383,6 +383,6 @@ def test_a_pipeline_config_that_does_not_load_stops_retention(
     (pipelines / "broken.yaml").write_text("name: broken\ndataset: [\n")
     monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
     before = {m.snapshot_id for m in volumes.list_snapshots("cancer")}
-    with pytest.raises(SnapshotError, match="broken.yaml: a pipeline config that does not load"):
+    with pytest.raises(SnapshotError, match=r"broken\.yaml: a pipeline config that does not load"):
         volumes.gc_snapshots("cancer", 1)
     assert {m.snapshot_id for m in volumes.list_snapshots("cancer")} == before
