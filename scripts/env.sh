@@ -3,6 +3,10 @@
 # checkout (no global state).
 # Usage: . scripts/env.sh
 _root="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
+# owner-only: .trainyard/ holds Airflow's generated passwords, the database, models, data
+# and logs; every process started from here creates its files for this account alone
+umask 077
+mkdir -p "$_root/.trainyard" && chmod 700 "$_root/.trainyard"
 export TRAINYARD_PROJECT_DIR="$_root"
 export TRAINYARD_VOLUME_ROOT="${TRAINYARD_VOLUME_ROOT:-$_root/.trainyard/volumes}"
 export TRAINYARD_RUNNER="${TRAINYARD_RUNNER:-local}"

@@ -44,13 +44,24 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+def new_file_mode() -> int:
+    """The mode a file created now gets: ``0o666`` less the process's umask.
+
+    trainyard's processes run with umask 077 (``scripts/env.sh``, ``python -m trainyard``):
+    owner-only. On a cluster every pod runs as one user (the profile's ``security``).
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old or the new content, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp makes the file 0600; readers may run as another user (a serving pod).
-        os.fchmod(fd, 0o644)
+        # mkstemp makes the file 0600 whatever the umask: give it what a new file gets
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -342,10 +342,21 @@ def _initdb(cluster: Cluster, bin_dir: Path) -> None:
     staging.rename(cluster.data)
 
 
-def _write_settings(cluster: Cluster) -> None:
-    settings = {**_SERVER_SETTINGS, "unix_socket_directories": str(cluster.socket_dir)}
-    text = "".join(f"{k} = '{v.replace(chr(39), chr(39) * 2)}'\n" for k, v in settings.items())
-    (cluster.data / "trainyard.conf").write_text(text)
+def _server_options(cluster: Cluster) -> str:
+    """The server's settings as postmaster options: nothing in the data folder overrides them.
+
+    A ``-c`` option outranks ``postgresql.conf`` and ``postgresql.auto.conf`` alike, so an
+    ``ALTER SYSTEM SET listen_addresses = '*'`` (or ``port``, or the socket's permissions)
+    takes no effect at the next start: the server listens on its owner-only socket only.
+    """
+    import shlex
+
+    settings = {
+        **_SERVER_SETTINGS,
+        "port": str(PORT),
+        "unix_socket_directories": str(cluster.socket_dir),
+    }
+    return " ".join(f"-c {shlex.quote(f'{k}={v}')}" for k, v in settings.items())
 
 
 def _clear_stale(cluster: Cluster, timeout: float) -> None:
@@ -416,13 +427,15 @@ def ensure_running(cluster: Cluster, timeout: float = 60) -> Status:
                 f"it) or set TRAINYARD_PG_BIN to a PostgreSQL {current.version} bin folder"
             )
         _clear_stale(cluster, timeout=10)
-        _write_settings(cluster)
+        (cluster.data / "trainyard.conf").unlink(missing_ok=True)  # an older start's settings
         command = [
             str(bin_dir / "pg_ctl"),
             "--pgdata",
             str(cluster.data),
             "--log",
             str(cluster.log),
+            "-o",
+            _server_options(cluster),
             "--wait",
             "--timeout",
             str(int(timeout)),

@@ -267,6 +267,7 @@ def run(port: int | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainyard.standalone run [--port N] | stop``."""
+    os.umask(0o077)  # Airflow's generated passwords, logs and database: its owner's only
     parser = argtypes.ArgumentParser(prog="python -m trainyard.standalone", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("run", help="run Airflow standalone in the foreground")

@@ -690,6 +690,27 @@ def test_scorers_restarted_at_once_start_one_redis(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def test_the_projects_redis_in_a_folder_with_a_space_listens_on_its_socket_only(
+    tmp_path: Path,
+) -> None:
+    """A Redis folder with a space broke its config; and a client could open TCP at run
+    time (``CONFIG SET port 6379``): the socket is the server's only door."""
+    import psutil
+    import redis
+
+    folder = tmp_path / "my redis"
+    try:
+        url = redis_server.ensure_running(folder)
+        client = redis.Redis(unix_socket_path=str(folder.resolve() / redis_server.SOCKET))
+        assert client.ping() and url.startswith("unix://")
+        with pytest.raises(redis.ResponseError, match="unknown command"):
+            client.execute_command("CONFIG", "SET", "port", "6399")
+        (pid,) = _redis_servers(folder)
+        assert psutil.Process(pid).net_connections(kind="inet") == []
+    finally:
+        redis_server.stop(folder)
+
+
 def test_two_deploys_at_once_leave_one_scorer(project, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two deploys rolling the scorer together left two supervisors; make stop stopped one."""
     import concurrent.futures as futures

@@ -101,6 +101,26 @@ def test_the_server_is_reached_only_through_its_own_socket(cluster: Cluster) -> 
     assert _query(cluster, "SELECT current_database(), current_user") == [("airflow", "airflow")]
 
 
+def test_alter_system_cannot_open_tcp_or_move_the_socket(cluster: Cluster) -> None:
+    """``ALTER SYSTEM`` (what any SQL session of the airflow user may run) set TCP on, with
+    ``trust`` for every local user, at the next start, and a changed port crashed
+    ``metadb start`` with a traceback; the server's own options now outrank it."""
+    for sql in (
+        "ALTER SYSTEM SET listen_addresses = '*'",
+        "ALTER SYSTEM SET port = 5499",
+        "ALTER SYSTEM SET unix_socket_permissions = '0777'",
+    ):
+        _query(cluster, sql)
+    stop(cluster)
+    restarted = ensure_running(cluster)
+    assert restarted.running and restarted.pid
+    assert _query(cluster, "SHOW listen_addresses") == [("",)]
+    assert _query(cluster, "SHOW port") == [("5432",)]
+    assert psutil.Process(restarted.pid).net_connections(kind="inet") == []
+    assert stat.S_IMODE(cluster.socket.stat().st_mode) == 0o700
+    _query(cluster, "ALTER SYSTEM RESET ALL")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs as root only")
 def test_as_root_the_server_runs_as_an_ordinary_user_in_a_user_namespace(
     cluster: Cluster,

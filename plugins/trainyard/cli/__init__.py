@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         The process exit code: 0 success, 1 a failure a retry may fix, 2 usage, 3 a
         failure no retry fixes (steps and tools alike), 130 interrupted (Ctrl-C).
     """
+    os.umask(0o077)  # what a step or tool writes (snapshots, models, logs) is its owner's only
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(_usage())

@@ -390,7 +390,6 @@ def _stage(
             if not reused:
                 try:
                     atomic_write_json(tmp / volumes.MANIFEST, manifest.to_dict())
-                    os.chmod(tmp / volumes.MANIFEST, 0o644)
                     reused = not publish_dir(tmp, final)
                 except OSError as e:
                     raise StagingError(f"{tmp}: cannot publish snapshot {snapshot_id}: {e}") from e

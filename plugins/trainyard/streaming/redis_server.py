@@ -89,17 +89,24 @@ def is_running(redis_dir: Path | None = None) -> bool:
     return _ping(socket_path(redis_dir))
 
 
+def _quoted(path: Path) -> str:
+    """A path as a Redis config value: quoted, so a folder with spaces reads whole."""
+    return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _config(redis_dir: Path) -> str:
     data = redis_dir / "data"
     return "\n".join(
         [
             "port 0",  # no TCP: the Unix socket only
-            f"unixsocket {redis_dir / SOCKET}",
+            f"unixsocket {_quoted(redis_dir / SOCKET)}",
             "unixsocketperm 700",
             "daemonize yes",
-            f"pidfile {redis_dir / PID_FILE}",
-            f"logfile {redis_dir / LOG_FILE}",
-            f"dir {data}",
+            f"pidfile {_quoted(redis_dir / PID_FILE)}",
+            f"logfile {_quoted(redis_dir / LOG_FILE)}",
+            f"dir {_quoted(data)}",
+            # no client reconfigures it at run time (CONFIG SET port 6379 would open TCP)
+            'rename-command CONFIG ""',
             "appendonly yes",
             "appendfsync everysec",
             'save ""',
