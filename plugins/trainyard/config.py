@@ -942,6 +942,15 @@ class TrackingConfig(StrictModel):
         allow_inf_nan=False,
         description="How long one request to the tracker may take (seconds).",
     )
+    deadline_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="How long a step's whole mirror may take (seconds): a tracker that "
+        "answers slowly, a byte at a time or not at all is left behind with a warning, and "
+        "the step goes on (the next step mirrors what was missed).",
+    )
 
     @field_validator("registered_model")
     @classmethod

@@ -415,6 +415,7 @@ def test_the_pipeline_page_says_when_the_champion_is_not_served(
     raw = yaml.safe_load((root / "dags" / "pipelines" / "digits.yaml").read_text())
     monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
     monkeypatch.delenv("TRAINYARD_RUNNER", raising=False)
+    monkeypatch.setattr("trainyard.orchestration.ui.ANSWER_TTL_S", 0.0)  # every view asks
 
     def page(port: int) -> str:
         raw["serving"]["port"] = port

@@ -7,9 +7,12 @@ are not delayed by Nagle's algorithm on either side.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -40,7 +43,12 @@ def encode_json(obj: Any) -> bytes:
 
 
 class ServingClient:
-    """Blocking client of one server; not thread-safe (use one per thread)."""
+    """Blocking client of one server; not thread-safe (use one per thread).
+
+    ``timeout`` bounds each whole request, connection to last byte: a server that answers
+    a byte at a time, or not at all, costs at most that long (a per-read timeout alone let a
+    dripping server hold a caller forever), then ``TimeoutError``.
+    """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8501, timeout: float = 30.0) -> None:
         self.host = host
@@ -89,24 +97,50 @@ class ServingClient:
             ``(status, body)``.
         """
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        deadline = time.monotonic() + self.timeout
         for attempt in (0, 1):
-            conn = self._connection()
+            expired = threading.Event()
+            watchdog = threading.Timer(
+                max(deadline - time.monotonic(), 0.0), self._expire, [expired]
+            )
+            watchdog.daemon = True
+            watchdog.start()
             try:
+                conn = self._connection()
                 conn.request(method, path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 self.close()
-                if attempt:
+                if attempt and not expired.is_set():
                     raise
-                continue
+                if not expired.is_set():
+                    continue
+                data, resp = b"", None
             except BaseException:
                 self.close()
-                raise
+                if not expired.is_set():
+                    raise
+                data, resp = b"", None
+            finally:
+                watchdog.cancel()
+            if expired.is_set() or resp is None:
+                self.close()
+                raise TimeoutError(
+                    f"{method} {self.base_url}{path}: no whole answer within {self.timeout:g} s"
+                )
             if resp.will_close:
                 self.close()
             return resp.status, data
         raise AssertionError("unreachable")
+
+    def _expire(self, expired: threading.Event) -> None:
+        """The request's deadline passed: cut its connection, which ends any blocked read."""
+        expired.set()
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
 
     def call(self, method: str, path: str, payload: Any = None) -> Any:
         """Send JSON, return decoded JSON; raise :class:`ServingHTTPError` on HTTP errors."""

@@ -1,0 +1,103 @@
+"""A slow neighbour never holds trainyard: every call out has a total deadline.
+
+A model port that answered one byte every 0.3 s made each plugin page view hang, and 50
+views froze Airflow's API server; a dripping MLflow held ``register`` (and the mirror lock)
+until the task's 30-minute timeout. Real servers on loopback drip or stay silent here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _slow_server(drip: bool) -> Iterator[int]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(128)
+    stop = threading.Event()
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                reply = b"HTTP/1.1 200 OK\r\nContent-Length: 200\r\n\r\n" + b"x" * 200
+                for byte in reply if drip else b"":
+                    if stop.is_set():
+                        return
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.3)
+                stop.wait(60)
+            except OSError:
+                pass
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        srv.close()
+
+
+@pytest.fixture(params=["dripping", "silent"])
+def slow_port(request: pytest.FixtureRequest) -> Iterator[int]:
+    yield from _slow_server(request.param == "dripping")
+
+
+def test_the_serving_client_gives_up_at_its_deadline(slow_port: int) -> None:
+    from trainyard.serving.client import ServingClient
+
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match="no whole answer within 1 s"):
+        ServingClient("127.0.0.1", slow_port, timeout=1.0).status("digits")
+    assert time.monotonic() - began < 2.0
+
+
+def test_fifty_page_views_of_a_slow_model_server_end_at_once(
+    slow_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainyard.orchestration.ui import server_answer
+
+    raw = yaml.safe_load((ROOT / "dags" / "pipelines" / "digits.yaml").read_text())
+    raw["serving"]["port"] = slow_port
+    (tmp_path / "digits.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(tmp_path))
+    monkeypatch.delenv("TRAINYARD_RUNNER", raising=False)
+    began = time.monotonic()
+    with cf.ThreadPoolExecutor(50) as pool:
+        answers = list(pool.map(lambda _: server_answer("digits"), range(50)))
+    assert time.monotonic() - began < 3.0
+    assert all("error" in (a or {"error": "no answer yet"}) for a in answers)
+
+
+def test_a_dripping_tracker_leaves_the_step_at_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainyard.config import TrackingConfig, load_pipeline
+    from trainyard.registry import Registry
+    from trainyard.tracking import mirror
+
+    for port in _slow_server(drip=True):
+        monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_SLOW", f"http://127.0.0.1:{port}")
+        tracking = TrackingConfig(backend="mlflow", conn_id="mlflow_slow", deadline_s=2)
+        cfg = load_pipeline("digits").model_copy(update={"tracking": tracking})
+        began = time.monotonic()
+        assert mirror(cfg, Registry(tmp_path / "_models", "digits")) is None
+        assert time.monotonic() - began < 4.0
