@@ -1,67 +1,15 @@
-"""Kubernetes: cluster profile, typed ``kubernetes.client`` builders, offline validation.
+"""Kubernetes: the cluster profile, typed ``kubernetes.client`` builders, offline checks.
 
-Cheap to import (the Airflow DAG file imports it at parse time through the adapter):
-``kubernetes.client`` is imported inside the builders, and the profile YAML is read only by
-:func:`load_cluster_profile`.
-
-Profile (``deploy/cluster_profile.yaml``):
-    * ``load_cluster_profile(path=None) -> ClusterProfile``: frozen pydantic model with
-      ``namespace``, ``service_account``, ``images`` (trainer, serving, steps),
-      ``gpu_pools`` (newest first), ``tiers`` (pools in order of preference + PriorityClass
-      + Kueue queue), ``cpu_pool``, ``resources``, ``storage``, ``security``, ``kueue``.
-
-Placement:
-    * ``placement_for_tier(profile, tier, kueue=None) -> Placement``: required node
-      affinity over the tier's pools, preferred affinity weighted 100, 50, 25, …,
-      tolerations, priorityClassName, and ``plan`` lines for the task log; in Kueue mode
-      ``labels`` (``kueue.x-k8s.io/queue-name``, ``kueue.x-k8s.io/priority-class``) and
-      ``kueue_queue`` instead of affinity.
-    * ``cpu_placement(profile) -> Placement``.
-
-Security:
-    * ``restricted_pod_security_context(profile)``, ``restricted_security_context()``,
-      ``xcom_sidecar_security_context()`` (pass to KubernetesPodOperator's
-      ``xcom_sidecar_container_security_context``: the XCom sidecar must be restricted too).
-
-Storage:
-    * ``dataset_pvc(profile, dataset, size, storage_class, access_mode)``
-      (``trainyard-data-<dataset>``), ``models_pvc(profile)``.
-    * ``volume_snapshot(profile, dataset, snapshot_id, snapshot_class=None) -> dict``: a
-      CSI VolumeSnapshot of the dataset PVC (class from the pipeline, else the profile),
-      named ``volume_snapshot_name(dataset, snapshot_id)``.
-
-Steps:
-    * ``step_pod(profile, step, args, dataset, *, pipeline, run_id=None, writes_dataset,
-      env=None) -> V1Pod`` (``step_pod_name``, labelled with the pipeline and ``run_name``):
-      ``python -m trainyard <step> <args>`` from the steps image on the CPU pool, dataset
-      PVC at ``/volumes/<dataset>``, models PVC sub-paths at ``/volumes/_models``,
-      ``/volumes/_serving``, ``/volumes/_checkpoints``; for ``KubernetesPodOperator(
-      full_pod_spec=...)``.
-
-Training (Indexed Jobs behind a headless Service; env contract in ``training/worker/tf_config.py``):
-    * ``training_objects(profile, pipeline, run_id, strategy=..., workers=...,
-      parameter_servers=..., tier=..., gpus_per_worker=..., args=..., dataset=...,
-      attempt=1, deadline_s=None) -> TrainingObjects`` (service, jobs, placement, plan,
-      teardown).
-    * ``training_service(name, namespace)``, ``training_job(profile, name, role, replicas,
-      tier, args, gpus, dataset, tf_jobs=...)``, ``training_base_name`` (``run_name`` +
-      attempt; ``training_prefix``), ``job_name``,
-      ``tf_jobs_env``.
-    * ``job_operator_kwargs(job, deferrable=False, kueue_queue=None) -> dict`` for
-      ``KubernetesJobOperator`` / ``KubernetesStartKueueJobOperator``.
-
-Serving:
-    * ``serving_deployment(profile, model_name, version, replicas) -> V1Deployment``,
-      ``serving_service(profile, model_name) -> V1Service``, named ``serving_name``
-      (``serving-`` + ``model_key``).
-    * ``pipeline_object_names(cfg)``: the names no two pipelines may share.
-
-Checks and rendering:
-    * ``validate_object(obj) -> list[str]`` (Kubernetes 1.33 schema + Pod Security
-      restricted; VolumeSnapshot against ``VOLUME_SNAPSHOT_SCHEMA``),
-      ``schema_errors(data, schema)``, ``pss_violations(pod_spec)``,
-      ``render_yaml(objs) -> str``, ``to_dict(obj)``.
-    * ``cli_main(argv)``: ``python -m trainyard render <pipeline> [--step ...]``.
+:mod:`.profile` reads the cluster profile (GPU pools, priority tiers, images, storage,
+security, Kueue); :mod:`.placement` turns a tier into node affinity, tolerations and a
+PriorityClass (or Kueue labels); :mod:`.objects` builds every object a pipeline needs
+(PVCs, step pods, the training Service and Indexed Jobs, the serving Deployment and
+Service, VolumeSnapshots); :mod:`.scoring` the stream scorer's Deployment; :mod:`.render`
+a run's training objects; :mod:`.checks` validates objects against the Kubernetes schemas
+and Pod Security "restricted" offline; :mod:`.manifests` checks the cluster's own
+manifests (``deploy/k8s``); :mod:`.apply` creates what a run needs; :mod:`.local` runs a
+rendered container as a local process. Cheap to import: ``kubernetes.client`` is imported
+inside the builders. The names below are the ones other packages use.
 """
 
 from __future__ import annotations
