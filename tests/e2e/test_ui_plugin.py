@@ -203,6 +203,10 @@ def test_plugin_api_serves_an_authenticated_user(env: Env) -> None:
     # the page of a run that does not exist is a page, not JSON (found by a cold user)
     status, body, _ = env.get(f"/trainyard/runs/{DAG}/manual__nope")
     assert status == 404 and body.startswith(b"<!doctype html>") and b"no such run" in body
+    # a NUL in a run id was a 500 (the database refuses the string): no such run
+    for path in (f"/trainyard/api/runs/{DAG}/manual%00x", f"/trainyard/runs/{DAG}/a%00"):
+        status, body, _ = env.get(path)
+        assert status == 404, (path, status, body[:300])
 
 
 def test_plugin_serves_files_only_from_inside_the_report(env: Env) -> None:

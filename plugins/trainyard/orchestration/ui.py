@@ -196,6 +196,8 @@ def build_app() -> Any:
         return str(request.scope.get("root_path") or URL_PREFIX).rstrip("/")
 
     def story_of_run(dag_id: str, run_id: str) -> tuple[str, Path, dict[str, Any]]:
+        if "\x00" in dag_id or "\x00" in run_id:  # no run has one; the database refuses it
+            raise runview.NotFound(f"no run {run_id!r} of {dag_id!r}")
         root = get_settings().volume_root
         pipeline = runview.pipeline_of(dag_id)
         results = results_from_db(dag_id, run_id)
@@ -314,6 +316,8 @@ def results_of_run(dag_run: Any) -> dict[str, Any]:
 
 def run_state_from_db(dag_id: str, run_id: str) -> tuple[str, list[str]] | None:
     """A run's state and its failed tasks from Airflow's database; None for no such run."""
+    if "\x00" in dag_id or "\x00" in run_id:
+        return None
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
