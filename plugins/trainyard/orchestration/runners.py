@@ -623,7 +623,8 @@ class KubernetesRunner:
         try:
             replace_training_service(core, objects.service, run=context["run_id"])
             success_role = "chief" if training.strategy == "parameter_server" else "worker"
-            for job in objects.jobs:
+            # every Job exists before the wait: the chief's ends only once the workers run
+            for job in sorted(objects.jobs, key=lambda j: _role(j) == success_role):
                 op = role_job_operator(job, context["ti"].task_id, wait=_role(job) == success_role)
                 self._operator = op
                 op.execute(context)
