@@ -45,6 +45,8 @@ class Request:
     name: str
     sub: str
     query: dict[str, str]
+    code: int = 0
+    done: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,7 @@ class Handler(BaseHTTPRequestHandler):
         api = self.server.api
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        request: Request | None = None
         try:
             if url.path == "/version":
                 self.send_json(200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0"})
@@ -200,17 +203,30 @@ class Handler(BaseHTTPRequestHandler):
             request = api.record(user, verb, target, query)
             api.authorize(user, verb, target)
             api.handle(self, method, verb, target, query, request)
+            request.code = 200
         except ApiError as e:
+            if request is not None:
+                request.code = e.code
             with contextlib.suppress(OSError):
                 self.send_json(e.code, e.status())
         except (BrokenPipeError, ConnectionResetError):
             pass
+        finally:
+            if request is not None:
+                request.done = time.monotonic()
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     api: ApiServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (a killed task) is no error of the server."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 # ---------------------------------------------------------------------------- api server

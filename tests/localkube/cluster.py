@@ -109,6 +109,14 @@ class LocalCluster:
                 self.errors.append(traceback.format_exc())
                 time.sleep(0.5)
 
+    def dump_threads(self, path: Path) -> None:
+        """Every thread's stack of this process (the server's), for a post-mortem."""
+        import sys
+
+        with path.open("w") as f:
+            for tid, frame in sys._current_frames().items():
+                f.write(f"--- thread {tid}\n{''.join(traceback.format_stack(frame))}\n")
+
     def kubeconfig(self, path: Path, token: str = OPERATOR_TOKEN, namespace: str = "") -> Path:
         """Write a kubeconfig for this server (default: the operators' service account)."""
         context: dict[str, str] = {"cluster": "localkube", "user": "user"}
@@ -171,7 +179,7 @@ class LocalCluster:
             return str(next(self._ips))
 
     def create(
-        self, res: Resource, ns: str, body: Obj, *, dry_run: bool = False, internal: bool = False
+        self, res: Resource, ns: str, body: Obj, *, dry_run: bool = False
     ) -> tuple[Obj, list[str]]:
         """Create an object: defaults, validation, admission, then the store.
 
@@ -180,7 +188,6 @@ class LocalCluster:
             ns: Its namespace ("" for cluster-scoped kinds).
             body: The object.
             dry_run: Validate and admit only.
-            internal: Created by a controller (its pods): Pod Security is enforced on it.
 
         Returns:
             (the object as stored, warnings).
@@ -201,6 +208,9 @@ class LocalCluster:
             return body, warnings
         prepare = _job_labels if res.plural == "jobs" else None
         obj = self.store.create(res, ns, body, prepare)
+        if res.plural == "pods":  # at once: no client waits a poll interval for a local pod
+            self.kubelet.sync_pod(obj)
+            obj = self.store.get("pods", ns, obj["metadata"]["name"])
         if res.plural == "namespaces":
             self.create(BY_PATH[("", "v1", "serviceaccounts")], obj["metadata"]["name"],
                         {"metadata": {"name": "default"}})  # fmt: skip

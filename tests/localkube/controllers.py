@@ -204,6 +204,8 @@ class Controllers:
     def _job(self, job: Obj, pods: list[Obj]) -> None:
         meta, spec, status = job["metadata"], job["spec"], dict(job.get("status") or {})
         ns, name = meta["namespace"], meta["name"]
+        if meta.get("deletionTimestamp"):
+            return  # the garbage collector ends its pods; its status stays as it was
         status = copy.deepcopy(status)
         finished = _has(status, "Complete") or _has(status, "Failed")
         if finished:
@@ -302,8 +304,6 @@ class Controllers:
             self._write_status(ns, name, status)
             return
         self._write_status(ns, name, status)
-        if meta.get("deletionTimestamp"):
-            return
         # create the missing pods
         want = spec.get("parallelism", 1)
         if indexed:
@@ -341,7 +341,7 @@ class Controllers:
                     )
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec}
         try:
-            self.cluster.create(BY_PATH[("", "v1", "pods")], ns, body, internal=True)
+            self.cluster.create(BY_PATH[("", "v1", "pods")], ns, body)
         except ApiError as e:
             self.cluster.event(job, "FailedCreate", f"Error creating: {e.message}", "Warning")
             return
@@ -397,7 +397,7 @@ class Controllers:
             }
             body["metadata"].setdefault("labels", {})[HASH_LABEL] = digest
             try:
-                self.cluster.create(BY_PATH[("", "v1", "pods")], ns, body, internal=True)
+                self.cluster.create(BY_PATH[("", "v1", "pods")], ns, body)
             except ApiError as e:
                 self.cluster.event(dep, "FailedCreate", f"Error creating: {e.message}", "Warning")
         new_available = [p for p in new if available(p)]

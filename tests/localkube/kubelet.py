@@ -67,9 +67,14 @@ class ContainerLog:
     def add(self, line: bytes) -> None:
         with self.cond:
             self.lines.append((time.time(), rfc3339nano(), line))
-            self.file.write(line)
-            self.file.flush()
+            if not self.file.closed:
+                self.file.write(line)
+                self.file.flush()
             self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.file.close()
 
     def finish(self) -> None:
         with self.cond:
@@ -128,24 +133,29 @@ class Kubelet:
     def sync(self) -> None:
         """Schedule pending pods, start scheduled ones, publish every pod's status."""
         for pod in self.store.list("pods"):
-            meta, spec = pod["metadata"], pod["spec"]
-            key = (meta["namespace"], meta["name"])
-            if meta.get("deletionTimestamp"):
-                continue
-            if not spec.get("nodeName"):
-                self._schedule(pod)
-                continue
-            with self.lock:
-                runtime = self.pods.get(key)
-            if runtime is None and pod["status"].get("phase") == "Pending":
-                self._start(pod)
+            self.sync_pod(pod)
         with self.lock:
             runtimes = list(self.pods.values())
         for rt in runtimes:
             self._probe(rt)
             self._publish(rt)
 
-    def _schedule(self, pod: Obj) -> None:
+    def sync_pod(self, pod: Obj) -> None:
+        """Schedule a pod (its claims bound) and start it (also called as it is created)."""
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return
+        if not pod["spec"].get("nodeName"):
+            if not self._schedule(pod):
+                return
+            pod = self.store.get("pods", meta["namespace"], meta["name"])
+        with self.lock:
+            if (meta["namespace"], meta["name"]) in self.pods:
+                return
+        if pod["status"].get("phase") == "Pending":
+            self._start(pod)
+
+    def _schedule(self, pod: Obj) -> bool:
         meta, spec = pod["metadata"], pod["spec"]
         ns = meta["namespace"]
         missing = []
@@ -175,7 +185,7 @@ class Kubelet:
                     ),
                 )
                 self.cluster.event(pod, "FailedScheduling", f"0/1 nodes are available: {why}.")
-            return
+            return False
 
         def bind(o: Obj) -> None:
             o["spec"]["nodeName"] = NODE
@@ -185,6 +195,7 @@ class Kubelet:
 
         self.store.update("pods", ns, meta["name"], bind)
         self.cluster.event(pod, "Scheduled", f"Successfully assigned {ns}/{meta['name']} to {NODE}")
+        return True
 
     # ------------------------------------------------------------------- starting
 
@@ -195,6 +206,8 @@ class Kubelet:
         scratch.mkdir(parents=True, exist_ok=True)
         rt = PodRuntime(ns, name, meta["uid"], pod["spec"], scratch)
         with self.lock:
+            if (ns, name) in self.pods:  # started by another thread meanwhile
+                return
             self.pods[(ns, name)] = rt
         from trainyard.training.launcher import free_ports
 
@@ -535,6 +548,7 @@ class Kubelet:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(p.pid, signal.SIGTERM)
+                    os.killpg(p.pid, signal.SIGCONT)  # a paused process gets it too
         end = time.monotonic() + grace
         while time.monotonic() < end and any(p.poll() is None for p in procs):
             time.sleep(0.05)
@@ -553,16 +567,16 @@ class Kubelet:
             rt = self.pods.pop((ns, name), None)
         if rt is not None:
             for c in rt.containers.values():
-                with contextlib.suppress(OSError):
-                    c.log.file.close()
+                c.log.close()
 
-    def kill_container(self, ns: str, name: str, container: str = "base", sig: int = 9) -> None:
-        """Kill a container's processes (a fault: the process crashed or was OOM-killed)."""
+    def signal_pod(self, ns: str, name: str, sig: int) -> None:
+        """Send a signal to every process of a pod (tests: ``SIGSTOP`` pauses a slow node)."""
         with self.lock:
             rt = self.pods[(ns, name)]
-        proc = rt.containers[container].proc
-        assert proc is not None
-        os.killpg(proc.pid, sig)
+        for c in rt.containers.values():
+            if c.proc is not None and c.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.proc.pid, sig)
 
     def stop_all(self) -> None:
         """SIGKILL every pod's processes (the cluster is going away)."""
