@@ -809,7 +809,8 @@ def find_job_pods(
         max_pause_s: Longest pause.
 
     Returns:
-        The pods.
+        The pods; fewer once the Job has ended (a failed Job deletes its running pods, so
+        the rest never come).
 
     Raises:
         AirflowException: If the pods do not all exist in time, naming the Job and
@@ -824,6 +825,9 @@ def find_job_pods(
         if len(pods) >= expected:
             return list(pods)
         current = batch.read_namespaced_job(name, ns)
+        conditions = (current.status.conditions if current.status else None) or []
+        if any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions):
+            return list(pods)
         suspended = bool(current.spec and current.spec.suspend)
         if time.monotonic() + pause > deadline:
             state = "still suspended (not admitted by Kueue)" if suspended else "not all created"
