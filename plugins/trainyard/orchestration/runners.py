@@ -708,6 +708,8 @@ def role_job_operator(job: V1Job, task_id: str, *, wait: bool) -> Any:
       a failed one, is deleted (foreground) and created again.
     * Its pods are looked for until the Job is admitted and its pods exist (Kueue creates
       Jobs suspended; apache/airflow#70585), with a growing pause between looks.
+    * The logs of pods that are gone are skipped: a failed Job's controller deletes its
+      running pods, and the provider reads every pod's logs before it reports the failure.
 
     Args:
         job: The role's Job.
@@ -717,11 +719,29 @@ def role_job_operator(job: V1Job, task_id: str, *, wait: bool) -> Any:
     Returns:
         The operator.
     """
+    from functools import cached_property
+
     from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
+    from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+    from kubernetes.client.rest import ApiException
 
     from trainyard import k8s
 
+    class JobPodManager(PodManager):
+        def fetch_requested_container_logs(self, pod: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().fetch_requested_container_logs(pod, *args, **kwargs)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                self.log.warning("pod %s is gone: its logs are lost", pod.metadata.name)
+                return []
+
     class RoleJobOperator(KubernetesJobOperator):
+        @cached_property
+        def pod_manager(self) -> PodManager:
+            return JobPodManager(kube_client=self.client, callbacks=self.callbacks)
+
         def create_job(self, job_request_obj: V1Job) -> V1Job:
             return create_or_reattach_job(self.job_client, job_request_obj, log=self.log.info)
 
