@@ -636,6 +636,19 @@ def test_pods_of_a_job_kueue_admits_later_are_found(profile) -> None:
     assert pods == ["pod-0", "pod-1"]
 
 
+def test_pods_of_a_job_that_already_failed_are_not_waited_for(profile) -> None:
+    """A failed Job deletes its running pods: those left are all there will ever be."""
+    from kubernetes.client import V1JobCondition, V1JobStatus
+
+    from trainyard.orchestration.runners import find_job_pods
+
+    job = _objects(profile).jobs[0]
+    job.status = V1JobStatus(failed=1, conditions=[V1JobCondition(type="Failed", status="True")])
+    cluster = Cluster(job, pods=1)
+    pods = find_job_pods(cluster, cluster, job, expected=2, timeout_s=60, first_pause_s=30)
+    assert pods == ["pod-0"]
+
+
 def test_a_job_never_admitted_fails_naming_it(profile) -> None:
     from airflow.sdk.exceptions import AirflowException
 

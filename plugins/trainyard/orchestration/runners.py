@@ -670,7 +670,8 @@ class KubernetesRunner:
         try:
             replace_training_service(core, objects.service, run=context["run_id"])
             success_role = "chief" if training.strategy == "parameter_server" else "worker"
-            for job in objects.jobs:
+            # every Job exists before the wait: the chief's ends only once the workers run
+            for job in sorted(objects.jobs, key=lambda j: _role(j) == success_role):
                 op = role_job_operator(job, context["ti"].task_id, wait=_role(job) == success_role)
                 self._operator = op
                 op.execute(context)
@@ -754,6 +755,8 @@ def role_job_operator(job: V1Job, task_id: str, *, wait: bool) -> Any:
       a failed one, is deleted (foreground) and created again.
     * Its pods are looked for until the Job is admitted and its pods exist (Kueue creates
       Jobs suspended; apache/airflow#70585), with a growing pause between looks.
+    * The logs of pods that are gone are skipped: a failed Job's controller deletes its
+      running pods, and the provider reads every pod's logs before it reports the failure.
 
     Args:
         job: The role's Job.
@@ -763,11 +766,29 @@ def role_job_operator(job: V1Job, task_id: str, *, wait: bool) -> Any:
     Returns:
         The operator.
     """
+    from functools import cached_property
+
     from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
+    from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+    from kubernetes.client.rest import ApiException
 
     from trainyard import k8s
 
+    class JobPodManager(PodManager):
+        def fetch_requested_container_logs(self, pod: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().fetch_requested_container_logs(pod, *args, **kwargs)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                self.log.warning("pod %s is gone: its logs are lost", pod.metadata.name)
+                return []
+
     class RoleJobOperator(KubernetesJobOperator):
+        @cached_property
+        def pod_manager(self) -> PodManager:
+            return JobPodManager(kube_client=self.client, callbacks=self.callbacks)
+
         def create_job(self, job_request_obj: V1Job) -> V1Job:
             return create_or_reattach_job(self.job_client, job_request_obj, log=self.log.info)
 
@@ -855,7 +876,8 @@ def find_job_pods(
         max_pause_s: Longest pause.
 
     Returns:
-        The pods.
+        The pods; fewer once the Job has ended (a failed Job deletes its running pods, so
+        the rest never come).
 
     Raises:
         AirflowException: If the pods do not all exist in time, naming the Job and
@@ -870,6 +892,9 @@ def find_job_pods(
         if len(pods) >= expected:
             return list(pods)
         current = batch.read_namespaced_job(name, ns)
+        conditions = (current.status.conditions if current.status else None) or []
+        if any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions):
+            return list(pods)
         suspended = bool(current.spec and current.spec.suspend)
         if time.monotonic() + pause > deadline:
             state = "still suspended (not admitted by Kueue)" if suspended else "not all created"

@@ -212,6 +212,49 @@ class _Task:
         self._reader.join(timeout=5)
 
 
+def task_env(
+    task: TaskSpec,
+    hosts: dict[str, str],
+    guard: dict[str, str],
+    *,
+    attempt: int | None = None,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """A task process's environment: its pod's, plus the loopback mapping of the cluster.
+
+    Args:
+        task: The task (its pod's container environment, paths mapped).
+        hosts: Every DNS name of the attempt (``<job>-<index>.<service>``) mapped to a
+            loopback ``host:port`` (:data:`~trainyard.training.spec.ENV_HOSTS`).
+        guard: :func:`loopback_env` (the preload library that keeps binds on loopback).
+        attempt: The attempt number (:data:`~trainyard.training.spec.ENV_ATTEMPT`), if any.
+        extra: Variables set after the pod's (tests: ``TRAINYARD_FAULT``).
+
+    Returns:
+        The environment; ``TF_CONFIG`` is left out (the worker derives it, as in a pod) and
+        the worker watches this process (:data:`~trainyard.training.spec.ENV_PARENT_PID`).
+    """
+    env = dict(task.env)
+    env.pop("TF_CONFIG", None)  # derived by the worker, as in a pod
+    env.update(extra or {})
+    preload = [guard.get("LD_PRELOAD", ""), env.get("LD_PRELOAD", "")]
+    env.update(guard)
+    if guard.get("LD_PRELOAD"):
+        env["LD_PRELOAD"] = " ".join(p for p in preload if p)
+    env.update(
+        {
+            spec.ENV_HOSTS: json.dumps(hosts, sort_keys=True),
+            spec.ENV_PARENT_PID: str(os.getpid()),
+            "TF_USE_LEGACY_KERAS": "1",
+        }
+    )
+    if attempt is not None:
+        env[spec.ENV_ATTEMPT] = str(attempt)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
 class _Attempt:
     """One attempt's processes; stopped (whole groups) on exit, whatever happened."""
 
@@ -229,23 +272,7 @@ class _Attempt:
         ports = free_ports(len(self.spec.tasks))
         hosts = {t.dns: f"{LOOPBACK}:{p}" for t, p in zip(self.spec.tasks, ports, strict=True)}
         for task in self.spec.tasks:
-            env = dict(task.env)
-            env.pop("TF_CONFIG", None)  # derived by the worker, as in a pod
-            env.update(self.spec.env)
-            preload = [self.guard.get("LD_PRELOAD", ""), env.get("LD_PRELOAD", "")]
-            env.update(self.guard)
-            if self.guard.get("LD_PRELOAD"):
-                env["LD_PRELOAD"] = " ".join(p for p in preload if p)
-            env.update(
-                {
-                    spec.ENV_HOSTS: json.dumps(hosts, sort_keys=True),
-                    spec.ENV_PARENT_PID: str(os.getpid()),
-                    spec.ENV_ATTEMPT: str(self.attempt),
-                    "TF_USE_LEGACY_KERAS": "1",
-                }
-            )
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            env.setdefault("PYTHONUNBUFFERED", "1")
+            env = task_env(task, hosts, self.guard, attempt=self.attempt, extra=self.spec.env)
             self.tasks.append(_Task(task.name, task.argv, env, self.log))
         self.log(f"attempt {self.attempt}: started {', '.join(t.name for t in self.tasks)}")
         self.log(f"attempt {self.attempt}: addresses {hosts}")
