@@ -59,7 +59,7 @@ def dns_subdomain(value: str | None) -> str | None:
 
 
 QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
-QUANTITY_SUFFIXES = {
+QUANTITY_SUFFIXES: dict[str, int | Decimal] = {
     "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
     "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
     "Pi": 2**50, "Ei": 2**60,
@@ -832,7 +832,8 @@ class TriggerConfig(StrictModel):
 
 
 EMAIL_RE = re.compile(r"^[^@\s<>]+@[^@\s<>]+$")
-NOTIFY_EVENTS = ("failure", "rejection", "promotion")
+NotifyEvent = Literal["failure", "rejection", "promotion"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("failure", "rejection", "promotion")
 
 
 class NotifyConfig(StrictModel):
@@ -847,7 +848,7 @@ class NotifyConfig(StrictModel):
         min_length=1,
         description="Recipients of the pipeline's outcome mails (at least one address).",
     )
-    events: list[Literal["failure", "rejection", "promotion"]] = Field(
+    events: list[NotifyEvent] = Field(
         default=list(NOTIFY_EVENTS),
         min_length=1,
         description="Which outcomes are mailed: a task failed for good (after its retries; the "

@@ -169,8 +169,8 @@ def check_pipeline(path: Path, profile: Any = None, cluster: bool = False) -> Pi
     if cfg is not None and cluster:
         from trainyard.k8s.scoring import cluster_stream_problem
 
-        if why := cluster_stream_problem(cfg):
-            problems.append(where(("scoring", "stream"), why))
+        if problem := cluster_stream_problem(cfg):
+            problems.append(where(("scoring", "stream"), problem))
     if cfg is not None:
         others = other_pipelines(cfg)
         shared = shared_names(cfg, others=others)
@@ -190,7 +190,9 @@ def owned_names(cfg: PipelineConfig) -> dict[tuple[str, ...], tuple[str, str]]:
     may be case-blind too), and the streams the scorer writes (scores and dead letters of
     two pipelines in one stream could not be told apart), as engine, server and name.
     """
-    out = {("serving", "model_name"): (cfg.serving.model_name, cfg.serving.model_name.casefold())}
+    out: dict[tuple[str, ...], tuple[str, str]] = {
+        ("serving", "model_name"): (cfg.serving.model_name, cfg.serving.model_name.casefold())
+    }
     st = cfg.scoring.stream
     if st is not None:
         server = st.bootstrap_servers if st.engine == "kafka" else st.url or ""
@@ -217,7 +219,7 @@ def read_streams(cfg: PipelineConfig) -> dict[tuple[str, ...], tuple[str, str]]:
     The scorer's input and the trigger stream, as engine, server and name (the form of
     :func:`owned_names`; a Kafka trigger's server is its Airflow connection).
     """
-    out = {}
+    out: dict[tuple[str, ...], tuple[str, str]] = {}
     st = cfg.scoring.stream
     if st is not None:
         server = st.bootstrap_servers if st.engine == "kafka" else st.url or ""

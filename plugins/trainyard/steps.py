@@ -492,8 +492,9 @@ def register(
     from trainyard.training.spec import TENSORBOARD_DIR, run_paths
 
     cfg = load_pipeline(pipeline)
-    params = TrainingConfig.model_validate({**cfg.training.model_dump(), **(training or {})})
-    params = params.model_dump()
+    params = TrainingConfig.model_validate(
+        {**cfg.training.model_dump(), **(training or {})}
+    ).model_dump()
     paths = run_paths(Layout(get_settings().volume_root), cfg, snapshot_id, run_id)
     out = Path(paths.output)
     model_dir = out / "model"
@@ -940,7 +941,11 @@ def summary(
         **{k: v for k, v in (results or {}).items() if k != "approve"},
     }
     version = ((results or {}).get("register") or {}).get("version")
-    if cfg.gate.approval == "required" and (results or {}).get("evaluate", {}).get("promote"):
+    if (
+        cfg.gate.approval == "required"
+        and version is not None
+        and (results or {}).get("evaluate", {}).get("promote")
+    ):
         record["approve"] = _registry(cfg).approval_answer(int(version))
     atomic_write_json(layout.run_record(cfg.name, run_id), record)
     atomic_write_json(layout.last_run(cfg.name), record)

@@ -117,15 +117,13 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     tmp = tmp_path_factory.mktemp("k8s")
     small = {"start_deadline_s": 120, "attempt_timeout_s": 300}
     ps = {"strategy": "parameter_server", "parameter_servers": 1, "workers": 1}
-    project = make_project(  # the Service listens on 8501: the pipelines dial it
+    # each pipeline's YAML keeps a laptop port of its own: on the cluster deploy and the
+    # smoke test dial the Service's (settings.serving_endpoint)
+    project = make_project(
         tmp,
-        {"training": {**small, "epochs": 3}, "serving": {"port": 8501}},
+        {"training": {**small, "epochs": 3}},
         extra_pipelines={
-            "transactions": {
-                "from": "transactions",
-                "training": {**small, **ps, "epochs": 4},
-                "serving": {"port": 8501},
-            }
+            "transactions": {"from": "transactions", "training": {**small, **ps, "epochs": 4}}
         },
         database="postgres",  # the two runs at once
     )

@@ -464,11 +464,11 @@ def validate_object(obj: Any, version: str = K8S_VERSION) -> list[str]:
             errors += schema_errors(data, VOLUME_SNAPSHOT_SCHEMA)
         else:
             errors.append(f"{where}: no schema for {data['apiVersion']} {data['kind']}")
-    path = POD_TEMPLATE_PATHS.get(data["kind"])
-    if path is not None:
-        spec = _get(data, path)
+    template = POD_TEMPLATE_PATHS.get(data["kind"])
+    if template is not None:
+        spec = _get(data, template)
         if isinstance(spec, dict):
-            errors += pss_violations(spec, f"{where} {'.'.join(path)}")
+            errors += pss_violations(spec, f"{where} {'.'.join(template)}")
     return errors
 
 

@@ -22,9 +22,12 @@ from __future__ import annotations
 import html
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from trainyard.config import NotifyConfig
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 log = logging.getLogger("trainyard.notify")
 
@@ -53,7 +56,7 @@ class OutcomeMail:
                 subject=subject,
                 html_content=render_html(subject, rows, text),
                 smtp_conn_id=self.notify.smtp_conn_id,
-            ).notify(context)
+            ).notify(cast("Context", context))
             log.info("notify: e-mailed %s to %s", subject, ", ".join(self.notify.email))
         except Exception:  # a mail server being down must not change the task's outcome
             log.exception("notify: could not e-mail the %s of %s", self.event, self.pipeline)
@@ -78,7 +81,7 @@ class OutcomeMail:
             if isinstance(answer, dict)
             else []
         )
-        if self.event == "rejection" and person:
+        if self.event == "rejection" and person and answer is not None:
             subject = f"[trainyard] {self.pipeline}: version {version} rejected by {answer['by']}"
             return subject, [*run, ("verdict", "rejected by a person"), *person, *metrics], text
         if self.event == "rejection":

@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,8 +85,12 @@ class Runner(Protocol):
         training: TrainingConfig,
         objects: TrainingObjects,
         context: Context,
+        snapshot_ids: Sequence[str],
     ) -> dict[str, Any]:
-        """Run one run's training Jobs to completion; return attempts and seconds."""
+        """Run one run's training Jobs to completion; return attempts and seconds.
+
+        ``snapshot_ids`` is the training window (the local runner leases each snapshot).
+        """
         ...
 
     def kill(self) -> None:
@@ -918,9 +923,9 @@ def delete_training_objects(hook: Any, objects: TrainingObjects) -> list[str]:
     deleted = []
     for job in objects.jobs:
         jname = job.metadata.name
-        if delete_if_exists(lambda j=jname: batch.delete_namespaced_job(j, ns, body=foreground)):
+        if delete_if_exists(partial(batch.delete_namespaced_job, jname, ns, body=foreground)):
             deleted.append(f"job {jname}")
-    if delete_if_exists(lambda: core.delete_namespaced_service(base, ns)):
+    if delete_if_exists(partial(core.delete_namespaced_service, base, ns)):
         deleted.append(f"service {base}")
     core.delete_collection_namespaced_pod(ns, label_selector=f"{k8s.RUN_LABEL}={base}")
     log.info(
@@ -946,8 +951,8 @@ def ensure_volumes(core: CoreV1Api, profile: ClusterProfile, cfg: PipelineConfig
     for pvc in claims:
         name = pvc.metadata.name
         _, new = ensure_exists(
-            lambda pvc=pvc: core.create_namespaced_persistent_volume_claim(ns, pvc),
-            lambda name=name: core.read_namespaced_persistent_volume_claim(name, ns),
+            partial(core.create_namespaced_persistent_volume_claim, ns, pvc),
+            partial(core.read_namespaced_persistent_volume_claim, name, ns),
         )
         log.info("PVC %s: %s", name, "created" if new else "exists")
         created += [name] if new else []

@@ -260,9 +260,9 @@ class RedisStreamTrigger(BaseEventTrigger):
                 )
                 for raw_key, entries in reply or []:
                     for raw_id, raw_fields in entries:
-                        event = await self._event(client, _text(raw_key), raw_id, raw_fields)
-                        if event is not None:
-                            yield event
+                        found = await self._event(client, _text(raw_key), raw_id, raw_fields)
+                        if found is not None:
+                            yield found
         finally:
             await client.aclose()
 
