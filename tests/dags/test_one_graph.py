@@ -567,8 +567,8 @@ class Cluster:
 
 
 def _objects(profile, run_id: str = "manual__1", workers: int = 2):
+    from trainyard.k8s.apply import RUN_ANNOTATION
     from trainyard.k8s.render import run_training_objects
-    from trainyard.orchestration.runners import RUN_ANNOTATION
     from trainyard.steps import training_params
 
     cfg = _cfg()
@@ -581,7 +581,7 @@ def _objects(profile, run_id: str = "manual__1", workers: int = 2):
 
 
 def test_a_job_of_another_run_is_deleted_foreground_then_created(profile) -> None:
-    from trainyard.orchestration.runners import create_or_reattach_job
+    from trainyard.k8s.apply import create_or_reattach_job
 
     leftover = _objects(profile, "manual__0").jobs[0]
     job = _objects(profile, "manual__1").jobs[0]
@@ -596,7 +596,7 @@ def test_a_running_job_of_the_same_run_is_reattached(profile) -> None:
     """After the Airflow worker restarts, the retry finds its Job: nothing recreated."""
     from kubernetes.client import V1JobStatus
 
-    from trainyard.orchestration.runners import create_or_reattach_job
+    from trainyard.k8s.apply import create_or_reattach_job
 
     running = _objects(profile).jobs[0]
     running.status = V1JobStatus(active=2)
@@ -613,7 +613,7 @@ def test_a_running_job_of_the_same_run_is_reattached(profile) -> None:
 
 
 def test_a_service_of_another_run_is_replaced_one_of_this_run_kept(profile) -> None:
-    from trainyard.orchestration.runners import replace_training_service
+    from trainyard.k8s.apply import replace_training_service
 
     service = _objects(profile).service
     other = _objects(profile, "manual__0").service
@@ -628,7 +628,7 @@ def test_a_service_of_another_run_is_replaced_one_of_this_run_kept(profile) -> N
 
 def test_pods_of_a_job_kueue_admits_later_are_found(profile) -> None:
     """apache/airflow#70585: the Job is suspended for a while, its pods come after."""
-    from trainyard.orchestration.runners import find_job_pods
+    from trainyard.k8s.apply import find_job_pods
 
     job = _objects(profile).jobs[0]
     cluster = Cluster(job, suspended_reads=3)
@@ -640,7 +640,7 @@ def test_pods_of_a_job_that_already_failed_are_not_waited_for(profile) -> None:
     """A failed Job deletes its running pods: those left are all there will ever be."""
     from kubernetes.client import V1JobCondition, V1JobStatus
 
-    from trainyard.orchestration.runners import find_job_pods
+    from trainyard.k8s.apply import find_job_pods
 
     job = _objects(profile).jobs[0]
     job.status = V1JobStatus(failed=1, conditions=[V1JobCondition(type="Failed", status="True")])
@@ -650,13 +650,12 @@ def test_pods_of_a_job_that_already_failed_are_not_waited_for(profile) -> None:
 
 
 def test_a_job_never_admitted_fails_naming_it(profile) -> None:
-    from airflow.sdk.exceptions import AirflowException
-
-    from trainyard.orchestration.runners import find_job_pods
+    from trainyard.errors import TrainingError
+    from trainyard.k8s.apply import find_job_pods
 
     job = _objects(profile).jobs[0]
     cluster = Cluster(job, suspended_reads=10**6)
-    with pytest.raises(AirflowException, match="still suspended \\(not admitted by Kueue\\)"):
+    with pytest.raises(TrainingError, match="still suspended \\(not admitted by Kueue\\)"):
         find_job_pods(cluster, cluster, job, expected=2, timeout_s=0.05, first_pause_s=0.01)
 
 
@@ -800,7 +799,7 @@ def test_take_volume_snapshot_creates_once_and_waits(
     profile, statuses, existing, race, created
 ) -> None:
     from trainyard import k8s
-    from trainyard.orchestration.runners import take_volume_snapshot
+    from trainyard.k8s.apply import take_volume_snapshot
 
     body = k8s.volume_snapshot(profile, "digits", SNAPSHOT, "csi-snap")
     api = VolumeSnapshots(*statuses, existing=body if existing else None, race=race)

@@ -442,8 +442,8 @@ def test_stream_config_errors(stream: dict[str, Any], message: str) -> None:
 def test_kubernetes_runner_creates_then_rolls_the_scorer_after_a_deploy() -> None:
     from kubernetes.client.exceptions import ApiException
 
+    from trainyard.k8s.apply import ensure_scorer
     from trainyard.k8s.objects import VERSION_ANNOTATION
-    from trainyard.orchestration.runners import ensure_scorer
 
     class Apps:
         """The AppsV1Api calls ensure_scorer makes, against a dict."""
