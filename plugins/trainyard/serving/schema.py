@@ -4,28 +4,23 @@ A feature spec maps each serving input to ``(dtype, shape)`` with the batch dime
 first (``None``), exactly as ``trainyard.contracts.feature_spec`` returns it. Requests come
 in TF Serving's row format (``{"instances": [...]}``) or columnar format
 (``{"inputs": ...}``); both are decoded straight into numpy arrays and every mistake is
-reported as one :class:`InvalidRequest` naming the row and the field. Pure numpy (and,
-when built, the C parser ``_decode.c`` for float32 rows): no TensorFlow import.
+reported as one :class:`InvalidRequest` naming the row and the field. One parser (``json``)
+and one writer (:func:`encode_predict_response`); numpy, no TensorFlow import.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
 
-from trainyard import native
 from trainyard.errors import TrainyardError
-
-_decode = native.load("trainyard.serving._decode")  # None: numpy and Arrow parse instead
 
 FeatureSpec = dict[str, tuple[str, tuple[int | None, ...]]]
 
@@ -321,253 +316,6 @@ def _diagnose_rows(
             )
 
 
-# Below this size the per-call overhead of Arrow exceeds what it saves over json.
-FAST_DECODE_MIN_BYTES = 8192
-
-_FAST_HEAD = re.compile(rb'\s*\{\s*"(instances|inputs)"\s*:\s*(?:\{\s*"([^"\\]+)"\s*:\s*)?$')
-_FAST_TAIL = re.compile(rb"\s*(\})?\s*\}\s*$")
-_COMMA, _SPACE, _OPEN, _CLOSE, _MINUS, _ZERO = b", []-0"
-_WHITESPACE = b" \t\r\n"
-_FEW_EXPONENTS = 64
-# Integer literals beyond this may round differently through float64 than through int64.
-_EXACT_INTEGERS = 2.0**53
-
-
-def _is_digit(chars: np.ndarray) -> np.ndarray:
-    return (chars >= ord("0")) & (chars <= ord("9"))
-
-
-class _RowBrackets(NamedTuple):
-    """Where the brackets of one row of a regular nested list are, relative to its values.
-
-    Attributes:
-        opens: How many ``[`` come right before each value of the row (row order).
-        closes: How many ``]`` come right after each value.
-        open_at: The value each ``[`` precedes, and how far before its first character.
-        close_at: The value each ``]`` follows, and how far after its end (0: right after).
-    """
-
-    opens: np.ndarray
-    closes: np.ndarray
-    open_at: tuple[np.ndarray, np.ndarray]
-    close_at: tuple[np.ndarray, np.ndarray]
-
-
-@functools.lru_cache(maxsize=64)
-def _row_brackets(row_shape: tuple[int, ...]) -> _RowBrackets:
-    per_row = math.prod(row_shape)
-    opens = np.zeros(per_row, np.int64)
-    closes = np.zeros(per_row, np.int64)
-    stride = per_row
-    for size in row_shape:
-        opens[::stride] += 1
-        closes[stride - 1 :: stride] += 1
-        stride //= size
-    values = np.arange(per_row)
-    open_at = np.repeat(values, opens), np.concatenate([np.arange(n, 0, -1) for n in opens])
-    close_at = np.repeat(values, closes), np.concatenate([np.arange(n) for n in closes])
-    return _RowBrackets(opens, closes, open_at, close_at)
-
-
-def _spelled_as_json(
-    body: bytes, start: int, end: int, a: np.ndarray, first: np.ndarray, stop: np.ndarray
-) -> bool:
-    """Whether every number ``a[first:stop]`` is spelled as JSON requires.
-
-    ``a`` is ``body[start:end]`` as a uint8 array. Arrow's parser also takes ``.5``,
-    ``5.``, ``+5``, ``05``, ``5.e1``, ``inf`` and ``nan``, which JSON (and so the ``json``
-    path) rejects.
-    """
-    lead = a[first]
-    digit_at = first + (lead == _MINUS)
-    digit = a[digit_at]
-    if not _is_digit(digit).all() or ((digit == _ZERO) & _is_digit(a[digit_at + 1])).any():
-        return False
-    if not _is_digit(a[stop - 1]).all():
-        return False
-    # "e" must follow a digit ("5.e1" is not JSON). Exponents are rare: find them with
-    # memchr while they are few.
-    exponents: list[int] = []
-    for letter in (b"e", b"E"):
-        at = body.find(letter, start, end)
-        while at >= 0 and len(exponents) < _FEW_EXPONENTS:
-            exponents.append(at - start)
-            at = body.find(letter, at + 1, end)
-        if at >= 0:
-            return bool(_is_digit(a[np.flatnonzero((a | 0x20) == ord("e")) - 1]).all())
-    return bool(_is_digit(a[np.array(exponents, np.int64) - 1]).all())
-
-
-def _parse_float64(body: bytes, first: np.ndarray, stop: np.ndarray) -> np.ndarray | None:
-    """Parse each ``body[first:stop]`` as a number with Arrow (``fast_float``, in C++).
-
-    The numbers and the bytes between them become the values of a zero-copy Arrow string
-    array whose in-between values are marked null, so only the numbers are parsed.
-    Returns None if one is not a number.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = first.size
-    offsets = np.empty(2 * n + 2, np.int32)
-    offsets[0] = 0
-    offsets[1:-1:2] = first
-    offsets[2:-1:2] = stop
-    offsets[-1] = len(body)
-    odd_valid = np.full((2 * n + 8) // 8, 0b10101010, np.uint8)
-    strings = pa.StringArray.from_buffers(
-        2 * n + 1, pa.py_buffer(offsets), pa.py_buffer(body), pa.py_buffer(odd_valid)
-    )
-    try:
-        parsed = pc.cast(strings, pa.float64())
-    except (pa.ArrowInvalid, ValueError):
-        return None
-    return np.frombuffer(parsed.buffers()[1], np.float64, count=2 * n + 1)[1::2].copy()
-
-
-def _parse_number_rows(
-    body: bytes, start: int, end: int, row_shape: tuple[int, ...]
-) -> np.ndarray | None:
-    """Parse ``body[start:end]``, a JSON array of rows of ``row_shape`` numbers, as float64.
-
-    Every comma ends a value, and a row's values sit in the same brackets in every row, so
-    from the comma positions alone follow where each value and each bracket must be; a
-    gather checks the brackets and Arrow parses the values in between (which fails on
-    anything but a number there). Compact text and ``json.dumps``' default (a space after
-    each comma) are read as they are; other whitespace is removed first.
-
-    Returns:
-        The values, shape ``(rows, *row_shape)``; None if the text is anything else (not
-        JSON, ragged, other shape, non-finite or inexact numbers): the ``json`` path decides.
-    """
-    if end - start < 3 or end >= 2**31:
-        return None
-    a = np.frombuffer(body, np.uint8, count=end - start, offset=start)
-    commas = np.flatnonzero(a == _COMMA)
-    after = a[commas[0] + 1] if commas.size else a[1]
-    gap = int(after == _SPACE)
-    if after > _SPACE or (gap and (a[commas + 1] == _SPACE).all()):
-        values = _parse_laid_out(body, start, end, a, commas, gap, row_shape)
-        if values is not None:
-            return values
-    if np.count_nonzero(a <= _SPACE) == gap * commas.size:
-        return None  # no whitespace but after the commas: not a matter of layout
-    return _parse_spaced_number_rows(body[start:end], a, row_shape)
-
-
-def _parse_laid_out(
-    body: bytes,
-    start: int,
-    end: int,
-    a: np.ndarray,
-    commas: np.ndarray,
-    gap: int,
-    row_shape: tuple[int, ...],
-) -> np.ndarray | None:
-    """:func:`_parse_number_rows` for text whose only whitespace is ``gap`` after commas."""
-    brackets = _row_brackets(row_shape)
-    per_row = brackets.opens.size
-    rows, rem = divmod(commas.size + 1, per_row)
-    if rem or not rows:
-        return None
-    # A value starts after the previous comma (or the array's "["), ends at the next comma
-    # (or the array's "]"), and has its row position's brackets around it.
-    first = np.empty(rows * per_row, np.int64)
-    first[0] = 1
-    np.add(commas, 1 + gap, out=first[1:])
-    stop = np.empty(rows * per_row, np.int64)
-    stop[:-1] = commas
-    stop[-1] = a.size - 1
-    first = first.reshape(rows, per_row) + brackets.opens
-    stop = stop.reshape(rows, per_row) - brackets.closes
-    if not (stop > first).all():
-        return None
-    values_of, back = brackets.open_at
-    if not (a[first[:, values_of] - back] == _OPEN).all():
-        return None
-    values_of, ahead = brackets.close_at
-    if not (a[stop[:, values_of] + ahead] == _CLOSE).all():
-        return None
-    first, stop = first.reshape(-1), stop.reshape(-1)
-    if not _spelled_as_json(body, start, end, a, first, stop):
-        return None
-    values = _parse_float64(body, first + start, stop + start)
-    if values is None or not -_EXACT_INTEGERS < values.min() <= values.max() < _EXACT_INTEGERS:
-        return None
-    zero = values == 0
-    if zero.any():
-        # json reads the integer "-0" as 0, so it must become +0.0, not -0.0.
-        values[zero & (stop - first == 2) & (a[first] == _MINUS)] = 0.0
-    return values.reshape(rows, *row_shape)
-
-
-def _parse_spaced_number_rows(
-    text: bytes, a: np.ndarray, row_shape: tuple[int, ...]
-) -> np.ndarray | None:
-    """:func:`_parse_number_rows` for text with whitespace elsewhere (indented, say).
-
-    Whitespace is removed first; that must not join two numbers ("1 2" → "12"), so the
-    runs of number characters in ``text`` (``a``) are counted and must match the values.
-    """
-    compact = text.translate(None, _WHITESPACE)
-    values = _parse_number_rows(compact, 0, len(compact), row_shape)
-    if values is None:
-        return None
-    # The compact text held only numbers, brackets and commas; the rest was whitespace.
-    # Between the "[" that opens the text and the "]" that closes it, each run of number
-    # characters starts and ends one change from the others to numbers and back.
-    other = a <= _SPACE
-    for char in (_COMMA, _OPEN, _CLOSE):
-        np.logical_or(other, a == char, out=other)
-    runs = np.count_nonzero(other[1:] != other[:-1]) // 2
-    return values if runs == values.size else None
-
-
-def _fast_decode(body: bytes, spec: FeatureSpec) -> tuple[dict[str, np.ndarray], int, bool] | None:
-    """Decode a single-feature float request without building Python lists.
-
-    Applies to ``{"instances": ARRAY}``, ``{"inputs": ARRAY}`` and ``{"inputs": {"f":
-    ARRAY}}`` where ARRAY is a regular nested list of plain numbers in the feature's fixed
-    row shape (see :func:`_parse_number_rows`). Anything else (or anything doubtful)
-    returns None and takes the ``json`` path, which also produces the precise error
-    messages; whatever this accepts, the ``json`` path decodes to the same array.
-    """
-    if len(spec) != 1:
-        return None
-    ((name, (dtype, shape)),) = spec.items()
-    row_shape = shape[1:]
-    if dtype not in ("float16", "float32", "float64") or any(not d for d in row_shape):
-        return None
-    start, end = body.find(b"["), body.rfind(b"]")
-    if start < 0 or end < start:
-        return None
-    head = _FAST_HEAD.match(body, 0, start)
-    tail = _FAST_TAIL.match(body, end + 1)
-    if head is None or tail is None or (head[2] is None) != (tail[1] is None):
-        return None
-    columnar = head[1] == b"inputs"
-    # bytes, not text: a key that is not UTF-8 is the json path's to refuse (400)
-    if head[2] is not None and (not columnar or head[2] != name.encode()):
-        return None
-    if dtype == "float32" and _decode is not None and type(body) is bytes:
-        # one pass in C, bit-identical to the json path; None: the json path decides
-        got = _decode.float32_rows(body, start, end + 1, row_shape)
-        if got is None:
-            return None
-        data, rows = got
-        arr = np.frombuffer(data, np.float32).reshape(rows, *row_shape)
-        if not np.isfinite(arr).all():  # an overflow to inf: the json path names it
-            return None
-        return {name: arr}, rows, columnar
-    values = _parse_number_rows(body, start, end + 1, row_shape)  # type: ignore[arg-type]
-    if values is None:
-        return None
-    cast = values.astype(dtype)
-    if not np.isfinite(cast).all():
-        return None
-    return {name: cast}, values.shape[0], columnar
-
-
 class DecodedRequest(NamedTuple):
     """A decoded ``:predict`` request.
 
@@ -603,17 +351,6 @@ def decode_request(
             signature that is not a string, or an input is missing, of the wrong type or
             shape (names row and field).
     """
-    if len(body) >= FAST_DECODE_MIN_BYTES:
-        # a body the fast path takes names no signature: its head and tail are fixed
-        try:
-            default: FeatureSpec | None = specs("")
-        except (InvalidRequest, LookupError):  # no default signature: the body must name one
-            default = None
-        fast = _fast_decode(body, default) if default is not None else None
-        if fast is not None:
-            if fast[1] > max_rows:
-                raise InvalidRequest(f"request has {fast[1]} rows, at most {max_rows} are allowed")
-            return DecodedRequest(*fast, "")
     doc = parse_json_object(body, "'instances' or 'inputs'")
     # other top-level keys are ignored, as TF Serving does
     signature = doc.get("signature_name", "")
@@ -689,9 +426,7 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     if not isinstance(instances, list) or not instances:
         raise InvalidRequest("'instances' must be a non-empty list of rows")
     if len(instances) > max_rows:
-        raise InvalidRequest(
-            f"'instances' has {len(instances)} rows, at most {max_rows} are allowed"
-        )
+        raise InvalidRequest(f"request has {len(instances)} rows, at most {max_rows} are allowed")
     names = list(spec)
     by_name = isinstance(instances[0], dict) and not is_b64_object(instances[0])
     if not by_name:
@@ -765,101 +500,104 @@ def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     return out
 
 
-def tf_float_text(value: float, float32: bool) -> str:
-    """One float as TF Serving prints it (``json_tensor.cc``, ``WriteDecimal``).
+def _float_tokens(flat: np.ndarray) -> list[str]:
+    """Floats as TF Serving prints them (``json_tensor.cc``, ``WriteDecimal``).
 
     Six significant digits (printf ``%g``) when they read back as the same value, else
-    ``%.9g`` (float32) or ``%.17g`` (float64); ``.0`` appended to a whole number printed
-    without an exponent; ``NaN``, ``Infinity``, ``-Infinity``. So ``9e+06``, ``999999.0``,
-    ``0.5``, ``3e-05`` and ``0.0478646196``.
+    ``%.9g`` (float32, and float16 widened as TF Serving does) or ``%.17g`` (float64);
+    ``.0`` appended to a whole number printed without an exponent; ``NaN``, ``Infinity``,
+    ``-Infinity``. So ``9e+06``, ``999999.0``, ``0.5``, ``3e-05`` and ``0.0478646196``.
     """
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    text = f"{value:g}"
-    back = float(np.float32(text)) if float32 else float(text)
-    if back != value:
-        text = f"{value:.9g}" if float32 else f"{value:.17g}"
-    if "." not in text and "e" not in text:
-        text += ".0"
-    return text
+    float32 = flat.dtype.itemsize <= 4
+    with np.errstate(invalid="ignore"):  # a signalling NaN widens to a quiet one
+        values = flat.astype(np.float64)
+    texts = [f"{v:g}" for v in values.tolist()]
+    back = np.array(texts, dtype=np.float64)
+    if float32:
+        back = back.astype(np.float32).astype(np.float64)
+    finite = np.isfinite(values)
+    wide = "{:.9g}" if float32 else "{:.17g}"
+    for i in np.flatnonzero((back != values) & finite).tolist():
+        texts[i] = wide.format(values[i])
+    for i in np.flatnonzero(~finite).tolist():
+        v = values[i]
+        texts[i] = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    return [t if "." in t or "e" in t or t[-1] in "yN" else t + ".0" for t in texts]
 
 
-def _nested(tokens: list[str], shape: tuple[int, ...]) -> bytes:
-    """Flat number texts as nested JSON arrays of ``shape`` (C order)."""
+def _tokens(arr: np.ndarray) -> list[str]:
+    """Every value of a numeric or boolean array as JSON text, in C order."""
+    flat = arr.reshape(-1)
+    if arr.dtype.kind == "f":
+        return _float_tokens(flat)
+    if arr.dtype.kind == "b":
+        return ["true" if v else "false" for v in flat.tolist()]
+    return [str(v) for v in flat.tolist()]
+
+
+def _nested(tokens: list[str], shape: tuple[int, ...]) -> str:
+    """Flat JSON texts as nested JSON arrays of ``shape`` (C order; ``()``: the one value)."""
     if 0 in shape:
-        return orjson.dumps(np.zeros(shape, np.int8), option=orjson.OPT_SERIALIZE_NUMPY)
+        text = "[]"
+        for size in reversed(shape[: shape.index(0)]):
+            text = "[" + ",".join([text] * size) + "]"
+        return text
     parts = tokens
     for size in reversed(shape):
         parts = ["[" + ",".join(parts[i : i + size]) + "]" for i in range(0, len(parts), size)]
-    return parts[0].encode()
+    return parts[0]
 
 
 def dump_array(arr: np.ndarray) -> bytes:
-    """Print one numeric array as JSON text, floats as TF Serving prints them.
-
-    Integers and booleans as orjson prints them; floats by :func:`tf_float_text`'s rule,
-    float32 (and float16, widened as TF Serving does) in C when ``_decode`` is built.
-    """
-    if arr.dtype.kind != "f":
-        return orjson.dumps(np.ascontiguousarray(arr), option=orjson.OPT_SERIALIZE_NUMPY)
-    float32 = arr.dtype.itemsize <= 4
-    if float32:
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if _decode is not None and arr.size:
-            return _decode.float32_json(arr, arr.shape)
-    tokens = [tf_float_text(v, float32) for v in arr.reshape(-1).tolist()]
-    return _nested(tokens, arr.shape)
+    """One numeric or boolean array (any rank) as JSON text, floats as TF Serving prints them."""
+    return _nested(_tokens(arr), arr.shape).encode()
 
 
-def _text(v: Any) -> Any:
+def _string_value(v: Any, as_b64: bool) -> Any:
+    if as_b64:
+        raw = v if isinstance(v, bytes) else str(v).encode()
+        return {"b64": base64.b64encode(raw).decode()}
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
-def _b64(v: Any) -> dict[str, str]:
-    return {"b64": base64.b64encode(v if isinstance(v, bytes) else str(v).encode()).decode()}
-
-
-def _jsonable(arr: np.ndarray, as_b64: bool = False) -> Any:
-    """An output (or one row of it) as JSON values; strings as text or ``{"b64": ...}``."""
-    if arr.dtype.kind in "SO":
-        convert = _b64 if as_b64 else _text
-        flat = np.empty(arr.size, dtype=object)
-        flat[:] = [convert(v) for v in arr.reshape(-1).tolist()]
-        return flat.reshape(arr.shape).tolist() if arr.ndim else flat[0]
+def _values(arr: np.ndarray, as_b64: bool) -> list[Any]:
+    """Each entry (batch row) of an output as a JSON value; a scalar output: one value."""
+    if arr.dtype.kind in "SOU":
+        flat = [_string_value(v, as_b64) for v in arr.reshape(-1).tolist()]
+        if arr.ndim == 0:
+            return flat
+        nested = np.empty(arr.size, dtype=object)
+        nested[:] = flat
+        return nested.reshape(arr.shape).tolist()
+    tokens = _tokens(arr)
     if arr.ndim == 0:
-        return orjson.Fragment(dump_array(arr.reshape(1))[1:-1])
-    return orjson.Fragment(dump_array(arr))
+        return [orjson.Fragment(tokens[0])]
+    per, row = len(tokens) // max(arr.shape[0], 1), arr.shape[1:]
+    return [
+        orjson.Fragment(_nested(tokens[i * per : (i + 1) * per], row)) for i in range(arr.shape[0])
+    ]
 
 
-def _row_values(arr: np.ndarray, as_b64: bool) -> list[Any]:
-    """One JSON value per row (batch entry) of an output."""
-    if arr.dtype.kind in "SO":
-        return [_jsonable(np.asarray(row, dtype=object), as_b64) for row in arr]
-    return [orjson.Fragment(dump_array(arr[i : i + 1])[1:-1]) for i in range(len(arr))]
-
-
-def _orjson_can_encode(arr: np.ndarray) -> bool:
-    """Whether an output is numeric (printed from numpy), not text or a scalar."""
-    return arr.ndim > 0 and arr.dtype.kind in "fiub"
+def _whole(arr: np.ndarray, as_b64: bool) -> Any:
+    """A whole output as one JSON value."""
+    if arr.dtype.kind not in "SOU":
+        return orjson.Fragment(dump_array(arr))
+    values = _values(arr, as_b64)
+    return values[0] if arr.ndim == 0 else values
 
 
 def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -> bytes:
     """Encode model outputs in TF Serving's response shape.
 
-    Numeric outputs are printed by orjson straight from numpy, floats as their shortest
-    round-trip decimal at their own precision (float32 ``0.04786462``, not
-    ``0.04786462336778641``); non-finite floats and strings take the ``json`` path.
-
     Args:
-        outputs: Output name → array (batch first).
+        outputs: Output name → array (batch first where batched).
         columnar: True for ``{"outputs": ...}``, False for ``{"predictions": [...]}``.
 
     Returns:
         The JSON body. With one output the value is bare; with several, the columnar form
-        is an object and the row form is one object per row, as TF Serving does. String
-        outputs whose name ends in ``_bytes`` are written as ``{"b64": ...}``.
+        is an object and the row form is one object per row, as TF Serving does. Floats are
+        printed as TF Serving prints them (:func:`dump_array`); string outputs whose name
+        ends in ``_bytes`` are written as ``{"b64": ...}``, other strings as text.
 
     Raises:
         InvalidRequest: In the row format, for an output without a batch dimension or with
@@ -867,45 +605,20 @@ def encode_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool) -
     """
     names = sorted(outputs)
     arrays = {n: np.asarray(outputs[n]) for n in names}
-    if not columnar:
-        _check_row_outputs(arrays)
-    if not all(_orjson_can_encode(a) for a in arrays.values()):
-        return _encode_with_json(arrays, names, columnar)
-    arrays = {n: np.ascontiguousarray(a) for n, a in arrays.items()}
+    b64 = {n: n.endswith(BYTES_SUFFIX) for n in names}
     if columnar:
-        frags = {n: orjson.Fragment(dump_array(a)) for n, a in arrays.items()}
-        payload: Any = {"outputs": frags[names[0]] if len(names) == 1 else frags}
-    elif len(names) == 1:
-        payload = {"predictions": orjson.Fragment(dump_array(arrays[names[0]]))}
-    elif all(a.size for a in arrays.values()):
-        return _encode_row_objects(arrays, names)
+        values = {n: _whole(arrays[n], b64[n]) for n in names}
+        payload: Any = {"outputs": values[names[0]] if len(names) == 1 else values}
     else:
-        cols = [list(a) for a in arrays.values()]
-        payload = {
-            "predictions": [dict(zip(names, row, strict=True)) for row in zip(*cols, strict=True)]
-        }
-    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def _encode_row_objects(arrays: Mapping[str, np.ndarray], names: list[str]) -> bytes:
-    """``{"predictions": [{name: row value, ...}, ...]}`` from each output's orjson text.
-
-    orjson prints each (non-empty) output whole; its rows are split apart at the one
-    separator that only occurs between rows (``],[`` one level below the top, ``]],[[``
-    two, ...), then interleaved with the names and joined once.
-    """
-    rows = next(iter(arrays.values())).shape[0]
-    depths = [arrays[n].ndim - 1 for n in names]
-    parts: list[bytes] = [b""] * (2 * len(names) * rows)
-    for i, (name, depth) in enumerate(zip(names, depths, strict=True)):
-        text = dump_array(arrays[name])
-        values = text[1 + depth : -1 - depth].split(b"]" * depth + b"," + b"[" * depth)
-        # Before each value: the end of the previous one (or of the previous row's object).
-        before = b"]" * depths[i - 1] + b"," if i else b"]" * depths[-1] + b"},{"
-        parts[2 * i :: 2 * len(names)] = [before + orjson.dumps(name) + b":" + b"[" * depth] * rows
-        parts[2 * i + 1 :: 2 * len(names)] = values
-    parts[0] = b'{"predictions":[{' + orjson.dumps(names[0]) + b":" + b"[" * depths[0]
-    return b"".join(parts) + b"]" * depths[-1] + b"}]}"
+        _check_row_outputs(arrays)
+        if len(names) == 1:
+            payload = {"predictions": _whole(arrays[names[0]], b64[names[0]])}
+        else:
+            rows = [_values(arrays[n], b64[n]) for n in names]
+            payload = {
+                "predictions": [dict(zip(names, r, strict=True)) for r in zip(*rows, strict=True)]
+            }
+    return orjson.dumps(payload)
 
 
 def _check_row_outputs(arrays: Mapping[str, np.ndarray]) -> None:
@@ -919,19 +632,3 @@ def _check_row_outputs(arrays: Mapping[str, np.ndarray]) -> None:
                 f"expecting: {batch}"
             )
         batch = arr.shape[0]
-
-
-def _encode_with_json(arrays: Mapping[str, np.ndarray], names: list[str], columnar: bool) -> bytes:
-    """Text outputs (or scalars) among the outputs: each value as orjson prints it."""
-    if columnar or len(names) == 1:
-        cols = {n: _jsonable(arrays[n], n.endswith(BYTES_SUFFIX)) for n in names}
-        if columnar:
-            payload: Any = {"outputs": cols[names[0]] if len(names) == 1 else cols}
-        else:
-            payload = {"predictions": cols[names[0]]}
-    else:
-        rows = [_row_values(arrays[n], n.endswith(BYTES_SUFFIX)) for n in names]
-        payload = {
-            "predictions": [dict(zip(names, r, strict=True)) for r in zip(*rows, strict=True)]
-        }
-    return orjson.dumps(payload)
