@@ -200,7 +200,7 @@ class _Servicer:
                 f"output tensor alias not found in signature: {unknown[0]} Outputs expected "
                 f"to be in the set {{{','.join(sorted(sig.output_spec))}}}.",
             )
-        outputs = await sig.predict(inputs, rows)
+        outputs = await sig.predict(inputs)
         response = self.predict_pb.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = lv.version
@@ -263,7 +263,7 @@ class _Servicer:
                 raise InvalidRequest(
                     f"batch of {len(examples)} examples exceeds the limit of {self.max_rows}"
                 )
-            outputs = await sig.predict({input_name: example_batch(examples)}, len(examples))
+            outputs = await sig.predict({input_name: example_batch(examples)})
             if method == CLASSIFY_METHOD:
                 labels, scores, n = classification_results(outputs, len(examples))
             else:

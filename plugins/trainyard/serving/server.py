@@ -19,10 +19,10 @@ aiohttp sets ``TCP_NODELAY`` on every accepted connection (``BaseProtocol.connec
 so small responses are not held back by Nagle's algorithm; a test asserts the latency.
 ``trainyard serve`` runs on uvloop when it is installed. By default each TensorFlow op has
 one thread (``--intra-op-threads 1``: concurrent model calls, not one call's ops, share the
-cores, without the spinning of a shared op pool), as many ops as cores run at once
-(``--inter-op-threads``), and twice as many model calls as cores may run at once
-(``--model-threads``), so that one request's decoding and encoding overlap other
-requests' model calls.
+cores, without the spinning of a shared op pool), and as many ops (``--inter-op-threads``)
+and model calls (``--model-threads``) as cores run at once. Each request is one model
+call: the server is TF Serving's stand-in on a laptop, built for conformance and little
+added latency, not for throughput (it batches nothing across requests).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ async def _answer(request: web.Request, lv: LoadedVersion, body: bytes) -> web.R
         decoded = await loop.run_in_executor(None, decode_request, body, specs, max_rows)
     else:
         decoded = decode_request(body, specs, max_rows)
-    outputs = await _run(lv, decoded.signature, decoded.inputs, decoded.rows)
+    outputs = await _run(lv, decoded.signature, decoded.inputs)
     if isinstance(outputs, web.Response):
         return outputs
     if decoded.rows > 256:
@@ -221,11 +221,11 @@ async def _answer(request: web.Request, lv: LoadedVersion, body: bytes) -> web.R
 
 
 async def _run(
-    lv: LoadedVersion, signature: str, inputs: dict[str, Any], rows: int
+    lv: LoadedVersion, signature: str, inputs: dict[str, Any]
 ) -> dict[str, Any] | web.Response:
     """Run a signature; an error TensorFlow raises is TF Serving's 400 or 500 answer."""
     try:
-        return await lv.predict(inputs, rows, signature)
+        return await lv.predict(inputs, signature)
     except Exception as e:  # TensorFlow rejected inputs the schema let through
         log.warning("model %s version %d: prediction failed: %s", lv.model, lv.version, e)
         return _error(400 if type(e).__name__ == "InvalidArgumentError" else 500, model_error(e))
@@ -242,7 +242,7 @@ async def _answer_examples(
         raise InvalidRequest(missing_signature(decoded.signature)) from None
     wanted = CLASSIFY_METHOD if verb == "classify" else REGRESS_METHOD
     name = example_input_name(sig.method, wanted, sig.input_spec)
-    outputs = await _run(lv, sig.name, {name: example_batch(decoded.examples)}, decoded.rows)
+    outputs = await _run(lv, sig.name, {name: example_batch(decoded.examples)})
     if isinstance(outputs, web.Response):
         return outputs
     encode = encode_classification if verb == "classify" else encode_regression
@@ -311,7 +311,6 @@ class ServingServer:
         port: int = 8501,
         poll_interval: float = 1.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        max_batch_rows: int = 1024,
         model_threads: int = 2,
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
@@ -330,7 +329,6 @@ class ServingServer:
             base_path,
             config_file=config_file,
             poll_interval=poll_interval,
-            max_batch_rows=max_batch_rows,
             predict_threads=model_threads,
             intra_op_threads=intra_op_threads,
             inter_op_threads=inter_op_threads,
@@ -467,9 +465,6 @@ def cli_main(argv: list[str]) -> int:
         "--max-body-mb", type=argtypes.positive_float, default=DEFAULT_MAX_BODY_BYTES / 2**20
     )
     parser.add_argument(
-        "--max-batch-rows", type=argtypes.positive_int, default=1024, help="largest merged batch"
-    )
-    parser.add_argument(
         "--max-rows",
         type=argtypes.positive_int,
         default=DEFAULT_MAX_ROWS,
@@ -511,8 +506,7 @@ def cli_main(argv: list[str]) -> int:
         "--model-threads",
         type=argtypes.positive_int,
         default=None,
-        help="model calls that may run at once (default: two per core, so that decoding and "
-        "encoding overlap model calls)",
+        help="model calls (one per request) that may run at once (default: one per core)",
     )
     parser.add_argument(
         "--intra-op-threads",
@@ -545,7 +539,6 @@ def cli_main(argv: list[str]) -> int:
         port=args.port,
         poll_interval=args.poll_interval,
         max_body_bytes=int(args.max_body_mb * 2**20),
-        max_batch_rows=args.max_batch_rows,
         model_threads=args.model_threads,
         intra_op_threads=args.intra_op_threads,
         inter_op_threads=args.inter_op_threads,
@@ -572,12 +565,10 @@ def pool_sizes(
     """Model calls that may run at once and TensorFlow op threads, for ``trainyard serve``.
 
     Returns:
-        ``(model_threads, inter_op_threads)``: the values given, else two calls per core
-        (one request's decoding and encoding overlap other requests' model calls) and one
-        op thread per core.
+        ``(model_threads, inter_op_threads)``: the values given, else one of each per core.
     """
     return (
-        2 * cores if model_threads is None else model_threads,
+        cores if model_threads is None else model_threads,
         cores if inter_op_threads is None else inter_op_threads,
     )
 
