@@ -131,8 +131,9 @@ BAD_REQUESTS = [
      "key 'examples' is expected"),
     ("classify a predict signature", "POST", "/v1/models/digits:classify",
      b'{"examples": [{"x": 1}]}', 400,
-     "Expected classification signature method_name to be tensorflow/serving/classify. "
-     "Was: tensorflow/serving/predict"),
+     "No classification inputs found in SignatureDef: serving_default"),
+    ("unknown label", "POST", "/v1/models/digits/labels/beta:predict", b"{}", 400,
+     "Unrecognized servable version label: beta"),
     ("unknown verb", "POST", "/v1/models/digits:explain", b"{}", 400, "unsupported method"),
     ("wrong method", "PUT", "/v1/models/digits", b"{}", 405, "use GET or POST"),
 ]  # fmt: skip

@@ -28,6 +28,7 @@ from trainyard.serving.classify_regress import (
 )
 from trainyard.serving.schema import CLASSIFY_METHOD, REGRESS_METHOD, InvalidRequest, model_error
 from trainyard.serving.versions import (
+    LabelNotFound,
     LoadedVersion,
     ModelNotFound,
     ModelRepository,
@@ -60,6 +61,8 @@ def _version_of(repo: ModelRepository, spec: Any, grpc: Any) -> tuple[str, Loade
         return name, repo.get(name)
     except ModelNotFound as e:
         raise _Abort(grpc.StatusCode.NOT_FOUND, str(e)) from e
+    except LabelNotFound as e:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
 
 
 def _signature(lv: LoadedVersion, spec: Any, grpc: Any) -> ServedSignature:
@@ -124,20 +127,22 @@ def _inputs(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"Expects arg {name} to be {np.dtype(dtype).name} but {arr.dtype.name} is provided",
             )
-        if arr.ndim != len(shape) or any(
-            d is not None and d != a for d, a in zip(shape[1:], arr.shape[1:], strict=False)
+        if shape is not None and (
+            arr.ndim != len(shape)
+            or any(d is not None and d != a for d, a in zip(shape, arr.shape, strict=False))
         ):
             want = [-1 if d is None else d for d in shape]
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"input {name} has shape {list(arr.shape)}, the signature expects {want}",
             )
-        if rows is not None and arr.shape[0] != rows:
-            raise _Abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"inputs have different batch sizes ({rows} and {arr.shape[0]} for {name})",
-            )
-        rows = int(arr.shape[0])
+        if shape and shape[0] is None and arr.ndim:
+            if rows is not None and arr.shape[0] != rows:
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"inputs have different batch sizes ({rows} and {arr.shape[0]} for {name})",
+                )
+            rows = int(arr.shape[0])
         arrays[name] = arr
     return arrays, rows or 0
 
@@ -257,7 +262,7 @@ class _Servicer:
                 missing_signature(request.model_spec.signature_name),
             ) from e
         try:
-            input_name = example_input_name(sig.method, method, sig.input_spec)
+            input_name = example_input_name(sig.name, sig.input_spec, sig.output_spec, method)
             examples = serialized_examples(request.input)
             if len(examples) > self.max_rows:
                 raise InvalidRequest(
@@ -296,13 +301,9 @@ class _Servicer:
         spec = request.model_spec
         if not spec.name:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
-        version: int | None = None
-        choice = spec.WhichOneof("version_choice")
+        # as get_model_status_impl.cc: a version narrows the answer, a label does not
+        version = int(spec.version.value) if spec.HasField("version") else None
         try:
-            if choice == "version":
-                version = int(spec.version.value)
-            elif choice == "version_label":
-                version = self.repo.version_for_label(spec.name, spec.version_label)
             entries = self.repo.status(spec.name, version)
         except ModelNotFound as e:
             raise _Abort(grpc.StatusCode.NOT_FOUND, str(e)) from e

@@ -22,7 +22,8 @@ import orjson
 
 from trainyard.errors import TrainyardError
 
-FeatureSpec = dict[str, tuple[str, tuple[int | None, ...]]]
+FeatureSpec = dict[str, tuple[str, tuple[int | None, ...] | None]]
+"""Input name → (dtype, shape), batch first; shape None: a signature input of unknown rank."""
 
 NUMERIC_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8")
 SUPPORTED_DTYPES = (*NUMERIC_DTYPES, "bool", "string")
@@ -33,6 +34,8 @@ REGRESS_METHOD = "tensorflow/serving/regress"
 # TF Serving writes a DT_STRING output whose name ends so as {"b64": ...} (json_tensor.cc)
 BYTES_SUFFIX = "_bytes"
 SIGNATURE_NAME_ERROR = "'signature_name' key must be a string value."
+# numpy's most dimensions (TensorFlow allows 254: a deeper input is refused by name)
+MAX_RANK = 64
 
 _TF_DTYPE_NAMES = {
     "float16": "DT_HALF",
@@ -121,14 +124,14 @@ def parse_feature_spec(raw: Any, where: str) -> FeatureSpec:
 
 def spec_to_json(spec: FeatureSpec) -> dict[str, list[Any]]:
     """The JSON form of a feature spec (inverse of :func:`parse_feature_spec`)."""
-    return {name: [dtype, list(shape)] for name, (dtype, shape) in spec.items()}
+    return {n: [dt, None if shape is None else list(shape)] for n, (dt, shape) in spec.items()}
 
 
 def _finite_float(text: str) -> float:
-    """A JSON number; one beyond double range (``1e400``) is refused, not read as inf."""
+    """A JSON number; one beyond double range (``1e400``) is refused, as rapidjson does."""
     value = float(text)
     if math.isinf(value):
-        raise InvalidRequest(f"number {text[:32]} out of range")
+        raise InvalidRequest(f"number {text[:32]} out of range (too big to be stored in double)")
     return value
 
 
@@ -146,72 +149,100 @@ def _fmt_shape(shape: tuple[int | None, ...]) -> str:
     )
 
 
+def _depth(value: Any) -> int:
+    """How deep the first elements of nested lists go (TF Serving's GetDenseTensorShape)."""
+    depth = 0
+    while isinstance(value, list):
+        depth += 1
+        if not value:
+            break
+        value = value[0]
+    return depth
+
+
 def _to_array(
     values: Any,
     dtype: str,
-    shape: tuple[int | None, ...],
+    shape: tuple[int | None, ...] | None,
     field: str,
-    where: str,
     row_prefix: str,
+    bools: bool = True,
 ) -> np.ndarray:
-    """Convert nested lists to an array of ``dtype`` and ``shape``.
+    """One input's JSON value (a number, string or nested lists) as an array, checked.
 
-    Strings, nulls, booleans for numbers, fractions for integers and ragged lists are
-    rejected; shape errors name the first offending row. A ``string`` input takes JSON
-    strings (as UTF-8 bytes) and ``{"b64": ...}`` objects (decoded), as TF Serving does.
+    The rules are TF Serving's (``json_tensor.cc``, ``AddValueToTensor``): a float input
+    takes any JSON number (one beyond its range becomes ``±inf``); an integer input takes
+    JSON integers only (``1.0`` and ``1e2`` are refused) within its range; a boolean input
+    takes ``true``/``false``; a string input takes strings and ``{"b64": ...}`` objects.
+    Lists must be regular; the shape must fit the signature's (any shape for an input of
+    unknown rank). Errors name the input and, where one row is at fault, the row.
+
+    Args:
+        values: The decoded JSON value.
+        dtype: The input's dtype.
+        shape: The signature's shape (batch first), None for unknown rank.
+        field: The input's name in messages (``instances.x``, ``inputs.x``).
+        row_prefix: How one row's value is named in messages (``instances[{i}].x``,
+            ``row {i} of inputs.x``).
+        bools: Whether the body may hold ``true``/``false`` at all (False: skip that check).
     """
+    depth = _depth(values)
+    if depth > MAX_RANK:
+        raise InvalidRequest(f"{field}: {depth} levels of nested lists, at most {MAX_RANK}")
     if dtype == "string":
-        return _to_bytes_array(values, shape, field, where, row_prefix)
+        return _to_bytes_array(values, shape, field, row_prefix)
     try:
         arr = np.asarray(values)
-    except ValueError:
-        _diagnose_rows(values, shape, field, row_prefix)
-        raise InvalidRequest(f"{where}: ragged nested lists") from None
+    except (ValueError, OverflowError):
+        _diagnose_rows(values, shape, row_prefix)
+        raise InvalidRequest(f"{field}: ragged nested lists") from None
+    if arr.size == 0:  # [] or [[], []]: no value to check, a dtype to give
+        _check_shape(arr, shape, field, values, row_prefix)
+        return np.zeros(arr.shape, dtype=dtype)
     kind = arr.dtype.kind
+    flat: list[Any] = []
     if kind == "O":
         flat = _flat_items(values)
-        if flat and all(type(v) in (int, float) for v in flat):
-            # integers beyond 64 bits (JSON allows them): as floats, as TF Serving reads them
-            try:
-                arr = np.asarray(values, dtype=np.float64)
-            except (ValueError, OverflowError):
-                _diagnose_rows(values, shape, field, row_prefix)
-                raise InvalidRequest(f"{where}: ragged nested lists") from None
-            kind = "f"
-    if kind == "O":
         if any(v is None for v in flat):
-            raise InvalidRequest(f"{where}: null values are not allowed (expected {dtype})")
+            raise InvalidRequest(f"{field}: null values are not allowed (expected {dtype})")
         if any(isinstance(v, dict) for v in flat):
-            raise InvalidRequest(f"{where}: expected {dtype} numbers, got an object")
-        _diagnose_rows(values, shape, field, row_prefix)
-        raise InvalidRequest(f"{where}: ragged nested lists or mixed types (expected {dtype})")
+            raise InvalidRequest(f"{field}: expected {dtype} numbers, got an object")
+        if not all(type(v) in (int, float) for v in flat):
+            _diagnose_rows(values, shape, row_prefix)
+            raise InvalidRequest(f"{field}: ragged nested lists or mixed types (expected {dtype})")
+        # integers beyond 64 bits (JSON allows them): a float input reads them as floats
+        if dtype.startswith("float"):
+            try:
+                arr, kind = np.asarray(values, dtype=np.float64), "f"
+            except OverflowError:
+                raise InvalidRequest(f"{field}: value out of range for {dtype}") from None
+        elif all(type(v) is int for v in flat):
+            raise InvalidRequest(f"{field}: value out of range for {dtype}")
+        else:
+            kind = "f"
     if kind in "US":
-        raise InvalidRequest(f"{where}: expected {dtype} numbers, got strings")
+        raise InvalidRequest(f"{field}: expected {dtype} numbers, got strings")
     _check_shape(arr, shape, field, values, row_prefix)
     if dtype == "bool":
         if kind != "b":
-            raise InvalidRequest(f"{where}: expected booleans (true/false), got numbers")
+            raise InvalidRequest(f"{field}: expected booleans (true/false), got numbers")
         return arr
-    if kind == "b" or any(type(v) is bool for v in _flat_items(values)):
-        raise InvalidRequest(f"{where}: expected {dtype} numbers, got booleans")
-    if kind == "f" and dtype not in ("float16", "float32", "float64"):
-        if not np.all(np.isfinite(arr)):
-            raise InvalidRequest(f"{where}: expected integers ({dtype}), got NaN or Infinity")
-        if not np.all(arr == np.round(arr)):
-            raise InvalidRequest(f"{where}: expected integers ({dtype}), got fractional numbers")
-    if np.issubdtype(np.dtype(dtype), np.integer) and arr.size:
-        info = np.iinfo(np.dtype(dtype))
-        if arr.min() < info.min or arr.max() > info.max:
-            raise InvalidRequest(f"{where}: value out of range for {dtype}")
-    with np.errstate(over="ignore"):
-        out = arr.astype(dtype, copy=False)
-    if out.dtype.kind == "f" and arr.size:
-        # a finite number beyond the dtype's range (1e39 as float32) is refused, not inf
-        overflow = np.isinf(out) & np.isfinite(arr)
-        if overflow.any():
-            value = float(arr.reshape(-1)[int(np.flatnonzero(overflow.reshape(-1))[0])])
-            raise InvalidRequest(f"{where}: value {value!r} out of range for {dtype}")
-    return out
+    if kind == "b" or (bools and any(type(v) is bool for v in flat or _flat_items(values))):
+        raise InvalidRequest(f"{field}: expected {dtype} numbers, got booleans")
+    if dtype.startswith("float"):
+        with np.errstate(over="ignore"):  # beyond the dtype's range: inf, as TF Serving
+            return arr.astype(dtype)
+    if kind == "f":
+        first = next(v for v in flat or _flat_items(values) if type(v) is float)
+        text = "NaN" if first != first else repr(first).replace("inf", "Infinity")
+        raise InvalidRequest(
+            f"{field}: {text} is not of expected type {dtype} (an integer input takes "
+            "integers written without a fraction or an exponent)"
+        )
+    info = np.iinfo(np.dtype(dtype))
+    if arr.min() < info.min or arr.max() > info.max:
+        raise InvalidRequest(f"{field}: value out of range for {dtype}")
+    return arr.astype(dtype)
 
 
 def is_b64_object(value: Any) -> bool:
@@ -228,7 +259,7 @@ def decode_b64(text: str, where: str) -> bytes:
 
 
 def _to_bytes_array(
-    values: Any, shape: tuple[int | None, ...], field: str, where: str, row_prefix: str
+    values: Any, shape: tuple[int | None, ...] | None, field: str, row_prefix: str
 ) -> np.ndarray:
     """Nested lists of strings / ``{"b64": ...}`` → an object array of bytes, regular."""
     dims: list[int] = []
@@ -244,21 +275,21 @@ def _to_bytes_array(
         v, level = stack.pop()
         if isinstance(v, list):
             if level >= len(dims) or len(v) != dims[level]:
-                _diagnose_rows(values, shape, field, row_prefix)
-                raise InvalidRequest(f"{where}: ragged nested lists")
+                _diagnose_rows(values, shape, row_prefix)
+                raise InvalidRequest(f"{field}: ragged nested lists")
             stack.extend((item, level + 1) for item in reversed(v))
             continue
         if level != len(dims):
-            raise InvalidRequest(f"{where}: ragged nested lists")
+            raise InvalidRequest(f"{field}: ragged nested lists")
         if type(v) is str:
             flat.append(v.encode("utf-8", "surrogatepass"))
         elif is_b64_object(v):
-            flat.append(decode_b64(v["b64"], where))
+            flat.append(decode_b64(v["b64"], field))
         elif v is None:
-            raise InvalidRequest(f"{where}: null values are not allowed (expected string)")
+            raise InvalidRequest(f"{field}: null values are not allowed (expected string)")
         else:
             raise InvalidRequest(
-                f'{where}: expected strings or {{"b64": ...}} objects, got {type(v).__name__}'
+                f'{field}: expected strings or {{"b64": ...}} objects, got {type(v).__name__}'
             )
     arr = np.empty(len(flat), dtype=object)
     arr[:] = flat
@@ -268,6 +299,8 @@ def _to_bytes_array(
 
 
 def _flat_items(values: Any) -> list[Any]:
+    if not isinstance(values, list):
+        return [values]
     out: list[Any] = []
     stack = [values]
     while stack:
@@ -280,38 +313,41 @@ def _flat_items(values: Any) -> list[Any]:
 
 
 def _check_shape(
-    arr: np.ndarray, shape: tuple[int | None, ...], field: str, values: list[Any], row_prefix: str
+    arr: np.ndarray,
+    shape: tuple[int | None, ...] | None,
+    field: str,
+    values: Any,
+    row_prefix: str,
 ) -> None:
-    """Check the array's per-row shape; name the first offending row if it is wrong."""
-    row_shape = shape[1:]
-    got = arr.shape[1:]
-    if len(got) == len(row_shape) and all(
-        e is None or e == g for e, g in zip(row_shape, got, strict=True)
+    """Check the array's shape against the signature's; name the first offending row."""
+    if shape is None or (
+        arr.ndim == len(shape)
+        and all(e is None or e == g for e, g in zip(shape, arr.shape, strict=True))
     ):
         return
-    _diagnose_rows(values, shape, field, row_prefix)
+    _diagnose_rows(values, shape, row_prefix)
     raise InvalidRequest(
         f"{field}: expected shape {_fmt_shape(shape)}, got {_fmt_shape(arr.shape)}"
     )
 
 
-def _diagnose_rows(
-    values: list[Any], shape: tuple[int | None, ...], field: str, row_prefix: str
-) -> None:
+def _diagnose_rows(values: Any, shape: tuple[int | None, ...] | None, row_prefix: str) -> None:
     """Raise for the first row whose shape is wrong or ragged (return if none is)."""
+    if shape is None or not shape or not isinstance(values, list):
+        return
     row_shape = shape[1:]
     for i, row in enumerate(values):
         try:
             r = np.asarray(row)
         except ValueError:
-            raise InvalidRequest(f"{row_prefix.format(i=i)}{field}: ragged nested lists") from None
+            raise InvalidRequest(f"{row_prefix.format(i=i)}: ragged nested lists") from None
         if r.dtype.kind == "O":
-            raise InvalidRequest(f"{row_prefix.format(i=i)}{field}: ragged nested lists")
+            raise InvalidRequest(f"{row_prefix.format(i=i)}: ragged nested lists")
         if r.ndim != len(row_shape) or any(
             e is not None and e != g for e, g in zip(row_shape, r.shape, strict=True)
         ):
             raise InvalidRequest(
-                f"{row_prefix.format(i=i)}{field}: expected shape {_fmt_shape(row_shape)} "
+                f"{row_prefix.format(i=i)}: expected shape {_fmt_shape(row_shape)} "
                 f"per row, got {_fmt_shape(r.shape)}"
             )
 
@@ -320,8 +356,9 @@ class DecodedRequest(NamedTuple):
     """A decoded ``:predict`` request.
 
     Attributes:
-        inputs: One array per input (batch first).
-        rows: The batch size.
+        inputs: One array per input (batch first where the request gave one).
+        rows: The batch size: the number of instances, or the first dimension of the
+            first columnar input that has one (0 if none has).
         columnar: Whether the request used the columnar ``inputs`` format.
         signature: The ``signature_name`` it named (``""``: the default).
     """
@@ -362,14 +399,14 @@ def decode_request(
             "request must contain exactly one of 'instances' (row format) "
             "or 'inputs' (columnar format)"
         )
+    bools = b"true" in body or b"false" in body  # without either, no value is a boolean
     if "instances" in doc:
-        inputs = _decode_rows(doc["instances"], spec, max_rows)
-        columnar = False
-    else:
-        inputs = _decode_columns(doc["inputs"], spec, max_rows)
-        columnar = True
-    rows = next(iter(inputs.values())).shape[0] if inputs else 0
-    return DecodedRequest(inputs, rows, columnar, signature)
+        inputs = _decode_rows(doc["instances"], spec, max_rows, bools)
+        rows = len(doc["instances"])
+        return DecodedRequest(inputs, rows, False, signature)
+    inputs = _decode_columns(doc["inputs"], spec, max_rows, bools)
+    rows = next((a.shape[0] for a in inputs.values() if a.ndim), 0)
+    return DecodedRequest(inputs, rows, True, signature)
 
 
 def parse_json_object(body: bytes, expected: str) -> dict[str, Any]:
@@ -380,7 +417,8 @@ def parse_json_object(body: bytes, expected: str) -> dict[str, Any]:
         expected: What the object should hold, for the error message.
 
     Raises:
-        InvalidRequest: If the body is not a JSON object.
+        InvalidRequest: If the body is not a JSON object, or is nested more deeply than
+            the parser's recursion allows (about 1,000 levels).
     """
     try:
         doc = json.loads(body, parse_constant=_nonfinite_constant, parse_float=_finite_float)
@@ -389,7 +427,9 @@ def parse_json_object(body: bytes, expected: str) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidRequest(f"malformed JSON: {e}") from None
     except RecursionError:
-        raise InvalidRequest("malformed JSON: nested too deeply") from None
+        raise InvalidRequest(
+            "JSON nested too deeply: this server reads up to about 1,000 levels"
+        ) from None
     if not isinstance(doc, dict):
         raise InvalidRequest(f"request body must be a JSON object with {expected}")
     return doc
@@ -406,8 +446,8 @@ def decode_predict_request(
         max_rows: The largest batch accepted in one request.
 
     Returns:
-        ``(inputs, rows, columnar)``: one array per feature (batch first), the batch size,
-        and whether the request used the columnar ``inputs`` format.
+        ``(inputs, rows, columnar)``: one array per feature, the batch size, and whether
+        the request used the columnar ``inputs`` format.
 
     Raises:
         InvalidRequest: As :func:`decode_request`; also for any signature but the default.
@@ -415,14 +455,22 @@ def decode_predict_request(
 
     def only_default(name: str) -> FeatureSpec:
         if name not in ("", DEFAULT_SIGNATURE):
-            raise InvalidRequest(f'Serving signature key "{name}" not found.')
+            raise InvalidRequest(signature_not_found(name))
         return spec
 
     inputs, rows, columnar, _ = decode_request(body, only_default, max_rows)
     return inputs, rows, columnar
 
 
-def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, np.ndarray]:
+def signature_not_found(name: str) -> str:
+    """TF Serving's REST message for a signature the model lacks (``GetInfoMap``)."""
+    return f'Serving signature name: "{name or DEFAULT_SIGNATURE}" not found in signature def'
+
+
+def _decode_rows(
+    instances: Any, spec: FeatureSpec, max_rows: int, bools: bool
+) -> dict[str, np.ndarray]:
+    """The row format: each instance is one row (an object of inputs, or a bare value)."""
     if not isinstance(instances, list) or not instances:
         raise InvalidRequest("'instances' must be a non-empty list of rows")
     if len(instances) > max_rows:
@@ -440,7 +488,8 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
         for i, row in enumerate(instances):
             if isinstance(row, dict) and not is_b64_object(row):
                 raise InvalidRequest(f"instances[{i}]: mixes objects and bare values across rows")
-        arr = _to_array(instances, dtype, shape, name, f"instances.{name}", "instances[{i}].")
+        field, row = f"instances.{name}", f"instances[{{i}}].{name}"
+        arr = _to_array(instances, dtype, shape, field, row, bools)
         return {name: arr}
     columns: dict[str, list[Any]] = {n: [] for n in names}
     wanted = set(names)
@@ -463,12 +512,20 @@ def _decode_rows(instances: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     out: dict[str, np.ndarray] = {}
     for name in names:
         dtype, shape = spec[name]
-        arr = _to_array(columns[name], dtype, shape, name, f"instances.{name}", "instances[{i}].")
-        out[name] = arr
+        field, row = f"instances.{name}", f"instances[{{i}}].{name}"
+        out[name] = _to_array(columns[name], dtype, shape, field, row, bools)
     return out
 
 
-def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, np.ndarray]:
+def _decode_columns(
+    inputs: Any, spec: FeatureSpec, max_rows: int, bools: bool
+) -> dict[str, np.ndarray]:
+    """The columnar format: each input's value is its whole tensor (any shape, scalars too).
+
+    Inputs the signature does not take are ignored, as TF Serving does. Inputs whose
+    signature shape starts with a batch dimension must agree on it (TF Serving leaves that
+    to the model, whose error names no input).
+    """
     names = list(spec)
     if not isinstance(inputs, dict) or is_b64_object(inputs):
         if len(names) != 1:
@@ -477,25 +534,21 @@ def _decode_columns(inputs: Any, spec: FeatureSpec, max_rows: int) -> dict[str, 
     missing = [n for n in names if n not in inputs]
     if missing:
         raise InvalidRequest(f"inputs: missing feature {missing[0]!r}")
-    # inputs the signature does not take are ignored, as TF Serving does
     out: dict[str, np.ndarray] = {}
-    rows: int | None = None
+    batch: tuple[str, int] | None = None
     for name in names:
         dtype, shape = spec[name]
-        values = inputs[name]
-        if not isinstance(values, list) or not values:
-            raise InvalidRequest(f"inputs.{name}: expected a non-empty list (one entry per row)")
-        if len(values) > max_rows:
-            raise InvalidRequest(
-                f"inputs.{name}: {len(values)} rows, at most {max_rows} are allowed"
-            )
-        arr = _to_array(values, dtype, shape, f"inputs.{name}", f"inputs.{name}", "row {i} of ")
-        if rows is not None and arr.shape[0] != rows:
-            raise InvalidRequest(
-                f"inputs.{name}: {arr.shape[0]} rows, but {names[0]!r} has {rows} "
-                "(every feature needs the same batch size)"
-            )
-        rows = arr.shape[0]
+        field = f"inputs.{name}"
+        arr = _to_array(inputs[name], dtype, shape, field, f"row {{i}} of {field}", bools)
+        if arr.ndim and arr.shape[0] > max_rows:
+            raise InvalidRequest(f"{field}: {arr.shape[0]} rows, at most {max_rows} are allowed")
+        if shape and shape[0] is None and arr.ndim:
+            if batch is not None and arr.shape[0] != batch[1]:
+                raise InvalidRequest(
+                    f"{field}: {arr.shape[0]} rows, but {batch[0]!r} has {batch[1]} "
+                    "(every batched input needs the same batch size)"
+                )
+            batch = (name, arr.shape[0])
         out[name] = arr
     return out
 

@@ -69,8 +69,10 @@ from trainyard.serving.schema import (
     decode_request,
     encode_predict_response,
     model_error,
+    signature_not_found,
 )
 from trainyard.serving.versions import (
+    LabelNotFound,
     LoadedVersion,
     ModelNotFound,
     ModelRepository,
@@ -147,10 +149,12 @@ async def _handle(request: web.Request) -> web.Response:
             m = _GET_RE.match(path)
             if not m:
                 return _error(400, f"Malformed request: GET {path}")
-            name, version = m["name"], _which(repo, m)
+            name = m["name"]
             if m["meta"]:
-                return _json(_metadata(repo.get(name, version)))
-            return _json({"model_version_status": repo.status(name, version)})
+                return _json(_metadata(repo.get(name, *_which(m))))
+            # TF Serving's status reads a version, never a label (get_model_status_impl.cc):
+            # /labels/<any> answers every version's status
+            return _json({"model_version_status": repo.status(name, _version(m["v"]))})
         if request.method == "POST":
             m = _POST_RE.match(path)
             if not m:
@@ -159,25 +163,21 @@ async def _handle(request: web.Request) -> web.Response:
                 return _error(
                     400, f"unsupported method {m['verb']!r}: use :predict, :classify or :regress"
                 )
-            return await _predict(request, repo, m["name"], _which(repo, m), m["verb"])
+            lv = repo.get(m["name"], *_which(m))
+            return await _predict(request, lv, m["verb"])
         return _error(405, f"Malformed request: {request.method} {path} (use GET or POST)")
-    except (InvalidRequest, SignatureNotFound) as e:
+    except (InvalidRequest, SignatureNotFound, LabelNotFound) as e:
         return _error(400, str(e))
     except ModelNotFound as e:
         return _error(404, str(e))
 
 
-def _which(repo: ModelRepository, m: re.Match[str]) -> int | None:
-    """The version a path names: ``/versions/<n>``, ``/labels/<label>`` or neither."""
-    if m["label"] is not None:
-        return repo.version_for_label(m["name"], m["label"])
-    return _version(m["v"])
+def _which(m: re.Match[str]) -> tuple[int | None, str | None]:
+    """``(version, label)`` a path names: ``/versions/<n>``, ``/labels/<label>`` or neither."""
+    return _version(m["v"]), m["label"]
 
 
-async def _predict(
-    request: web.Request, repo: ModelRepository, name: str, version: int | None, verb: str
-) -> web.Response:
-    lv = repo.get(name, version)
+async def _predict(request: web.Request, lv: LoadedVersion, verb: str) -> web.Response:
     length = request.content_length
     limit = request.app[MAX_BODY_KEY]
     if length is not None and length > limit:
@@ -204,7 +204,10 @@ async def _answer(request: web.Request, lv: LoadedVersion, body: bytes) -> web.R
     loop = asyncio.get_running_loop()
 
     def specs(signature: str) -> FeatureSpec:
-        return lv.signature(signature).input_spec
+        try:
+            return lv.signature(signature).input_spec
+        except SignatureNotFound:  # REST's words (GetInfoMap), not gRPC's
+            raise InvalidRequest(signature_not_found(signature)) from None
 
     if len(body) > _INLINE_PARSE_BYTES:
         decoded = await loop.run_in_executor(None, decode_request, body, specs, max_rows)
@@ -241,7 +244,7 @@ async def _answer_examples(
     except SignatureNotFound:  # classifier.cc / regressor.cc's message, not predict's
         raise InvalidRequest(missing_signature(decoded.signature)) from None
     wanted = CLASSIFY_METHOD if verb == "classify" else REGRESS_METHOD
-    name = example_input_name(sig.method, wanted, sig.input_spec)
+    name = example_input_name(sig.name, sig.input_spec, sig.output_spec, wanted)
     outputs = await _run(lv, sig.name, {name: example_batch(decoded.examples)})
     if isinstance(outputs, web.Response):
         return outputs

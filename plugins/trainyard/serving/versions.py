@@ -81,6 +81,10 @@ class ModelNotFound(LookupError):
     """No servable version of the requested model (HTTP 404)."""
 
 
+class LabelNotFound(LookupError):
+    """A version label the model config does not give the model (TF Serving: 400)."""
+
+
 class SignatureNotFound(LookupError):
     """The request names a signature the SavedModel does not have (TF Serving: 400)."""
 
@@ -213,8 +217,7 @@ def _read_signature_defs(path: Path) -> Any:
 def _spec_from_tensor_specs(specs: dict[str, Any]) -> FeatureSpec:
     out: FeatureSpec = {}
     for name, ts in specs.items():
-        dims = ts.shape.as_list() if ts.shape.rank is not None else [None]
-        out[name] = (ts.dtype.name, tuple(dims))
+        out[name] = (ts.dtype.name, None if ts.shape.rank is None else tuple(ts.shape.as_list()))
     return out
 
 
@@ -289,11 +292,16 @@ def load_version(
 
 
 def _warm_up(sig: ServedSignature, path: Path) -> None:
-    """Run ``sig`` once on a one-row batch of zeros (empty strings); see load_version."""
-    textual = any(dtype == "string" for dtype, _ in sig.input_spec.values())
+    """Run ``sig`` once on a one-row batch of zeros (empty strings); see load_version.
+
+    An input of unknown rank gets one zero; a failed warm-up of such a signature is logged,
+    not fatal, as for string inputs.
+    """
+    lenient = any(dtype == "string" or shape is None for dtype, shape in sig.input_spec.values())
     warm = {
         name: np.zeros(
-            [1 if d is None else d for d in shape], dtype=object if dtype == "string" else dtype
+            [1] if shape is None else [1 if d is None else d for d in shape],
+            dtype=object if dtype == "string" else dtype,
         )
         for name, (dtype, shape) in sig.input_spec.items()
     }
@@ -303,8 +311,8 @@ def _warm_up(sig: ServedSignature, path: Path) -> None:
     try:
         sig.run(warm)
     except Exception as e:
-        if textual:
-            log.info("%s: no warm-up on empty strings (%s: %s)", path, type(e).__name__, e)
+        if lenient:
+            log.info("%s: no warm-up (%s: %s)", path, type(e).__name__, e)
             return
         raise ValueError(f"{path}: warm-up prediction failed: {type(e).__name__}: {e}") from e
 
@@ -321,6 +329,8 @@ def _check_compatible(declared: FeatureSpec, signature: FeatureSpec, path: Path)
             raise ValueError(
                 f"{path}: input {name!r} is {sdtype} in the signature, {dtype} in the contract"
             )
+        if sshape is None or shape is None:
+            continue  # a signature input of unknown rank takes any shape
         if len(sshape) != len(shape) or any(
             s is not None and d is not None and s != d for s, d in zip(sshape, shape, strict=True)
         ):
@@ -474,7 +484,8 @@ class ModelRepository:
             The loaded version.
 
         Raises:
-            ModelNotFound: If that model, version or label is not available.
+            ModelNotFound: If that model or version is not available.
+            LabelNotFound: If the model config gives the model no such label.
         """
         if label is not None:
             version = self.version_for_label(model, label)
@@ -514,11 +525,11 @@ class ModelRepository:
         """The version a label of the model config points at.
 
         Raises:
-            ModelNotFound: If the model has no such label.
+            LabelNotFound: If the model has no such label (TF Serving's InvalidArgument).
         """
         labelled = self._labels.get(model, {}).get(label)
         if labelled is None:
-            raise ModelNotFound(f"Unrecognized servable version label: {label}")
+            raise LabelNotFound(f"Unrecognized servable version label: {label}")
         return labelled
 
     def labels(self, model: str) -> dict[str, int]:
