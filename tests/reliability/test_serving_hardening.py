@@ -8,7 +8,8 @@
 * Under ``ulimit -n 1024``, 1,100 half-open connections (and more arriving) do not keep
   good requests from being answered: the server keeps its connections below the limit by
   closing the longest idle one (the head deadline is set long here so that the cap alone
-  has to do it).
+  has to do it). The same with 1,100 idle gRPC connections: REST and gRPC clients, new
+  and connected before, are still answered.
 * Beyond ``--max-connections``, the longest idle connection is closed, never one whose
   request is in progress.
 * One in-limit 50,000-row request leaves the server's resident memory near its baseline.
@@ -252,6 +253,111 @@ def test_half_open_flood_does_not_starve_good_requests(
             server.stop()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _grpc_predict(channel: object, timeout: float = 15.0) -> int:
+    """One gRPC Predict of two zero images; the number of classes answered."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "digits"
+    request.inputs["image"].CopyFrom(tf.make_tensor_proto(np.zeros((2, 8, 8, 1), np.float32)))
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    response = stub.Predict(request, timeout=timeout, wait_for_ready=True)
+    return len(tf.make_ndarray(response.outputs["class_id"]))
+
+
+# An HTTP/2 client's first bytes: the preface, then an empty SETTINGS frame.
+H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+@pytest.mark.slow
+def test_idle_grpc_flood_locks_out_neither_rest_nor_grpc(tmp_path: Path, model: Path):
+    """1,100 idle gRPC connections under ``ulimit -n 1024`` (issue 34, outcome 3).
+
+    Half are silent, half have said hello as an HTTP/2 client would and then idle. Before
+    gRPC shared the REST listener's cap, they took every file descriptor: REST and gRPC
+    clients both were turned away.
+    """
+    import grpc
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 3000:
+        pytest.skip(f"the flood needs ~1,500 open files in the test process (hard limit {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 3000), hard))
+    gport = free_port()
+    server = ServerProcess(
+        tmp_path, model, "--header-timeout", "120", "--grpc-port", str(gport), nofile=1024
+    )
+    flood: list[socket.socket] = []
+    early = grpc.insecure_channel(f"127.0.0.1:{gport}")
+    try:
+        assert _grpc_predict(early) == 2
+
+        def open_idle(n: int) -> None:
+            for i in range(n):
+                s = socket.socket()
+                s.settimeout(0.5)
+                with contextlib.suppress(OSError):
+                    s.connect(("127.0.0.1", gport))
+                    if i % 2:
+                        s.send(H2_HELLO)
+                flood.append(s)
+
+        open_idle(1100)
+        time.sleep(1.0)
+        latencies = []
+        for _ in range(10):
+            open_idle(50)  # the flood goes on between the good requests
+            start = time.monotonic()
+            assert good_request(server.port, timeout=15)[0] == 200
+            with grpc.insecure_channel(f"127.0.0.1:{gport}") as fresh:
+                assert _grpc_predict(fresh) == 2
+            assert _grpc_predict(early) == 2  # reconnects if the cap closed it while idle
+            latencies.append(time.monotonic() - start)
+        assert max(latencies) < 10, f"REST + 2 gRPC latencies {latencies}"
+        assert server.proc.poll() is None
+        log = server.log.read_text()
+        assert "Too many open files" not in log
+        assert "closing the longest idle" in log
+    finally:
+        early.close()
+        for s in flood:
+            s.close()
+        server.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_grpc_connections_have_the_head_deadline_and_idle_timeout_of_rest(
+    tmp_path: Path, model: Path
+):
+    """A silent gRPC connection is closed at the head deadline; one that said hello and made
+    no call, at the idle timeout (the gRPC server's GOAWAY); a channel with calls works."""
+    import grpc
+
+    base = tmp_path / "serving"
+    publish_version(model, base, "digits", 1, IMAGE_SPEC)
+    srv = ThreadedServer(
+        base, poll_interval=3600, grpc_port=0, header_timeout=1, keepalive_timeout=3
+    )
+    try:
+        srv.sync()
+        gport = srv.server.grpc_port
+        silent = socket.create_connection(("127.0.0.1", gport))
+        hello = socket.create_connection(("127.0.0.1", gport))
+        hello.sendall(H2_HELLO)
+        waited = closed_after(silent, within=5)
+        assert waited is not None and waited < 3, waited
+        waited = closed_after(hello, within=10)
+        assert waited is not None and 1.5 < waited < 8, waited
+        with grpc.insecure_channel(f"127.0.0.1:{gport}") as channel:
+            assert _grpc_predict(channel) == 2
+            time.sleep(4)  # idle past the timeout: closed, and the channel reconnects
+            assert _grpc_predict(channel) == 2
+        assert srv.server.guard.timed_out >= 1
+    finally:
+        srv.stop()
 
 
 def test_connection_cap_closes_the_longest_idle_and_never_a_request_in_progress(

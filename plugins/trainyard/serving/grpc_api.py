@@ -8,12 +8,18 @@ protos of ``tensorflow-serving-api``, so a client written for TF Serving (its st
 ``trainyard serve --grpc-port``. Status codes and messages follow TF Serving's
 ``predict_util.cc`` and ``get_model_metadata_impl.cc``.
 
-TensorFlow and the gRPC modules are imported when the server starts, not at import time.
+Connections count against the REST listener's cap and deadlines
+(:class:`~trainyard.serving.http_guard.GrpcRelay`). TensorFlow and the gRPC modules are
+imported when the server starts, not at import time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -26,6 +32,7 @@ from trainyard.serving.classify_regress import (
     regression_results,
     serialized_examples,
 )
+from trainyard.serving.http_guard import ConnectionGuard, GrpcRelay
 from trainyard.serving.schema import CLASSIFY_METHOD, REGRESS_METHOD, InvalidRequest, model_error
 from trainyard.serving.versions import (
     LabelNotFound,
@@ -320,11 +327,44 @@ class _Servicer:
         return response
 
 
-async def start_grpc_server(repo: ModelRepository, host: str, port: int, max_rows: int) -> Any:
+class GrpcListener:
+    """The gRPC side of a server: TF Serving's services behind the public port.
+
+    The services listen on a private Unix socket, reached through
+    :class:`~trainyard.serving.http_guard.GrpcRelay` connections on the public port.
+
+    Attributes:
+        port: The public port.
+    """
+
+    def __init__(self, server: Any, front: asyncio.AbstractServer, port: int, sockdir: str):
+        self._server, self._front, self._sockdir = server, front, sockdir
+        self.port = port
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, let calls in progress finish (``grace`` s), remove the socket."""
+        self._front.close()
+        await self._server.stop(grace=grace)
+        shutil.rmtree(self._sockdir, ignore_errors=True)
+
+
+async def start_grpc_server(
+    repo: ModelRepository,
+    host: str,
+    port: int,
+    max_rows: int,
+    guard: ConnectionGuard,
+    idle_timeout: float,
+) -> GrpcListener:
     """Start TF Serving's gRPC services on ``host:port`` (0: any free port).
 
+    Connections are accepted by an asyncio listener under ``guard`` (the REST listener's:
+    one cap and one eviction order for both) and relayed to a ``grpc.aio`` server on a Unix
+    socket in a private directory, which closes a connection idle (no call) for
+    ``idle_timeout`` seconds with a GOAWAY, as the REST side closes an idle keep-alive one.
+
     Returns:
-        ``(server, port)``: the running ``grpc.aio`` server and its bound port.
+        The listener (its ``port`` is the bound one).
 
     Raises:
         OSError: If the port cannot be bound.
@@ -347,17 +387,25 @@ async def start_grpc_server(repo: ModelRepository, host: str, port: int, max_row
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", 64 * 2**20),
-            # gRPC sets SO_REUSEPORT by default: a second server would share the port
-            ("grpc.so_reuseport", 0),
+            ("grpc.max_connection_idle_ms", int(idle_timeout * 1000)),
         ]
     )
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as e:  # grpc raises this for a port in use
-        raise OSError(f"cannot listen for gRPC on {host}:{port}: address in use") from e
-    if not bound:
-        raise OSError(f"cannot listen for gRPC on {host}:{port}")
+    sockdir = tempfile.mkdtemp(prefix="trainyard-grpc-")
+    path = os.path.join(sockdir, "grpc.sock")
+    if not server.add_insecure_port(f"unix:{path}"):
+        shutil.rmtree(sockdir, ignore_errors=True)
+        raise OSError(f"cannot listen for gRPC on {path}")
     await server.start()
-    return server, bound
+    try:
+        front = await asyncio.get_running_loop().create_server(
+            lambda: GrpcRelay(guard, path), host, port, backlog=128, reuse_address=True
+        )
+    except OSError as e:
+        await server.stop(None)
+        shutil.rmtree(sockdir, ignore_errors=True)
+        why = os.strerror(e.errno).lower() if e.errno else str(e)
+        raise OSError(e.errno, f"cannot listen for gRPC on {host}:{port}: {why}") from e
+    bound = int(front.sockets[0].getsockname()[1])
+    return GrpcListener(server, front, bound, sockdir)

@@ -299,11 +299,12 @@ def create_app(
 class ServingServer:
     """A running server: the HTTP listener plus the base-path watcher.
 
-    The listener closes connections whose request head takes longer than
-    ``header_timeout`` seconds, answers 408 and closes when a body takes longer than
-    ``body_timeout``, closes when a response is not taken within ``send_timeout``, and
-    keeps at most ``max_connections`` open (default: below the open
-    file limit), closing the longest idle one for each connection beyond
+    The listeners (REST, and gRPC with ``grpc_port``) close connections whose request
+    head takes longer than ``header_timeout`` seconds, close when a response is not taken
+    within ``send_timeout`` and idle connections after ``keepalive_timeout``; REST answers
+    408 and closes when a body takes longer than ``body_timeout``. Both keep their
+    connections together within ``max_connections`` (default: below the open file limit),
+    closing the longest idle one for each connection beyond
     (:mod:`trainyard.serving.http_guard`).
     """
 
@@ -385,9 +386,15 @@ class ServingServer:
             from trainyard.serving.grpc_api import start_grpc_server
 
             try:
-                self._grpc, self.grpc_port = await start_grpc_server(
-                    self.repository, self.host, self.grpc_port, self._app[MAX_ROWS_KEY]
+                self._grpc = await start_grpc_server(
+                    self.repository,
+                    self.host,
+                    self.grpc_port,
+                    self._app[MAX_ROWS_KEY],
+                    self.guard,
+                    self.keepalive_timeout,
                 )
+                self.grpc_port = self._grpc.port
             except OSError:  # no half-started server: the HTTP side goes too
                 self._listener.close()
                 await self._runner.cleanup()
@@ -478,7 +485,7 @@ def cli_main(argv: list[str]) -> int:
         type=argtypes.positive_float,
         default=DEFAULT_HEADER_TIMEOUT,
         help="seconds a connection may take to send a complete request head (line and "
-        "headers) before it is closed",
+        "headers; gRPC: the HTTP/2 preface and first frame) before it is closed",
     )
     parser.add_argument(
         "--body-timeout",
@@ -496,14 +503,15 @@ def cli_main(argv: list[str]) -> int:
         "--keepalive-timeout",
         type=argtypes.positive_float,
         default=DEFAULT_KEEPALIVE_TIMEOUT,
-        help="seconds an idle keep-alive connection stays open",
+        help="seconds an idle keep-alive (REST) or call-less (gRPC) connection stays open",
     )
     parser.add_argument(
         "--max-connections",
         type=argtypes.positive_int,
         default=None,
-        help="open connections allowed; each one beyond closes the longest idle (default: "
-        "the open file limit less a quarter, at least 256 less)",
+        help="open connections allowed, REST and gRPC together (a gRPC one counts 3: it holds "
+        "3 file descriptors); each one beyond closes the longest idle (default: the open "
+        "file limit less a quarter, at least 256 less)",
     )
     parser.add_argument(
         "--model-threads",
