@@ -5,7 +5,8 @@ batch 1 (issue 35), not throughput. In one run, against a real ``trainyard serve
 with ``--grpc-port``:
 
 * baseline: the same SavedModel's ``serving_default`` called in this process on one row,
-  its outputs fetched to numpy: what any server has to spend;
+  its outputs fetched to numpy, with the server's TensorFlow thread settings (one thread
+  per op, one op per core): what any server has to spend;
 * REST: one keep-alive connection posting one row (``{"instances": [...]}``, encoded once)
   and reading the answer (a plain socket client, so that Python's ``http.client`` does not
   count as the server's);
@@ -43,9 +44,11 @@ sys.path.insert(0, str(ROOT / "plugins"))
 import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 
+from trainyard.cpus import usable_cores  # noqa: E402
 from trainyard.serving.client import ServingClient  # noqa: E402
 from trainyard.serving.deploy import publish_version, wait_available  # noqa: E402
 from trainyard.serving.model_config import ensure_config, set_served  # noqa: E402
+from trainyard.serving.versions import configure_tf_threads  # noqa: E402
 
 SPEC = {"image": ("float32", (None, 8, 8, 1))}
 
@@ -204,6 +207,9 @@ def main() -> None:
     if args.quick:
         args.rounds, args.requests = 3, 200
     row = np.random.default_rng(0).random((1, 8, 8, 1), dtype=np.float32)
+    # this process's TensorFlow threads as `trainyard serve` sets its own by default (before
+    # any op runs): one thread per op, one op per core
+    assert configure_tf_threads(1, usable_cores()), "TensorFlow started before the benchmark"
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         tmp_path = Path(tmp)
