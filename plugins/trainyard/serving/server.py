@@ -3,7 +3,7 @@
 Endpoints, with TF Serving's JSON shapes and its error shape ``{"error": "..."}``:
 
 * ``GET  /v1/models/{name}[/versions/{v}]``: version status.
-* ``GET  /v1/models/{name}[/versions/{v}]/metadata``: the ``serving_default`` signature.
+* ``GET  /v1/models/{name}[/versions/{v}]/metadata``: the SavedModel's SignatureDefs.
 * ``POST /v1/models/{name}[/versions/{v}]:predict``: row (``instances``) or columnar
   (``inputs``) format, checked against the input spec of the signature it names
   (``signature_name``, default ``serving_default``); strings and ``{"b64": ...}`` for
@@ -12,7 +12,9 @@ Endpoints, with TF Serving's JSON shapes and its error shape ``{"error": "..."}`
   requests to a classify / regress signature (:mod:`trainyard.serving.classify_regress`).
 
 ``/labels/{label}`` may stand where ``/versions/{v}`` does: the version labels of the model
-config file (``--model-config-file``), ``stable`` (the champion) and ``canary``.
+config file (``--model-config-file``), ``stable`` (the champion) and ``canary``. As in TF
+Serving, a status request ignores the label (every version's status), and an unknown label
+is a 400.
 
 Models come from a base path watched by :class:`~trainyard.serving.versions.ModelRepository`.
 aiohttp sets ``TCP_NODELAY`` on every accepted connection (``BaseProtocol.connection_made``),
