@@ -18,7 +18,7 @@ run: airflow-init native
 setup: $(STAMP) native
 
 # trainyard as a package (pyproject.toml) installed editable: pip builds its C extensions
-# (setup.py: staging packer, serving request parser, loopback preload library) in place,
+# (setup.py: staging packer, stream scorer hot path, loopback preload library) in place,
 # next to their sources; again when a source or the build files change. The extensions are
 # optional: a failed build is a warning and `python -m trainyard.native` names what is missing.
 NATIVE_STAMP := .trainyard/native.built

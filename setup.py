@@ -6,7 +6,6 @@ plugins folder and ``PYTHONPATH=plugins`` import them) and ``pip wheel .`` all r
 
 * ``trainyard.staging._native``: the small-files scanner and tar packer (Linux only:
   ``openat``/``fstatat``/``sync_file_range``);
-* ``trainyard.serving._decode``: the float32 predict-request parser;
 * ``trainyard.streaming._hotpath``: the stream scorer's score documents and commit packing;
 * ``trainyard.training._loopback``: not a module but an ``LD_PRELOAD`` library,
   ``_loopback.so``, that keeps the local training workers' gRPC servers on loopback
@@ -49,12 +48,6 @@ class BuildExt(build_ext):
 def extensions() -> list[Extension]:
     """The extensions this platform builds, all optional."""
     out = [
-        Extension(
-            "trainyard.serving._decode",
-            ["plugins/trainyard/serving/_decode.c"],
-            extra_compile_args=CFLAGS,
-            optional=True,
-        ),
         Extension(
             "trainyard.streaming._hotpath",
             ["plugins/trainyard/streaming/_hotpath.c"],

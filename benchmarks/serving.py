@@ -1,38 +1,40 @@
-"""Serving benchmark: HTTP on loopback vs calling the same SavedModel in-process.
+"""Serving benchmark: the latency the local server adds at batch 1, over REST and gRPC.
 
-Measures, in one run, against a real ``trainyard serve`` process:
+The local server is TF Serving's stand-in on a laptop: its goal is at most 1 ms added at
+batch 1 (issue 35), not throughput. In one run, against a real ``trainyard serve`` process
+with ``--grpc-port``:
 
-* rows/s of batched ``:predict`` requests (row format, ``--batch`` rows each, ``--clients``
-  keep-alive connections; request bodies are encoded once, responses are decoded), against
-  rows/s of the same batches through ``signatures["serving_default"]`` in this process;
-* p50/p99 latency of single-row requests under ``--clients`` concurrent clients;
-* the latency added over in-process at batch 1 (one client, p50 minus p50);
-* CPU time per row of each side (the machine may be shared: wall-clock figures are noisy).
+* baseline: the same SavedModel's ``serving_default`` called in this process on one row,
+  its outputs fetched to numpy, with the server's TensorFlow thread settings (one thread
+  per op, one op per core): what any server has to spend;
+* REST: one keep-alive connection posting one row (``{"instances": [...]}``, encoded once)
+  and reading the answer (a plain socket client, so that Python's ``http.client`` does not
+  count as the server's);
+* gRPC: one channel calling ``PredictionService.Predict`` with the stock stubs (request
+  built once, answer turned into numpy: the stubs' own cost is in the figure).
 
-The two throughputs are measured in alternating rounds; ``ratio`` is the median of the
-per-round ratios (each round's pair saw about the same load from other processes), and
-``cpu_ratio`` is in-process CPU per row over server plus client CPU per row, which other
-load disturbs far less. Each side's CPU is divided by the rows it actually computed or
-had answered, and the HTTP side's is counted from its first measured request (each
-connection's warm-up request before that is neither counted nor charged).
+Requests are sequential, one at a time. The three are measured in alternating rounds, so
+load from other processes hits all alike; each round's added latency is its p50 (p99)
+minus the baseline's p50 (p99) in the same round, and the run reports the median over
+rounds. The model is the digits pipeline's ``small_cnn`` shape (conv 32 → pool → conv 64 →
+dense 64 → 10) with random weights, on 8x8x1 images. The load average is printed with the
+figures (the machine may be shared). Last line::
 
-The model is the digits pipeline's ``small_cnn`` shape (conv 32 → pool → conv 64 → dense 64
-→ 10) with random weights, on 8x8x1 images. Last line:
-``BENCH serving ratio=<http/in-process> ours=<rows/s> baseline=<rows/s> p50_ms=<n> p99_ms=<n>
-... cpu_ratio=<n>``.
+    BENCH serving ratio=<REST p50 / in-process p50> added_p50_ms=<n> added_p99_ms=<n>
+    grpc_ratio=<n> grpc_added_p50_ms=<n> grpc_added_p99_ms=<n> base_p50_ms=<n> ...
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -41,21 +43,18 @@ sys.path.insert(0, str(ROOT / "plugins"))
 
 import numpy as np  # noqa: E402
 import orjson  # noqa: E402
-import psutil  # noqa: E402
 
+from trainyard.cpus import usable_cores  # noqa: E402
 from trainyard.serving.client import ServingClient  # noqa: E402
-from trainyard.serving.deploy import (  # noqa: E402
-    ensure_local_server,
-    publish_version,
-    stop_local_server,
-    wait_available,
-)
-from trainyard.serving.model_config import set_served  # noqa: E402
+from trainyard.serving.deploy import publish_version, wait_available  # noqa: E402
+from trainyard.serving.model_config import ensure_config, set_served  # noqa: E402
+from trainyard.serving.versions import configure_tf_threads  # noqa: E402
 
 SPEC = {"image": ("float32", (None, 8, 8, 1))}
 
 
 def build_model(path: Path) -> None:
+    """Save the benchmark's model (the digits ``small_cnn`` shape, random weights)."""
     import tensorflow as tf
 
     g = tf.random.Generator.from_seed(0)
@@ -81,139 +80,148 @@ def build_model(path: Path) -> None:
     tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})
 
 
-def add_common_args(p: argparse.ArgumentParser) -> None:
-    """The options the REST and gRPC serving benchmarks share."""
-    p.add_argument("--quick", action="store_true", help="short phases (about a minute in all)")
-    p.add_argument("--batch", type=int, default=256, help="rows per batched request")
-    p.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
-    p.add_argument(
-        "--batch-clients",
-        type=int,
-        default=4,
-        help="connections posting batches (a server's throughput needs requests in flight "
-        "beside the ones being computed: each connection waits for its answer)",
-    )
-    p.add_argument("--rounds", type=int, default=5, help="alternating throughput rounds")
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
-def publish_bench_model(tmp_path: Path) -> Path:
-    """Build the benchmark's model and serve it as the deploy step does; the serving root."""
-    build_model(tmp_path / "model")
-    root = tmp_path / "serving"
-    publish_version(tmp_path / "model", root, "bench", 1, SPEC)
-    set_served(root, "bench", [1], {"stable": 1})
-    return root
+class RestCaller:
+    """A keep-alive HTTP/1.1 connection that posts one pre-encoded request and reads the answer.
 
-
-def _cpu(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
-
-
-def in_process_rows_s(fn: object, batch: np.ndarray, seconds: float) -> tuple[float, int]:
-    """rows/s calling the signature on ``batch`` repeatedly (outputs fetched to numpy).
-
-    Returns:
-        rows/s and the rows computed.
+    Args:
+        port: The server's REST port.
+        body: The JSON body to post.
     """
+
+    def __init__(self, port: int, body: bytes) -> None:
+        self._sock = socket.create_connection(("127.0.0.1", port))
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._request = (
+            b"POST /v1/models/bench:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        self._buffer = b""
+
+    def __call__(self) -> dict:
+        """One request; its decoded answer."""
+        self._sock.sendall(self._request)
+        while b"\r\n\r\n" not in self._buffer:
+            self._buffer += self._recv()
+        head, _, rest = self._buffer.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise SystemExit(f"request failed: {head[:200]!r}")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(rest) < length:
+            rest += self._recv()
+        self._buffer = rest[length:]
+        return orjson.loads(rest[:length])
+
+    def _recv(self) -> bytes:
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise SystemExit("the server closed the connection")
+        return chunk
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._sock.close()
+
+
+def grpc_caller(port: int, row: np.ndarray) -> tuple[Callable[[], dict], Callable[[], None]]:
+    """A ``Predict`` of ``row`` on one channel, and the channel's ``close``."""
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "bench"
+    request.inputs["image"].CopyFrom(tf.make_tensor_proto(row))
+
+    def call() -> dict:
+        response = stub.Predict(request, timeout=30)
+        return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+
+    return call, channel.close
+
+
+def in_process_caller(fn: Callable, row: np.ndarray) -> Callable[[], dict]:
+    """The signature called on ``row`` with its outputs fetched to numpy."""
     import tensorflow as tf
 
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        {k: v.numpy() for k, v in fn(image=tf.constant(batch)).items()}  # type: ignore[operator]
-        n += 1
-    return n * len(batch) / (time.perf_counter() - t0), n * len(batch)
+    def call() -> dict:
+        return {k: v.numpy() for k, v in fn(image=tf.constant(row)).items()}
+
+    return call
 
 
-def in_process_p50(fn: object, row: np.ndarray, seconds: float) -> float:
-    """Median latency (s) of one-row calls."""
-    import tensorflow as tf
-
-    lat = []
-    t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
+def latencies(call: Callable[[], object], n: int) -> list[float]:
+    """Seconds each of ``n`` sequential calls took."""
+    out = []
+    for _ in range(n):
         t = time.perf_counter()
-        {k: v.numpy() for k, v in fn(image=tf.constant(row)).items()}  # type: ignore[operator]
-        lat.append(time.perf_counter() - t)
-    return statistics.median(lat)
+        call()
+        out.append(time.perf_counter() - t)
+    return out
 
 
-def http_load(
-    port: int,
-    body: bytes,
-    rows: int,
-    clients: int,
-    seconds: float,
-    procs: tuple[psutil.Process, ...] = (),
-) -> tuple[float, list[float], list[float]]:
-    """``clients`` threads posting ``body`` repeatedly, each after one unmeasured request.
+def p(values: list[float], q: float) -> float:
+    """The ``q``-th percentile, in ms."""
+    return float(np.percentile(values, q)) * 1e3
 
-    Returns:
-        rows/s, per-request latencies, and the CPU seconds each of ``procs`` used per row
-        answered, both counted from the first measured request to the last answer.
-    """
-    lat: list[list[float]] = [[] for _ in range(clients)]
-    errors: list[str] = []
-    ready, start = threading.Barrier(clients + 1), threading.Barrier(clients + 1)
 
-    def run(i: int) -> None:
-        c = ServingClient("127.0.0.1", port)
-        c.request("POST", "/v1/models/bench:predict", body)
-        ready.wait()
-        start.wait()
-        t_end = time.perf_counter() + seconds
-        while time.perf_counter() < t_end:
-            t = time.perf_counter()
-            status, data = c.request("POST", "/v1/models/bench:predict", body)
-            doc = orjson.loads(data)
-            lat[i].append(time.perf_counter() - t)
-            if status != 200 or len(doc["predictions"]) != rows:
-                errors.append(f"HTTP {status}: {data[:200]!r}")
-                break
-        c.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    ready.wait()  # connections open and warm: count CPU from here
-    cpu0 = [_cpu(p) for p in procs]
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    if errors:
-        raise SystemExit(f"request failed: {errors[0]}")
-    flat = [x for per in lat for x in per]
-    answered = len(flat) * rows
-    cpu = [(_cpu(p) - c0) / answered for p, c0 in zip(procs, cpu0, strict=True)]
-    return answered / elapsed, flat, cpu
+def start_server(root: Path, port: int, grpc_port: int, log: Path) -> subprocess.Popen:
+    """``trainyard serve`` on ``root``'s model config, REST and gRPC, once ``bench`` loads."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins")}
+    cmd = [
+        sys.executable, "-m", "trainyard", "serve", "--base-path", str(root),
+        "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
+        "--model-config-file", str(ensure_config(root)), "--poll-interval", "0.5",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    t_end = time.monotonic() + 180
+    while True:
+        try:
+            with ServingClient("127.0.0.1", port) as c:
+                wait_available(c, "bench", 1, 180)
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > t_end:
+                proc.kill()
+                raise SystemExit("server did not start: " + log.read_text()[-2000:]) from None
+            time.sleep(0.5)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_args(p)
-    p.add_argument("--clients", type=int, default=4, help="concurrent connections")
-    p.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
-    args = p.parse_args()
-    if not args.port:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            args.port = int(probe.getsockname()[1])
-    seconds = 2.0 if args.quick else args.seconds
+    """Run the benchmark and print its figures, the ``BENCH`` line last."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=500, help="calls per side and round")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds")
+    ap.add_argument("--quick", action="store_true", help="3 rounds of 200 calls")
+    args = ap.parse_args()
     if args.quick:
-        args.rounds = 3
-
-    rng = np.random.default_rng(0)
-    batch = rng.random((args.batch, 8, 8, 1), dtype=np.float32)
+        args.rounds, args.requests = 3, 200
+    row = np.random.default_rng(0).random((1, 8, 8, 1), dtype=np.float32)
+    # this process's TensorFlow threads as `trainyard serve` sets its own by default (before
+    # any op runs): one thread per op, one op per core
+    assert configure_tf_threads(1, usable_cores()), "TensorFlow started before the benchmark"
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         tmp_path = Path(tmp)
-        root = publish_bench_model(tmp_path)
-        pid = ensure_local_server(root, "127.0.0.1", args.port)
+        build_model(tmp_path / "model")
+        root = tmp_path / "serving"
+        publish_version(tmp_path / "model", root, "bench", 1, SPEC)
+        set_served(root, "bench", [1], {"stable": 1})
+        port, grpc_port = _free_port(), _free_port()
+        proc = start_server(root, port, grpc_port, tmp_path / "server.log")
+        rest = RestCaller(port, orjson.dumps({"instances": row.tolist()}))
+        grpc_call, grpc_close = grpc_caller(grpc_port, row)
         try:
-            with ServingClient("127.0.0.1", args.port) as c:
-                wait_available(c, "bench", 1, 120)
-                served = c.predict("bench", inputs=batch[:16].tolist())["class_id"]
             import gc
 
             import tensorflow as tf
@@ -221,75 +229,57 @@ def main() -> None:
             fn = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
             gc.collect()
             gc.freeze()  # as the server does: keep full collections off TensorFlow's objects
-            want = fn(image=tf.constant(batch[:16]))["class_id"].numpy().tolist()
-            assert served == want, "served predictions differ from in-process ones"
-            in_process_rows_s(fn, batch, 0.5)
-
-            # Alternate the two measurements so load from other processes hits both alike.
-            body = json.dumps({"instances": batch.tolist()}).encode()
-            base_runs, http_runs = [], []
-            server, me = psutil.Process(pid), psutil.Process()
-            cpu = {"in-process": 0.0, "server": 0.0, "client": 0.0}
+            local = in_process_caller(fn, row)
+            want = local()["class_id"].tolist()
+            assert rest()["predictions"][0]["class_id"] == want[0], "REST answers differently"
+            assert grpc_call()["class_id"].tolist() == want, "gRPC answers differently"
+            for call in (local, rest, grpc_call):
+                latencies(call, 50)  # warm: traced, connected, caches filled
+            sides = {"in-process": local, "rest": rest, "grpc": grpc_call}
+            runs: dict[str, list[list[float]]] = {k: [] for k in sides}
             for _ in range(args.rounds):
-                m0 = _cpu(me)
-                rows_s, computed = in_process_rows_s(fn, batch, seconds)
-                base_runs.append(rows_s)
-                cpu["in-process"] += (_cpu(me) - m0) / computed
-                rows_s, _, (server_cpu, client_cpu) = http_load(
-                    args.port, body, args.batch, args.batch_clients, seconds, (server, me)
-                )
-                http_runs.append(rows_s)
-                cpu["server"] += server_cpu
-                cpu["client"] += client_cpu
-            cpu_us = {k: v / args.rounds * 1e6 for k, v in cpu.items()}
-            base_rows_s = statistics.median(base_runs)
-            http_rows_s = statistics.median(http_runs)
-            ratio = statistics.median(h / b for b, h in zip(base_runs, http_runs, strict=True))
-            base_p50_b1 = in_process_p50(fn, batch[:1], seconds)
-
-            one = json.dumps({"instances": batch[:1].tolist()}).encode()
-            _, conc, _ = http_load(args.port, one, 1, args.clients, seconds)
-            p50 = statistics.median(conc)
-            p99 = float(np.percentile(conc, 99))
-            _, seq, _ = http_load(args.port, one, 1, 1, seconds / 2)
-            added = statistics.median(seq) - base_p50_b1
+                for name, call in sides.items():
+                    runs[name].append(latencies(call, args.requests))
         finally:
-            stop_local_server(root)
+            rest.close()
+            grpc_close()
+            proc.terminate()
+            proc.wait(30)
+    load_after = os.getloadavg()
+
+    def per_round(name: str, q: float) -> list[float]:
+        return [p(r, q) for r in runs[name]]
+
+    base50, base99 = per_round("in-process", 50), per_round("in-process", 99)
+    med = statistics.median
+    figures = {}
+    for name in ("rest", "grpc"):
+        ours50, ours99 = per_round(name, 50), per_round(name, 99)
+        figures[name] = {
+            "p50": med(ours50),
+            "p99": med(ours99),
+            "added50": med(o - b for o, b in zip(ours50, base50, strict=True)),
+            "added99": med(o - b for o, b in zip(ours99, base99, strict=True)),
+            "ratio": med(o / b for o, b in zip(ours50, base50, strict=True)),
+            "rounds": ", ".join(f"{o - b:.3f}" for o, b in zip(ours50, base50, strict=True)),
+        }
+    load = f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (1-min load average)"
+    print(f"{args.rounds} rounds of {args.requests} sequential batch-1 calls per side; load {load}")
+    print(f"in-process: p50 {med(base50):.3f} ms, p99 {med(base99):.3f} ms")
+    for name, label in (("rest", "REST"), ("grpc", "gRPC")):
+        f = figures[name]
+        print(
+            f"{label}: p50 {f['p50']:.3f} ms, p99 {f['p99']:.3f} ms; added p50 "
+            f"{f['added50']:.3f} ms (rounds: {f['rounds']}), added p99 {f['added99']:.3f} ms"
+        )
+    r, g = figures["rest"], figures["grpc"]
     print(
-        f"server pid {pid}, batch {args.batch}, {args.clients} clients, {seconds:.0f}s phases,"
-        f" {args.rounds} rounds (medians)"
+        f"BENCH serving ratio={r['ratio']:.3f} added_p50_ms={r['added50']:.3f} "
+        f"added_p99_ms={r['added99']:.3f} grpc_ratio={g['ratio']:.3f} "
+        f"grpc_added_p50_ms={g['added50']:.3f} grpc_added_p99_ms={g['added99']:.3f} "
+        f"base_p50_ms={med(base50):.3f} rounds={args.rounds} requests={args.requests} "
+        f"load1={load_before[0]:.2f}"
     )
-    print(
-        f"in-process: {base_rows_s:,.0f} rows/s at batch {args.batch}; batch-1 p50 "
-        f"{base_p50_b1 * 1e3:.3f} ms"
-    )
-    print(
-        f"http:       {http_rows_s:,.0f} rows/s at batch {args.batch} "
-        f"({args.batch_clients} connections)"
-    )
-    rounds = ", ".join(
-        f"{b:,.0f}/{h:,.0f} ({h / b:.2f})" for b, h in zip(base_runs, http_runs, strict=True)
-    )
-    print(f"rounds (in-process/http rows/s): {rounds}")
-    print(
-        "CPU per row (less sensitive to other load): in-process "
-        f"{cpu_us['in-process']:.1f} us; http server {cpu_us['server']:.1f} us "
-        f"+ client {cpu_us['client']:.1f} us"
-    )
-    print(
-        f"single-row under {args.clients} clients: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
-        f" ({len(conc) / seconds:,.0f} req/s)"
-    )
-    print(
-        f"batch-1 sequential: http p50 {statistics.median(seq) * 1e3:.3f} ms, "
-        f"added over in-process {added * 1e3:.3f} ms"
-    )
-    print(
-        f"BENCH serving ratio={ratio:.3f} ours={http_rows_s:.0f} baseline={base_rows_s:.0f} "
-        f"p50_ms={p50 * 1e3:.3f} p99_ms={p99 * 1e3:.3f} added_b1_ms={added * 1e3:.3f} "
-        f"batch={args.batch} clients={args.clients} rounds={args.rounds} "
-        f"cpu_ratio={cpu_us['in-process'] / (cpu_us['server'] + cpu_us['client']):.3f}"
-    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -183,6 +183,71 @@ def build_example_model(path: Path) -> Path:
     return path
 
 
+def build_half_plus_two(path: Path) -> Path:
+    """Save TF Serving's test model ``half_plus_two`` as a plain TF 2 export (``tf.Module``).
+
+    The model of ``tensorflow_model_server_test.py`` and ``http_rest_api_handler_test.cc``
+    (``saved_model_half_plus_two.py``, its TF 2 variant), written here with plain
+    TensorFlow: ``y = 0.5 * x + 2`` (``y2``: ``+ 3``). ``tf.saved_model.save`` gives every
+    signature the method ``tensorflow/serving/predict``, so its classify and regress
+    signatures are known only by their tensors' names, as TF Serving finds them:
+
+    * ``serving_default``: ``x`` (float32, ``[None]``) → ``y``;
+    * ``regress_x_to_y``, ``regress_x_to_y2``: ``inputs`` (serialized ``tf.Example`` with a
+      float ``x``) → ``outputs``, ``[batch, 1]``;
+    * ``classify_x_to_y``: ``inputs`` → ``scores``, ``[batch, 1]``;
+    * ``predict_any_rank`` (not in TF Serving's model): ``x`` of unknown rank → ``y``.
+    """
+    import tensorflow as tf
+
+    features = {
+        "x": tf.io.FixedLenFeature([1], tf.float32),
+        "x2": tf.io.FixedLenFeature([1], tf.float32, default_value=[0.0]),
+    }
+    examples = tf.TensorSpec([None], tf.string, name="inputs")
+
+    class HalfPlusTwo(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = tf.Variable(0.5)
+            self.b = tf.Variable(2.0)
+            self.c = tf.Variable(3.0)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def predict(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"y": self.a * x + self.b}
+
+        @tf.function(input_signature=[tf.TensorSpec(None, tf.float32, name="x")])
+        def predict_any_rank(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"y": self.a * x + self.b}
+
+        @tf.function(input_signature=[examples])
+        def regress_xy(self, inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+            x = tf.io.parse_example(inputs, features)["x"]
+            return {"outputs": self.a * x + self.b}
+
+        @tf.function(input_signature=[examples])
+        def regress_xy2(self, inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+            x = tf.io.parse_example(inputs, features)["x"]
+            return {"outputs": self.a * x + self.c}
+
+        @tf.function(input_signature=[examples])
+        def classify_xy(self, inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+            x = tf.io.parse_example(inputs, features)["x"]
+            return {"scores": self.a * x + self.b}
+
+    m = HalfPlusTwo()
+    signatures = {
+        "serving_default": m.predict,
+        "predict_any_rank": m.predict_any_rank,
+        "regress_x_to_y": m.regress_xy,
+        "regress_x_to_y2": m.regress_xy2,
+        "classify_x_to_y": m.classify_xy,
+    }
+    tf.saved_model.save(m, str(path), signatures=signatures)
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

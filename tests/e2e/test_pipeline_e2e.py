@@ -118,9 +118,9 @@ def _wait_serving(project: Project, version: str, timeout: float = 20.0) -> None
     while True:
         status = _model_status(project)["model_version_status"]
         available = [s["version"] for s in status if s["state"] == "AVAILABLE"]
-        stable = f"http://127.0.0.1:{project.port}/v1/models/digits/labels/stable"
+        stable = f"http://127.0.0.1:{project.port}/v1/models/digits/labels/stable/metadata"
         with urllib.request.urlopen(stable, timeout=10) as resp:
-            labelled = json.loads(resp.read())["model_version_status"][0]["version"]
+            labelled = json.loads(resp.read())["model_spec"]["version"]
         if available == [version] and labelled == version:
             return
         assert time.monotonic() < deadline, (available, labelled)

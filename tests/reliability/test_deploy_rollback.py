@@ -164,10 +164,10 @@ def test_champion_is_labelled_stable_in_the_model_config_and_on_the_server(env):
     every = model_config.read(env["root"] / model_config.ALL_MODELS_FILE)
     assert every == [served]
     with ServingClient("127.0.0.1", env["port"]) as c:
-        status, body = c.request("GET", "/v1/models/digits/labels/stable")
+        status, body = c.request("GET", "/v1/models/digits/labels/stable/metadata")
         assert status == 200 and b'"version":"7"' in body.replace(b" ", b"")
-        status, body = c.request("GET", "/v1/models/digits/labels/canary")
-        assert status == 404 and b"Unrecognized servable version label: canary" in body
+        status, body = c.request("GET", "/v1/models/digits/labels/canary/metadata")
+        assert status == 400 and b"Unrecognized servable version label: canary" in body
 
 
 def test_a_rollback_of_the_champion_reaches_the_server_within_its_poll(env):

@@ -87,9 +87,9 @@ def _stable(port: int) -> tuple[int | None, bool]:
     """The stable label's version, and whether version 1 is still loaded."""
     with ServingClient("127.0.0.1", port) as c:
         label = None
-        status, data = c.request("GET", "/v1/models/events/labels/stable")
+        status, data = c.request("GET", "/v1/models/events/labels/stable/metadata")
         if status == 200:
-            label = int(orjson.loads(data)["model_version_status"][0]["version"])
+            label = int(orjson.loads(data)["model_spec"]["version"])
         status, data = c.request("GET", "/v1/models/events")
         loaded = status == 200 and any(
             e["version"] == "1" and e["state"] == "AVAILABLE"

@@ -55,6 +55,6 @@ def test_a_quota_caps_the_affinity_mask_rounded_up(tmp_path: Path) -> None:
 
 
 def test_serve_sizes_its_pools_by_the_usable_cores() -> None:
-    """Defaults: 2 model calls and 1 op thread per usable core; given values win."""
-    assert server.pool_sizes(None, None, 3) == (6, 3)
+    """Defaults: 1 model call and 1 op thread per usable core; given values win."""
+    assert server.pool_sizes(None, None, 3) == (3, 3)
     assert server.pool_sizes(1, 0, 3) == (1, 0)

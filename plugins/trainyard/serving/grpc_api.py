@@ -8,12 +8,18 @@ protos of ``tensorflow-serving-api``, so a client written for TF Serving (its st
 ``trainyard serve --grpc-port``. Status codes and messages follow TF Serving's
 ``predict_util.cc`` and ``get_model_metadata_impl.cc``.
 
-TensorFlow and the gRPC modules are imported when the server starts, not at import time.
+Connections count against the REST listener's cap and deadlines
+(:class:`~trainyard.serving.http_guard.GrpcRelay`). TensorFlow and the gRPC modules are
+imported when the server starts, not at import time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -26,8 +32,10 @@ from trainyard.serving.classify_regress import (
     regression_results,
     serialized_examples,
 )
+from trainyard.serving.http_guard import ConnectionGuard, GrpcRelay
 from trainyard.serving.schema import CLASSIFY_METHOD, REGRESS_METHOD, InvalidRequest, model_error
 from trainyard.serving.versions import (
+    LabelNotFound,
     LoadedVersion,
     ModelNotFound,
     ModelRepository,
@@ -60,6 +68,8 @@ def _version_of(repo: ModelRepository, spec: Any, grpc: Any) -> tuple[str, Loade
         return name, repo.get(name)
     except ModelNotFound as e:
         raise _Abort(grpc.StatusCode.NOT_FOUND, str(e)) from e
+    except LabelNotFound as e:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
 
 
 def _signature(lv: LoadedVersion, spec: Any, grpc: Any) -> ServedSignature:
@@ -124,20 +134,22 @@ def _inputs(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"Expects arg {name} to be {np.dtype(dtype).name} but {arr.dtype.name} is provided",
             )
-        if arr.ndim != len(shape) or any(
-            d is not None and d != a for d, a in zip(shape[1:], arr.shape[1:], strict=False)
+        if shape is not None and (
+            arr.ndim != len(shape)
+            or any(d is not None and d != a for d, a in zip(shape, arr.shape, strict=False))
         ):
             want = [-1 if d is None else d for d in shape]
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"input {name} has shape {list(arr.shape)}, the signature expects {want}",
             )
-        if rows is not None and arr.shape[0] != rows:
-            raise _Abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"inputs have different batch sizes ({rows} and {arr.shape[0]} for {name})",
-            )
-        rows = int(arr.shape[0])
+        if shape and shape[0] is None and arr.ndim:
+            if rows is not None and arr.shape[0] != rows:
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"inputs have different batch sizes ({rows} and {arr.shape[0]} for {name})",
+                )
+            rows = int(arr.shape[0])
         arrays[name] = arr
     return arrays, rows or 0
 
@@ -200,7 +212,7 @@ class _Servicer:
                 f"output tensor alias not found in signature: {unknown[0]} Outputs expected "
                 f"to be in the set {{{','.join(sorted(sig.output_spec))}}}.",
             )
-        outputs = await sig.predict(inputs, rows)
+        outputs = await sig.predict(inputs)
         response = self.predict_pb.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = lv.version
@@ -257,13 +269,13 @@ class _Servicer:
                 missing_signature(request.model_spec.signature_name),
             ) from e
         try:
-            input_name = example_input_name(sig.method, method, sig.input_spec)
+            input_name = example_input_name(sig.name, sig.input_spec, sig.output_spec, method)
             examples = serialized_examples(request.input)
             if len(examples) > self.max_rows:
                 raise InvalidRequest(
                     f"batch of {len(examples)} examples exceeds the limit of {self.max_rows}"
                 )
-            outputs = await sig.predict({input_name: example_batch(examples)}, len(examples))
+            outputs = await sig.predict({input_name: example_batch(examples)})
             if method == CLASSIFY_METHOD:
                 labels, scores, n = classification_results(outputs, len(examples))
             else:
@@ -296,13 +308,9 @@ class _Servicer:
         spec = request.model_spec
         if not spec.name:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
-        version: int | None = None
-        choice = spec.WhichOneof("version_choice")
+        # as get_model_status_impl.cc: a version narrows the answer, a label does not
+        version = int(spec.version.value) if spec.HasField("version") else None
         try:
-            if choice == "version":
-                version = int(spec.version.value)
-            elif choice == "version_label":
-                version = self.repo.version_for_label(spec.name, spec.version_label)
             entries = self.repo.status(spec.name, version)
         except ModelNotFound as e:
             raise _Abort(grpc.StatusCode.NOT_FOUND, str(e)) from e
@@ -319,11 +327,44 @@ class _Servicer:
         return response
 
 
-async def start_grpc_server(repo: ModelRepository, host: str, port: int, max_rows: int) -> Any:
+class GrpcListener:
+    """The gRPC side of a server: TF Serving's services behind the public port.
+
+    The services listen on a private Unix socket, reached through
+    :class:`~trainyard.serving.http_guard.GrpcRelay` connections on the public port.
+
+    Attributes:
+        port: The public port.
+    """
+
+    def __init__(self, server: Any, front: asyncio.AbstractServer, port: int, sockdir: str):
+        self._server, self._front, self._sockdir = server, front, sockdir
+        self.port = port
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, let calls in progress finish (``grace`` s), remove the socket."""
+        self._front.close()
+        await self._server.stop(grace=grace)
+        shutil.rmtree(self._sockdir, ignore_errors=True)
+
+
+async def start_grpc_server(
+    repo: ModelRepository,
+    host: str,
+    port: int,
+    max_rows: int,
+    guard: ConnectionGuard,
+    idle_timeout: float,
+) -> GrpcListener:
     """Start TF Serving's gRPC services on ``host:port`` (0: any free port).
 
+    Connections are accepted by an asyncio listener under ``guard`` (the REST listener's:
+    one cap and one eviction order for both) and relayed to a ``grpc.aio`` server on a Unix
+    socket in a private directory, which closes a connection idle (no call) for
+    ``idle_timeout`` seconds with a GOAWAY, as the REST side closes an idle keep-alive one.
+
     Returns:
-        ``(server, port)``: the running ``grpc.aio`` server and its bound port.
+        The listener (its ``port`` is the bound one).
 
     Raises:
         OSError: If the port cannot be bound.
@@ -346,17 +387,25 @@ async def start_grpc_server(repo: ModelRepository, host: str, port: int, max_row
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", 64 * 2**20),
-            # gRPC sets SO_REUSEPORT by default: a second server would share the port
-            ("grpc.so_reuseport", 0),
+            ("grpc.max_connection_idle_ms", int(idle_timeout * 1000)),
         ]
     )
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as e:  # grpc raises this for a port in use
-        raise OSError(f"cannot listen for gRPC on {host}:{port}: address in use") from e
-    if not bound:
-        raise OSError(f"cannot listen for gRPC on {host}:{port}")
+    sockdir = tempfile.mkdtemp(prefix="trainyard-grpc-")
+    path = os.path.join(sockdir, "grpc.sock")
+    if not server.add_insecure_port(f"unix:{path}"):
+        shutil.rmtree(sockdir, ignore_errors=True)
+        raise OSError(f"cannot listen for gRPC on {path}")
     await server.start()
-    return server, bound
+    try:
+        front = await asyncio.get_running_loop().create_server(
+            lambda: GrpcRelay(guard, path), host, port, backlog=128, reuse_address=True
+        )
+    except OSError as e:
+        await server.stop(None)
+        shutil.rmtree(sockdir, ignore_errors=True)
+        why = os.strerror(e.errno).lower() if e.errno else str(e)
+        raise OSError(e.errno, f"cannot listen for gRPC on {host}:{port}: {why}") from e
+    bound = int(front.sockets[0].getsockname()[1])
+    return GrpcListener(server, front, bound, sockdir)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 from typing import Any
 
@@ -89,9 +90,13 @@ def tune_allocator(
 def release_memory() -> bool:
     """Return free heap memory to the operating system (``malloc_trim(0)`` on glibc).
 
+    A collection first frees what a request left in reference cycles (the model's objects
+    are frozen after loading, so it walks only what requests made).
+
     Returns:
         Whether glibc released any memory (False where there is no ``malloc_trim``).
     """
+    gc.collect()
     return bool(_malloc_trim(0)) if _malloc_trim is not None else False
 
 

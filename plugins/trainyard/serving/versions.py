@@ -1,4 +1,4 @@
-"""Model versions under a TF Serving base path: discovery, loading, warm-up, swap, batching.
+"""Model versions under a TF Serving base path: discovery, loading, warm-up, swap.
 
 Layout: ``<base_path>/<model_name>/<n>/`` is a SavedModel (``n`` numeric; anything else,
 such as ``.tmp-*``, is ignored). Policy, as TF Serving's "latest" with availability
@@ -6,7 +6,9 @@ preservation: the highest version directory that has not failed to load is aspir
 loaded and warmed up in a background thread while the previous version keeps serving, and
 only once it is ``AVAILABLE`` are the other versions unloaded. A version whose directory
 disappears is unloaded (after the next highest is available), which is how a rollback
-reaches the server. Requests that already hold a version finish on it.
+reaches the server. Requests that already hold a version finish on it. Each request runs
+alone on the repository's model threads: no batching across clients (TF Serving batches
+only with ``--enable_batching``, which the laptop's server does not need).
 
 TensorFlow is imported only inside the functions that load a model.
 """
@@ -14,13 +16,11 @@ TensorFlow is imported only inside the functions that load a model.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import gc
 import logging
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +81,10 @@ class ModelNotFound(LookupError):
     """No servable version of the requested model (HTTP 404)."""
 
 
+class LabelNotFound(LookupError):
+    """A version label the model config does not give the model (TF Serving: 400)."""
+
+
 class SignatureNotFound(LookupError):
     """The request names a signature the SavedModel does not have (TF Serving: 400)."""
 
@@ -96,9 +100,7 @@ class ServedSignature:
         input_spec: Inputs: name → (dtype, shape), batch first.
         output_spec: Outputs: name → (dtype, shape), batch first where batched.
         fn: The concrete function.
-        batched: Every output has the batch dimension first, so requests may be merged
-            into one call and split again; otherwise each request runs alone.
-        batcher: Merges concurrent requests into one model call.
+        executor: The model threads it runs on (None: asyncio's default executor).
     """
 
     name: str
@@ -106,8 +108,7 @@ class ServedSignature:
     input_spec: FeatureSpec
     output_spec: FeatureSpec
     fn: Any
-    batched: bool = True
-    batcher: Batcher = field(init=False, repr=False)
+    executor: Executor | None = field(default=None, repr=False)
     # The function's flat argument order when it is a ConcreteFunction whose arguments are
     # exactly the inputs by name; None: call it with keyword arguments.
     _flat_args: tuple[str, ...] | None = field(default=None, init=False, repr=False)
@@ -141,9 +142,10 @@ class ServedSignature:
             result = self.fn(**{k: tf.constant(v) for k, v in inputs.items()})
         return {k: v.numpy() for k, v in result.items()}
 
-    async def predict(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        """Run the signature on one request's inputs, batched with concurrent requests."""
-        return await self.batcher.submit(inputs, rows)
+    async def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the signature on one request's inputs on a model thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.run, inputs)
 
 
 @dataclass
@@ -188,11 +190,6 @@ class LoadedVersion:
         """The default signature's outputs (name → (dtype, shape))."""
         return self.signature().output_spec
 
-    @property
-    def batcher(self) -> Batcher:
-        """The default signature's batcher."""
-        return self.signature().batcher
-
     def signature_defs(self) -> Any:
         """The SavedModel's ``SignatureDef`` protos (name → proto), as TF Serving reports them.
 
@@ -203,10 +200,10 @@ class LoadedVersion:
         return self._signature_defs
 
     async def predict(
-        self, inputs: dict[str, np.ndarray], rows: int, signature: str | None = None
+        self, inputs: dict[str, np.ndarray], signature: str | None = None
     ) -> dict[str, np.ndarray]:
         """Run a signature (default: ``serving_default``) on one request's inputs."""
-        return await self.signature(signature).predict(inputs, rows)
+        return await self.signature(signature).predict(inputs)
 
 
 def _read_signature_defs(path: Path) -> Any:
@@ -217,103 +214,10 @@ def _read_signature_defs(path: Path) -> Any:
     return saved.meta_graphs[0].signature_def
 
 
-class Batcher:
-    """Opportunistic batching: requests that queue while the model is busy run together.
-
-    Nothing waits for a batch to fill, so a lone request pays no delay; under load, every
-    request that arrived during the previous model call is merged into the next one (up to
-    ``max_batch_rows``), which amortises the per-call overhead.
-    """
-
-    def __init__(
-        self,
-        run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-        executor: Executor,
-        max_batch_rows: int = 1024,
-        max_concurrency: int = 2,
-        merge: bool = True,
-    ) -> None:
-        self._run = run
-        self._merge = merge
-        self._executor = executor
-        self._max_rows = max_batch_rows
-        self._max_concurrency = max_concurrency
-        self._queue: collections.deque[tuple[dict[str, np.ndarray], int, asyncio.Future[Any]]] = (
-            collections.deque()
-        )
-        self._running = 0
-        self.calls = 0
-        self.merged_requests = 0
-
-    async def submit(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        """Queue one request and wait for its slice of the batch's outputs."""
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((inputs, rows, fut))
-        self._kick()
-        return await fut
-
-    def _take(self) -> list[tuple[dict[str, np.ndarray], int, asyncio.Future[Any]]]:
-        first = self._queue.popleft()
-        items = [first]
-        total = first[1]
-        key = {k: v.shape[1:] for k, v in first[0].items()}
-        while self._merge and self._queue:
-            inputs, rows, _ = self._queue[0]
-            if total + rows > self._max_rows or {k: v.shape[1:] for k, v in inputs.items()} != key:
-                break
-            items.append(self._queue.popleft())
-            total += rows
-        return items
-
-    def _kick(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._queue and self._running < self._max_concurrency:
-            items = [it for it in self._take() if not it[2].cancelled()]
-            if not items:
-                continue
-            self._running += 1
-            self.calls += 1
-            self.merged_requests += len(items) - 1
-            task = loop.run_in_executor(self._executor, self._run_merged, [it[0] for it in items])
-            task.add_done_callback(lambda t, items=items: self._done(t, items))
-
-    def _run_merged(self, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        if len(parts) == 1:
-            return self._run(parts[0])
-        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        return self._run(merged)
-
-    def _done(
-        self,
-        task: asyncio.Future[dict[str, np.ndarray]],
-        items: list[tuple[dict[str, np.ndarray], int, asyncio.Future[Any]]],
-    ) -> None:
-        self._running -= 1
-        exc = task.exception()
-        if exc is not None:
-            for _, _, fut in items:
-                if not fut.done():
-                    fut.set_exception(exc)
-        else:
-            outputs = task.result()
-            if len(items) == 1:  # run alone: its outputs whole (also those not batched)
-                if not items[0][2].done():
-                    items[0][2].set_result(outputs)
-                self._kick()
-                return
-            start = 0
-            for _, rows, fut in items:
-                if not fut.done():
-                    fut.set_result({k: v[start : start + rows] for k, v in outputs.items()})
-                start += rows
-        self._kick()
-
-
 def _spec_from_tensor_specs(specs: dict[str, Any]) -> FeatureSpec:
     out: FeatureSpec = {}
     for name, ts in specs.items():
-        dims = ts.shape.as_list() if ts.shape.rank is not None else [None]
-        out[name] = (ts.dtype.name, tuple(dims))
+        out[name] = (ts.dtype.name, None if ts.shape.rank is None else tuple(ts.shape.as_list()))
     return out
 
 
@@ -322,8 +226,6 @@ def load_version(
     version: int,
     path: Path,
     executor: Executor,
-    max_batch_rows: int = 1024,
-    max_concurrency: int = 2,
 ) -> LoadedVersion:
     """Load, check and warm up one SavedModel version (blocking).
 
@@ -334,16 +236,13 @@ def load_version(
     derived from the signature. Warm-up runs the default signature once on a zero batch so
     the first request does not pay for tracing and kernel selection; a model with string
     inputs (image bytes, text, ``tf.Example``) may reject an empty string, so there a
-    failed warm-up is logged, not fatal. A signature whose outputs are not all batched is
-    served request by request (never merged with another request).
+    failed warm-up is logged, not fatal.
 
     Args:
         model: Model name.
         version: Version number.
         path: The SavedModel directory.
         executor: Thread pool the model runs on.
-        max_batch_rows: Largest merged batch.
-        max_concurrency: Model calls of this version that may run at once.
 
     Returns:
         The loaded version.
@@ -373,7 +272,7 @@ def load_version(
             input_spec=_spec_from_tensor_specs(fn.structured_input_signature[1]),
             output_spec=outputs,
             fn=fn,
-            batched=all(shape[:1] == (None,) for _, shape in outputs.values()),
+            executor=executor,
         )
         signatures[key] = sig
     default = signatures.get(SIGNATURE)
@@ -387,25 +286,22 @@ def load_version(
         default.input_spec = declared
     if default is not None:
         _warm_up(default, path)
-    for sig in signatures.values():
-        sig.batcher = Batcher(
-            sig.run,
-            executor,
-            max_batch_rows=max_batch_rows,
-            max_concurrency=max_concurrency,
-            merge=sig.batched,
-        )
     return LoadedVersion(
         model=model, version=version, path=path, signatures=signatures, saved_model=loaded
     )
 
 
 def _warm_up(sig: ServedSignature, path: Path) -> None:
-    """Run ``sig`` once on a one-row batch of zeros (empty strings); see load_version."""
-    textual = any(dtype == "string" for dtype, _ in sig.input_spec.values())
+    """Run ``sig`` once on a one-row batch of zeros (empty strings); see load_version.
+
+    An input of unknown rank gets one zero; a failed warm-up of such a signature is logged,
+    not fatal, as for string inputs.
+    """
+    lenient = any(dtype == "string" or shape is None for dtype, shape in sig.input_spec.values())
     warm = {
         name: np.zeros(
-            [1 if d is None else d for d in shape], dtype=object if dtype == "string" else dtype
+            [1] if shape is None else [1 if d is None else d for d in shape],
+            dtype=object if dtype == "string" else dtype,
         )
         for name, (dtype, shape) in sig.input_spec.items()
     }
@@ -413,14 +309,12 @@ def _warm_up(sig: ServedSignature, path: Path) -> None:
         if dtype == "string":
             warm[name].fill(b"")
     try:
-        out = sig.run(warm)
+        sig.run(warm)
     except Exception as e:
-        if textual:
-            log.info("%s: no warm-up on empty strings (%s: %s)", path, type(e).__name__, e)
+        if lenient:
+            log.info("%s: no warm-up (%s: %s)", path, type(e).__name__, e)
             return
         raise ValueError(f"{path}: warm-up prediction failed: {type(e).__name__}: {e}") from e
-    if any(v.shape[:1] != (1,) for v in out.values()):
-        sig.batched = False
 
 
 def _check_compatible(declared: FeatureSpec, signature: FeatureSpec, path: Path) -> None:
@@ -435,6 +329,8 @@ def _check_compatible(declared: FeatureSpec, signature: FeatureSpec, path: Path)
             raise ValueError(
                 f"{path}: input {name!r} is {sdtype} in the signature, {dtype} in the contract"
             )
+        if sshape is None or shape is None:
+            continue  # a signature input of unknown rank takes any shape
         if len(sshape) != len(shape) or any(
             s is not None and d is not None and s != d for s, d in zip(sshape, shape, strict=True)
         ):
@@ -538,7 +434,7 @@ class ModelRepository:
     :mod:`trainyard.serving.model_config`), exactly the models and versions it lists are
     served, with its version labels; a missing file serves nothing until it appears.
 
-    ``predict_threads`` model calls run at once; ``intra_op_threads`` and
+    ``predict_threads`` model calls run at once (one request each); ``intra_op_threads`` and
     ``inter_op_threads`` (0: TensorFlow's defaults) size TensorFlow's pools before the first
     model loads, see :func:`configure_tf_threads`.
     """
@@ -547,7 +443,6 @@ class ModelRepository:
         self,
         base_path: Path,
         poll_interval: float = 1.0,
-        max_batch_rows: int = 1024,
         predict_threads: int = 2,
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
@@ -561,7 +456,6 @@ class ModelRepository:
         self.inter_op_threads = inter_op_threads
         self._tf_configured = False
         self.poll_interval = poll_interval
-        self.max_batch_rows = max_batch_rows
         self.predict_threads = predict_threads
         self.executor = ThreadPoolExecutor(predict_threads, thread_name_prefix="predict")
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="loader")
@@ -590,7 +484,8 @@ class ModelRepository:
             The loaded version.
 
         Raises:
-            ModelNotFound: If that model, version or label is not available.
+            ModelNotFound: If that model or version is not available.
+            LabelNotFound: If the model config gives the model no such label.
         """
         if label is not None:
             version = self.version_for_label(model, label)
@@ -630,11 +525,11 @@ class ModelRepository:
         """The version a label of the model config points at.
 
         Raises:
-            ModelNotFound: If the model has no such label.
+            LabelNotFound: If the model has no such label (TF Serving's InvalidArgument).
         """
         labelled = self._labels.get(model, {}).get(label)
         if labelled is None:
-            raise ModelNotFound(f"Unrecognized servable version label: {label}")
+            raise LabelNotFound(f"Unrecognized servable version label: {label}")
         return labelled
 
     def labels(self, model: str) -> dict[str, int]:
@@ -749,8 +644,6 @@ class ModelRepository:
                 version,
                 path,
                 self.executor,
-                self.max_batch_rows,
-                self.predict_threads,
             )
         except Exception as e:
             rec.state, rec.error_code, rec.error_message = "END", "UNKNOWN", str(e)

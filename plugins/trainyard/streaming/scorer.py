@@ -8,8 +8,9 @@ record to the output stream, keyed by the record id. Inputs are acknowledged onl
 after their outputs (:meth:`StreamEngine.commit`): at least once.
 
 **Which model.** Before a batch the scorer asks the server which version the ``stable``
-label names (``GET /v1/models/<m>/labels/stable``, cached for ``version_ttl_s``; without
-labels: the highest AVAILABLE version) and sends the batch to
+label names (``GET /v1/models/<m>/labels/stable/metadata``: TF Serving resolves a label for
+metadata, while its status ignores labels and lists every version; cached for
+``version_ttl_s``; without labels: the highest AVAILABLE version) and sends the batch to
 ``/v1/models/<m>/versions/<n>:predict``. The version written with a score is therefore the
 version that computed it (a plain ``:predict`` response does not say which answered).
 After a promotion or rollback the old version is unloaded; its 404 makes the scorer read
@@ -234,14 +235,17 @@ class ModelEndpoint:
                 and now - self._version_at < self.version_ttl_s
             ):
                 return self._version
-        status, doc = self._get(f"/v1/models/{self.model}/labels/stable")
-        if status == 404:  # no labels (a server without a model config): the newest
+        status, doc = self._get(f"/v1/models/{self.model}/labels/stable/metadata")
+        labelled = doc.get("model_spec", {}).get("version") if status == 200 else None
+        if labelled is not None:
+            version = int(labelled)
+        else:  # no such label (a server without a model config): the newest AVAILABLE
             status, doc = self._get(f"/v1/models/{self.model}")
-        entries = doc.get("model_version_status") if status == 200 else None
-        available = [int(e["version"]) for e in entries or () if e.get("state") == "AVAILABLE"]
-        if not available:
-            raise LookupError(f"model {self.model}: no AVAILABLE version ({str(doc)[:200]})")
-        version = max(available)
+            entries = doc.get("model_version_status") if status == 200 else None
+            available = [int(e["version"]) for e in entries or () if e.get("state") == "AVAILABLE"]
+            if not available:
+                raise LookupError(f"model {self.model}: no AVAILABLE version ({str(doc)[:200]})")
+            version = max(available)
         with self._lock:
             if version != self._version:
                 log.info("model %s: scoring with version %d", self.model, version)
