@@ -1,17 +1,17 @@
-"""Shared fixtures: the trainyard package on sys.path and an isolated volume root."""
+"""Shared fixtures (more in tests/support/fixtures.py) and an isolated volume root."""
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins"))
 os.environ.setdefault("TRAINYARD_PROJECT_DIR", str(ROOT))
+
+pytest_plugins = ["tests.support.fixtures"]
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.e2e.harness import (
+from tests.support.harness import (
     BROWSER_ARGS,
     CHROMIUM,
     Inbox,

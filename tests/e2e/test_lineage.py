@@ -24,7 +24,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from tests.e2e.harness import ROOT, Project, init_airflow, make_project
+from tests.support.harness import ROOT, Project, init_airflow, make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

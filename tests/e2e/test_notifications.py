@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.daily_csv import pipeline as pipeline_dict
-from tests.daily_csv import use_contracts, write_days
-from tests.e2e.harness import Inbox, Project, free_port, init_airflow, make_project
+from tests.support.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import use_contracts, write_days
+from tests.support.harness import Inbox, Project, init_airflow, make_project
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -22,16 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import (
+from tests.support.harness import (
     BROWSER_ARGS,
     Project,
-    free_port,
     make_project,
     standalone_group,
     start_standalone,
     stop_standalone,
     wait_http,
 )
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow]
 

@@ -17,7 +17,8 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.e2e.harness import StandaloneEnv, admin_password, free_port, make_project, standalone
+from tests.support.harness import StandaloneEnv, admin_password, make_project, standalone
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 

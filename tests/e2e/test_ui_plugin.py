@@ -23,17 +23,17 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from tests.e2e.harness import (
+from tests.support.harness import (
     BROWSER_ARGS,
     CHROMIUM,
     ROOT,
     admin_password,
-    free_port,
     make_project,
     sign_in,
     standalone,
 )
-from tests.e2e.harness import StandaloneEnv as Env
+from tests.support.harness import StandaloneEnv as Env
+from tests.support.ports import free_port
 
 # one standalone and two pipeline runs are set up for the first test
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mlflow_support import (
+from tests.support.mlflow_server import (
     aliases,
     artifact,
     history,
@@ -26,7 +24,6 @@ from mlflow_support import (
     runs_of,
     tags,
 )
-
 from trainyard.config import TrackingConfig, load_pipeline
 from trainyard.layout import Layout
 from trainyard.registry import Registry
@@ -357,7 +354,7 @@ def test_a_deleted_experiment_is_one_warning_saying_how_to_fix_it(
     server: str, registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
 ) -> None:
     """Finding 20."""
-    from mlflow_support import api
+    from tests.support.mlflow_server import api
 
     cfg = _pipeline(name="deleted")
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_TEST", server)

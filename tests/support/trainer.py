@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS_CONTRACT = ROOT / "data_contracts" / "digits.yaml"
 
 TABLE_CONTRACT = """\

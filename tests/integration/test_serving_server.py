@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serving_support import (
+
+from tests.support.serving import (
     IMAGE_SPEC,
     ThreadedServer,
     build_image_model,
     build_table_model,
     expected_classes,
 )
-
 from trainyard.serving.client import ServingClient, ServingHTTPError
 from trainyard.serving.deploy import publish_version, unpublish_version
 from trainyard.serving.versions import SPEC_FILE

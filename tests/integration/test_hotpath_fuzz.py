@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sanitizer_support import ROOT, run_sanitized, sanitized_build
+
+from tests.support.sanitizer import ROOT, run_sanitized, sanitized_build
 
 SOURCE = ROOT / "plugins" / "trainyard" / "streaming" / "_hotpath.c"
 
@@ -39,7 +40,7 @@ assert records._hotpath is module and engines._hotpath is module, "not the sanit
 rng = random.Random(int(sys.argv[2]))
 budget = float(sys.argv[3])
 root = Path(sys.argv[4])
-from stream_support import LOOSE_CONTRACT as loose
+from tests.support.streams import LOOSE_CONTRACT as loose
 path = root / "data_contracts" / "transactions.yaml"
 checkers = [
     (records.RecordChecker(parse_contract_text(path.read_text(), path)),

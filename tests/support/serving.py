@@ -9,7 +9,6 @@ answered).
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from pathlib import Path
 
@@ -181,12 +180,6 @@ def build_example_model(path: Path) -> Path:
         )
         builder.save()
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ThreadedServer:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.net import is_loopback
 from trainyard import k8s
 from trainyard.config import parse_pipeline
 from trainyard.errors import TrainingError
@@ -22,9 +23,6 @@ from trainyard.training import launcher, spec
 from trainyard.training.launcher import LaunchSpec, TaskSpec, launch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from net_support import is_loopback  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD, /proc")
 
@@ -32,7 +30,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD
 LISTENER = r"""
 import json, os, socket, sys
 sys.path.insert(0, sys.argv[1])
-from net_support import listen_addresses
+from tests.support.net import listen_addresses
 socks = []
 def sock(family, v6only=None):
     s = socket.socket(family, socket.SOCK_STREAM)
@@ -63,7 +61,7 @@ def library() -> Path:
 
 def _listen(env: dict[str, str]) -> list[tuple[int, str, int]]:
     proc = subprocess.run(
-        [sys.executable, "-c", LISTENER, str(ROOT / "tests")],
+        [sys.executable, "-c", LISTENER, str(ROOT)],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -139,7 +139,7 @@ def pipeline(raw: Path, dataset: str = DATASET, **updates: Any) -> dict[str, Any
 
 def use_contracts(env: dict[str, str], folder: Path, dataset: str = DATASET) -> Path:
     """A contracts folder with the shipped contracts and this dataset's; set in ``env``."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     folder.mkdir(parents=True, exist_ok=True)
     for path in (root / "data_contracts").iterdir():
         (folder / path.name).write_bytes(path.read_bytes())

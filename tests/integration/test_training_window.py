@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.daily_csv import KEY, days, read_csv, write_contract, write_csv, write_days
-from tests.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import KEY, days, read_csv, write_contract, write_csv, write_days
+from tests.support.daily_csv import pipeline as pipeline_dict
 from trainyard import volumes
 from trainyard.config import PipelineConfig, parse_pipeline
 from trainyard.contracts import holdout_mask, load_contract

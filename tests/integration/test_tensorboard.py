@@ -13,10 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from serving_support import free_port
-
+from tests.support.ports import free_port
 from trainyard.errors import ConfigError
 from trainyard.layout import Layout
 from trainyard.registry import Registry

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daily_csv import LABEL, read_csv, write_contract, write_csv, write_days
-from tests.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import LABEL, read_csv, write_contract, write_csv, write_days
+from tests.support.daily_csv import pipeline as pipeline_dict
 from trainyard import volumes
 from trainyard.config import PipelineConfig
 from trainyard.errors import StagingError, ValidationFailed

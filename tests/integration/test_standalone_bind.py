@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,10 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.support.net import is_loopback, listen_addresses
+from tests.support.ports import free_port
 
-from net_support import is_loopback, listen_addresses  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # what standalone hands its api-server subcommand, and the host that subcommand parses
 PROBE = """
@@ -92,12 +91,6 @@ def test_standalone_api_server_host(given: dict[str, str], host: str, tmp_path: 
     assert out.split()[-2:] == [host, host]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_a_real_api_server_listens_on_loopback_only(tmp_path: Path) -> None:
@@ -106,7 +99,7 @@ def test_a_real_api_server_listens_on_loopback_only(tmp_path: Path) -> None:
         ["airflow", "db", "migrate"], env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     assert migrate.wait(timeout=180) == 0, migrate.stderr.read()[-2000:] if migrate.stderr else ""
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "api-server.log").open("w")
     server = _in_project_env(
         ["airflow", "api-server", "--port", str(port)],

@@ -6,8 +6,8 @@ import logging
 import shutil
 
 import pytest
-from serving_support import IMAGE_SPEC, ThreadedServer, build_image_model
 
+from tests.support.serving import IMAGE_SPEC, ThreadedServer, build_image_model
 from trainyard.errors import DeployError
 from trainyard.serving import model_config
 from trainyard.serving.deploy import publish_version

@@ -324,7 +324,7 @@ def test_chart_labels_are_drawn_whole_in_a_browser() -> None:
     (mean_shift)"). Every label of the chart must lie inside it, in a real browser."""
     from playwright.sync_api import sync_playwright
 
-    from tests.e2e.harness import BROWSER_ARGS, CHROMIUM
+    from tests.support.harness import BROWSER_ARGS, CHROMIUM
 
     labels = ["temperature (mean_shift)", "x (psi)", "a_much_longer_column_name_for_sensors (ks)"]
     labels.append("WIDE_UPPER_CASE_ÜNÏCÖDÉ_MW (psi)")

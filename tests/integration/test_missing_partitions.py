@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daily_csv import DATASET, read_csv, write_contract, write_csv, write_days
-from tests.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import DATASET, read_csv, write_contract, write_csv, write_days
+from tests.support.daily_csv import pipeline as pipeline_dict
 from trainyard.config import PipelineConfig
 from trainyard.errors import StagingError
 from trainyard.steps import EXIT_DETERMINISTIC, EXIT_FAILED, EXIT_OK, EXIT_SKIPPED

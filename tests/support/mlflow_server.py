@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,14 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 MLFLOW = ROOT / ".trainyard" / "tools" / "mlflow" / "bin" / "mlflow"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -52,7 +47,7 @@ def mlflow_server(
             "install the MLflow server these tests start"
         )
     folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = folder / "mlflow-server.log"
     with log_path.open("wb") as out:

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sanitizer_support import run_sanitized, sanitized_build
+
+from tests.support.sanitizer import run_sanitized, sanitized_build
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "plugins" / "trainyard" / "serving" / "_decode.c"

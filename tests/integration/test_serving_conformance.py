@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 import pytest
-from serving_support import ThreadedServer, build_example_model, build_text_model
 
+from tests.support.serving import ThreadedServer, build_example_model, build_text_model
 from trainyard.serving.classify_regress import decode_example_request
 from trainyard.serving.client import ServingClient
 from trainyard.serving.schema import (

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from serving_support import free_port
 
+from tests.support.ports import free_port
 from trainyard import registry as registry_mod
 from trainyard.cli import main as cli
 from trainyard.errors import RegistryError
@@ -741,8 +741,7 @@ def test_models_serve_brings_the_champion_back_after_a_stop(
 ) -> None:
     """Found by a new user: after ``make stop`` nothing served the champion until the next
     deploy, and no command said how to serve it again."""
-    from serving_support import build_image_model
-
+    from tests.support.serving import build_image_model
     from trainyard.serving.client import ServingClient
     from trainyard.serving.deploy import stop_local_server
     from trainyard.settings import get_settings

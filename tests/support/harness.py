@@ -11,7 +11,6 @@ import email
 import email.policy
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -27,34 +26,12 @@ from urllib.parse import quote
 
 import yaml
 
+from tests.support.ports import free_port, free_ports
 from trainyard.metadb import Cluster, ensure_running, stop
 
+__all__ = ["free_port", "free_ports"]
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_ports(n: int, besides: set[int] | frozenset[int] = frozenset()) -> list[int]:
-    """``n`` distinct free ports, none of ``besides`` (ports picked but not yet bound).
-
-    Picked one at a time and released, two ports can come out the same: the triggerer's
-    log server once took the API server's port and standalone never answered.
-    """
-    while True:
-        socks = [socket.socket() for _ in range(n)]
-        try:
-            for s in socks:
-                s.bind(("127.0.0.1", 0))
-            ports = [int(s.getsockname()[1]) for s in socks]
-        finally:
-            for s in socks:
-                s.close()
-        if not set(ports) & besides:
-            return ports
 
 
 @dataclass

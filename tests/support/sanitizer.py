@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sanitized_build(source: Path, folder: Path) -> Path:
@@ -48,7 +48,7 @@ def run_sanitized(code: str, *args: str, timeout: float = 300) -> subprocess.Com
     assert Path(libasan).is_file(), "libasan is required for the sanitized build"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT / "tests")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
         "LD_PRELOAD": libasan,
         # every object from malloc, so that ASan sees the bounds of small ones too
         "PYTHONMALLOC": "malloc",

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from serving_support import build_table_model
+
+from tests.support.serving import build_table_model
 
 CONTRACT = """\
 dataset: events
@@ -89,7 +90,7 @@ def write_project(
     )
     import shutil
 
-    schema = Path(__file__).resolve().parents[1] / "data_contracts" / "contract.schema.json"
+    schema = Path(__file__).resolve().parents[2] / "data_contracts" / "contract.schema.json"
     shutil.copy(schema, root / "contracts" / "contract.schema.json")
     return {
         "TRAINYARD_CONTRACTS_DIR": str(root / "contracts"),
@@ -109,14 +110,14 @@ def build_models(folder: Path) -> tuple[Path, Path]:
     code = (
         "import sys; sys.path[:0] = [sys.argv[1]]\n"
         "from pathlib import Path\n"
-        "from serving_support import build_table_model\n"
-        "from stream_support import build_mirror_model\n"
+        "from tests.support.serving import build_table_model\n"
+        "from tests.support.streams import build_mirror_model\n"
         "build_table_model(Path(sys.argv[2]) / 'gt')\n"
         "build_mirror_model(Path(sys.argv[2]) / 'lt')\n"
     )
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent), str(folder)],
+        [sys.executable, "-c", code, str(Path(__file__).resolve().parents[2]), str(folder)],
         check=True,
         env=env,
     )

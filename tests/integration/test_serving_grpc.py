@@ -20,7 +20,6 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_support import IMAGE_SPEC, build_image_model, expected_classes, free_port
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -30,6 +29,8 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from tests.support.ports import free_port
+from tests.support.serving import IMAGE_SPEC, build_image_model, expected_classes
 from trainyard.serving.client import ServingClient
 from trainyard.serving.deploy import publish_version
 from trainyard.serving.model_config import ALL_MODELS_FILE, set_served
@@ -256,7 +257,7 @@ def test_a_tiny_request_cannot_make_the_server_build_a_huge_tensor(server) -> No
 
 def test_a_second_server_cannot_take_the_grpc_port(server, tmp_path) -> None:
     """gRPC's default SO_REUSEPORT let a second server share the port and answer NOT_FOUND."""
-    from serving_support import ThreadedServer
+    from tests.support.serving import ThreadedServer
 
     with pytest.raises(OSError, match="cannot listen for gRPC"):
         ThreadedServer(tmp_path, grpc_port=server["gport"])
