@@ -319,6 +319,7 @@ def test_a_version_trained_on_a_window_says_so(volume: Path) -> None:
     assert f"trained on snapshot <code>{SNAP}</code>" in one
 
 
+@pytest.mark.browser
 def test_chart_labels_are_drawn_whole_in_a_browser() -> None:
     """Found by a cold user: the drift chart cut a label's first letter ("emperature
     (mean_shift)"). Every label of the chart must lie inside it, in a real browser."""
