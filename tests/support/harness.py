@@ -357,7 +357,7 @@ class StandaloneEnv:
             return json.loads(resp.read())
 
     def trigger_and_wait(
-        self, conf: dict, dag: str = "trainyard_digits", deadline_s: float = 900
+        self, conf: dict, dag: str = "trainyard_digits", deadline_s: float = 480
     ) -> dict[str, Any]:
         run = self.api(f"/api/v2/dags/{dag}/dagRuns", "POST", {"logical_date": None, "conf": conf})
         end = time.monotonic() + deadline_s
@@ -365,7 +365,7 @@ class StandaloneEnv:
             run = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run['dag_run_id'], safe='')}")
             if run["state"] in ("success", "failed"):
                 return run
-            time.sleep(5)
+            time.sleep(1)
         raise TimeoutError(f"run {run['dag_run_id']} still {run['state']}")
 
     def task_states(self, run_id: str, dag: str = "trainyard_digits") -> dict[str, str]:

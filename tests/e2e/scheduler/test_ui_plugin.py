@@ -16,65 +16,34 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from urllib.parse import quote
 
 import pytest
-import yaml
 
-from tests.support.harness import (
-    BROWSER_ARGS,
-    CHROMIUM,
-    ROOT,
-    admin_password,
-    make_project,
-    sign_in,
-    standalone,
-)
+from tests.support.harness import BROWSER_ARGS, CHROMIUM, sign_in
 from tests.support.harness import StandaloneEnv as Env
-from tests.support.ports import free_port
+from tests.support.scheduler import Scheduler
 
-# one standalone and two pipeline runs are set up for the first test
-pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
+# four pipeline runs on the shared standalone are set up for the first test
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-DAG = "trainyard_digits"
+PIPELINE = "digits_ui"  # its dataset is "digits"
+DAG = f"trainyard_{PIPELINE}"
 STRICT = "trainyard_digits_strict"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
-    tmp = tmp_path_factory.mktemp("ui")
-    api_port = free_port()
-    # digits_strict: the same images as a dataset whose contract wants a million rows
-    strict = {"from": "digits", "dataset": "digits_strict", "schedule": None}
-    project = make_project(
-        tmp,
-        {"training": {"epochs": 2}, "schedule": None},
-        api_port=api_port,
-        extra_pipelines={"digits_strict": strict},
-    )
-    contracts = tmp / "contracts"
-    shutil.copytree(ROOT / "data_contracts", contracts)
-    contract = yaml.safe_load((contracts / "digits.yaml").read_text())
-    contract["dataset"] = "digits_strict"
-    contract["rules"]["row_count"] = {"min": 1_000_000}
-    (contracts / "digits_strict.yaml").write_text(yaml.safe_dump(contract, sort_keys=False))
-    project.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
-    project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
-    with standalone(project, api_port, tmp / "standalone.log") as base:
-        e = Env(project, base, admin_password(project))
-        end = time.monotonic() + 240  # the dag-processor parses the DAG file after start
-        for dag in (DAG, STRICT):
-            while e.get(f"/api/v2/dags/{dag}")[0] != 200:
-                assert time.monotonic() < end, f"{dag} never appeared"
-                time.sleep(2)
-            e.api(f"/api/v2/dags/{dag}", "PATCH", {"is_paused": False})
-        e.runs["promoted"] = e.trigger_and_wait({})
-        e.runs["rejected"] = e.trigger_and_wait({"epochs": 0})
-        e.runs["invalid"] = e.trigger_and_wait({}, dag=STRICT)
-        e.runs["typo"] = e.trigger_and_wait({"epoch": 3})  # fails at its first step
-        yield e
+def env(scheduler: Scheduler) -> Env:
+    e = scheduler.env()
+    for dag in (DAG, STRICT):
+        scheduler.wait_for_dag(dag)
+        e.api(f"/api/v2/dags/{dag}", "PATCH", {"is_paused": False})
+    e.runs["promoted"] = e.trigger_and_wait({}, dag=DAG)
+    e.runs["rejected"] = e.trigger_and_wait({"epochs": 0}, dag=DAG)
+    e.runs["invalid"] = e.trigger_and_wait({}, dag=STRICT)
+    e.runs["typo"] = e.trigger_and_wait({"epoch": 3}, dag=DAG)  # fails at its first step
+    return e
 
 
 def _run_id(env: Env, which: str) -> str:
@@ -84,7 +53,7 @@ def _run_id(env: Env, which: str) -> str:
 
 
 def _snapshot(env: Env) -> str:
-    last = env.project.volume_root / "_models" / "digits" / "last_run.json"
+    last = env.project.volume_root / "_models" / PIPELINE / "last_run.json"
     return json.loads(last.read_text())["stage"]["snapshot_id"]
 
 
@@ -225,7 +194,7 @@ def test_plugin_serves_files_only_from_inside_the_report(env: Env) -> None:
         for path, expected in [
             (f"{docs}/../manifest.json", (404,)),
             (f"{docs}/data_docs/..%2F..%2Fmanifest.json", (404,)),
-            (f"{docs}/%2E%2E/%2E%2E/%2E%2E/_models/digits/champion.json", (404,)),
+            (f"{docs}/%2E%2E/%2E%2E/%2E%2E/_models/{PIPELINE}/champion.json", (404,)),
             (f"{docs}/data_docs/out_of_root.json", (404,)),
             (f"{docs}/data_docs/out_of_report.json", (404,)),
             (f"{docs}/data_docs/up/manifest.json", (404,)),
@@ -243,6 +212,7 @@ def test_plugin_serves_files_only_from_inside_the_report(env: Env) -> None:
 # ----------------------------------------------------------------------------- browser
 
 
+@pytest.mark.browser
 def test_browser_shows_run_and_pipeline_pages(env: Env) -> None:
     from playwright.sync_api import sync_playwright
 

@@ -23,70 +23,22 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.support.harness import (
-    BROWSER_ARGS,
-    CHROMIUM,
-    Inbox,
-    Project,
-    StandaloneEnv,
-    admin_password,
-    free_ports,
-    make_project,
-    sign_in,
-    standalone,
-)
+from tests.support.harness import BROWSER_ARGS, CHROMIUM, Project, StandaloneEnv, sign_in
+from tests.support.scheduler import Scheduler
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-DAG = "trainyard_digits"
+PIPELINE = "digits_approval"  # tests/support/scheduler.py
+DAG = f"trainyard_{PIPELINE}"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> StandaloneEnv:
-    from aiosmtpd.controller import Controller
-
-    tmp = tmp_path_factory.mktemp("approval")
-    api_port, smtp_port = free_ports(2)
-    inbox = Inbox()
-    smtp = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
-    smtp.start()
-    project = make_project(
-        tmp,
-        {
-            "training": {"epochs": 2},
-            "schedule": None,
-            # a person decides here, not the numbers: the second candidate, trained on the
-            # same data, may come out a little worse than the first (it failed the champion
-            # check in a fresh clone's make test), so both gates pass whatever the seed does
-            "gate": {
-                "approval": "required",
-                "approval_timeout_h": 1,
-                "thresholds": {"accuracy": {"min": 0.5}},
-                "champion": {"metric": "accuracy", "max_regression": 1.0},
-            },
-            "notify": {"email": ["ml-team@example.com"], "events": ["rejection", "promotion"]},
-        },
-        api_port=api_port,
-    )
-    project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
-    project.env["AIRFLOW_CONN_SMTP_DEFAULT"] = json.dumps(
-        {
-            "conn_type": "smtp",
-            "host": "127.0.0.1",
-            "port": smtp_port,
-            "extra": {"disable_ssl": True, "disable_tls": True, "timeout": 10},
-        }
-    )
-    with standalone(project, api_port, tmp / "standalone.log") as base:
-        e = StandaloneEnv(project, base, admin_password(project))
-        e.inbox = inbox  # type: ignore[attr-defined]
-        end = time.monotonic() + 240
-        while e.get(f"/api/v2/dags/{DAG}")[0] != 200:
-            assert time.monotonic() < end, f"{DAG} never appeared"
-            time.sleep(2)
-        e.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
-        yield e
-    smtp.stop()
+def env(scheduler: Scheduler) -> StandaloneEnv:
+    e = scheduler.env()
+    e.inbox = scheduler.inbox  # type: ignore[attr-defined]
+    scheduler.wait_for_dag(DAG)
+    e.api(f"/api/v2/dags/{DAG}", "PATCH", {"is_paused": False})
+    return e
 
 
 Answer = Callable[[StandaloneEnv, str, str, str], None]
@@ -132,7 +84,7 @@ def _answer(
     run = env.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": {}})
     run_path = f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}"
     hitl = f"{run_path}/taskInstances/approve/-1/hitlDetails"
-    end = time.monotonic() + 900
+    end = time.monotonic() + 480
     while True:
         status, body, _ = env.get(hitl)
         # Airflow 3.3 shows a waiting human-in-the-loop task as awaiting_input (deferred before)
@@ -141,8 +93,8 @@ def _answer(
             break
         state = env.api(run_path)["state"]
         assert state in ("queued", "running"), f"the run ended {state} before asking for approval"
-        assert time.monotonic() < end, "no approval request within 900 s"
-        time.sleep(3)
+        assert time.monotonic() < end, "no approval request within 480 s"
+        time.sleep(1)
     request = json.loads(body)
     # Airflow 3.3 races an answer that lands before the scheduler has handled the pausing
     # workload's exit (6 s late on this busy machine): it then marks the rescheduled task
@@ -154,23 +106,24 @@ def _answer(
         time.sleep(1)
     answer(env, run["dag_run_id"], option, reason)
     while (run := env.api(run_path))["state"] not in ("success", "failed"):
-        assert time.monotonic() < end + 600, f"run still {run['state']} after the answer"
-        time.sleep(3)
+        assert time.monotonic() < end + 100, f"run still {run['state']} after the answer"
+        time.sleep(1)
     return run, request
 
 
 def _registry(project: Project) -> tuple[dict, list[dict]]:
-    root = project.volume_root / "_models" / "digits"
+    root = project.volume_root / "_models" / PIPELINE
     champion = json.loads((root / "champion.json").read_text())
     history = [json.loads(line) for line in (root / "history.jsonl").read_text().splitlines()]
     return champion, history
 
 
+@pytest.mark.browser
 def test_an_approved_candidate_ships_with_the_approver_recorded(env: StandaloneEnv) -> None:
     run, request = _answer(env, "Approve", "curves and gate look right", _in_the_browser)
     assert run["state"] == "success"
     # the request showed the gate's report and named the version
-    assert request["subject"] == "Ship digits version 1?"
+    assert request["subject"] == f"Ship {PIPELINE} version 1?"
     assert "Gate: PROMOTE" in request["body"] and "threshold:accuracy" in request["body"]
     assert request["options"] == ["Approve", "Reject"]
     states = env.task_states(run["dag_run_id"])
@@ -182,17 +135,17 @@ def test_an_approved_candidate_ships_with_the_approver_recorded(env: StandaloneE
     assert approval["actor"] == "admin"
     assert promote["event"] == "promote" and promote["actor"] == "admin"
     assert promote["reason"] == "approved by admin: curves and gate look right"
-    version = env.project.volume_root / "_models" / "digits" / "versions" / "1"
+    version = env.project.volume_root / "_models" / PIPELINE / "versions" / "1"
     assert json.loads((version / "approval.json").read_text())["approved"] is True
     inbox = env.inbox  # type: ignore[attr-defined]
-    assert inbox.subjects() == ["[trainyard] digits: version 1 promoted and served"]
+    assert inbox.subjects() == [f"[trainyard] {PIPELINE}: version 1 promoted and served"]
     assert "admin: curves and gate look right" in inbox.body(0)
 
 
 def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: StandaloneEnv) -> None:
     run, request = _answer(env, "Reject", "wait for the relabelled batch")
     assert run["state"] == "success"  # a person's "no" is an answer, not a failure
-    assert request["subject"] == "Ship digits version 2?"
+    assert request["subject"] == f"Ship {PIPELINE} version 2?"
     states = env.task_states(run["dag_run_id"])
     assert states["approve"] == "success"
     assert states["deploy"] == "skipped" and states["summary"] == "success"
@@ -201,27 +154,27 @@ def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: Standa
     last = history[-1]
     assert (last["event"], last["approved"], last["version"]) == ("approval", False, 2)
     assert (last["actor"], last["reason"]) == ("admin", "wait for the relabelled batch")
-    version = env.project.volume_root / "_models" / "digits" / "versions" / "2"
+    version = env.project.volume_root / "_models" / PIPELINE / "versions" / "2"
     assert json.loads((version / "approval.json").read_text())["reason"] == (
         "wait for the relabelled batch"
     )
     inbox = env.inbox  # type: ignore[attr-defined]
-    assert inbox.subjects()[1:] == ["[trainyard] digits: version 2 rejected by admin"]
+    assert inbox.subjects()[1:] == [f"[trainyard] {PIPELINE}: version 2 rejected by admin"]
     assert "wait for the relabelled batch" in inbox.body(1) and "Gate: PROMOTE" in inbox.body(1)
 
     # found by a new user: the deploy step shipped the rejected version when run by hand
-    by_hand = env.project.trainyard("deploy", "--pipeline", "digits", "--version", "2")
+    by_hand = env.project.trainyard("deploy", "--pipeline", PIPELINE, "--version", "2")
     assert by_hand.returncode == 3, by_hand.stderr[-2000:]
     assert "needs a person's approval" in by_hand.stderr
     assert "admin rejected it: wait for the relabelled batch" in by_hand.stderr
     assert _registry(env.project)[0]["version"] == 1
     # a person's yes from the CLI, then the deploy step ships it
     yes = env.project.trainyard(
-        "models", "approve", "--pipeline", "digits", "2", "--reason", "batch relabelled",
+        "models", "approve", "--pipeline", PIPELINE, "2", "--reason", "batch relabelled",
         "--actor", "alice",
     )  # fmt: skip
     assert yes.returncode == 0, yes.stderr[-2000:]
-    shipped = env.project.trainyard("deploy", "--pipeline", "digits", "--version", "2")
+    shipped = env.project.trainyard("deploy", "--pipeline", PIPELINE, "--version", "2")
     assert shipped.returncode == 0, shipped.stderr[-2000:]
     champion, history = _registry(env.project)
     assert champion["version"] == 2

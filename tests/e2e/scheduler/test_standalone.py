@@ -22,18 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import (
-    BROWSER_ARGS,
-    Project,
-    make_project,
-    standalone_group,
-    start_standalone,
-    stop_standalone,
-    wait_http,
-)
-from tests.support.ports import free_port
+from tests.support.harness import BROWSER_ARGS, Project
+from tests.support.scheduler import Scheduler
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+FORM = "digits_form"
+"""The trigger form's pipeline (tests/support/scheduler.py)."""
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -45,59 +40,8 @@ def _api(base: str, token: str, path: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Project, str]:
-    tmp_path = tmp_path_factory.mktemp("standalone")
-    api_port = free_port()
-    raw = tmp_path / "raw" / "transactions" / "{ds}.csv"
-    small = {"epochs": 1, "workers": 2, "attempt_timeout_s": 300}
-    project = make_project(
-        tmp_path,
-        # manual runs only: unpausing from the form must not add a scheduled run
-        {"training": {"epochs": 2}, "schedule": None},
-        api_port=api_port,
-        extra_pipelines={
-            "transactions": {
-                "from": "transactions",
-                "source": {"url": str(raw)},
-                "training": small,
-            },
-            "transactions_shadow": {
-                "from": "transactions",
-                "source": {"url": str(raw)},
-                "schedule": None,
-                "trigger_on_dataset": True,
-                "training": small,
-                "serving": {"model_name": "transactions_shadow"},
-            },
-        },
-    )
-    project.env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
-    assert project.postgres is not None
-    project.start_postgres()
-    log = (tmp_path / "standalone.log").open("w")
-    proc = start_standalone(project, api_port, log)
-    base = f"http://127.0.0.1:{api_port}"
-    pgid = None
-    try:
-        pgid = standalone_group(project)
-        wait_http(f"{base}/api/v2/monitor/health", 240)
-        # The execution API builds its versioned routes on its first request, in the
-        # api-server's event loop: measured here 5 s to 26 s on a busy 2-core machine,
-        # during which no request is answered. The first task would meet it; this does.
-        wait_http(f"{base}/execution/health", 240)
-        pool = project.airflow("pools", "set", "trainyard_training", "1", "training", timeout=120)
-        assert pool.returncode == 0, pool.stderr[-2000:]
-        yield project, base
-    finally:
-        try:
-            if pgid is None:
-                proc.kill()
-            else:  # after runs: the LocalExecutor's workers exist, and must go too
-                stop_standalone(project, proc, pgid, by_make_stop=True)
-        finally:
-            project.stop_postgres()
-            project.stop_server()
-            log.close()
+def standalone(scheduler: Scheduler) -> tuple[Project, str]:
+    return scheduler.project, scheduler.base
 
 
 def _token(base: str, password: str) -> str:
@@ -133,12 +77,13 @@ def _wait_runs_done(
         done = [r for r in runs if r["state"] in ("success", "failed")]
         if len(runs) >= count and len(done) == len(runs):
             return runs
-        time.sleep(5)
+        time.sleep(1)
     raise TimeoutError(
         f"{dag_id}: runs not done after {deadline_s} s: {[r['state'] for r in runs]}"
     )
 
 
+@pytest.mark.browser
 def test_trigger_form_runs_the_pipeline_with_the_chosen_epochs(
     standalone: tuple[Project, str],
 ) -> None:
@@ -159,7 +104,7 @@ def test_trigger_form_runs_the_pipeline_with_the_chosen_epochs(
         page.wait_for_url(f"{base}/", timeout=30_000)
 
         for _ in range(60):  # the dag-processor parses the DAG file shortly after start
-            page.goto(f"{base}/dags/trainyard_digits")
+            page.goto(f"{base}/dags/trainyard_{FORM}")
             if page.get_by_role("button", name="Trigger").count():
                 break
             time.sleep(2)
@@ -177,14 +122,14 @@ def test_trigger_form_runs_the_pipeline_with_the_chosen_epochs(
         state, run = "none", {}
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            runs = _api(base, token, "/api/v2/dags/trainyard_digits/dagRuns")["dag_runs"]
+            runs = _api(base, token, f"/api/v2/dags/trainyard_{FORM}/dagRuns")["dag_runs"]
             if runs:
                 run = runs[-1]
                 state = run["state"]
                 if state in ("success", "failed"):
                     break
-            time.sleep(5)
-        page.goto(f"{base}/dags/trainyard_digits/runs/{run.get('dag_run_id', '')}")
+            time.sleep(1)
+        page.goto(f"{base}/dags/trainyard_{FORM}/runs/{run.get('dag_run_id', '')}")
         page.wait_for_load_state("networkidle")
         page.screenshot(path=str(shots / "run.png"))
         browser.close()
@@ -192,9 +137,7 @@ def test_trigger_form_runs_the_pipeline_with_the_chosen_epochs(
     assert state == "success", f"run ended {state}; see {project.home}/airflow/logs"
     assert run["conf"]["epochs"] == 1
     meta = json.loads(
-        (
-            project.volume_root / "_models" / "digits" / "versions" / "1" / "metadata.json"
-        ).read_text()
+        (project.volume_root / "_models" / FORM / "versions" / "1" / "metadata.json").read_text()
     )
     assert meta["training"]["epochs"] == 1
 
@@ -227,9 +170,6 @@ def _create_backfill(base: str, token: str, reprocess: str) -> dict:
     return created
 
 
-# two backfills, each with a training, and the shadow pipeline's runs: on a busy 2-core
-# machine this takes longer than the suite's default 600 s
-@pytest.mark.timeout(1800)
 def test_backfill_new_dataset_stages_each_interval_and_trains_once(
     standalone: tuple[Project, str],
 ) -> None:
@@ -285,7 +225,7 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
     end = time.monotonic() + 300  # the scheduler closes a backfill shortly after its runs
     while _api(base, token, f"/api/v2/backfills/{first['id']}").get("completed_at") is None:
         assert time.monotonic() < end, "the first backfill never completed"
-        time.sleep(3)
+        time.sleep(1)
     # A middle day cleared alone trains (nothing later is queued) on the window as of it.
     middle = sorted(backfill, key=lambda r: r["logical_date"])[1]
     from trainyard.layout import run_key
@@ -303,7 +243,7 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
         run["state"] not in ("success", "failed")
     ):  # fmt: skip
         assert time.monotonic() < end, f"the cleared run never ended: {run}"
-        time.sleep(3)
+        time.sleep(1)
     assert "register" in json.loads(middle_record.read_text()), "it trained"
     first_ends[middle["dag_run_id"]] = run["end_date"]
 
@@ -314,7 +254,7 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
         backfill = [r for r in runs if r["run_type"] == "backfill"]
         if all(r["end_date"] != first_ends.get(r["dag_run_id"]) for r in backfill):
             break
-        time.sleep(5)
+        time.sleep(1)
     assert all(r["state"] == "success" for r in backfill), backfill
     # reprocessed, the middle run skipped training: its record names no version (its
     # register result was the cleared try's)
