@@ -1,6 +1,6 @@
 """``trainyard.tracking``: the tracker's address, and the mirror against a real MLflow server.
 
-The server is a real ``mlflow server`` (``tests/mlflow_support.py``); the versions here are
+The server is a real ``mlflow server`` (``tests/support/mlflow_server.py``); the versions here are
 registered from tiny files (no training: ``tests/e2e/test_mlflow_tracking.py`` mirrors
 trained ones through the steps).
 """

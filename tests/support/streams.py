@@ -1,7 +1,7 @@
 """A small stream-scoring project for tests and the benchmark: contract, pipeline, models.
 
 The dataset ``events`` has a string key ``id``, two float features ``a`` and ``b`` (``a``
-within [0, 100]) and a label; the models are ``serving_support.build_table_model``'s
+within [0, 100]) and a label; the models are ``tests.support.serving.build_table_model``'s
 (class 1 when a > b) and its mirror image (class 1 when a < b), so a test can tell from a
 score which version computed it.
 """
