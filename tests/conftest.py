@@ -48,6 +48,7 @@ def _module(item: pytest.Item) -> str:
     return Path(str(item.path)).relative_to(ROOT).as_posix()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give each test its xdist group; refuse an e2e test without the ``e2e`` marker."""
     unmarked = []

@@ -405,9 +405,7 @@ class StandaloneEnv:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read())
 
-    def trigger_and_wait(
-        self, conf: dict, dag: str = "trainyard_digits", deadline_s: float = 480
-    ) -> dict[str, Any]:
+    def trigger_and_wait(self, conf: dict, dag: str, deadline_s: float = 480) -> dict[str, Any]:
         run = self.api(f"/api/v2/dags/{dag}/dagRuns", "POST", {"logical_date": None, "conf": conf})
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
@@ -417,7 +415,7 @@ class StandaloneEnv:
             time.sleep(1)
         raise TimeoutError(f"run {run['dag_run_id']} still {run['state']}")
 
-    def task_states(self, run_id: str, dag: str = "trainyard_digits") -> dict[str, str]:
+    def task_states(self, run_id: str, dag: str) -> dict[str, str]:
         tis = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run_id, safe='')}/taskInstances")
         return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
 

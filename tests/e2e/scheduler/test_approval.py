@@ -126,7 +126,7 @@ def test_an_approved_candidate_ships_with_the_approver_recorded(env: StandaloneE
     assert request["subject"] == f"Ship {PIPELINE} version 1?"
     assert "Gate: PROMOTE" in request["body"] and "threshold:accuracy" in request["body"]
     assert request["options"] == ["Approve", "Reject"]
-    states = env.task_states(run["dag_run_id"])
+    states = env.task_states(run["dag_run_id"], DAG)
     assert states["approve"] == "success" and states["deploy"] == "success"
     champion, history = _registry(env.project)
     assert champion["version"] == 1
@@ -146,7 +146,7 @@ def test_a_rejected_candidate_is_not_deployed_and_the_reason_is_kept(env: Standa
     run, request = _answer(env, "Reject", "wait for the relabelled batch")
     assert run["state"] == "success"  # a person's "no" is an answer, not a failure
     assert request["subject"] == f"Ship {PIPELINE} version 2?"
-    states = env.task_states(run["dag_run_id"])
+    states = env.task_states(run["dag_run_id"], DAG)
     assert states["approve"] == "success"
     assert states["deploy"] == "skipped" and states["summary"] == "success"
     champion, history = _registry(env.project)

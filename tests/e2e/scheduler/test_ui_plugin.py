@@ -62,9 +62,9 @@ def _snapshot(env: Env) -> str:
 
 def test_gate_rejection_shows_as_skipped_with_the_reason(env: Env) -> None:
     promoted, rejected = _run_id(env, "promoted"), _run_id(env, "rejected")
-    states = env.task_states(promoted)
+    states = env.task_states(promoted, DAG)
     assert states["gate"] == "success" and states["deploy"] == "success", states
-    states = env.task_states(rejected)
+    states = env.task_states(rejected, DAG)
     assert states["gate"] == "skipped", states
     assert states["deploy"] == "skipped", states
     assert states["summary"] == "success", states
@@ -117,7 +117,7 @@ def test_each_run_note_is_its_summary(env: Env) -> None:
     # found by a cold user: a run that failed at stage got no note at all
     run = env.runs["typo"]
     assert run["state"] == "failed", run
-    states = env.task_states(run["dag_run_id"])
+    states = env.task_states(run["dag_run_id"], DAG)
     assert states["stage"] == "failed" and states["validate"] == "upstream_failed", states
     note = _note(env, DAG, run)
     assert note.startswith("trainyard: validation not run"), note
