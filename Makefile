@@ -62,9 +62,9 @@ stop:
 	$(ENV) python -m trainyard.streaming.redis_server stop
 	$(ENV) python -m trainyard.metadb stop
 
-# every test, on both cores (pytest-xdist; the e2e groups each stay on one worker, see
-# tests/conftest.py), and the 20 slowest named at the end
-PYTEST_ALL := -n 2 --dist loadgroup --durations=20
+# every test, on both cores (pytest-xdist, grouped by tests/conftest.py: each e2e group
+# stays on one worker), and the 20 slowest named at the end
+PYTEST_ALL := -n 2 --durations=20
 
 test: $(STAMP) native
 	bash scripts/system_deps.sh

@@ -9,10 +9,10 @@ Tiers, by directory (``make test-fast`` runs the first two, ``make test`` all of
 * ``tests/e2e``: whole pipelines through real Airflow, TensorFlow and serving; the
   scheduler scenarios share one standalone (``tests/e2e/scheduler``).
 
-Under ``pytest -n 2 --dist loadgroup`` (``make test``) the two e2e groups below each run on
-one worker, one test after another: their deadlines assume the other core is not taken
-by a second training. A module of ``tests/integration`` or ``tests/reliability`` stays on one
-worker (its module fixtures are built once); unit and DAG tests spread over both.
+Under ``pytest -n 2`` (``make test``) the two e2e groups below each run on one worker, one
+test after another: their deadlines assume a training does not share its core with a
+second one. A module of ``tests/integration`` or ``tests/reliability`` stays on one worker
+(its module fixtures are built once); unit and DAG tests spread over both.
 """
 
 from __future__ import annotations
@@ -48,25 +48,41 @@ def _module(item: pytest.Item) -> str:
     return Path(str(item.path)).relative_to(ROOT).as_posix()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in under xdist: a group's tests all run on one worker."""
+    module = nodeid.split("::", 1)[0]
+    if module.startswith("tests/e2e/scheduler/"):
+        return SCHEDULER_GROUP
+    if module.startswith("tests/e2e/") or module in E2E_RELIABILITY:
+        return E2E_GROUP
+    if module.startswith(("tests/integration/", "tests/reliability/")):
+        return module
+    return nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's load-by-scope scheduling, the scope being :func:`xdist_group`.
+
+    Not ``xdist_group`` markers: pytest-xdist 3.8's ``--dist loadgroup`` renames a
+    grouped test's ``item._nodeid``, which pytest 9 no longer reads, so it groups nothing.
+    Largest groups are handed out first.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid.split("@", 1)[0])
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give each test its xdist group; refuse an e2e test without the ``e2e`` marker."""
-    unmarked = []
-    for item in items:
-        module = _module(item)
-        if module.startswith("tests/e2e/") and item.get_closest_marker("e2e") is None:
-            unmarked.append(item.nodeid)
-        if item.get_closest_marker("xdist_group"):
-            continue
-        if module.startswith("tests/e2e/scheduler/"):
-            group = SCHEDULER_GROUP
-        elif module.startswith("tests/e2e/") or module in E2E_RELIABILITY:
-            group = E2E_GROUP
-        elif module.startswith(("tests/integration/", "tests/reliability/")):
-            group = module
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Refuse a test under tests/e2e without the ``e2e`` marker."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if _module(item).startswith("tests/e2e/") and item.get_closest_marker("e2e") is None
+    ]
     if unmarked:
         raise pytest.UsageError(f"tests under tests/e2e without the e2e marker: {unmarked}")
 
