@@ -9,10 +9,12 @@ Tiers, by directory (``make test-fast`` runs the first two, ``make test`` all of
 * ``tests/e2e``: whole pipelines through real Airflow, TensorFlow and serving; the
   scheduler scenarios share one standalone (``tests/e2e/scheduler``).
 
-Under ``pytest -n 2`` (``make test``) the two e2e groups below each run on one worker, one
-test after another: their deadlines assume a training does not share its core with a
-second one. A module of ``tests/integration`` or ``tests/reliability`` stays on one worker
-(its module fixtures are built once); unit and DAG tests spread over both.
+Under ``pytest -n 2`` (``make test``) a module of ``tests/e2e``, ``tests/integration`` or
+``tests/reliability`` stays on one worker (its module fixtures are built once), and so do
+the shared standalone's scenarios and the modules that check the shared digits run
+(their session fixtures are built once); unit and DAG tests spread over both. At most
+two trainings run at once, one per worker: the deadlines of the e2e and training tests
+(60 to 600 s for a worker to start, 480 s for a run) leave room for that.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,18 +33,30 @@ os.environ.setdefault("TRAINYARD_PROJECT_DIR", str(ROOT))
 
 pytest_plugins = ["tests.support.fixtures"]
 
-SCHEDULER_GROUP = "scheduler"
-"""The shared standalone's scenarios (one scheduler, one training pool)."""
+SCHEDULER_GROUP = "tests/e2e/scheduler"
+"""The shared standalone's scenarios: one scheduler, one training pool, one after another."""
 
-E2E_GROUP = "e2e"
-"""Whole DAG runs without a scheduler, and trainings with faults injected."""
+DIGITS_RUN_GROUP = "digits_run"
+"""The modules that check the one shared run of the digits DAG (trained once per worker)."""
 
-E2E_RELIABILITY = {
-    "tests/reliability/test_training_faults.py",
-    "tests/reliability/test_train_sigterm.py",
-    "tests/reliability/test_worker_loopback.py",
+DIGITS_RUN_MODULES = {"tests/e2e/test_lineage.py", "tests/e2e/test_pipeline_e2e.py"}
+
+HEAVY = {
+    "tests/e2e/test_daily_window_e2e.py": 7,
+    "tests/e2e/test_notifications.py": 4,
+    "tests/e2e/test_mlflow_tracking.py": 4,
+    "tests/e2e/test_cli_run_range.py": 3,
+    "tests/e2e/test_image_classes_e2e.py": 3,
+    "tests/e2e/test_regression_e2e.py": 3,
+    "tests/e2e/test_backfill_postgres.py": 3,
+    "tests/reliability/test_training_faults.py": 3,
+    "tests/e2e/test_missing_partition_e2e.py": 2,
+    "tests/e2e/test_training_strategies.py": 2,
+    "tests/reliability/test_train_sigterm.py": 2,
+    "tests/e2e/test_standalone_watch.py": 1,
+    "tests/reliability/test_worker_loopback.py": 1,
 }
-"""Reliability modules that train with several TF workers and tight start deadlines."""
+"""The longest modules outside those groups, by their minutes on a busy machine."""
 
 
 def _module(item: pytest.Item) -> str:
@@ -51,12 +66,12 @@ def _module(item: pytest.Item) -> str:
 def xdist_group(nodeid: str) -> str:
     """The group a test runs in under xdist: a group's tests all run on one worker."""
     module = nodeid.split("::", 1)[0]
-    if module.startswith("tests/e2e/scheduler/"):
+    if module.startswith(SCHEDULER_GROUP + "/"):
         return SCHEDULER_GROUP
-    if module.startswith("tests/e2e/") or module in E2E_RELIABILITY:
-        return E2E_GROUP
-    if module.startswith(("tests/integration/", "tests/reliability/")):
-        return module
+    if module in DIGITS_RUN_MODULES:
+        return DIGITS_RUN_GROUP
+    if module.startswith(("tests/e2e/", "tests/integration/", "tests/reliability/")):
+        return module  # its module fixtures are built once
     return nodeid
 
 
@@ -65,13 +80,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     Not ``xdist_group`` markers: pytest-xdist 3.8's ``--dist loadgroup`` renames a
     grouped test's ``item._nodeid``, which pytest 9 no longer reads, so it groups nothing.
-    Largest groups are handed out first.
+    The longest groups are handed out first (the shared standalone's, the shared run's,
+    then :data:`HEAVY`), then the rest, largest first: a worker takes the next group when
+    it has two tests or fewer left.
     """
     from xdist.scheduler import LoadScopeScheduling
+
+    first = {SCHEDULER_GROUP: 100, DIGITS_RUN_GROUP: 99, **HEAVY}
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group(nodeid.split("@", 1)[0])
+
+        def _assign_work_unit(self, node: Any) -> None:
+            scope = max(self.workqueue, key=lambda s: first.get(s, 0))
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 
@@ -138,6 +162,18 @@ _passed = pytest.StashKey[bool]()
 
 
 # ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def _no_resource_tracker_left() -> Iterator[None]:
+    """Stop the multiprocessing resource tracker a test started (test_registry's concurrent
+    registrations do): it would outlive the test as a child of the xdist worker, and the
+    tests that check that a launch leaves no child process behind would count it."""
+    yield
+    from multiprocessing import resource_tracker
+
+    if resource_tracker._resource_tracker._pid is not None:
+        resource_tracker._resource_tracker._stop()
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_ports
 from trainyard.standalone import group_members
 
 # a group leader that ignores SIGTERM, and a child of it that does too
@@ -71,6 +73,52 @@ def test_stop_ends_a_group_that_ignores_sigterm_and_a_second_start_is_refused(
         if group_members(group.pid):
             os.killpg(group.pid, 9)
         group.wait(timeout=10)
+
+
+def test_sigterm_to_the_wrapper_stops_a_group_that_ignores_it(tmp_path: Path) -> None:
+    """``kill %1`` on ``make standalone``: SIGTERM to the wrapper ends all of Airflow's group
+    (here a stand-in ``airflow`` that ignores SIGTERM, as the LocalExecutor's workers do),
+    exits 0 and removes the record. The real standalone of tests/e2e/scheduler is stopped
+    the other way, as ``make stop`` does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "airflow"
+    fake.write_text(f"#!{sys.executable}\n{STUBBORN}")
+    fake.chmod(0o755)
+    api, worker_logs, trigger_logs = free_ports(3)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_logs),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_logs),
+    }
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "trainyard.standalone", "run", "--port", str(api)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    record = tmp_path / "standalone.json"
+    pgid = None
+    try:
+        deadline = time.monotonic() + 60
+        while pgid is None or len(group_members(pgid)) < 2:
+            assert time.monotonic() < deadline and wrapper.poll() is None, "no group"
+            if pgid is None and record.is_file():
+                pgid = int(json.loads(record.read_text())["pgid"])
+            time.sleep(0.1)
+        wrapper.send_signal(signal.SIGTERM)
+        out, _ = wrapper.communicate(timeout=60)
+        assert wrapper.returncode == 0, out
+        assert "stopping Airflow standalone (SIGTERM)" in out, out
+        assert group_members(pgid) == [] and not record.exists()
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+        if pgid is not None and group_members(pgid):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def test_a_taken_port_is_named_with_another_to_use(tmp_path: Path) -> None:

@@ -44,6 +44,9 @@ from tests.support.ports import free_ports
 SMALL_TRANSACTIONS = {"epochs": 1, "workers": 1, "attempt_timeout_s": 300}
 """The backfill's trainings: what it checks is which runs train, not the strategy."""
 
+STREAM_TRAINING = {"epochs": 0, "workers": 1}
+"""The stream scenarios' trainings: what they check is which runs start, and their days."""
+
 
 def _digits(dataset: str, **updates: Any) -> dict[str, Any]:
     """A copy of the digits pipeline, manual runs only, on a dataset of its own."""
@@ -56,8 +59,8 @@ def pipelines(raw_transactions: Path) -> dict[str, dict[str, Any]]:
         # test_ui_plugin: a promotion, a 0-epoch rejection, a typo; and a contract violation
         "digits_ui": _digits("digits", training={"epochs": 2}),
         "digits_strict": _digits("digits_strict"),
-        # test_standalone: the trigger form
-        "digits_form": _digits("digits_form", training={"epochs": 2}),
+        # test_standalone: the trigger form (it sets epochs 1 over the config's 2)
+        "digits_form": _digits("digits_form", training={"epochs": 2, "workers": 1}),
         # test_standalone: a backfill, and a pipeline its snapshots trigger
         "transactions": {
             "from": "transactions",
@@ -74,7 +77,7 @@ def pipelines(raw_transactions: Path) -> dict[str, dict[str, Any]]:
         # test_approval: a person approves, through the browser and the API
         "digits_approval": _digits(
             "digits_approval",
-            training={"epochs": 2},
+            training={"epochs": 2, "workers": 1},
             # a person decides here, not the numbers: the second candidate, trained on the
             # same data, may come out a little worse than the first (it failed the champion
             # check in a fresh clone's make test), so both gates pass whatever the seed does
@@ -90,15 +93,17 @@ def pipelines(raw_transactions: Path) -> dict[str, dict[str, Any]]:
                 "smtp_conn_id": "smtp_approval",
             },
         ),
-        # test_stream_trigger_e2e: runs started by messages on a Redis stream
+        # test_stream_trigger_e2e: runs started by messages on a Redis stream (which runs
+        # start and what they stage is checked, not the model: its trainings are 0 epochs,
+        # which the gate rejects; the runs succeed)
         "digits_stream": _digits(
             "digits_stream",
-            training={"epochs": 1},
+            training=STREAM_TRAINING,
             trigger={"stream": {"name": "digits_stream.arrivals", "poll_interval_s": 0.5}},
         ),
         "digits_paused": _digits(
             "digits_paused",
-            training={"epochs": 1},
+            training=STREAM_TRAINING,
             trigger={
                 "stream": {
                     "name": "digits_paused.arrivals",
