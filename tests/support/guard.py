@@ -52,11 +52,8 @@ TRAINING_ALLOWED: dict[str, str] = {
     "tests/reliability/test_training_faults.py": "kills, NaN and deadlines inside training",
     "tests/reliability/test_train_sigterm.py": "SIGTERM of a running training",
     "tests/reliability/test_worker_loopback.py": "what a running worker listens on",
-    # `trainyard run` over ranges and corrections, whose last day trains
+    # `trainyard run` over a range, whose last day trains
     "tests/integration/test_missing_partitions.py": "a range run trains once, on its last day",
-    "tests/integration/test_corrections.py": "a corrected day retrains",
-    "tests/integration/test_training_window.py": "the window a training reads",
-    "tests/integration/test_launcher.py": "the launcher starts and stops real workers",
 }
 """Modules that train a model from scratch, and why."""
 
