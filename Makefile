@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 ENV := . scripts/env.sh &&
 PIPELINE ?= digits
 
-.PHONY: run setup native postgres airflow-init test lint docs bench standalone standalone-check stop clean
+.PHONY: run setup native postgres airflow-init test test-fast lint docs bench standalone standalone-check stop clean
 
 run: airflow-init native
 	$(ENV) airflow dags test trainyard_$(PIPELINE) > .trainyard/last_dags_test.log 2>&1 \
@@ -62,13 +62,21 @@ stop:
 	$(ENV) python -m trainyard.streaming.redis_server stop
 	$(ENV) python -m trainyard.metadb stop
 
+# every test, on both cores (pytest-xdist, grouped by tests/conftest.py: each e2e group
+# stays on one worker), and the 20 slowest named at the end
+PYTEST_ALL := -n 2 --durations=20
+
 test: $(STAMP) native
 	bash scripts/system_deps.sh
 	bash scripts/datacontract_cli.sh
 	bash scripts/mlflow_server.sh
 	$(ENV) ruff check . && ruff format --check .
 	$(ENV) python -m trainyard contracts check && python -m trainyard pipelines check
-	$(ENV) pytest
+	$(ENV) pytest $(PYTEST_ALL)
+
+# the inner loop: unit and DAG tests only (no server, scheduler, training or browser)
+test-fast: $(STAMP) native
+	$(ENV) pytest $(PYTEST_ALL) tests/unit tests/dags
 
 lint: $(STAMP)
 	$(ENV) ruff check . && ruff format --check .

@@ -34,11 +34,11 @@ from pathlib import Path
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
 
 import numpy as np  # noqa: E402
-from trainer_fixtures import DIGITS_CONTRACT, make_files_snapshot  # noqa: E402
 
+from tests.support.trainer import DIGITS_CONTRACT, make_files_snapshot  # noqa: E402
 from trainyard.contracts import parse_contract  # noqa: E402
 
 STEP_S = 0.098

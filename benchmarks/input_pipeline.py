@@ -17,11 +17,11 @@ from pathlib import Path
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
 
 import tensorflow as tf  # noqa: E402
-from trainer_fixtures import DIGITS_CONTRACT, digits_arrays, make_files_snapshot  # noqa: E402
 
+from tests.support.trainer import DIGITS_CONTRACT, digits_arrays, make_files_snapshot  # noqa: E402
 from trainyard.contracts import parse_contract as read_contract  # noqa: E402
 from trainyard.training.worker.data import file_index  # noqa: E402
 from trainyard.training.worker.input import SnapshotInput  # noqa: E402

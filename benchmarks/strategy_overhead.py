@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _setup(batch: int, spe: int, strategy):  # type: ignore[no-untyped-def]
     import tensorflow as tf
     import tf_keras as keras
-    from trainer_fixtures import digits_arrays
 
+    from tests.support.trainer import digits_arrays
     from trainyard.training.worker.architectures import ModelSpec, build_model
 
     images, labels = digits_arrays(16_384)
@@ -66,7 +66,7 @@ def _setup(batch: int, spe: int, strategy):  # type: ignore[no-untyped-def]
 
 def child(mode: str, epochs: int, batch: int, spe: int) -> None:
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests")]
+    sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
     import tensorflow as tf
 
     from trainyard.training.worker.main import communication_options

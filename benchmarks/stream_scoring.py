@@ -42,13 +42,14 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "plugins"), str(ROOT)]
 
 import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
-from serving_support import free_port  # noqa: E402
-from stream_support import SPEC, build_models, make_records, write_project  # noqa: E402
+
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.streams import SPEC, build_models, make_records, write_project  # noqa: E402
 
 
 class CPU:

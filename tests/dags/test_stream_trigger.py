@@ -24,7 +24,6 @@ from trainyard.orchestration.stream_trigger import (
     split_days,
     stream_trigger,
 )
-from trainyard.streaming import redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,13 +73,6 @@ def test_a_message_names_the_interval_to_stage(fields: dict, interval: tuple | N
 def test_a_bad_message_is_one_clear_error(fields: dict, reason: str) -> None:
     with pytest.raises(BadMessage, match=re.escape(reason)):
         message_interval(fields, "2026-11-01", TODAY)
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path):
-    url = redis_server.ensure_running(tmp_path / "redis")
-    yield url
-    redis_server.stop(tmp_path / "redis")
 
 
 async def _take(trigger: RedisStreamTrigger, n: int) -> list[dict[str, Any]]:

@@ -14,11 +14,11 @@ import json
 import pytest
 import yaml
 
-from tests.daily_csv import pipeline as pipeline_dict
-from tests.daily_csv import use_contracts, write_days
-from tests.e2e.harness import make_project
+from tests.support.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import use_contracts, write_days
+from tests.support.harness import make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DAYS = ["2026-11-01", "2026-11-02", "2026-11-03"]
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daily_csv import pipeline as pipeline_dict
-from tests.daily_csv import read_csv, use_contracts, write_csv, write_days
-from tests.e2e.harness import Project, init_airflow, make_project
+from tests.support.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import read_csv, use_contracts, write_csv, write_days
+from tests.support.harness import Project, init_airflow, make_project
 
 # each test runs a few whole DAG runs; on a shared 2-core machine one takes minutes
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DAYS = [f"2026-11-0{i}" for i in range(1, 6)]
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.e2e.harness import make_project
+from tests.support.harness import make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SHAPES = ["circle", "cross", "square"]
 HEIGHT, WIDTH = 16, 12

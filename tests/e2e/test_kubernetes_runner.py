@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.harness import ROOT, Project, init_airflow, make_project
 from tests.localkube.api import Request
 from tests.localkube.cluster import LocalCluster
+from tests.support.harness import ROOT, Project, init_airflow, make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -24,14 +24,20 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from tests.e2e.harness import ROOT, Project, init_airflow, make_project
+from tests.support.digits_run import OL_NAMESPACE, DigitsRun
+from tests.support.harness import (
+    ROOT,
+    Project,
+    init_airflow,
+    make_project,
+    openlineage_to_file,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SPEC = Path(__file__).parent / "schemas" / "openlineage"
 SPEC_EVENT = "https://openlineage.io/spec/2-0-2/OpenLineage.json"
 DAG_ID = "trainyard_digits"
-OL_NAMESPACE = "trainyard-e2e"
 
 
 def _airflow_facets_dir() -> Path:
@@ -84,16 +90,7 @@ def _facets(event: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
 def _lineage_project(tmp: Path, overrides: dict[str, Any]) -> tuple[Project, Path]:
     """A project whose Airflow writes OpenLineage events to a file (the provider's transport)."""
     project = make_project(tmp, overrides)
-    events_file = tmp / "openlineage" / "events.jsonl"
-    events_file.parent.mkdir()
-    project.env.update(
-        AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps(
-            {"type": "file", "log_file_path": str(events_file), "append": True}
-        ),
-        AIRFLOW__OPENLINEAGE__NAMESPACE=OL_NAMESPACE,
-        AIRFLOW__OPENLINEAGE__DISABLED="False",
-    )
-    return project, events_file
+    return project, openlineage_to_file(project, OL_NAMESPACE)
 
 
 def _read_events(events_file: Path) -> list[dict[str, Any]]:
@@ -102,27 +99,13 @@ def _read_events(events_file: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """One real run of the digits DAG with the provider's file transport on."""
-    project, events_file = _lineage_project(
-        tmp_path_factory.mktemp("lineage"),
-        {
-            "training": {"epochs": 2},
-            # the gate must pass for a served version to exist; its figures are checked below
-            "gate": {"thresholds": {"accuracy": {"min": 0.1}}},
-        },
-    )
-    init_airflow(project)
-    try:
-        out = project.airflow("dags", "test", DAG_ID)
-        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-        events = _read_events(events_file)
-        last = json.loads(
-            (project.volume_root / "_models" / "digits" / "last_run.json").read_text()
-        )
-        yield {"events": events, "project": project, "last": last}
-    finally:
-        project.stop_server()
+def run(digits_run: DigitsRun) -> dict[str, Any]:
+    """The shared real run of the digits DAG (tests/e2e/conftest.py), whose project has the
+    provider's file transport on and whose gate passed (a served version exists)."""
+    out = digits_run.out
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert digits_run.events, "the provider wrote no OpenLineage event"
+    return {"events": digits_run.events, "project": digits_run.project, "last": digits_run.last}
 
 
 def _task_events(events: list[dict[str, Any]], task: str, kind: str) -> list[dict[str, Any]]:
@@ -307,7 +290,8 @@ def test_lineage_graph_snapshot_to_model_to_served_version(run: dict[str, Any]) 
 def test_a_rejected_snapshot_fails_with_its_assertions(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """A blocking rule fails validate: its FAIL event still names the snapshot and the rules."""
+    """A blocking rule fails validate: the run stops there, naming the rule, and its FAIL
+    event still names the snapshot and the rules."""
     import shutil
 
     import yaml
@@ -323,6 +307,10 @@ def test_a_rejected_snapshot_fails_with_its_assertions(
     init_airflow(project)
     out = project.airflow("dags", "test", DAG_ID)
     assert out.returncode != 0, "the run should fail at validate"
+    text = out.stdout + out.stderr
+    assert "ValidationFailed" in text
+    assert "row" in text.lower()
+    assert not (project.volume_root / "_models" / "digits" / "versions").exists()
     events = _read_events(events_file)
     _assert_valid(events)
     (failed,) = [

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mlflow_support import (
+from tests.support.harness import make_project
+from tests.support.mlflow_server import (
     aliases,
     artifact,
     history,
@@ -33,9 +31,7 @@ from mlflow_support import (
     tags,
 )
 
-from tests.e2e.harness import make_project
-
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EXPERIMENT = "trainyard/digits"
 

@@ -4,22 +4,24 @@ Stage the bundled digits, validate them, train on 2 real TensorFlow worker proce
 gate, deploy to the local TF-Serving-compatible server, and predict over HTTP. A second run
 on unchanged data reuses the snapshot; a deliberately worse candidate (0 epochs) is
 rejected and the champion keeps serving.
+
+The first run is shared with ``test_lineage`` (``tests/support/digits_run.py``), which
+also checks that a contract violation stops a run at validate.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.e2e.harness import ROOT, Project, init_airflow, make_project
+from tests.support.digits_run import DigitsRun
+from tests.support.harness import ROOT, Project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,15 +48,13 @@ def _predict(project: Project, image: list) -> dict:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
-    proj = make_project(tmp_path_factory.mktemp("e2e"), {"training": {"epochs": 3}})
-    init_airflow(proj)
-    yield proj
-    proj.stop_server()
+def project(digits_run: DigitsRun) -> Project:
+    """The project of the shared first run (tests/support/digits_run.py)."""
+    return digits_run.project
 
 
-def test_first_run_serves_a_real_prediction(project: Project) -> None:
-    out = project.airflow("dags", "test", "trainyard_digits")
+def test_first_run_serves_a_real_prediction(project: Project, digits_run: DigitsRun) -> None:
+    out = digits_run.out  # airflow dags test trainyard_digits, 3 epochs
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     # the run-note listener works on dags test's detached run too
     assert "could not set the summary note" not in out.stdout + out.stderr
@@ -156,23 +156,6 @@ def test_promote_and_rollback_from_the_cli_reach_the_server(project: Project) ->
     assert again.returncode == 0, again.stderr
     assert f"digits: serving version 2 (stable) on 127.0.0.1:{project.port}" in again.stdout
     _wait_serving(project, "2")
-
-
-def test_contract_violation_stops_the_run(tmp_path: Path) -> None:
-    contracts = tmp_path / "contracts"
-    shutil.copytree(ROOT / "data_contracts", contracts)
-    contract = yaml.safe_load((contracts / "digits.yaml").read_text())
-    contract["rules"]["row_count"] = {"min": 1_000_000}
-    (contracts / "digits.yaml").write_text(yaml.safe_dump(contract, sort_keys=False))
-    proj = make_project(tmp_path)
-    proj.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
-    init_airflow(proj)
-    out = proj.airflow("dags", "test", "trainyard_digits")
-    text = out.stdout + out.stderr
-    assert out.returncode != 0
-    assert "ValidationFailed" in text
-    assert "row" in text.lower()
-    assert not (proj.volume_root / "_models" / "digits" / "versions").exists()
 
 
 def test_tier_pools_import_into_airflow(project: Project, tmp_path: Path) -> None:

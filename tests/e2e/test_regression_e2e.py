@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.daily_csv import pipeline as pipeline_dict
-from tests.daily_csv import write_csv
-from tests.e2e.harness import Project, make_project
+from tests.support.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import write_csv
+from tests.support.harness import Project, make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DAY = "2026-11-01"
 TARGET = "progression"

@@ -15,13 +15,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.harness import (
-    free_port,
+from tests.support.harness import (
     make_project,
     standalone_group,
     start_standalone,
     wait_http,
 )
+from tests.support.ports import free_port
 from trainyard.standalone import group_members
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

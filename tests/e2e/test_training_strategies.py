@@ -10,15 +10,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from trainer_fixtures import (
+from tests.support.trainer import (
     make_files_snapshot,
     make_table_snapshot,
     publish_fixture,
     write_table_contract,
 )
-
 from trainyard.config import TrainingConfig, parse_pipeline
 from trainyard.training.launcher import run_training
 
@@ -75,6 +72,7 @@ def _event_scalars(log_dir: Path, tag: str) -> list[int]:
     return [e.step for e in acc.Tensors(tag)] if tag in tags.get("tensors", []) else []
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize(("data", "params", "roles", "min_accuracy"), CASES)
 def test_strategy_trains_and_exports(

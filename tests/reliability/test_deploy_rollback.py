@@ -7,13 +7,13 @@ import time
 import numpy as np
 import psutil
 import pytest
-from serving_support import (
+
+from tests.support.ports import free_port
+from tests.support.serving import (
     IMAGE_SPEC,
     build_image_model,
     expected_classes,
-    free_port,
 )
-
 from trainyard.errors import DeployError
 from trainyard.serving import model_config
 from trainyard.serving.client import ServingClient, ServingHTTPError

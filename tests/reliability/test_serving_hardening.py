@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serving_support import IMAGE_SPEC, ThreadedServer, build_image_model, free_port
 
 import trainyard
+from tests.support.ports import free_port
+from tests.support.serving import IMAGE_SPEC, ThreadedServer, build_image_model
 from trainyard.serving.client import ServingClient
 from trainyard.serving.deploy import publish_version
 

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from serving_support import IMAGE_SPEC, build_image_model, free_port
 
+from tests.support.ports import free_port
+from tests.support.serving import IMAGE_SPEC, build_image_model
 from trainyard.serving.client import ServingClient
 from trainyard.serving.deploy import (
     ensure_local_server,

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from serving_support import free_port
-from stream_support import CONTRACT, SPEC, build_models, make_records, write_project
 
+from tests.support.ports import free_port
+from tests.support.streams import CONTRACT, SPEC, build_models, make_records, write_project
 from trainyard.serving import model_config
 from trainyard.serving.client import ServingClient
 from trainyard.serving.deploy import ensure_local_server, publish_version, stop_local_server

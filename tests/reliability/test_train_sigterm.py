@@ -20,10 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from trainer_fixtures import make_files_snapshot
-
+from tests.support.trainer import make_files_snapshot
 from trainyard.errors import TrainingTerminated
 from trainyard.layout import Layout
 from trainyard.steps import EXIT_DETERMINISTIC, deterministic

@@ -14,15 +14,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from trainer_fixtures import (
+from tests.support.trainer import (
     make_files_snapshot,
     make_table_snapshot,
     publish_fixture,
     write_table_contract,
 )
-
 from trainyard.config import TrainingConfig, parse_pipeline
 from trainyard.errors import TrainingError
 from trainyard.training.launcher import run_training

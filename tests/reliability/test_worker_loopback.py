@@ -17,11 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from net_support import is_loopback, listen_addresses
-from trainer_fixtures import make_files_snapshot
-
+from tests.support.net import is_loopback, listen_addresses
+from tests.support.trainer import make_files_snapshot
 from trainyard.config import TrainingConfig, parse_pipeline
 from trainyard.training.launcher import TrainResult, run_training
 

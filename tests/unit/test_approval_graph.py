@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from tests.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import pipeline as pipeline_dict
 from trainyard import runs
 from trainyard.config import PipelineConfig
 

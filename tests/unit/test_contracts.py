@@ -236,10 +236,10 @@ def test_regexes_whose_repeated_alternatives_start_alike_are_refused(
     from trainyard.contracts import ambiguous_alternation
 
     assert ambiguous_alternation(pattern) is ambiguous
-    if not ambiguous:
-        t = time.perf_counter()
+    if not ambiguous:  # CPU time: a busy machine (tests on both cores) must not fail it
+        t = time.process_time()
         re.search(pattern, "a" * 40 + "!")
-        assert time.perf_counter() - t < 0.5
+        assert time.process_time() - t < 0.5
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daily_csv import contract, days, write_days
-from tests.daily_csv import pipeline as pipeline_dict
+from tests.support.daily_csv import contract, days, write_days
+from tests.support.daily_csv import pipeline as pipeline_dict
 from trainyard import volumes
 from trainyard.config import PipelineConfig
 from trainyard.staging import stage

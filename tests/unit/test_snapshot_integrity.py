@@ -49,11 +49,9 @@ split: {holdout_fraction: 0.2, by: key}
 
 
 @pytest.fixture
-def contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "contracts"
-    folder.mkdir()
+def contract(contracts_dir: Path) -> Path:
+    folder = contracts_dir
     (folder / "pics.yaml").write_text(CONTRACT)
-    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(folder))
     return folder / "pics.yaml"
 
 

@@ -44,12 +44,10 @@ HEADER = "txn_id,amount,hour,merchant_category,customer_age,is_fraud"
 
 
 @pytest.fixture
-def contracts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "contracts"
-    folder.mkdir()
+def contracts(contracts_dir: Path) -> Path:
+    folder = contracts_dir
     for name in ("tx", "other"):
         (folder / f"{name}.yaml").write_text(CONTRACT.format(dataset=name))
-    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(folder))
     return folder
 
 

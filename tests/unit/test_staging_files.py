@@ -40,11 +40,9 @@ columns:
 
 
 @pytest.fixture
-def contracts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "contracts"
-    folder.mkdir()
+def contracts(contracts_dir: Path) -> Path:
+    folder = contracts_dir
     (folder / "pics.yaml").write_text(CONTRACT)
-    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(folder))
     return folder
 
 

@@ -61,11 +61,9 @@ columns:
 
 
 @pytest.fixture
-def contracts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "contracts"
-    folder.mkdir()
+def contracts(contracts_dir: Path) -> Path:
+    folder = contracts_dir
     (folder / "pics.yaml").write_text(IMAGE_CONTRACT)
-    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(folder))
     return folder
 
 
@@ -293,11 +291,8 @@ def test_1500_class_folders_stage_under_ulimit_1024(tmp_path: Path):
 
 
 @pytest.fixture
-def table_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "contracts"
-    folder.mkdir()
-    monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(folder))
-    return folder
+def table_contract(contracts_dir: Path) -> Path:
+    return contracts_dir
 
 
 def write_contract(folder: Path, fmt: str = "csv", key_type: str = "string") -> None:

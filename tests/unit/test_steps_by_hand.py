@@ -74,8 +74,7 @@ def test_train_refuses_a_snapshot_validation_rejected(volume_root: Path) -> None
     registered a version trained on it, with nothing saying so."""
     import json
 
-    from trainer_fixtures import make_files_snapshot, publish_fixture
-
+    from tests.support.trainer import make_files_snapshot, publish_fixture
     from trainyard.errors import ValidationFailed
 
     sid = publish_fixture(

@@ -16,8 +16,8 @@ import numpy as np
 import orjson
 import pytest
 from kubernetes import client as k
-from stream_support import LOOSE_CONTRACT
 
+from tests.support.streams import LOOSE_CONTRACT
 from trainyard import k8s, native
 from trainyard.config import PipelineConfig
 from trainyard.contracts import parse_contract_text
@@ -694,8 +694,7 @@ def test_redis_errors_hide_the_password_and_name_a_bad_url() -> None:
 def test_model_unreachable_names_the_server_a_restarted_scorer_waits_for() -> None:
     """Found by a cold user: ``score-stream --restart`` said only "scorer running" while
     the model server was down; it now warns, saying what the scorer reads meanwhile."""
-    from serving_support import free_port
-
+    from tests.support.ports import free_port
     from trainyard.config import load_pipeline
 
     cfg = load_pipeline("digits")

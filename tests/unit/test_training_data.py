@@ -9,16 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from trainer_fixtures import (
+from tests.support.trainer import (
     DIGITS_CONTRACT,
     digits_arrays,
     make_files_snapshot,
     make_table_snapshot,
     write_table_contract,
 )
-
 from trainyard.contracts import holdout_mask
 from trainyard.contracts import parse_contract as read_contract
 from trainyard.errors import SnapshotError

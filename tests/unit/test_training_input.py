@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tensorflow as tf
-from trainer_fixtures import (
+
+from tests.support.trainer import (
     DIGITS_CONTRACT,
     make_files_snapshot,
     make_table_snapshot,
     write_table_contract,
 )
-
 from trainyard.contracts import parse_contract as read_contract
 from trainyard.training.worker.data import load_examples
 from trainyard.training.worker.input import SnapshotInput, _decode_jpeg_at_least

@@ -7,8 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from validation_data import SCHEMA, Mutation, setter, transactions, write_snapshot
 
+from tests.support.validation_data import SCHEMA, Mutation, setter, transactions, write_snapshot
 from trainyard.contracts import load_contract
 from trainyard.errors import SnapshotError, ValidationFailed
 from trainyard.validation import ValidatorCrashed, validate_snapshot

@@ -7,8 +7,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from validation_data import transactions, write_snapshot
 
+from tests.support.validation_data import transactions, write_snapshot
 from trainyard.contracts import load_contract
 from trainyard.validation.runner import run_contract
 from trainyard.validation.suite import build_suite, rule_meta

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from validation_data import transactions, write_snapshot
 
+from tests.support.validation_data import transactions, write_snapshot
 from trainyard.contracts import DriftRule, load_contract
 from trainyard.validation.drift import ColumnProfile, NumericStats, drift_value, histogram_edges
 from trainyard.validation.runner import run_contract

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from validation_data import transactions
 
+from tests.support.validation_data import transactions
 from trainyard import volumes
 from trainyard.config import parse_pipeline
 from trainyard.errors import ValidationFailed
