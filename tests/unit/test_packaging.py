@@ -125,7 +125,6 @@ def test_a_wheel_carries_the_package_and_its_built_extensions(
         r"trainyard/training/worker/__init__\.py",
         r"trainyard/serving/_decode\.c",
         rf"trainyard/serving/_decode{suffix}",
-        rf"trainyard/streaming/_hotpath{suffix}",
         *([rf"trainyard/staging/_native{suffix}", r"trainyard/training/_loopback\.so"] * LINUX),
     ]:
         assert any(re.fullmatch(pattern, n) for n in names), pattern

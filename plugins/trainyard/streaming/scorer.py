@@ -82,12 +82,13 @@ from trainyard.streaming.engines import (
     Message,
     Output,
     RedisStreams,
-    Scores,
     StreamEngine,
     StreamError,
     Streams,
+    encode_scores,
 )
 from trainyard.streaming.records import RecordChecker, show_value
+from trainyard.streaming.redis_client import REDIS_DEADLINE_S
 
 log = logging.getLogger("trainyard.streaming")
 
@@ -171,9 +172,9 @@ def open_engine(cfg: PipelineConfig, consumer: str | None = None) -> StreamEngin
         from trainyard.streaming import redis_server
 
         url = redis_server.ensure_running()
-    # a read may wait max_wait_ms for records: the socket waits longer than that
-    timeout_s = 30.0 + cfg.scoring.max_wait_ms / 1000
-    return RedisStreams(url, streams, consumer, socket_timeout_s=timeout_s)
+    # a read waits up to max_wait_ms for records: its deadline is that much longer
+    deadline_s = REDIS_DEADLINE_S + cfg.scoring.max_wait_ms / 1000
+    return RedisStreams(url, streams, consumer, deadline_s=deadline_s)
 
 
 # --------------------------------------------------------------------------- the model
@@ -618,13 +619,13 @@ class Scorer:
 
         Runs on the committer thread, one batch after another in the order read.
         """
-        scores = Scores([], [], [], [], 0)
+        scores: list[Output] = []
         if batch.future is not None:
             got: _Scored = batch.future.result()
             if got.refused:
                 why = "model server refused the record: "
                 got = got.rows(batch.dead_letter_rows({i: why + r for i, r in got.refused.items()}))
-            scores = Scores(batch.keys, batch.sources, got.scores, got.classes, got.versions)
+            scores = encode_scores(batch.keys, batch.sources, got.scores, got.classes, got.versions)
             if scores:
                 last = got.versions if isinstance(got.versions, int) else got.versions[-1]
                 self.stats.version = last
