@@ -55,7 +55,7 @@ def project(tmp_path_factory: pytest.TempPathFactory):
         # scorers first: a supervised scorer would start the project's Redis again
         from unittest import mock
 
-        from trainyard.streaming.scorer import stop_all_local_scorers
+        from trainyard.streaming.local_scorer import stop_all_local_scorers
 
         with mock.patch.dict(os.environ, env):
             stop_all_local_scorers()
@@ -328,7 +328,8 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     """The deploy step's ``roll_scorer``: a detached supervised process with pid/log/status."""
     from trainyard import steps
     from trainyard.config import load_pipeline
-    from trainyard.streaming import scorer as scoring
+    from trainyard.streaming import local_scorer as scoring
+    from trainyard.streaming.cli import model_unreachable
 
     for k, v in project["env"].items():
         if k.startswith("TRAINYARD_"):
@@ -351,7 +352,7 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
         return [int(c) for c in text.split()]
 
     _wait(lambda: len(children(first)) == 1, 30, "the supervised scorer")
-    _wait(lambda: scoring.model_unreachable(cfg) is None, 120, "the model", poll=0.5)
+    _wait(lambda: model_unreachable(cfg) is None, 120, "the model", poll=0.5)
     # a restart by hand (after a contract change) does what the next deploy would
     out = subprocess.run(
         [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events", "--restart"],
@@ -719,7 +720,7 @@ def test_two_deploys_at_once_leave_one_scorer(project, monkeypatch: pytest.Monke
 
     import psutil
 
-    from trainyard.streaming import scorer as scoring
+    from trainyard.streaming import local_scorer as scoring
 
     for k, v in project["env"].items():
         if k.startswith("TRAINYARD_"):
