@@ -30,7 +30,7 @@ from trainyard.serving import model_config
 from trainyard.serving.client import ServingClient
 from trainyard.serving.deploy import ensure_local_server, publish_version, stop_local_server
 from trainyard.streaming import redis_server
-from trainyard.streaming.engines import Output, RedisStreams, StreamError, Streams
+from trainyard.streaming.engines import Message, Output, RedisStreams, StreamError, Streams
 
 N = 10_000
 FIRST = 5_000
@@ -912,8 +912,8 @@ def test_reads_give_each_entry_as_written(project) -> None:
         assert [len(b) for b in got] == [16, 16, 16, 16, 8, 0]
         messages = [m for b in got for m in b]
         assert [m.id for m in messages] == ids
-        assert [m.value for m in messages[:40]] == [values[i % len(values)] for i in range(40)]
-        assert all(m.key is None and m.fields is None for m in messages[:40])
+        want = [Message(i, values[n % len(values)]) for n, i in enumerate(ids[:40])]
+        assert messages[:40] == want  # every field: the id, the value, nothing else
         assert (messages[40].key, messages[40].value) == ("k-1", b"v")
         assert (messages[41].value, orjson.loads(messages[41].fields)) == (
             b"",

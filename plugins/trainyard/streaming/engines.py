@@ -30,6 +30,7 @@ Kafka message value (the message key is optional). Outputs are JSON too: a Redis
 from __future__ import annotations
 
 import abc
+import functools
 import itertools
 import logging
 import socket
@@ -93,6 +94,10 @@ class Output(NamedTuple):
         return cls(key, orjson.dumps(doc))
 
 
+_output = functools.partial(tuple.__new__, Output)
+"""``Output`` of a ``(key, value)`` pair without its Python-level ``__new__`` (a score each)."""
+
+
 def encode_scores(
     keys: list[str],
     sources: list[str],
@@ -114,19 +119,29 @@ def encode_scores(
         versions: The model version that scored the batch, or one per record.
     """
     if isinstance(versions, int) and set(map(type, scores)) <= {float}:
-        head = b'{"id":%b,"score":%b,"class_id":%b,"version":' + b"%d" % versions
-        fmt = head + b',"source":%b}'
-        dumps = orjson.dumps
-        texts = score_texts(scores)
-        return [
-            Output(k, fmt % (dumps(k), t, b"null" if c is None else b"%d" % c, dumps(src)))
-            for k, src, t, c in zip(keys, sources, texts, classes, strict=True)
-        ]
+        head = b'{"id":"%b","score":%b,"class_id":%b,"version":' + b"%d" % versions
+        fmt = head + b',"source":"%b"}'
+        docs = [
+            fmt % (k, t, b"null" if c is None else b"%d" % c, src)
+            for k, t, c, src in zip(
+                _json_strings(keys), score_texts(scores), classes, _json_strings(sources),
+                strict=True,
+            )
+        ]  # fmt: skip
+        return list(map(_output, zip(keys, docs, strict=True)))
     each = [versions] * len(keys) if isinstance(versions, int) else versions
     return [
         Output.of(k, {"id": k, "score": s, "class_id": c, "version": v, "source": src})
         for k, src, s, c, v in zip(keys, sources, scores, classes, each, strict=True)
     ]
+
+
+def _json_strings(strings: list[str]) -> list[bytes]:
+    """Each string as ``orjson.dumps`` writes it, without its quotes: one call for all.
+
+    Inside a JSON string every quote is escaped, so ``","`` only ever separates two.
+    """
+    return orjson.dumps(strings)[2:-2].split(b'","') if strings else []
 
 
 def score_texts(scores: list[float]) -> list[bytes]:
@@ -269,12 +284,16 @@ def _entry_message(entry_id: bytes | str, fields: list[bytes]) -> Message:
     )  # fmt: skip
 
 
+_message = functools.partial(tuple.__new__, Message)
+"""``Message`` of all its fields, without its Python-level ``__new__`` (one a record read)."""
+
+
 def _messages(entries: Any) -> list[Message]:
     """The entries of a stream reply (hiredis's lists) as Messages; deleted ones skipped."""
     out = []
     for entry_id, fields in entries or ():
         if len(fields or ()) == 2 and fields[0] == b"value":  # what producers usually write
-            out.append(Message(entry_id.decode(), fields[1]))
+            out.append(_message((entry_id.decode(), fields[1], None, None, None, None, None)))
         elif fields:  # None: deleted while pending
             out.append(_entry_message(entry_id, fields))
     return out
