@@ -345,23 +345,33 @@ class _FakeKafkaMessage:
         return self._o
 
 
-def test_kafka_engine_without_a_broker() -> None:
-    """Real confluent-kafka clients; nothing listens on the port, so nothing is delivered."""
+@pytest.mark.parametrize("broker", ["refused", "silent"])
+def test_kafka_engine_without_a_broker(broker: str) -> None:
+    """Real confluent-kafka clients; nothing listens on the port (refused), or a peer takes
+    the connection and never answers (silent): nothing is delivered, and no call waits
+    longer than its own bound (a read its ``block_ms``, a commit ``delivery_timeout_s``)."""
     import socket
+    import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: connection refused
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    if broker == "refused":
+        listener.close()  # closed again: connection refused
     engine = KafkaStreams(f"127.0.0.1:{port}", STREAMS, consumer="t", delivery_timeout_s=1.0)
     try:
         m = engine.message(_FakeKafkaMessage(b"t-1", b'{"a": 1}', 3, 41))
         assert m == Message("txn.in/3/41", b'{"a": 1}', key="t-1", partition=3, offset=41)
+        began = time.monotonic()
         assert engine.read(10, 100) == []  # no broker: nothing, no exception
         assert engine.claim(1000, 10) == []  # rebalancing hands over uncommitted offsets
+        assert time.monotonic() - began < 1.5
+        began = time.monotonic()
         with pytest.raises(StreamError, match=r"not delivered within 1s.*nothing committed"):
             engine.commit([Output.of("t-1", {"id": "t-1", "score": 0.5})], [], [m])
+        assert time.monotonic() - began < 2.5
     finally:
         engine.close()
+        listener.close()
 
 
 # --------------------------------------------------------------------------- Deployment
