@@ -329,7 +329,7 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     from trainyard import steps
     from trainyard.config import load_pipeline
     from trainyard.streaming import local_scorer as scoring
-    from trainyard.streaming.cli import model_unreachable
+    from trainyard.streaming.score_stream import model_unreachable
 
     for k, v in project["env"].items():
         if k.startswith("TRAINYARD_"):

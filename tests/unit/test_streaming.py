@@ -23,7 +23,6 @@ from trainyard.config import PipelineConfig
 from trainyard.contracts import parse_contract_text
 from trainyard.errors import ConfigError
 from trainyard.k8s.scoring import scorer_deployment, scorer_name
-from trainyard.streaming.cli import model_unreachable, waiting_for_the_model
 from trainyard.streaming.engines import (
     KafkaStreams,
     Message,
@@ -37,6 +36,7 @@ from trainyard.streaming.engines import (
 )
 from trainyard.streaming.model_endpoint import scores_of
 from trainyard.streaming.records import RecordChecker
+from trainyard.streaming.score_stream import model_unreachable, waiting_for_the_model
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = Streams("txn.in", "txn.scores", "txn.dead", "trainyard-transactions")
@@ -421,7 +421,7 @@ def test_scorer_deployment_is_restricted_on_the_cpu_pool_scaled_by_partitions() 
     env = {e.name: e.value for e in c.env}
     assert env["TRAINYARD_SERVING_HOST"] == f"serving-transactions.{profile.namespace}.svc"
     # the scorer's command line is one the CLI accepts
-    from trainyard.streaming.cli import cli_main
+    from trainyard.streaming.score_stream import cli_main
 
     assert cli_main([*c.args, "--help"]) == 0
     # a changed config rolls the pods
@@ -584,7 +584,7 @@ def test_scoring_times_and_counts_must_be_sane(scoring: dict[str, Any], message:
     ],
 )
 def test_score_stream_refuses_bad_flags(flags: list[str], capsys: pytest.CaptureFixture) -> None:
-    from trainyard.streaming.cli import cli_main
+    from trainyard.streaming.score_stream import cli_main
 
     assert cli_main(["--pipeline", "transactions", *flags]) == 2
     assert flags[0] in capsys.readouterr().err
