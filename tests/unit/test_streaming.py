@@ -545,6 +545,12 @@ def test_encode_scores_writes_what_orjson_writes() -> None:
 
 
 def test_encode_scores_non_finite_and_per_row_versions() -> None:
+    # a key column that is not a string (an int64 id): numbers, as orjson writes them
+    outs = encode_scores([7, 2**40], ["1-0", "1-1"], [0.5, 0.25], [1, 0], 3)
+    assert [o.value for o in outs] == [
+        orjson.dumps({"id": k, "score": s, "class_id": c, "version": 3, "source": src})
+        for k, s, c, src in [(7, 0.5, 1, "1-0"), (2**40, 0.25, 0, "1-1")]
+    ]
     outs = encode_scores(["a", "b"], ["1-0", "1-1"], [float("nan"), 0.5], [None, 1], 3)
     assert orjson.loads(outs[0].value)["score"] is None
     assert orjson.loads(outs[1].value) == {

@@ -99,7 +99,7 @@ _output = functools.partial(tuple.__new__, Output)
 
 
 def encode_scores(
-    keys: list[str],
+    keys: list[Any],
     sources: list[str],
     scores: list[float],
     classes: list[int | None],
@@ -108,17 +108,23 @@ def encode_scores(
     """The output documents ``{id, score, class_id, version, source}``, one per record.
 
     Formatted directly (a few hundred thousand a second are written), byte for byte what
-    ``orjson.dumps`` writes for each document: the scores are formatted by one
-    ``orjson.dumps`` of the batch's list (a NaN or infinite score is null).
+    ``orjson.dumps`` writes for each document: the scores, the keys and the sources are
+    each formatted by one ``orjson.dumps`` of the batch's list (a NaN or infinite score is
+    null). Anything else (ids that are not strings, a version per row) is encoded a
+    document at a time.
 
     Args:
-        keys: Record ids.
+        keys: Record ids (the key column's values: strings, or another JSON value).
         sources: Input positions (stream entry ids, ``topic/partition/offset``).
         scores: Per record score (floats).
         classes: Per record class id, or None.
         versions: The model version that scored the batch, or one per record.
     """
-    if isinstance(versions, int) and set(map(type, scores)) <= {float}:
+    if (
+        isinstance(versions, int)
+        and set(map(type, scores)) <= {float}
+        and set(map(type, keys)) | set(map(type, sources)) <= {str}
+    ):
         head = b'{"id":"%b","score":%b,"class_id":%b,"version":' + b"%d" % versions
         fmt = head + b',"source":"%b"}'
         docs = [
