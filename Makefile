@@ -57,7 +57,7 @@ standalone-check: $(STAMP)
 
 stop:
 	$(ENV) python -m trainyard.standalone stop
-	$(ENV) python -c "from trainyard.streaming.scorer import stop_all_local_scorers; print('stream scorers stopped:', ', '.join(stop_all_local_scorers()) or 'none running')"
+	$(ENV) python -c "from trainyard.streaming.local_scorer import stop_all_local_scorers; print('stream scorers stopped:', ', '.join(stop_all_local_scorers()) or 'none running')"
 	$(ENV) python -c "from trainyard.serving.deploy import stop_local_server; from trainyard.settings import get_settings; print('model server(s) stopped' if stop_local_server(get_settings().serving_root) else 'model server: not running')"
 	$(ENV) python -m trainyard.streaming.redis_server stop
 	$(ENV) python -m trainyard.metadb stop
@@ -92,6 +92,6 @@ bench: $(STAMP) native
 clean:
 	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.standalone stop
 	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.metadb stop
-	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -c "from trainyard.streaming.scorer import stop_all_local_scorers; stop_all_local_scorers()"
+	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -c "from trainyard.streaming.local_scorer import stop_all_local_scorers; stop_all_local_scorers()"
 	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.streaming.redis_server stop
 	rm -rf .trainyard

@@ -6,7 +6,6 @@ plugins folder and ``PYTHONPATH=plugins`` import them) and ``pip wheel .`` all r
 
 * ``trainyard.staging._native``: the small-files scanner and tar packer (Linux only:
   ``openat``/``fstatat``/``sync_file_range``);
-* ``trainyard.streaming._hotpath``: the stream scorer's score documents and commit packing;
 * ``trainyard.training._loopback``: not a module but an ``LD_PRELOAD`` library,
   ``_loopback.so``, that keeps the local training workers' gRPC servers on loopback
   (Linux only).
@@ -49,8 +48,6 @@ def extensions() -> list[Extension]:
     """The extensions this platform builds, all optional."""
     out = [
         Extension(
-            "trainyard.streaming._hotpath",
-            ["plugins/trainyard/streaming/_hotpath.c"],
             extra_compile_args=CFLAGS,
             optional=True,
         ),

@@ -130,15 +130,15 @@ def _floor(
     The same Redis commands (``XREADGROUP`` through the group, the commit script's
     ``XADD`` per score and ``XACK``) and the same ``:predict`` calls as the scorer,
     with everything the scorer computes per record (JSON, contract, columns, output
-    documents and their packing for the commit) done before the timer starts:
-    ``in_flight`` threads post prebuilt bodies, one more commits prebuilt outputs on a
-    connection of its own, and this thread reads.
-    What is left of this process's CPU is reading the replies (hiredis), packing the
-    commands and ``http.client``: a scorer could beat this only by doing those for less.
+    documents) done before the timer starts: ``in_flight`` threads post prebuilt bodies,
+    one more commits prebuilt outputs, and this thread reads.
+    What is left of this process's CPU is the stream engine's client (redis-py packing
+    the commands, hiredis reading the replies, the entries made Messages) and
+    ``http.client``: a scorer could beat this only by doing those for less.
     """
     from trainyard.config import load_pipeline
     from trainyard.serving.client import ServingClient
-    from trainyard.streaming.engines import Output, pack_scores
+    from trainyard.streaming.engines import Output
     from trainyard.streaming.scorer import open_engine
 
     engine = open_engine(load_pipeline("events"), consumer="bench-floor")
@@ -160,7 +160,6 @@ def _floor(
             [Output.of(r["id"], {"id": r["id"], "score": 0.5, "class_id": 1, "version": 1})
              for r in chunk]
         )  # fmt: skip
-    packed = [pack_scores(o)[1] for o in outputs]  # the commit's bytes, but for the acks
     local = threading.local()
 
     def score(k: int) -> None:
@@ -171,10 +170,7 @@ def _floor(
 
     def commit(scored: cf.Future[None], k: int, messages: list) -> int:
         scored.result()
-        if len(messages) == len(outputs[k]):
-            engine.commit_packed(len(messages), packed[k], [], messages)
-        else:  # a short read
-            engine.commit(outputs[k][: len(messages)], [], messages)
+        engine.commit(outputs[k][: len(messages)], [], messages)  # shorter on a short read
         return len(messages)
 
     read = k = 0

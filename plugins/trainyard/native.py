@@ -20,7 +20,6 @@ LINUX = sys.platform.startswith("linux")
 
 MODULES = {
     "trainyard.staging._native": "the Python scanner and packer stage alone",
-    "trainyard.streaming._hotpath": "the stream scorer writes its scores in Python",
 }
 """Extension modules and what runs when one is not built."""
 

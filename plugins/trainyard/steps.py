@@ -811,7 +811,7 @@ def approval(
 def roll_scorer(cfg: PipelineConfig, local: bool) -> str | None:
     """Start or restart the pipeline's stream scorer (``scoring.stream``), if it has one.
 
-    Locally a supervised detached process (``trainyard.streaming.scorer``); on a cluster
+    Locally a supervised detached process (``trainyard.streaming.local_scorer``); on a cluster
     the scorer Deployment (``render --step scorer``) is the runner's to roll.
 
     Returns:
@@ -821,7 +821,7 @@ def roll_scorer(cfg: PipelineConfig, local: bool) -> str | None:
         return None
     if not local:
         return "scorer: the cluster's scorer Deployment follows the stable label"
-    from trainyard.streaming.scorer import local_scorer_pids_text, start_local_scorer
+    from trainyard.streaming.local_scorer import local_scorer_pids_text, start_local_scorer
 
     pids = local_scorer_pids_text(cfg.name, start_local_scorer(cfg.name))
     return f"scorer running ({pids}) on {cfg.scoring.stream.engine} {cfg.scoring.stream.input}"
@@ -838,7 +838,7 @@ def start_scorer_if_stopped(cfg: PipelineConfig, local: bool) -> str | None:
     """
     if cfg.scoring.stream is None or not local:
         return None
-    from trainyard.streaming.scorer import local_scorer_pid, local_scorer_pids_text
+    from trainyard.streaming.local_scorer import local_scorer_pid, local_scorer_pids_text
 
     pid = local_scorer_pid(cfg.name)
     if pid is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import re
@@ -24,6 +25,7 @@ from trainyard.orchestration.stream_trigger import (
     split_days,
     stream_trigger,
 )
+from trainyard.streaming import redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +129,7 @@ def test_redis_trigger_fires_per_message_and_rejects_bad_ones_loudly(redis_url: 
     assert path == "trainyard.orchestration.stream_trigger.RedisStreamTrigger"
     assert kwargs == {"stream": "arrivals", "group": "g", "url": redis_url, "poll_interval": 0.1,
                       "retry": "arrivals.retry.p", "not_before": None,
-                      "redeliver_after": 60.0}  # fmt: skip
+                      "redeliver_after": 60.0, "deadline": 10.0}  # fmt: skip
 
 
 def _pipeline(tmp_path: Path, trigger: dict[str, Any], **more: Any) -> Any:
@@ -346,3 +348,93 @@ def test_a_message_no_run_took_is_announced_again_until_a_run_takes_it(
     # a retried task gets its pick again and acknowledges nothing twice
     assert claim(state, [*events, *copies], "B", keep, ack) == copies[0] and acks[-1] == 0
     client.close()
+
+
+@pytest.mark.parametrize("mode", ["silent", "drip"])
+def test_the_redis_trigger_outlives_a_redis_that_stops_answering(
+    tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 34: a Redis that answered nothing, or a byte at a time, held the trigger's read
+    for ever. Each call now has a deadline: the trigger logs it, backs off, reads again, and
+    the messages sent meanwhile start their runs once Redis answers."""
+    import redis
+    from stream_support import StallingProxy
+
+    redis_dir = tmp_path / "redis"
+    url = redis_server.ensure_running(redis_dir)
+    client = redis.Redis.from_url(url)
+    first = client.xadd("arrivals", {"ds": "2026-11-19"}).decode()
+    try:
+        with StallingProxy(redis_server.socket_path(redis_dir)) as proxy:
+            trigger = RedisStreamTrigger("arrivals", "g", proxy.url, 0.1, deadline=1.0)
+            assert trigger.serialize()[1]["deadline"] == 1.0
+
+            async def watch() -> list[str]:
+                ids: list[str] = []
+
+                async def collect() -> None:
+                    async for event in trigger.run():
+                        ids.append(event.payload["id"])
+
+                task = asyncio.create_task(collect())
+                try:
+                    while not ids:
+                        await asyncio.sleep(0.05)
+                    proxy.mode = mode  # Redis stops answering whole
+                    second = client.xadd("arrivals", {"ds": "2026-11-20"}).decode()
+                    await asyncio.sleep(2.5)  # a read fails at its deadline, then again
+                    assert second not in ids
+                    proxy.mode = "pass"
+                    async with asyncio.timeout(15):
+                        while second not in ids:
+                            await asyncio.sleep(0.05)
+                finally:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                return ids
+
+            with caplog.at_level("WARNING", "trainyard.orchestration.stream_trigger"):
+                ids = asyncio.run(watch())
+        # the first is announced again (still pending: no run took it), then the second
+        assert ids[0] == first and ids[-1] != first and set(ids[1:-1]) <= {first}
+        warned = [r.getMessage() for r in caplog.records]
+        assert any(
+            "redis stream arrivals: no whole answer within 1 s; reading it again in 1 s" in w
+            for w in warned
+        ), warned
+    finally:
+        client.close()
+        redis_server.stop(redis_dir)
+
+
+def test_a_run_acknowledging_on_a_silent_redis_fails_at_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``arrivals`` task's acknowledge and send-back calls end; the task's retry goes on."""
+    import time
+
+    import redis
+    from stream_support import StallingProxy
+
+    from trainyard.streaming import redis_client
+
+    redis_dir = tmp_path / "redis"
+    redis_server.ensure_running(redis_dir)
+    monkeypatch.setattr(redis_client, "REDIS_DEADLINE_S", 1.0)
+    try:
+        with StallingProxy(redis_server.socket_path(redis_dir)) as proxy:
+            cfg = _pipeline(tmp_path, {"stream": {"name": "arrivals", "url": proxy.url}})
+            stream = cfg.trigger.stream
+            proxy.mode = "silent"
+            entry = {"stream": "arrivals", "group": "g", "id": "1-0"}
+            for call in (
+                lambda: acknowledge(stream, [{"id": "1-0", "entry": entry}]),
+                lambda: requeue(stream, "digits", "A", [{"id": "1-0", "ds": "2026-11-19"}]),
+            ):
+                began = time.monotonic()
+                with pytest.raises(redis.TimeoutError, match="no whole answer within 1 s"):
+                    call()
+                assert time.monotonic() - began < 2.5
+    finally:
+        redis_server.stop(redis_dir)

@@ -37,12 +37,6 @@ import trainyard, trainyard.native as native
 root = Path(trainyard.__file__).parent
 assert "site-packages" in str(root), root
 out = {"root": str(root), "missing": native.missing()}
-hotpath = native.built_path("trainyard.streaming._hotpath")
-if hotpath:
-    spec = importlib.util.spec_from_file_location("trainyard.streaming._hotpath", hotpath)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out["hotpath"] = mod.__name__
 staging = native.built_path("trainyard.staging._native")
 if staging:
     spec = importlib.util.spec_from_file_location("trainyard.staging._native", staging)
@@ -123,8 +117,6 @@ def test_a_wheel_carries_the_package_and_its_built_extensions(
         r"trainyard/native\.py",
         r"trainyard/k8s/objects\.py",
         r"trainyard/training/worker/__init__\.py",
-        r"trainyard/streaming/_hotpath\.c",
-        rf"trainyard/streaming/_hotpath{suffix}",
         *([rf"trainyard/staging/_native{suffix}", r"trainyard/training/_loopback\.so"] * LINUX),
     ]:
         assert any(re.fullmatch(pattern, n) for n in names), pattern
@@ -139,7 +131,6 @@ def test_a_wheel_carries_the_package_and_its_built_extensions(
 
     got = _install_and_probe(clean_venv, wheel)
     assert got["missing"] == []
-    assert got["hotpath"] == "trainyard.streaming._hotpath"
     if LINUX:
         assert got["scan"] is True and got["loopback"] is True
 
@@ -155,8 +146,8 @@ def test_a_broken_compiler_still_installs_and_says_what_is_missing(
             assert f'building extension "{name}" failed' in log, name
     assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".so")]
     got = _install_and_probe(clean_venv, wheel)
-    assert "trainyard.streaming._hotpath is not built" in "\n".join(got["missing"])
     if LINUX:
+        assert "trainyard.staging._native is not built" in "\n".join(got["missing"])
         assert len(got["missing"]) == len(native.MODULES) + len(native.LIBRARIES), got["missing"]
 
 
@@ -171,7 +162,6 @@ def test_the_checkout_extensions_are_built_and_current() -> None:
     assert native.missing() == [], "run: make native"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert native.load("trainyard.streaming._hotpath") is not None
         assert (native.load("trainyard.staging._native") is not None) == LINUX
 
 

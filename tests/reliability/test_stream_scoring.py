@@ -25,11 +25,12 @@ import pytest
 
 from tests.support.ports import free_port
 from tests.support.streams import CONTRACT, SPEC, build_models, make_records, write_project
+from trainyard.fsutil import process_alive
 from trainyard.serving import model_config
 from trainyard.serving.client import ServingClient
 from trainyard.serving.deploy import ensure_local_server, publish_version, stop_local_server
 from trainyard.streaming import redis_server
-from trainyard.streaming.engines import Output, RedisStreams, StreamError, Streams
+from trainyard.streaming.engines import Message, Output, RedisStreams, StreamError, Streams
 
 N = 10_000
 FIRST = 5_000
@@ -54,7 +55,7 @@ def project(tmp_path_factory: pytest.TempPathFactory):
         # scorers first: a supervised scorer would start the project's Redis again
         from unittest import mock
 
-        from trainyard.streaming.scorer import stop_all_local_scorers
+        from trainyard.streaming.local_scorer import stop_all_local_scorers
 
         with mock.patch.dict(os.environ, env):
             stop_all_local_scorers()
@@ -327,7 +328,8 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     """The deploy step's ``roll_scorer``: a detached supervised process with pid/log/status."""
     from trainyard import steps
     from trainyard.config import load_pipeline
-    from trainyard.streaming import scorer as scoring
+    from trainyard.streaming import local_scorer as scoring
+    from trainyard.streaming.score_stream import model_unreachable
 
     for k, v in project["env"].items():
         if k.startswith("TRAINYARD_"):
@@ -350,7 +352,7 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
         return [int(c) for c in text.split()]
 
     _wait(lambda: len(children(first)) == 1, 30, "the supervised scorer")
-    _wait(lambda: scoring.model_unreachable(cfg) is None, 120, "the model", poll=0.5)
+    _wait(lambda: model_unreachable(cfg) is None, 120, "the model", poll=0.5)
     # a restart by hand (after a contract change) does what the next deploy would
     out = subprocess.run(
         [sys.executable, "-m", "trainyard", "score-stream", "--pipeline", "events", "--restart"],
@@ -377,7 +379,7 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
         contract.write_text(good)
     assert out.returncode == 3 and "invalid regular expression" in out.stderr, out.stderr
     assert scoring.local_scorer_pid("events") == second
-    assert second and second != first and not scoring._alive(first)
+    assert second and second != first and not process_alive(first)
     _wait(lambda: len(children(second)) == 1, 30, "the supervised scorer")
     # a scorer that dies is started again by its supervisor, and scores
     (child,) = children(second)
@@ -396,7 +398,7 @@ def test_deploy_step_rolls_a_supervised_scorer_and_make_stop_stops_it(
     # make stop
     (new_child,) = children(second)
     assert scoring.stop_all_local_scorers() == ["events"]
-    assert not scoring._alive(second) and not scoring._alive(new_child)
+    assert not process_alive(second) and not process_alive(new_child)
     assert not (folder / scoring.PID_FILE).exists()
     status = orjson.loads(status_file.read_bytes())
     assert status["state"] == "stopped" and status["error"] is None, status  # asked to stop
@@ -441,7 +443,7 @@ def test_redis_killed_mid_run_loses_nothing(project, tmp_path: Path) -> None:
 
     def reachable() -> RedisStreams | None:
         try:
-            return RedisStreams(project["url"], STREAMS, consumer="test-watch", socket_timeout_s=5)
+            return RedisStreams(project["url"], STREAMS, consumer="test-watch", deadline_s=5)
         except Exception:
             return None
 
@@ -511,8 +513,9 @@ def test_commit_writes_and_acknowledges_all_or_nothing(project) -> None:
 def _in_process_scorer(project, streams: Streams):
     """A scorer of the events contract on ``streams``, in this process (member ``s``)."""
     from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.model_endpoint import ModelEndpoint
     from trainyard.streaming.records import RecordChecker
-    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+    from trainyard.streaming.scorer import Scorer
 
     checker = RecordChecker(parse_contract_text(CONTRACT, Path("events.yaml")))
     endpoint = ModelEndpoint("127.0.0.1", project["port"], "events")
@@ -717,7 +720,7 @@ def test_two_deploys_at_once_leave_one_scorer(project, monkeypatch: pytest.Monke
 
     import psutil
 
-    from trainyard.streaming import scorer as scoring
+    from trainyard.streaming import local_scorer as scoring
 
     for k, v in project["env"].items():
         if k.startswith("TRAINYARD_"):
@@ -749,8 +752,9 @@ def test_the_status_file_says_why_a_scorer_keeps_failing(project, tmp_path: Path
     """A dead-letter key that is not a stream: the supervised scorer failed and restarted
     forever while its status said running, server ok, no error."""
     from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.model_endpoint import ModelEndpoint
     from trainyard.streaming.records import RecordChecker
-    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+    from trainyard.streaming.scorer import Scorer
 
     streams = Streams("st.in", "st.out", "st.dead", "st-group")
     engine = RedisStreams(project["url"], streams, consumer="st")
@@ -793,8 +797,9 @@ def test_a_refused_commit_does_not_make_a_good_record_poison(project, tmp_path: 
     counted a delivery, and once the key was fixed the valid record was dead-lettered
     "delivered 4 times and never acknowledged"."""
     from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.model_endpoint import ModelEndpoint
     from trainyard.streaming.records import RecordChecker
-    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+    from trainyard.streaming.scorer import Scorer
 
     streams = Streams("rc.in", "rc.out", "rc.dead", "rc-group")
     engine = RedisStreams(project["url"], streams, consumer="rc")
@@ -836,8 +841,9 @@ def test_a_slow_server_does_not_make_the_scorer_claim_its_own_batches(project) -
     import threading
 
     from trainyard.contracts import parse_contract_text
+    from trainyard.streaming.model_endpoint import ModelEndpoint
     from trainyard.streaming.records import RecordChecker
-    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+    from trainyard.streaming.scorer import Scorer
 
     class SlowProxy(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -890,50 +896,31 @@ def test_a_slow_server_does_not_make_the_scorer_claim_its_own_batches(project) -
         engine.close()
 
 
-def test_reads_are_the_same_with_or_without_the_c_reader(project, monkeypatch) -> None:
-    """The C reader of ``XREADGROUP`` replies and hiredis with the Python path give the
-    same Messages for every entry a real Redis sends: plain ones with hostile bytes, a
-    keyed one, one without a value field, and nothing (BLOCK runs out)."""
-    import types
-
-    from trainyard.streaming import engines
-
+def test_reads_give_each_entry_as_written(project) -> None:
+    """What ``read`` makes of every entry a real Redis sends: plain ones with hostile
+    bytes, a keyed one, one without a value field, and nothing (BLOCK runs out)."""
     r = RedisStreams(project["url"], STREAMS, consumer="producer").r
     r.delete("rd.in")
     values = [b"", b"\r\n", b"$5\r\nvalue\r\n*-1\r\n", bytes(range(256)), b"{}" * 600]
-    for i in range(40):
-        r.xadd("rd.in", {"value": values[i % len(values)]})
-    r.xadd("rd.in", {"key": "k-1", "value": b"v"})
-    r.xadd("rd.in", {"data": "x"})
-    for i in range(30):
-        r.xadd("rd.in", {"value": b'{"id": "ev-%d"}' % i})
-    calls = []
-    hot = engines._hotpath
-    assert hot is not None, "make native"
-
-    def stream_reply(data, cls):
-        calls.append(got := hot.stream_reply(data, cls))
-        return got
-
-    monkeypatch.setattr(engines, "_hotpath", types.SimpleNamespace(
-        stream_reply=stream_reply, bulk_strings=hot.bulk_strings,
-    ))  # fmt: skip
-
-    def read_all(group: str) -> list[list]:
-        engine = RedisStreams(project["url"], Streams("rd.in", "x", "y", group), consumer="c")
-        try:
-            return [engine.read(16, 10) for _ in range(6)]
-        finally:
-            engine.close()
-
+    ids = [r.xadd("rd.in", {"value": values[i % len(values)]}).decode() for i in range(40)]
+    ids.append(r.xadd("rd.in", {"key": "k-1", "value": b"v"}).decode())
+    ids.append(r.xadd("rd.in", {"data": "x", "more": b"\xff"}).decode())
+    ids += [r.xadd("rd.in", {"value": b'{"id": "ev-%d"}' % i}).decode() for i in range(30)]
+    engine = RedisStreams(project["url"], Streams("rd.in", "x", "y", "rd-group"), consumer="c")
     try:
-        fast = read_all("rd-fast")
-        assert any(isinstance(c, tuple) for c in calls) and False in calls
-        monkeypatch.setattr(engines, "_hotpath", None)
-        assert read_all("rd-python") == fast
-        assert [len(b) for b in fast] == [16, 16, 16, 16, 8, 0]
-        assert fast[2][8].key == "k-1" and fast[2][9].fields is not None
+        got = [engine.read(16, 10) for _ in range(6)]
+        assert [len(b) for b in got] == [16, 16, 16, 16, 8, 0]
+        messages = [m for b in got for m in b]
+        assert [m.id for m in messages] == ids
+        want = [Message(i, values[n % len(values)]) for n, i in enumerate(ids[:40])]
+        assert messages[:40] == want  # every field: the id, the value, nothing else
+        assert (messages[40].key, messages[40].value) == ("k-1", b"v")
+        assert (messages[41].value, orjson.loads(messages[41].fields)) == (
+            b"",
+            {"data": "x", "more": "\ufffd"},
+        )
     finally:
+        engine.close()
         r.delete("rd.in")
 
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -150,3 +151,131 @@ def make_records(n: int, bad_every: int = 0, seed: int = 0) -> tuple[list[bytes]
             bad.add(rec["id"])
         out.append(orjson.dumps(rec))
     return out, bad
+
+
+class StallingProxy:
+    """A loopback TCP proxy to a Redis Unix socket that can stop answering, or drip.
+
+    ``mode`` is read for every chunk the server sends: ``"pass"`` forwards it, ``"silent"``
+    swallows it (the client waits for a reply that never comes), ``"drip"`` forwards it a
+    byte every ``drip_s`` seconds. What clients send always reaches Redis.
+    """
+
+    def __init__(self, unix_path: Path | str, drip_s: float = 0.3) -> None:
+        import socket
+        import threading
+
+        self.unix_path, self.drip_s, self.mode = str(unix_path), drip_s, "pass"
+        self._stop = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._threads: list[threading.Thread] = []
+        self._socks: list[socket.socket] = [self._server]
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://127.0.0.1:{self._server.getsockname()[1]}/0"
+
+    def __enter__(self) -> StallingProxy:
+        self._spawn(self._accept)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for s in self._socks:
+            _cut(s)
+        for t in self._threads:
+            t.join(5)
+
+    def _spawn(self, target: Any, *args: Any) -> None:
+        import threading
+
+        t = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self._server.accept()
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.connect(self.unix_path)
+            except OSError:
+                return
+            self._socks += [client, server]
+            self._spawn(self._pump, client, server, False)
+            self._spawn(self._pump, server, client, True)
+
+    def _pump(self, src: Any, dst: Any, replies: bool) -> None:
+
+        try:
+            while not self._stop.is_set() and (chunk := src.recv(65536)):
+                if not replies or self.mode == "pass":
+                    dst.sendall(chunk)
+                elif self.mode == "drip":
+                    for byte in chunk:
+                        if self._stop.wait(self.drip_s):
+                            return
+                        dst.sendall(bytes([byte]))
+        except OSError:
+            pass
+        finally:
+            _cut(dst)  # and so the other direction's thread, blocked on it, ends
+
+
+def _cut(sock: Any) -> None:
+    """Shut a socket down, then close it: the shutdown wakes a thread blocked on it."""
+    import contextlib
+    import socket
+
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def slow_http_server(drip: bool, drip_s: float = 0.3) -> Any:
+    """A context manager: the port of a loopback HTTP peer that never answers whole.
+
+    It reads each request, then says nothing (``drip=False``) or sends a 200 answer a byte
+    every ``drip_s`` seconds.
+    """
+    import contextlib
+    import socket
+    import threading
+
+    @contextlib.contextmanager
+    def serve() -> Any:
+        srv = socket.create_server(("127.0.0.1", 0))
+        stop = threading.Event()
+
+        def one(conn: socket.socket) -> None:
+            with conn:
+                try:
+                    conn.recv(65536)
+                    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 200\r\n\r\n" + b"{" * 200
+                    for byte in answer if drip else b"":
+                        if stop.wait(drip_s):
+                            return
+                        conn.sendall(bytes([byte]))
+                    stop.wait(120)
+                except OSError:
+                    pass
+
+        def accept() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            yield srv.getsockname()[1]
+        finally:
+            stop.set()
+            srv.close()
+
+    return serve()

@@ -278,7 +278,7 @@ POD_ENVIRONMENT = {
     "trainyard.training.worker.main",
     "trainyard.training.worker.tf_config",
     "trainyard.training.launcher",
-    "trainyard.streaming.scorer",
+    "trainyard.streaming.supervisor",
 }
 """Modules that read the pod's (or a child process's) environment contract, which the
 launcher or supervisor sets for the process it starts: ``TRAINYARD_TF_*``, the attempt,

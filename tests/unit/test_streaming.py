@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client as k
 
 from tests.support.streams import LOOSE_CONTRACT
-from trainyard import k8s, native
+from trainyard import k8s
 from trainyard.config import PipelineConfig
 from trainyard.contracts import parse_contract_text
 from trainyard.errors import ConfigError
@@ -27,7 +27,6 @@ from trainyard.streaming.engines import (
     KafkaStreams,
     Message,
     Output,
-    Scores,
     StreamError,
     Streams,
     encode_scores,
@@ -35,8 +34,9 @@ from trainyard.streaming.engines import (
     kafka_producer_config,
     next_offsets,
 )
+from trainyard.streaming.model_endpoint import scores_of
 from trainyard.streaming.records import RecordChecker
-from trainyard.streaming.scorer import model_unreachable, scores_of, waiting_for_the_model
+from trainyard.streaming.score_stream import model_unreachable, waiting_for_the_model
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = Streams("txn.in", "txn.scores", "txn.dead", "trainyard-transactions")
@@ -90,7 +90,7 @@ HOSTILE_VALUES: list[Any] = [
 
 
 class _Dict(dict):
-    """A dict subclass: not what orjson makes, so the C checker leaves it to check()."""
+    """A dict subclass: what a caller other than orjson may hand the checks."""
 
 
 def _hostile_records(good: dict[str, Any], keys: list[str], n: int) -> list[Any]:
@@ -108,10 +108,7 @@ def _hostile_records(good: dict[str, Any], keys: list[str], n: int) -> list[Any]
     return out
 
 
-def test_check_batch_answers_as_check_does(checker: RecordChecker) -> None:
-    keys = ["txn_id", "amount", "hour", "customer_age", "merchant_category", "is_fraud", "zz"]
-    records = _hostile_records(GOOD, keys, 3000)
-    assert checker.check_batch(records) == [checker.check(r) for r in records]
+def test_a_batch_decodes_and_checks_each_record(checker: RecordChecker) -> None:
     raws = [orjson.dumps(GOOD), b"{oops", orjson.dumps({**GOOD, "hour": 99})]
     recs, reasons = checker.parse_batch(raws)
     assert reasons[0] is None and reasons[1].startswith("not JSON")
@@ -119,10 +116,13 @@ def test_check_batch_answers_as_check_does(checker: RecordChecker) -> None:
 
 
 @pytest.mark.parametrize("contract", ["transactions", "loose"])
-def test_c_checker_answers_as_check_does(checker: RecordChecker, contract: str) -> None:
-    """The C checker's reasons and model inputs are the Python checks' exactly, for every
-    hostile value (bools, huge and non-integral numbers, NaN, nested values, subclasses)."""
-    assert native.load("trainyard.streaming._hotpath") is not None, "make native"
+def test_hostile_records_get_a_reason_each_and_the_rest_are_scored(
+    checker: RecordChecker, contract: str
+) -> None:
+    """Every hostile value (bools, huge and non-integral numbers, NaN, nested values,
+    subclasses) gets a reason naming its field, never an exception; the batch's model
+    inputs are the passing records' features, in order, as float32 (inf where a value
+    does not fit)."""
     if contract == "loose":
         checker = RecordChecker(parse_contract_text(LOOSE_CONTRACT, Path("loose.yaml")))
         good = {"id": "t-1", "x": 0.5, "n": 1, "flag": True, "extra": [1]}
@@ -130,30 +130,50 @@ def test_c_checker_answers_as_check_does(checker: RecordChecker, contract: str) 
     else:
         good, keys = GOOD, ["txn_id", "amount", "hour", "customer_age", "merchant_category"]
         keys += ["is_fraud", "zz"]
-    assert checker._hot is not None  # the C checker runs for this contract
     records = _hostile_records(good, keys, 4000)
     reasons, inputs = checker.check_parsed(records)
-    assert reasons == [checker.check(r) for r in records]
+    assert reasons == [checker.check(r) for r in records] == checker.check_batch(records)
     passing = [r for r, why in zip(records, reasons, strict=True) if why is None]
     assert 100 < len(passing) < len(records) - 100
-    want = checker.columns(passing)
-    assert list(inputs) == list(want)
-    for name, column in want.items():
-        assert inputs[name].dtype == np.float32
-        np.testing.assert_array_equal(inputs[name], column)  # inf where it does not fit
-    clean = [r for r in passing if all(isinstance(v, float | int) for v in r.values() if v)]
-    assert checker.check_parsed(clean)[0] == [None] * len(clean)  # the all-pass path
+    named = [why for r, why in zip(records, reasons, strict=True) if isinstance(r, dict) and why]
+    assert all(why.split(":")[0] in [*keys, "txn_id", "id"] for why in named)
+    assert list(inputs) == checker.features
+    for name, column in inputs.items():
+        assert column.dtype == np.float32 and len(column) == len(passing)
+        with np.errstate(over="ignore"):
+            want = np.array([float(r[name]) for r in passing], dtype=np.float32)
+        np.testing.assert_array_equal(column, want)
 
 
-def test_c_checker_steps_aside_for_rules_it_does_not_take() -> None:
-    """A bound beyond 2**53 keeps the contract's checks in Python, which still answer."""
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({}, None),
+        ({"x": 9007199254740992}, None),  # 2**53: below the bound 2**53 + 1
+        ({"x": 2**53 + 1}, "x: 9007199254740993 is above the maximum 9.0072e+15 (exclusive)"),
+        ({"n": 2}, None),
+        ({"n": 4}, "n: 4 is not an allowed value"),
+        ({"n": True}, "n: expected an integer, got True"),
+        ({"flag": 1}, "flag: expected true or false, got 1"),
+        ({"w": 2**31}, "w: 2147483648 is outside the int32 range"),
+        ({"day": None}, None),  # nullable is a warn rule
+        ({"w": None}, None),
+        ({"id": "t-12345678"}, "id: longer than 8 characters"),
+        ({"id": "x-1"}, "id: 'x-1' does not match '^t-'"),
+        ({"more": {"a": 1}}, None),  # extra columns allowed
+    ],
+)  # fmt: skip
+def test_loose_contract_rules_and_bounds_beyond_2_53_are_exact(
+    change: dict[str, Any], reason: str | None
+) -> None:
+    """Integers compare with a bound beyond 2**53 exactly (a double would round both)."""
     text = LOOSE_CONTRACT.replace("max: 9007199254740992", "max: 9007199254740993")
     checker = RecordChecker(parse_contract_text(text, Path("loose.yaml")))
-    assert checker._hot is None
-    records = [{"id": "t-1", "x": 0.5, "n": 1, "flag": False}, {"id": "t-1", "x": 0.5, "n": 9}]
-    reasons, inputs = checker.check_parsed(records)
-    assert reasons == [None, "flag: missing (the key and every feature are required)"]
-    assert inputs["x"].tolist() == [0.5]
+    record = {"id": "t-1", "x": 0.5, "n": 1, "flag": False, **change}
+    assert checker.check(record) == reason
+    reasons, inputs = checker.check_parsed([record, {"id": "t-1", "x": 0.5, "n": 9}])
+    assert reasons == [reason, "flag: missing (the key and every feature are required)"]
+    assert inputs["x"].tolist() == ([] if reason else [float(np.float32(record["x"]))])
 
 
 def test_records_json_refuses_are_read_leniently_to_name_the_field(
@@ -325,23 +345,33 @@ class _FakeKafkaMessage:
         return self._o
 
 
-def test_kafka_engine_without_a_broker() -> None:
-    """Real confluent-kafka clients; nothing listens on the port, so nothing is delivered."""
+@pytest.mark.parametrize("broker", ["refused", "silent"])
+def test_kafka_engine_without_a_broker(broker: str) -> None:
+    """Real confluent-kafka clients; nothing listens on the port (refused), or a peer takes
+    the connection and never answers (silent): nothing is delivered, and no call waits
+    longer than its own bound (a read its ``block_ms``, a commit ``delivery_timeout_s``)."""
     import socket
+    import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: connection refused
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    if broker == "refused":
+        listener.close()  # closed again: connection refused
     engine = KafkaStreams(f"127.0.0.1:{port}", STREAMS, consumer="t", delivery_timeout_s=1.0)
     try:
         m = engine.message(_FakeKafkaMessage(b"t-1", b'{"a": 1}', 3, 41))
         assert m == Message("txn.in/3/41", b'{"a": 1}', key="t-1", partition=3, offset=41)
+        began = time.monotonic()
         assert engine.read(10, 100) == []  # no broker: nothing, no exception
         assert engine.claim(1000, 10) == []  # rebalancing hands over uncommitted offsets
+        assert time.monotonic() - began < 1.5
+        began = time.monotonic()
         with pytest.raises(StreamError, match=r"not delivered within 1s.*nothing committed"):
             engine.commit([Output.of("t-1", {"id": "t-1", "score": 0.5})], [], [m])
+        assert time.monotonic() - began < 2.5
     finally:
         engine.close()
+        listener.close()
 
 
 # --------------------------------------------------------------------------- Deployment
@@ -391,7 +421,7 @@ def test_scorer_deployment_is_restricted_on_the_cpu_pool_scaled_by_partitions() 
     env = {e.name: e.value for e in c.env}
     assert env["TRAINYARD_SERVING_HOST"] == f"serving-transactions.{profile.namespace}.svc"
     # the scorer's command line is one the CLI accepts
-    from trainyard.streaming.scorer import cli_main
+    from trainyard.streaming.score_stream import cli_main
 
     assert cli_main([*c.args, "--help"]) == 0
     # a changed config rolls the pods
@@ -484,6 +514,8 @@ HOSTILE_KEYS = ["t-1", 'q"uote', "back\\slash", "new\nline", "tab\t\x00nul", "ü
 
 
 def test_encode_scores_writes_what_orjson_writes() -> None:
+    """Each score document is byte for byte what orjson.dumps writes for it, for every
+    control character, quote, backslash and non-ASCII key and every awkward float."""
     scores = [0.5, 1e-05, 0.999999999, 0.0, 1.0, 3.25e-300, 0.1]
     classes: list[int | None] = [1, 0, 1, 0, 1, None, 7]
     sources = [f"1795-{i}" for i in range(len(scores))]
@@ -493,35 +525,6 @@ def test_encode_scores_writes_what_orjson_writes() -> None:
         doc = {"id": key, "score": s, "class_id": c, "version": 12, "source": src}
         assert orjson.loads(o.value) == doc
         assert list(orjson.loads(o.value)) == list(doc)
-
-
-def test_encode_scores_non_finite_and_per_row_versions() -> None:
-    outs = encode_scores(["a", "b"], ["1-0", "1-1"], [float("nan"), 0.5], [None, 1], 3)
-    assert orjson.loads(outs[0].value)["score"] is None
-    assert orjson.loads(outs[1].value) == {
-        "id": "b", "score": 0.5, "class_id": 1, "version": 3, "source": "1-1"
-    }  # fmt: skip
-    outs = encode_scores(["a", "b"], ["1-0", "1-1"], [0.25, 0.5], [0, 1], [3, 4])
-    assert [orjson.loads(o.value)["version"] for o in outs] == [3, 4]
-
-
-def _resp(outputs: list[Output]) -> bytes:
-    return b"".join(
-        b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(o.key.encode()), o.key.encode(), len(o.value), o.value)
-        for o in outputs
-    )
-
-
-def _c_packed(keys: list[str], sources: list[str], scores: list[float], classes, version):
-    encode = native.load("trainyard.streaming._hotpath")
-    assert encode is not None, "trainyard.streaming._hotpath is not built (make native)"
-    return encode.scores_resp(keys, sources, orjson.dumps(scores), classes, version)
-
-
-def test_c_packer_writes_the_python_paths_bytes() -> None:
-    """The C packer writes exactly what encode_scores plus RESP packing write, for every
-    control character, quote, backslash, non-ASCII key and awkward float; each document
-    is what orjson.dumps writes for it."""
     rng = random.Random(7)
     keys = HOSTILE_KEYS + [chr(c) for c in range(0x80)] + ["", "x" * 5000, "\\u00e9"]
     for _ in range(300):
@@ -530,119 +533,31 @@ def test_c_packer_writes_the_python_paths_bytes() -> None:
     floats = [0.5, 1e-05, 0.1 + 0.2, 5e-324, 1e16, 1e22, 123456789.0, -0.0, 1.7976931348623157e308]
     floats += [float("nan"), float("inf"), -float("inf"), 3.7e-44]
     scores = [rng.choice(floats) if rng.random() < 0.2 else rng.random() for _ in keys]
-    classes: list[int | None] = [rng.choice([None, 0, 1, -3, 2**62]) for _ in keys]
+    classes = [rng.choice([None, 0, 1, -3, 2**62]) for _ in keys]
     sources = [f"{rng.randrange(1 << 45)}-{i}" if i % 3 else f"t/{i}/é" for i, _ in enumerate(keys)]
     for version in (1, 0, 2**40):
         outputs = encode_scores(keys, sources, scores, classes, version)
-        assert _c_packed(keys, sources, scores, classes, version) == _resp(outputs)
         docs = zip(keys, scores, classes, sources, strict=True)
         assert [o.value for o in outputs] == [
             orjson.dumps({"id": k, "score": s, "class_id": c, "version": version, "source": src})
             for k, s, c, src in docs
         ]
-    assert _c_packed([], [], [], [], 1) == b""
-    ids = [f"1795-{i}" for i in range(50)] + ["é"]
-    encode = native.load("trainyard.streaming._hotpath")
-    assert encode.bulk_strings(ids) == b"".join(
-        b"$%d\r\n%b\r\n" % (len(i.encode()), i.encode()) for i in ids
-    )
 
 
-@pytest.mark.parametrize("case", ["big class", "str class", "surrogate"])
-def test_c_packer_leaves_the_unusual_to_python(case: str) -> None:
-    """None (the Python path decides) for a value it cannot write as Python would."""
-    keys, sources, scores = ["a", "b"], ["1-0", "1-1"], [0.25, 0.5]
-    classes: list[Any] = [0, 1]
-    if case == "big class":
-        classes[0] = 2**70
-    elif case == "str class":
-        classes[0] = "1"
-    else:
-        keys[0] = "\ud800"
-    assert _c_packed(keys, sources, scores, classes, 3) is None
-
-
-@pytest.mark.parametrize(
-    "scores", [b"[0.1]", b"[0.1,0.2,0.3]", b"[0.1,]", b"0.1,0.2", b"[", b"", b"[,0.2]"]
-)
-def test_c_packer_refuses_scores_that_are_not_one_per_key(scores: bytes) -> None:
-    encode = native.load("trainyard.streaming._hotpath")
-    assert encode is not None, "make native"
-    with pytest.raises(ValueError, match="one number per key"):
-        encode.scores_resp(["a", "b"], ["1-0", "1-1"], scores, [0, 1], 3)
-    with pytest.raises(ValueError, match="differ in length"):
-        encode.scores_resp(["a", "b"], ["1-0"], b"[0.1,0.2]", [0, 1], 3)
-
-
-def resp_reply(x: Any) -> bytes:
-    """``x`` (nested lists of bytes, None for nil) as Redis writes a RESP2 reply."""
-    if x is None:
-        return b"*-1\r\n"
-    if isinstance(x, list):
-        return b"*%d\r\n" % len(x) + b"".join(map(resp_reply, x))
-    return b"$%d\r\n%b\r\n" % (len(x), x)
-
-
-VALUES = [b"", b"\r\n", b"$5\r\nvalue\r\n*-1\r\n", bytes(range(256)), b"{}" * 600, "ü".encode()]
-
-
-def test_c_stream_reply_reads_what_hiredis_reads() -> None:
-    """An XREADGROUP reply of plain entries, read from the socket's bytes, is the Messages
-    hiredis and the Python path make of it; a cut reply asks for more (None); anything
-    else (an error, keyed or odd entries, two streams) is left to hiredis (False)."""
-    import hiredis
-
-    hotpath = native.load("trainyard.streaming._hotpath")
-    assert hotpath is not None, "make native"
-    entries = [[b"1795-%d" % i, [b"value", VALUES[i % len(VALUES)]]] for i in range(300)]
-    data = resp_reply([[b"events.in", entries]])
-    reader = hiredis.Reader()
-    reader.feed(data)
-    want = [Message(e.decode(), f[1]) for e, f in reader.gets()[0][1]]
-    got, end = hotpath.stream_reply(data, Message)
-    assert (got, end) == (want, len(data))
-    assert all(type(m) is Message and m.key is None and m.fields is None for m in got)
-    assert hotpath.stream_reply(bytearray(data), Message) == (want, len(data))
-    assert hotpath.stream_reply(data + b"+OK\r\n", Message) == (want, len(data))
-    cuts = [*range(0, 200), *range(200, len(data), 89), len(data) - 2, len(data) - 1]
-    assert all(hotpath.stream_reply(data[:i], Message) is None for i in cuts)
-    assert hotpath.stream_reply(b"*-1\r\n", Message) == ([], 5)
-    empty = resp_reply([[b"in", []]])
-    assert hotpath.stream_reply(empty, Message) == ([], len(empty))
-    plain = entries[:3]
-    for odd in (
-        [[b"in", [*plain, [b"1-0", [b"key", b"k", b"value", b"v"]]]]],
-        [[b"in", [*plain, [b"1-0", [b"valuE", b"v"]]]]],
-        [[b"in", [*plain, [b"1-0", None]]]],  # deleted while pending
-        [[b"in", [*plain, [b"1-0", [b"value"]]]]],
-        [[b"in", [*plain, ["1-ü".encode(), [b"value", b"v"]]]]],
-        [[b"in", plain], [b"other", plain]],
-        [[b"in", plain, b"x"]],
-        [],
-    ):
-        assert hotpath.stream_reply(resp_reply(odd), Message) is False, odd
-    for odd in (b"-NOGROUP No such key\r\n", b"*1\r\n*2\r\n$2\r\nin\r\n*x\r\n", b"+OK\r\n"):
-        assert hotpath.stream_reply(odd, Message) is False, odd
-    with pytest.raises(TypeError):
-        hotpath.stream_reply(data, dict)
-
-
-def test_scores_commit_the_same_bytes_with_or_without_c(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Redis engine's packing of a batch of Scores, C and Python, and of NaN scores."""
-    from trainyard.streaming import engines
-
-    batch = Scores(
-        HOSTILE_KEYS, [f"9-{i}" for i in range(7)], [0.1] * 5 + [1e-7, 3e-44], [1] * 7, 4
-    )
-    with_c = engines.pack_scores(batch)
-    monkeypatch.setattr(engines, "_hotpath", None)
-    assert engines.pack_scores(batch) == with_c == (7, _resp(batch.outputs()))
-    ints = Scores(["a"], ["1-0"], [1], [None], 5)  # not a float: the Python path, as orjson
-    assert b'"score":1,' in engines.pack_scores(ints)[1]
-    nan = Scores(["a"], ["1-0"], [float("nan")], [None], [5])
-    assert engines.pack_scores(nan)[1].endswith(
-        b'"score":null,"class_id":null,"version":5,"source":"1-0"}\r\n'
-    )
+def test_encode_scores_non_finite_and_per_row_versions() -> None:
+    # a key column that is not a string (an int64 id): numbers, as orjson writes them
+    outs = encode_scores([7, 2**40], ["1-0", "1-1"], [0.5, 0.25], [1, 0], 3)
+    assert [o.value for o in outs] == [
+        orjson.dumps({"id": k, "score": s, "class_id": c, "version": 3, "source": src})
+        for k, s, c, src in [(7, 0.5, 1, "1-0"), (2**40, 0.25, 0, "1-1")]
+    ]
+    outs = encode_scores(["a", "b"], ["1-0", "1-1"], [float("nan"), 0.5], [None, 1], 3)
+    assert orjson.loads(outs[0].value)["score"] is None
+    assert orjson.loads(outs[1].value) == {
+        "id": "b", "score": 0.5, "class_id": 1, "version": 3, "source": "1-1"
+    }  # fmt: skip
+    outs = encode_scores(["a", "b"], ["1-0", "1-1"], [0.25, 0.5], [0, 1], [3, 4])
+    assert [orjson.loads(o.value)["version"] for o in outs] == [3, 4]
 
 
 @pytest.mark.parametrize(
@@ -675,7 +590,7 @@ def test_scoring_times_and_counts_must_be_sane(scoring: dict[str, Any], message:
     ],
 )
 def test_score_stream_refuses_bad_flags(flags: list[str], capsys: pytest.CaptureFixture) -> None:
-    from trainyard.streaming.scorer import cli_main
+    from trainyard.streaming.score_stream import cli_main
 
     assert cli_main(["--pipeline", "transactions", *flags]) == 2
     assert flags[0] in capsys.readouterr().err
@@ -685,7 +600,7 @@ def test_redis_errors_hide_the_password_and_name_a_bad_url() -> None:
     from trainyard.streaming.engines import RedisStreams
 
     with pytest.raises(StreamError) as e:
-        RedisStreams("redis://:secretpw@127.0.0.1:1/0", STREAMS, socket_timeout_s=2)
+        RedisStreams("redis://:secretpw@127.0.0.1:1/0", STREAMS, deadline_s=2)
     assert "secretpw" not in str(e.value) and "redis://***@127.0.0.1:1/0" in str(e.value)
     with pytest.raises(StreamError, match="redis URL 'garbage'"):
         RedisStreams("garbage", STREAMS)

@@ -51,7 +51,7 @@ TOOLS: dict[str, tuple[str, str, str]] = {
     ),
     "serve": ("trainyard.serving.server", "cli_main", "Run the TF-Serving-compatible server."),
     "score-stream": (
-        "trainyard.streaming.scorer",
+        "trainyard.streaming.score_stream",
         "cli_main",
         "Score a pipeline's input stream with the served champion (scoring.stream).",
     ),

@@ -29,7 +29,7 @@ import datetime as dt
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ log = logging.getLogger("trainyard.orchestration.stream_trigger")
 
 CONSUMER = "airflow-triggerer"
 """The Redis consumer name (one triggerer reads a group; a restarted one reads its pending)."""
+MAX_BACKOFF_S = 30.0
+"""The longest wait before the trigger reads a failing Redis again."""
 
 
 class BadMessage(ValueError):
@@ -172,6 +174,11 @@ class RedisStreamTrigger(BaseEventTrigger):
         not_before: The pipeline's start date: earlier days are rejected.
         redeliver_after: Seconds after which a message handed over that no run acknowledged
             yet (:func:`acknowledge`) is handed over again.
+        deadline: Seconds one call to Redis may take (beyond a read's ``poll_interval``;
+            default ``trainyard.streaming.redis_client.REDIS_DEADLINE_S``): a server that
+            stops answering, or answers a byte at a time, is left, logged, and connected to
+            again after a back-off (1 s doubling to :data:`MAX_BACKOFF_S`), for as long as
+            it fails.
     """
 
     def __init__(
@@ -183,10 +190,17 @@ class RedisStreamTrigger(BaseEventTrigger):
         retry: str | None = None,
         not_before: str | None = None,
         redeliver_after: float = 60.0,
+        deadline: float | None = None,
     ) -> None:
         super().__init__()
         self.stream, self.group, self.url, self.poll_interval = stream, group, url, poll_interval
         self.retry, self.not_before, self.redeliver_after = retry, not_before, redeliver_after
+        if deadline is None:
+            from trainyard.streaming.redis_client import REDIS_DEADLINE_S
+
+            deadline = REDIS_DEADLINE_S
+        self.deadline = deadline
+        self._failures = 0  # calls failed in a row (the back-off)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and arguments (how the triggerer re-creates it)."""
@@ -200,12 +214,18 @@ class RedisStreamTrigger(BaseEventTrigger):
                 "retry": self.retry,
                 "not_before": self.not_before,
                 "redeliver_after": self.redeliver_after,
+                "deadline": self.deadline,
             },
         )
 
     @property
     def _streams(self) -> list[str]:
         return [self.stream, *([self.retry] if self.retry else [])]
+
+    async def _call(self, call: Awaitable[Any], block_s: float = 0.0) -> Any:
+        """``await call``, which must end within :attr:`deadline` (plus ``block_s``)."""
+        async with asyncio.timeout(self.deadline + block_s):
+            return await call
 
     async def _connect(self) -> Any:
         import redis.asyncio as aioredis
@@ -222,10 +242,10 @@ class RedisStreamTrigger(BaseEventTrigger):
         client = aioredis.from_url(url)
         for key in self._streams:
             try:
-                await client.xgroup_create(key, self.group, id="0", mkstream=True)
+                await self._call(client.xgroup_create(key, self.group, id="0", mkstream=True))
             except Exception as e:  # BUSYGROUP: it exists, which is the usual case
                 if "BUSYGROUP" not in str(e):
-                    await client.aclose()
+                    await self._close(client)
                     raise
         return client
 
@@ -238,7 +258,28 @@ class RedisStreamTrigger(BaseEventTrigger):
         the dag-processor next parses its file. So a message stays pending until a run has
         it; one pending longer than ``redeliver_after`` seconds is handed over again, and
         all of them whenever the trigger starts (the DAG unpaused, the triggerer back).
+
+        A Redis that fails a call (down, refusing, or not answering within
+        :attr:`deadline`) is logged and read again after a back-off; nothing is lost
+        meanwhile, the messages wait in the stream.
         """
+        import redis
+
+        while True:
+            try:
+                async for event in self._events():
+                    yield event
+            except (TimeoutError, redis.RedisError, OSError) as e:
+                self._failures += 1
+                wait = min(2.0 ** (self._failures - 1), MAX_BACKOFF_S)
+                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                if isinstance(e, TimeoutError):
+                    why = f"no whole answer within {self.deadline:g} s"
+                log.warning("redis stream %s: %s; reading it again in %g s", self.stream, why, wait)
+                await asyncio.sleep(wait)
+
+    async def _events(self) -> AsyncIterator[TriggerEvent]:
+        """:meth:`run`'s events, on one connection, until a call to Redis fails."""
         client = await self._connect()
         loop = asyncio.get_running_loop()
         try:
@@ -251,20 +292,32 @@ class RedisStreamTrigger(BaseEventTrigger):
                         async for event in self._pending(client, key, min_idle):
                             yield event
                     min_idle, due = self.redeliver_after, loop.time() + every
-                reply = await client.xreadgroup(
-                    self.group,
-                    CONSUMER,
-                    {key: ">" for key in self._streams},
-                    count=16,
-                    block=max(int(self.poll_interval * 1000), 1),
+                reply = await self._call(
+                    client.xreadgroup(
+                        self.group,
+                        CONSUMER,
+                        {key: ">" for key in self._streams},
+                        count=16,
+                        block=max(int(self.poll_interval * 1000), 1),
+                    ),
+                    self.poll_interval,
                 )
+                self._failures = 0
                 for raw_key, entries in reply or []:
                     for raw_id, raw_fields in entries:
                         found = await self._event(client, _text(raw_key), raw_id, raw_fields)
                         if found is not None:
                             yield found
         finally:
-            await client.aclose()
+            await self._close(client)
+
+    async def _close(self, client: Any) -> None:
+        """Close ``client``'s connections, waiting at most :attr:`deadline` (a stuck peer)."""
+        try:
+            async with asyncio.timeout(self.deadline):
+                await client.aclose()
+        except (TimeoutError, OSError) as e:
+            log.debug("redis stream %s: closing: %r", self.stream, e)
 
     async def _pending(self, client: Any, key: str, min_idle: float) -> AsyncIterator[TriggerEvent]:
         """Events again for this consumer's entries of ``key`` pending ``min_idle`` s or more.
@@ -274,14 +327,14 @@ class RedisStreamTrigger(BaseEventTrigger):
         """
         start = "0-0"
         while True:
-            reply = await client.xautoclaim(
-                key, self.group, CONSUMER, int(min_idle * 1000), start, count=64
+            reply = await self._call(
+                client.xautoclaim(key, self.group, CONSUMER, int(min_idle * 1000), start, count=64)
             )
             start, entries = _text(reply[0]), reply[1]
             gone = [_text(i) for i in (reply[2] if len(reply) > 2 else [])]
             gone += [_text(i) for i, fields in entries if fields is None]
             if gone:
-                await client.xack(key, self.group, *gone)
+                await self._call(client.xack(key, self.group, *gone))
             for raw_id, raw_fields in entries:
                 if raw_fields is not None:
                     event = await self._event(client, key, raw_id, raw_fields)
@@ -307,8 +360,8 @@ class RedisStreamTrigger(BaseEventTrigger):
             rejected = f"{self.stream}.rejected"
             log.warning("%s %s: %s (copied to %s)", key, entry_id, e, rejected)
             copy = {"id": entry_id, "reason": str(e), "message": json.dumps(fields)}
-            await client.xadd(rejected, copy)
-            await client.xack(key, self.group, entry_id)
+            await self._call(client.xadd(rejected, copy))
+            await self._call(client.xack(key, self.group, entry_id))
             return None
         event: dict[str, Any] = {"stream": self.stream, "id": entry_id, **interval}
         if fields.get("arrival"):  # a copy a run sent back
@@ -513,18 +566,21 @@ def acknowledge(stream: TriggerStreamConfig, payloads: list[dict[str, Any]]) -> 
 
 @contextmanager
 def _redis_client(stream: TriggerStreamConfig) -> Iterator[Any]:
-    """A Redis client for ``stream``: its ``url``, else the project's (started if need be)."""
-    import redis
+    """A Redis client for ``stream``: its ``url``, else the project's (started if need be).
 
+    Every call ends within ``redis_client.REDIS_DEADLINE_S`` (a silent or dripping server
+    raises ``redis.TimeoutError``, and the task's retry takes over).
+    """
     from trainyard.settings import get_settings
-    from trainyard.streaming import redis_server
+    from trainyard.streaming import redis_client, redis_server
 
     url = stream.url or get_settings().redis_url or redis_server.ensure_running()
-    client = redis.Redis.from_url(url)
+    client = redis_client.redis_client(url, redis_client.REDIS_DEADLINE_S)
     try:
         yield client
     finally:
         client.close()
+        client.connection_pool.disconnect()
 
 
 RECENT_EVENTS = 500

@@ -4,19 +4,23 @@ The scorer sees a :class:`StreamEngine`: ``read`` new records as a member of a c
 group, ``claim`` records a dead member read but never acknowledged, ``commit`` scores and
 dead letters *then* acknowledge the records they came from, ``lag`` and ``produce``.
 
-* **Redis Streams** (:class:`RedisStreams`): ``XREADGROUP`` (the group is created at the
-  stream's start with ``MKSTREAM``, so records produced before the first scorer count),
-  ``XPENDING`` and ``XCLAIM`` of entries idle longer than the claim time, one at a time
-  with their delivery counts, and ``commit`` as one Lua
-  script, which Redis runs atomically: the ``XADD`` of every score and dead letter, then
-  the ``XACK`` of their inputs. A killed scorer therefore leaves a
-  batch either written and acknowledged, or neither (pending, claimed by the next scorer).
+* **Redis Streams** (:class:`RedisStreams`, redis-py with hiredis): ``XREADGROUP`` (the
+  group is created at the stream's start with ``MKSTREAM``, so records produced before the
+  first scorer count), ``XPENDING`` and ``XCLAIM`` of entries idle longer than the claim
+  time, one at a time with their delivery counts, and ``commit`` as one Lua script, which
+  Redis runs atomically: the ``XADD`` of every score and dead letter, then the ``XACK`` of
+  their inputs. A killed scorer therefore leaves a batch either written and acknowledged,
+  or neither (pending, claimed by the next scorer). Every call ends within a deadline
+  (:mod:`~trainyard.streaming.redis_client`): a server that stops answering, or answers a
+  byte at a time, fails it with a :class:`StreamError`.
 * **Kafka** (:class:`KafkaStreams`, confluent-kafka): a consumer group with auto commit
   off; ``commit`` produces every output (idempotent producer, ``acks=all``), waits for
   each delivery, then commits the next offset of each partition synchronously. A kill
   between the two re-delivers the batch to the partition's next owner (rebalance does
   what claims do for Redis), so outputs may repeat: they are keyed by record id
-  and carry the input's position (``source``), so a duplicate is recognisable.
+  and carry the input's position (``source``), so a duplicate is recognisable. Reads wait
+  at most their ``block_ms``, deliveries ``delivery_timeout_s``, and librdkafka ends a
+  synchronous offset commit that finds no group coordinator after ``session.timeout.ms``.
 
 Records are JSON objects: the Redis entry field ``value`` (an optional ``key`` field), the
 Kafka message value (the message key is optional). Outputs are JSON too: a Redis entry
@@ -26,22 +30,24 @@ Kafka message value (the message key is optional). Outputs are JSON too: a Redis
 from __future__ import annotations
 
 import abc
-import hashlib
+import functools
+import itertools
 import logging
 import socket
 import threading
-from collections.abc import Sequence, Set
+import time
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
+import redis
 
-from trainyard import native
 from trainyard.errors import TrainyardError
 from trainyard.fsutil import redact_url
+from trainyard.streaming.redis_client import REDIS_DEADLINE_S, redis_client
 
 log = logging.getLogger("trainyard.streaming")
-_hotpath = native.load("trainyard.streaming._hotpath")
 
 
 class StreamError(TrainyardError):
@@ -88,8 +94,12 @@ class Output(NamedTuple):
         return cls(key, orjson.dumps(doc))
 
 
+_output = functools.partial(tuple.__new__, Output)
+"""``Output`` of a ``(key, value)`` pair without its Python-level ``__new__`` (a score each)."""
+
+
 def encode_scores(
-    keys: list[str],
+    keys: list[Any],
     sources: list[str],
     scores: list[float],
     classes: list[int | None],
@@ -98,25 +108,33 @@ def encode_scores(
     """The output documents ``{id, score, class_id, version, source}``, one per record.
 
     Formatted directly (a few hundred thousand a second are written), byte for byte what
-    ``orjson.dumps`` writes for each document: the scores are formatted by one
-    ``orjson.dumps`` of the batch's list (a NaN or infinite score is null).
+    ``orjson.dumps`` writes for each document: the scores, the keys and the sources are
+    each formatted by one ``orjson.dumps`` of the batch's list (a NaN or infinite score is
+    null). Anything else (ids that are not strings, a version per row) is encoded a
+    document at a time.
 
     Args:
-        keys: Record ids.
+        keys: Record ids (the key column's values: strings, or another JSON value).
         sources: Input positions (stream entry ids, ``topic/partition/offset``).
         scores: Per record score (floats).
         classes: Per record class id, or None.
         versions: The model version that scored the batch, or one per record.
     """
-    if isinstance(versions, int) and set(map(type, scores)) <= {float}:
-        head = b'{"id":%b,"score":%b,"class_id":%b,"version":' + b"%d" % versions
-        fmt = head + b',"source":%b}'
-        dumps = orjson.dumps
-        texts = score_texts(scores)
-        return [
-            Output(k, fmt % (dumps(k), t, b"null" if c is None else b"%d" % c, dumps(src)))
-            for k, src, t, c in zip(keys, sources, texts, classes, strict=True)
-        ]
+    if (
+        isinstance(versions, int)
+        and set(map(type, scores)) <= {float}
+        and set(map(type, keys)) | set(map(type, sources)) <= {str}
+    ):
+        head = b'{"id":"%b","score":%b,"class_id":%b,"version":' + b"%d" % versions
+        fmt = head + b',"source":"%b"}'
+        docs = [
+            fmt % (k, t, b"null" if c is None else b"%d" % c, src)
+            for k, t, c, src in zip(
+                _json_strings(keys), score_texts(scores), classes, _json_strings(sources),
+                strict=True,
+            )
+        ]  # fmt: skip
+        return list(map(_output, zip(keys, docs, strict=True)))
     each = [versions] * len(keys) if isinstance(versions, int) else versions
     return [
         Output.of(k, {"id": k, "score": s, "class_id": c, "version": v, "source": src})
@@ -124,47 +142,17 @@ def encode_scores(
     ]
 
 
+def _json_strings(strings: list[str]) -> list[bytes]:
+    """Each string as ``orjson.dumps`` writes it, without its quotes: one call for all.
+
+    Inside a JSON string every quote is escaped, so ``","`` only ever separates two.
+    """
+    return orjson.dumps(strings)[2:-2].split(b'","') if strings else []
+
+
 def score_texts(scores: list[float]) -> list[bytes]:
     """Each score as ``orjson.dumps`` writes it (one call for the batch; null if not finite)."""
     return orjson.dumps(scores)[1:-1].split(b",") if scores else []
-
-
-@dataclass
-class Scores:
-    """A batch's scores, one row per record, as the scorer hands them to ``commit``.
-
-    The engine encodes them (:meth:`outputs`, or the Redis engine's packer in C, which
-    writes the same bytes straight into the commit).
-
-    Attributes:
-        keys: Record ids.
-        sources: Input positions.
-        scores: Per record score.
-        classes: Per record class id, or None.
-        versions: The model version that scored the batch, or one per record.
-    """
-
-    keys: list[str]
-    sources: list[str]
-    scores: list[float]
-    classes: list[int | None]
-    versions: int | list[int | None]
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def outputs(self) -> list[Output]:
-        """The output records (:func:`encode_scores`)."""
-        return encode_scores(self.keys, self.sources, self.scores, self.classes, self.versions)
-
-
-ScoreOutputs = Scores | Sequence[Output]
-"""What ``commit`` writes to the output stream: a batch's :class:`Scores` or outputs."""
-
-
-def outputs_of(scores: ScoreOutputs) -> Sequence[Output]:
-    """``scores`` as output records."""
-    return scores.outputs() if isinstance(scores, Scores) else scores
 
 
 @dataclass(frozen=True)
@@ -203,7 +191,7 @@ class StreamEngine(abc.ABC):
         """
 
     @abc.abstractmethod
-    def commit(self, scores: ScoreOutputs, dead: Sequence[Output], done: Sequence[Message]):
+    def commit(self, scores: Sequence[Output], dead: Sequence[Output], done: Sequence[Message]):
         """Write ``scores`` and ``dead`` letters, then acknowledge ``done`` (never before)."""
 
     @abc.abstractmethod
@@ -236,16 +224,7 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def resp(*args: bytes | str | int) -> bytes:
-    """One command in Redis's wire protocol (RESP2 array of bulk strings)."""
-    parts = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = a if isinstance(a, bytes) else str(a).encode()
-        parts.append(b"$%d\r\n%b\r\n" % (len(b), b))
-    return b"".join(parts)
-
-
-COMMIT_SCRIPT = b"""
+COMMIT_SCRIPT = """
 for _, key in ipairs({KEYS[1], KEYS[2]}) do
   local kind = redis.call('TYPE', key)['ok']
   if kind ~= 'stream' and kind ~= 'none' then
@@ -269,7 +248,6 @@ return acked
 """
 """The commit: KEYS output, dead letters, input; ARGV group, score count, dead-letter count,
 then ``key value`` per output and the entry ids to acknowledge."""
-COMMIT_SHA = hashlib.sha1(COMMIT_SCRIPT).hexdigest().encode()
 
 
 LAG_SCRIPT = """
@@ -286,6 +264,11 @@ return n
 """Entries of stream KEYS[1] after id ARGV[1], counted up to ARGV[2]."""
 LAG_COUNT_MAX = 1000
 """The most entries :data:`LAG_SCRIPT` counts: about 2 ms of Redis's time a report."""
+
+
+def _raw(reply: Any, **_options: Any) -> Any:
+    """A reply as hiredis parsed it (redis-py's own parsing of entries into dicts skipped)."""
+    return reply
 
 
 def _entry_message(entry_id: bytes | str, fields: list[bytes]) -> Message:
@@ -307,34 +290,23 @@ def _entry_message(entry_id: bytes | str, fields: list[bytes]) -> Message:
     )  # fmt: skip
 
 
-def _pack_outputs(outputs: Sequence[Output]) -> bytes:
-    """Each output's key and value as RESP bulk strings."""
-    return b"".join(
-        b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(k), k, len(o.value), o.value)
-        for k, o in ((o.key.encode(), o) for o in outputs)
-    )
+_message = functools.partial(tuple.__new__, Message)
+"""``Message`` of all its fields, without its Python-level ``__new__`` (one a record read)."""
 
 
-def pack_scores(scores: ScoreOutputs) -> tuple[int, bytes]:
-    """How many outputs, and their keys and documents as RESP bulk strings.
-
-    A batch scored by one version goes through the C packer when it is built (its scores
-    formatted by one ``orjson.dumps``); anything the packer does not take (types other
-    than the plain ones) is packed by the Python path, to the same bytes.
-    """
-    if _hotpath is not None and isinstance(scores, Scores) and isinstance(scores.versions, int):
-        s = scores
-        if set(map(type, s.scores)) <= {float}:
-            texts = orjson.dumps(s.scores)
-            packed = _hotpath.scores_resp(s.keys, s.sources, texts, s.classes, s.versions)
-            if packed is not None:
-                return len(s), packed
-    outputs = outputs_of(scores)
-    return len(outputs), _pack_outputs(outputs)
+def _messages(entries: Any) -> list[Message]:
+    """The entries of a stream reply (hiredis's lists) as Messages; deleted ones skipped."""
+    out = []
+    for entry_id, fields in entries or ():
+        if len(fields or ()) == 2 and fields[0] == b"value":  # what producers usually write
+            out.append(_message((entry_id.decode(), fields[1], None, None, None, None, None)))
+        elif fields:  # None: deleted while pending
+            out.append(_entry_message(entry_id, fields))
+    return out
 
 
 class RedisStreams(StreamEngine):
-    """Redis Streams through redis-py (hiredis parser)."""
+    """Redis Streams through redis-py, hiredis parsing, every call within a deadline."""
 
     name = "redis"
 
@@ -343,98 +315,77 @@ class RedisStreams(StreamEngine):
         url: str,
         streams: Streams,
         consumer: str | None = None,
-        socket_timeout_s: float = 30.0,
+        deadline_s: float = REDIS_DEADLINE_S,
     ) -> None:
         """Connect and create the consumer group at the input stream's start if missing.
+
+        Args:
+            url: The server (``unix://``, ``redis://`` or ``rediss://``).
+            streams: The streams and the group.
+            consumer: This member's name in the group.
+            deadline_s: The most one call may take, a read's ``BLOCK`` included
+                (:func:`~trainyard.streaming.redis_client.redis_client`): a server that
+                stops answering, or answers a byte at a time, fails the call by then.
 
         Raises:
             StreamError: If the server does not answer or refuses the group.
         """
-        import redis
-
         super().__init__(streams, consumer)
         self.url = redact_url(url)  # as messages and logs show it: no password
-        self._redis = redis
         try:
-            self.r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, protocol=2)
+            self.r = redis_client(url, deadline_s)
         except ValueError as e:
             raise StreamError(f"redis URL {self.url!r}: {e}") from None
-        self._create_group()
+        # XREADGROUP and XCLAIM replies as hiredis parsed them: the entries' field lists
+        # are read straight into Messages
+        self.r.set_response_callback("XREADGROUP", _raw)
+        self.r.set_response_callback("XCLAIM", _raw)
+        self._commit = self.r.register_script(COMMIT_SCRIPT)
+        self._lag = self.r.register_script(LAG_SCRIPT)
         self._claim_from = "0-0"
-        self._local = threading.local()  # each thread's own connection and reply parser
-        self._lock = threading.Lock()
-        self._conns: list[Any] = []
+        self._calling(self._create_group)
 
-    def _create_group(self) -> None:
-        """The consumer group at the input stream's start (the stream too), unless it exists."""
-        redis = self._redis
-        group = self.streams.group
+    def _calling(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, Redis's failures raised as :class:`StreamError`."""
         try:
-            self.r.xgroup_create(self.streams.input, group, id="0", mkstream=True)
-        except redis.ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise StreamError(f"redis {self.url}: cannot create group {group}: {e}") from e
+            return call(*args, **kwargs)
         except redis.RedisError as e:
             raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
 
-    @staticmethod
-    def _messages(entries: Any) -> list[Message]:
-        out = []
-        for entry_id, fields in entries or ():
-            if fields is None:  # deleted while pending
-                continue
-            flat = (
-                [x for pair in fields.items() for x in pair] if isinstance(fields, dict) else fields
-            )
-            out.append(_entry_message(entry_id, flat))
-        return out
-
-    def _call(self, command: bytes, entries: bool = False) -> Any:
-        """Send one packed command on the engine's own connection; its raw reply.
-
-        With ``entries`` (an ``XREADGROUP``), a reply of plain entries is read straight
-        into Messages by the C module and comes back as ``(messages, end)``.
-
-        Raises:
-            redis.ResponseError: If Redis answers with an error.
-        """
-        (reply,) = self._call_many(command, 1, entries)
-        if isinstance(reply, Exception):
-            raise self._redis.ResponseError(str(reply))
-        return reply
-
-    def _read_reply(self, command: bytes) -> Any:
+    def _create_group(self) -> None:
+        """The consumer group at the input stream's start (the stream too), unless it exists."""
         try:
-            return self._call(command, entries=True)
-        except self._redis.ResponseError as e:
-            if not str(e).startswith("NOGROUP"):
-                raise StreamError(f"redis {self.url}: {e}") from None
+            self.r.xgroup_create(self.streams.input, self.streams.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise StreamError(
+                    f"redis {self.url}: cannot create group {self.streams.group}: {e}"
+                ) from e
+
+    def _regrouped(self, call: Callable[[], Any]) -> Any:
+        """``call()``; once more after creating the group if the input stream lost it."""
+        try:
+            return self._calling(call)
+        except StreamError as e:
+            if not isinstance(e.__cause__, redis.ResponseError) or "NOGROUP" not in str(e):
+                raise
         # the input stream (and with it the group) was deleted: start again at its start
         log.warning(
             "redis %s: stream %s has no group %s (deleted?): created again at its start",
             self.url, self.streams.input, self.streams.group,
         )  # fmt: skip
-        self._create_group()
-        return self._call(command, entries=True)
+        self._calling(self._create_group)
+        return self._calling(call)
 
     def read(self, count: int, block_ms: int) -> list[Message]:
         """``XREADGROUP GROUP <g> <me> COUNT n BLOCK ms STREAMS <in> >``."""
-        command = resp(
-            "XREADGROUP", "GROUP", self.streams.group, self.consumer, "COUNT", count,
-            "BLOCK", max(1, block_ms), "STREAMS", self.streams.input, ">",
-        )  # fmt: skip
-        got = self._read_reply(command)
-        if isinstance(got, tuple):  # read by the C module (hiredis gives lists)
-            return got[0]
-        if not got:
-            return []
-        out = []
-        for entry_id, fields in got[0][1]:
-            if len(fields) == 2 and fields[0] == b"value":  # what producers usually write
-                out.append(Message(entry_id.decode(), fields[1]))
-            elif fields:
-                out.append(_entry_message(entry_id, fields))
-        return out
+        s = self.streams
+        reply = self._regrouped(
+            lambda: self.r.xreadgroup(
+                s.group, self.consumer, {s.input: ">"}, count=count, block=max(1, block_ms)
+            )
+        )
+        return _messages(reply[0][1]) if reply else []
 
     def claim(self, min_idle_ms: int, count: int, skip: Set[str] = frozenset()) -> list[Message]:
         """``XPENDING`` (idle ones, from where the last call stopped), then ``XCLAIM`` of one.
@@ -442,35 +393,35 @@ class RedisStreams(StreamEngine):
         The first idle entry not in ``skip``, alone: it may be what stopped the scorer
         that read it, and alone it stops only its own scorer. ``XAUTOCLAIM`` would also
         claim what this member has in flight and so count a delivery of it each time: the
-        counts must say how many scorers took a record, for :meth:`Scorer._prepare` to
-        dead-letter one that stops every scorer. A deleted entry is acknowledged.
+        counts must say how many scorers took a record, for the scorer to dead-letter one
+        that stops every scorer. A deleted entry is acknowledged.
         """
+        return self._calling(self._claim, min_idle_ms, count, skip)
+
+    def _claim(self, min_idle_ms: int, count: int, skip: Set[str]) -> list[Message]:
         s = self.streams
-        try:
-            rows = self.r.xpending_range(
-                s.input, s.group, min=self._claim_from, max="+", count=count, idle=min_idle_ms
-            )
-            take = [row for row in rows if _s(row["message_id"]) not in skip][:1]
-            if take:
-                self._claim_from = "(" + _s(take[0]["message_id"])
-            elif len(rows) == count:
-                self._claim_from = "(" + _s(rows[-1]["message_id"])
-            else:
-                self._claim_from = "-"
-                self._forget_idle_members(min_idle_ms)
-                return []
-            if not take:
-                return []
-            ids = [_s(row["message_id"]) for row in take]
-            entries = self.r.xclaim(s.input, s.group, self.consumer, min_idle_ms, ids)
-            got = {_s(i) for i, fields in entries if fields is not None}
-            if deleted := [i for i in ids if i not in got]:  # Redis before 7 keeps them
-                log.warning("%d pending entries were deleted from %s", len(deleted), s.input)
-                self.r.xack(s.input, s.group, *deleted)
-        except self._redis.RedisError as e:
-            raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
+        rows = self.r.xpending_range(
+            s.input, s.group, min=self._claim_from, max="+", count=count, idle=min_idle_ms
+        )
+        take = [row for row in rows if _s(row["message_id"]) not in skip][:1]
+        if take:
+            self._claim_from = "(" + _s(take[0]["message_id"])
+        elif len(rows) == count:
+            self._claim_from = "(" + _s(rows[-1]["message_id"])
+        else:
+            self._claim_from = "-"
+            self._forget_idle_members(min_idle_ms)
+            return []
+        if not take:
+            return []
+        ids = [_s(row["message_id"]) for row in take]
+        entries = self.r.xclaim(s.input, s.group, self.consumer, min_idle_ms, ids)
+        got = {_s(i) for i, fields in entries if fields is not None}
+        if deleted := [i for i in ids if i not in got]:  # Redis before 7 keeps them
+            log.warning("%d pending entries were deleted from %s", len(deleted), s.input)
+            self.r.xack(s.input, s.group, *deleted)
         before = {_s(row["message_id"]): row["times_delivered"] for row in take}
-        return [m._replace(deliveries=before[m.id] + 1) for m in self._messages(entries)]
+        return [m._replace(deliveries=before[m.id] + 1) for m in _messages(entries)]
 
     def release(self, messages: Sequence[Message]) -> None:
         """``XCLAIM ... RETRYCOUNT <deliveries before ours> JUSTID``: this delivery uncounted.
@@ -481,13 +432,11 @@ class RedisStreams(StreamEngine):
         by_count: dict[int, list[str]] = {}
         for m in messages:
             by_count.setdefault((m.deliveries or 1) - 1, []).append(m.id)
-        try:
-            for count, ids in by_count.items():
-                self.r.xclaim(
-                    s.input, s.group, self.consumer, 0, ids, retrycount=count, justid=True
-                )
-        except self._redis.RedisError as e:
-            raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
+        for count, ids in by_count.items():
+            self._calling(
+                self.r.xclaim,
+                s.input, s.group, self.consumer, 0, ids, retrycount=count, justid=True,
+            )  # fmt: skip
 
     def _forget_idle_members(self, min_idle_ms: int) -> None:
         for c in self.r.xinfo_consumers(self.streams.input, self.streams.group):
@@ -495,7 +444,9 @@ class RedisStreams(StreamEngine):
             if name != self.consumer and c["pending"] == 0 and c["idle"] > min_idle_ms:
                 self.r.xgroup_delconsumer(self.streams.input, self.streams.group, name)
 
-    def commit(self, scores: ScoreOutputs, dead: Sequence[Output], done: Sequence[Message]) -> None:
+    def commit(
+        self, scores: Sequence[Output], dead: Sequence[Output], done: Sequence[Message]
+    ) -> None:
         """One script (:data:`COMMIT_SCRIPT`): ``XADD`` every output, then ``XACK``.
 
         Redis runs a script as one and writes its effects to the append-only file as one
@@ -506,107 +457,19 @@ class RedisStreams(StreamEngine):
         failed ``XADD``.
 
         Raises:
-            StreamError: If Redis refuses the batch (the records stay pending).
+            StreamError: If Redis refuses the batch or does not answer in time (the
+                records stay pending).
         """
-        n_scores, packed = pack_scores(scores)
-        self.commit_packed(n_scores, packed, dead, done)
-
-    def commit_packed(
-        self, n_scores: int, packed: bytes, dead: Sequence[Output], done: Sequence[Message]
-    ) -> None:
-        """:meth:`commit` of ``n_scores`` outputs already packed.
-
-        ``packed`` is each output's key and document as RESP bulk strings, as
-        :func:`pack_scores` packs them.
-
-        Raises:
-            StreamError: If Redis refuses the batch (the records stay pending).
-        """
-        args = [
-            b"3", self.streams.output.encode(), self.streams.dead_letter.encode(),
-            self.streams.input.encode(), self.streams.group.encode(),
-            b"%d" % n_scores, b"%d" % len(dead),
-        ]  # fmt: skip
-        ids = [m.id for m in done]
-        acks = (
-            _hotpath.bulk_strings(ids)
-            if _hotpath is not None
-            else b"".join(b"$%d\r\n%b\r\n" % (len(i), i) for i in map(str.encode, ids))
-        )
-        count = 2 + len(args) + 2 * (n_scores + len(dead)) + len(done)
-        body = b"".join(
-            [*(b"$%d\r\n%b\r\n" % (len(a), a) for a in args), packed, _pack_outputs(dead), acks]
-        )
-        for verb, script in ((b"EVALSHA", COMMIT_SHA), (b"EVAL", COMMIT_SCRIPT)):
-            head = b"*%d\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-                count,
-                len(verb),
-                verb,
-                len(script),
-                script,
-            )
-            (reply,) = self._call_many(head + body, 1)
-            if not isinstance(reply, Exception):
-                return
-            if not str(reply).startswith("NOSCRIPT"):  # else: load it, once per server start
-                break
-        raise StreamError(f"redis {self.url}: {reply}; the batch stays pending")
-
-    def _call_many(self, commands: bytes, replies: int, entries: bool = False) -> list[Any]:
-        """Send packed commands at once and read ``replies`` replies (errors as values).
-
-        The hot path (read, commit) skips redis-py's per-argument packing and per-reply
-        parsing, which cost more than Redis itself: the bytes go out on the engine's own
-        connection (one per thread: the scorer reads on one while it commits on another)
-        and hiredis parses what comes back. With ``entries`` (one ``XREADGROUP``), the C
-        module reads a reply of plain entries straight into Messages instead, as
-        ``(messages, end)``; anything else it leaves to hiredis. A broken connection is
-        dropped and reopened on the next call.
-        """
-        import hiredis
-
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None:
-            conn = local.conn = self.r.connection_pool.get_connection()
-            local.reader = hiredis.Reader()
-            with self._lock:
-                self._conns.append(conn)
-        out: list[Any] = []
+        s = self.streams
+        args = [s.group, len(scores), len(dead)]
+        args += itertools.chain.from_iterable(scores)  # key, value of each
+        args += itertools.chain.from_iterable(dead)
+        args += [m.id for m in done]
         try:
-            sock = conn._sock
-            sock.sendall(commands)
-            reader = local.reader
-            if entries and _hotpath is not None and not reader.has_data():
-                data = bytearray()
-                while (got := _hotpath.stream_reply(data, Message)) is None:
-                    if not (chunk := sock.recv(1 << 16)):
-                        raise ConnectionError(f"redis {self.url}: connection closed")
-                    data += chunk
-                if got is not False:
-                    if got[1] < len(data):  # more than the one reply asked for: keep it
-                        reader.feed(bytes(data[got[1] :]))
-                    return [got]
-                reader.feed(bytes(data))
-            while len(out) < replies:
-                reply = reader.gets()
-                if reply is False:
-                    data = sock.recv(1 << 16)
-                    if not data:
-                        raise ConnectionError(f"redis {self.url}: connection closed")
-                    reader.feed(data)
-                else:
-                    out.append(reply)
-        except BaseException as e:
-            conn.disconnect()
-            self.r.connection_pool.release(conn)
-            local.conn = None
-            with self._lock:
-                self._conns.remove(conn)
-            if isinstance(e, OSError | self._redis.RedisError):
-                raise StreamError(f"redis {self.url}: {type(e).__name__}: {e}") from e
-            raise
-        return out
+            self._commit(keys=[s.output, s.dead_letter, s.input], args=args)
+        except redis.RedisError as e:
+            why = f"{type(e).__name__}: {e}" if not isinstance(e, redis.ResponseError) else e
+            raise StreamError(f"redis {self.url}: {why}; the batch stays pending") from e
 
     def lag(self) -> dict[str, int | None]:
         """``lag`` (entries after the group's last delivered id) and ``pending``.
@@ -617,10 +480,12 @@ class RedisStreams(StreamEngine):
         restarted from its append-only file has no count until the group next reaches
         the stream's end, and after a SIGKILL it can keep a wrong one.
         """
-        for g in self.r.xinfo_groups(self.streams.input):
+        for g in self._calling(self.r.xinfo_groups, self.streams.input):
             if _s(g["name"]) == self.streams.group:
                 last = _s(g["last-delivered-id"])
-                lag = self.r.eval(LAG_SCRIPT, 1, self.streams.input, last, LAG_COUNT_MAX)
+                lag = self._calling(
+                    self._lag, keys=[self.streams.input], args=[last, LAG_COUNT_MAX]
+                )
                 if lag >= LAG_COUNT_MAX and g.get("lag") is not None:
                     lag = max(lag, int(g["lag"]))
                 return {"lag": int(lag), "pending": int(g["pending"])}
@@ -636,16 +501,12 @@ class RedisStreams(StreamEngine):
             if key is not None:
                 fields["key"] = key
             pipe.xadd(stream or self.streams.input, fields)
-        return [_s(i) for i in pipe.execute()]
+        return [_s(i) for i in self._calling(pipe.execute)]
 
     def close(self) -> None:
         """Close the connections."""
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            conn.disconnect()
-        self._local = threading.local()
         self.r.close()
+        self.r.connection_pool.disconnect()
 
 
 # --------------------------------------------------------------------------- Kafka
@@ -759,15 +620,16 @@ class KafkaStreams(StreamEngine):
             with self._lock:
                 self._errors.append(f"{msg.topic()}: {err.str()}")
 
-    def commit(self, scores: ScoreOutputs, dead: Sequence[Output], done: Sequence[Message]) -> None:
+    def commit(
+        self, scores: Sequence[Output], dead: Sequence[Output], done: Sequence[Message]
+    ) -> None:
         """Produce every output, wait for all deliveries, then commit the inputs' offsets.
 
         Raises:
             StreamError: If an output was not delivered (nothing is committed then, so the
                 records are read again).
         """
-        outputs = outputs_of(scores)
-        for topic, outs in ((self.streams.output, outputs), (self.streams.dead_letter, dead)):
+        for topic, outs in ((self.streams.output, scores), (self.streams.dead_letter, dead)):
             for o in outs:
                 self._send(topic, o.key, o.value)
         self._flush()
@@ -780,11 +642,17 @@ class KafkaStreams(StreamEngine):
             )
 
     def _send(self, topic: str, key: str | None, value: bytes) -> None:
+        deadline = time.monotonic() + self.delivery_timeout_s
         while True:
             try:
                 self.producer.produce(topic, key=key, value=value, on_delivery=self._delivered)
                 return
-            except BufferError:  # local queue full: let deliveries drain
+            except BufferError:  # local queue full: let deliveries drain, for so long
+                if time.monotonic() > deadline:
+                    raise StreamError(
+                        f"kafka {self.bootstrap}: the producer's queue stayed full for "
+                        f"{self.delivery_timeout_s:g}s (no broker takes the outputs?)"
+                    ) from None
                 self.producer.poll(0.1)
 
     def _flush(self) -> None:

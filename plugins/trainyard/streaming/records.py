@@ -19,14 +19,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from trainyard import native
 from trainyard.contracts import INT_RANGES, Column, Contract, feature_spec
 from trainyard.errors import ConfigError
 
 Check = Callable[[Any], str | None]
-_hotpath = native.load("trainyard.streaming._hotpath")
-EXACT_INT = 2**53
-"""Integers up to this are exact doubles (a bound beyond it keeps a contract in Python)."""
 
 
 def _type_check(col: Column) -> Check:
@@ -39,6 +35,12 @@ def _type_check(col: Column) -> Check:
         lowest, highest = INT_RANGES[col.type]
 
         def check(v: Any) -> str | None:
+            if type(v) is int:  # the common case first (a bool is no int here)
+                return (
+                    None
+                    if lowest <= v <= highest
+                    else f"{show_value(v)} is outside the {col.type} range"
+                )
             if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
                 return f"expected an integer, got {show_value(v)}"
             # integers beyond 64 bits arrive as floats, rounded (-2**63 - 1 to -2**63)
@@ -51,6 +53,8 @@ def _type_check(col: Column) -> Check:
     elif col.type in ("float32", "float64"):
 
         def check(v: Any) -> str | None:
+            if type(v) is float and v - v == 0.0:  # the common case first: finite
+                return None
             if isinstance(v, bool) or not isinstance(v, int | float):
                 return f"expected a number, got {show_value(v)}"
             if isinstance(v, float) and not math.isfinite(v):
@@ -122,115 +126,6 @@ def _column_checks(col: Column) -> list[Check]:
     return checks
 
 
-FastCheck = Callable[[list[Any], object], "np.ndarray | None"]
-
-
-def _fast_check(col: Column, required: bool) -> FastCheck:
-    """A vectorised over-approximation of a column's rules.
-
-    It flags (True) every value :meth:`RecordChecker.check` might refuse (and a few it
-    accepts, such as nulls) and never passes one it refuses; None when nothing is flagged.
-    """
-
-    def blocking(rule: str) -> bool:
-        return col.severity_of(rule) == "error"
-
-    lo = col.min if col.min is not None and blocking("min") else None
-    hi = col.max if col.max is not None and blocking("max") else None
-    allowed = (
-        frozenset(col.allowed_values)
-        if col.allowed_values is not None and blocking("allowed_values")
-        else None
-    )
-    if col.type in ("float32", "float64", "int32", "int64"):
-        kinds = (float, int) if col.type.startswith("float") else (int,)
-        kind_set = frozenset(kinds)
-        # float64 is exact for int32's range; int64's edge is left to check() (2**62 on)
-        span = {"int32": INT_RANGES["int32"], "int64": (-(2**62), 2**62)}.get(col.type)
-
-        def fast(values: list[Any], missing: object) -> np.ndarray | None:
-            if set(map(type, values)) <= kind_set:  # the common case, at C speed
-                try:
-                    x = np.array(values, dtype=np.float64)
-                except OverflowError:
-                    return np.ones(len(values), dtype=bool)
-                with np.errstate(invalid="ignore"):
-                    flags = ~np.isfinite(x)
-                    if span is not None:
-                        flags |= (x < span[0]) | (x > span[1])
-                    if lo is not None:
-                        flags |= (x <= lo) if col.min_exclusive else (x < lo)
-                    if hi is not None:
-                        flags |= (x >= hi) if col.max_exclusive else (x > hi)
-                if allowed is not None and not set(values) <= allowed:
-                    flags |= np.fromiter((v not in allowed for v in values), bool, len(values))
-                return flags if flags.any() else None
-            return mixed(values, missing)
-
-        def mixed(values: list[Any], missing: object) -> np.ndarray | None:
-            flags = np.fromiter(
-                (type(v) not in kinds for v in values), dtype=bool, count=len(values)
-            )
-            if not required:  # absent optional columns are fine; nulls go the slow way
-                flags &= np.fromiter((v is not missing for v in values), bool, len(values))
-            try:
-                x = np.fromiter(
-                    (v if type(v) in kinds else 0.0 for v in values), np.float64, len(values)
-                )
-            except OverflowError:  # an integer beyond float64: let check() decide
-                return np.ones(len(values), dtype=bool)
-            with np.errstate(invalid="ignore"):
-                flags |= ~np.isfinite(x)
-                if span is not None:
-                    flags |= (x < span[0]) | (x > span[1])
-                if lo is not None:
-                    flags |= (x <= lo) if col.min_exclusive else (x < lo)
-                if hi is not None:
-                    flags |= (x >= hi) if col.max_exclusive else (x > hi)
-            if allowed is not None:  # other types are flagged above (and may not hash)
-                flags |= np.fromiter(
-                    (type(v) in kinds and v not in allowed for v in values), bool, len(values)
-                )
-            if not required:
-                flags &= np.fromiter((v is not missing for v in values), bool, len(values))
-            return flags if flags.any() else None
-
-        return fast
-    checks = _column_checks(col)
-    pattern = re.compile(col.value_regex) if col.regex is not None and blocking("regex") else None
-    min_len = col.min_length if blocking("min_length") else None
-    max_len = col.max_length if blocking("max_length") else None
-
-    def strings(values: list[Any], missing: object) -> np.ndarray | None:
-        if (
-            col.type == "string"
-            and values
-            and set(map(type, values)) <= {str}
-            and (
-                (pattern is None or all(map(pattern.search, values)))
-                and (min_len is None or min(map(len, values)) >= min_len)
-                and (max_len is None or max(map(len, values)) <= max_len)
-                and (allowed is None or set(values) <= allowed)
-            )
-        ):
-            return None  # every value passes every rule
-        return slow(values, missing)
-
-    def slow(values: list[Any], missing: object) -> np.ndarray | None:
-        flags = np.fromiter(
-            (
-                (v is not missing or required)
-                and (v is None or v is missing or any(c(v) is not None for c in checks))
-                for v in values
-            ),
-            dtype=bool,
-            count=len(values),
-        )
-        return flags if flags.any() else None
-
-    return strings
-
-
 def _int_or_float(text: str) -> int | float:
     """An integer literal, as a float (inf beyond float64) when it does not fit 64 bits.
 
@@ -275,73 +170,6 @@ def _passing(records: list[Any], reasons: list[str | None]) -> list[Any]:
     return [r for r, why in zip(records, reasons, strict=True) if why is None]
 
 
-def _exact_bound(value: float | None) -> float | None:
-    """A bound as the C checker's double, or raise ValueError if that is not exact."""
-    if value is None:
-        return None
-    if isinstance(value, int) and abs(value) > EXACT_INT:
-        raise ValueError(value)
-    return float(value)
-
-
-def hot_plan(contract: Contract, features: list[str], required: frozenset[str]) -> tuple | None:
-    """The contract's per-record rules for the C checker (``_hotpath.check_rows``).
-
-    Returns:
-        ``(columns, text_patterns)``: a tuple per column, and the compiled regexes of the
-        columns whose strings the caller matches itself; None when a rule is beyond the C
-        checker (a bound on a non-number, a length or regex on a non-string, a bound
-        beyond 2**53, a feature that is not a number): the Python checks then run alone.
-    """
-    kinds = {"int32": 1, "int64": 1, "float32": 2, "float64": 2, "bool": 3}
-    columns, patterns = [], []
-    for c in contract.columns:
-        kind = kinds.get(c.type, 0)  # any other type is a string in JSON
-
-        def blocking(rule: str, col: Column = c) -> bool:
-            return col.severity_of(rule) == "error"
-
-        try:
-            lo = _exact_bound(c.min if blocking("min") else None)
-            hi = _exact_bound(c.max if blocking("max") else None)
-        except ValueError:
-            return None
-        lo_excl, hi_excl = c.min_exclusive, c.max_exclusive
-        if c.type == "int32":  # its range flags what lies beyond, for check() to word
-            lowest, highest = INT_RANGES["int32"]
-            if lo is None or lo < lowest:
-                lo, lo_excl = float(lowest), False
-            if hi is None or hi > highest:
-                hi, hi_excl = float(highest), False
-        min_len = c.min_length if c.min_length is not None and blocking("min_length") else -1
-        max_len = c.max_length if c.max_length is not None and blocking("max_length") else -1
-        regex = c.value_regex if blocking("regex") else None
-        if kind == 0 and (lo is not None or hi is not None):
-            return None
-        if kind != 0 and (min_len >= 0 or max_len >= 0 or regex is not None):
-            return None
-        feature = features.index(c.name) if c.name in features else -1
-        if feature >= 0 and kind == 0:
-            return None
-        allowed = (
-            frozenset(c.allowed_values)
-            if c.allowed_values is not None and blocking("allowed_values")
-            else None
-        )
-        text = -1
-        if regex is not None:
-            text = len(patterns)
-            patterns.append(re.compile(regex))
-        null_ok = (c.nullable or c.severity_of("nullable") == "warn") and c.name not in required
-        columns.append(
-            (c.name, kind, c.name in required, null_ok, lo, lo_excl, hi, hi_excl, allowed,
-             min_len, max_len, feature, text)
-        )  # fmt: skip
-    if any(f not in [c[0] for c in columns] for f in features):
-        return None
-    return tuple(columns), patterns
-
-
 class RecordChecker:
     """A contract's per-record rules, compiled once.
 
@@ -371,21 +199,16 @@ class RecordChecker:
             c.name: (c.nullable or c.severity_of("nullable") == "warn", _column_checks(c))
             for c in contract.columns
         }
-        self._extra_ok = contract.allow_extra_columns
         self._required_keys = frozenset(self._required)
-        self._known_keys = frozenset(self._checks)
-        self._fast = [
-            (c.name, _fast_check(c, c.name in self._required_keys)) for c in contract.columns
-        ]
-        self._hot = hot_plan(contract, self.features, self._required_keys) if _hotpath else None
+        self._extra_ok = contract.allow_extra_columns
 
     def check(self, record: Any) -> str | None:
         """The reason ``record`` fails the contract, or None if it passes."""
         if not isinstance(record, dict):
             return f"not a JSON object ({type(record).__name__})"
-        for name in self._required:
-            if name not in record:
-                return f"{name}: missing (the key and every feature are required)"
+        if not self._required_keys <= record.keys():
+            missing = next(name for name in self._required if name not in record)
+            return f"{missing}: missing (the key and every feature are required)"
         for name, value in record.items():
             spec = self._checks.get(name)
             if spec is None:
@@ -404,33 +227,9 @@ class RecordChecker:
         return None
 
     def check_batch(self, records: list[Any]) -> list[str | None]:
-        """:meth:`check` for many records at once: the same answers, faster.
-
-        A column at a time, the common case (right type, within bounds, allowed) is
-        decided for every record together (bounds in numpy); a record anything looks
-        wrong with goes through :meth:`check`, which gives its reason.
-        """
-        required = self._required_keys
-        if self._extra_ok:
-            suspect = [type(r) is not dict or not (required <= r.keys()) for r in records]
-        else:
-            known = self._known_keys
-            suspect = [type(r) is not dict or not (required <= r.keys() <= known) for r in records]
-        ok = [i for i, s in enumerate(suspect) if not s]
-        rows = records if len(ok) == len(records) else [records[i] for i in ok]
-        for name, fast in self._fast:
-            if not ok:
-                break
-            missing = object()
-            bad = fast([r.get(name, missing) for r in rows], missing)
-            if bad is not None:
-                for j in np.flatnonzero(bad):
-                    suspect[ok[j]] = True
-                ok = [i for i in ok if not suspect[i]]
-                rows = [records[i] for i in ok]
-        if not any(suspect):
-            return [None] * len(records)
-        return [self.check(r) if suspect[i] else None for i, r in enumerate(records)]
+        """:meth:`check` for each record."""
+        check = self.check
+        return [check(r) for r in records]
 
     def parse(self, raw: bytes) -> tuple[Any, str | None]:
         """Decode one record's bytes and check it: ``(record, reason or None)``."""
@@ -483,38 +282,13 @@ class RecordChecker:
     def check_parsed(self, records: list[Any]) -> tuple[list[str | None], dict[str, np.ndarray]]:
         """:meth:`check_batch`, and the model's inputs for the records that pass.
 
-        With the C checker (``_hotpath.check_rows``) the common case is decided and its
-        inputs built in one pass; the records it flags go through :meth:`check`, and
-        regexes run here. Without it, :meth:`check_batch` then :meth:`columns`.
-
         Returns:
             Per record its reason or None, and feature → float32 array of the passing
             records, in order.
         """
-        if self._hot is None:
-            reasons = self.check_batch(records)
-            return reasons, self.columns(_passing(records, reasons))
-        specs, patterns = self._hot
-        flags, features, texts = _hotpath.check_rows(
-            records, specs, self._extra_ok, len(self.features), len(patterns)
-        )
-        for pattern, values in zip(patterns, texts, strict=True):
-            if all(map(pattern.search, [v for v in values if v is not None])):
-                continue
-            for i, v in enumerate(values):
-                if v is not None and not flags[i] and not pattern.search(v):
-                    flags[i] = 1
-        columns = {
-            n: np.frombuffer(f, dtype=np.float32)
-            for n, f in zip(self.features, features, strict=True)
-        }
-        if not any(flags):
-            return [None] * len(records), columns
-        reasons = [self.check(r) if flags[i] else None for i, r in enumerate(records)]
-        if any(flags[i] and why is None for i, why in enumerate(reasons)):  # flagged, passes
-            return reasons, self.columns(_passing(records, reasons))
-        keep = np.frombuffer(flags, dtype=bool) == 0
-        return reasons, {n: c[keep] for n, c in columns.items()}
+        reasons = self.check_batch(records)
+        passing = records if not any(reasons) else _passing(records, reasons)
+        return reasons, self.columns(passing)
 
     def columns(self, records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         """The model's inputs for checked records: feature → float32 array (batch first)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -58,15 +57,18 @@ def _binary() -> str:
 
 
 def _ping(sock: Path, timeout: float = 0.5) -> bool:
-    """Whether a Redis server answers PING on the socket."""
+    """Whether a Redis server answers PING on the socket within ``timeout``."""
+    import redis
+
+    from trainyard.streaming.redis_client import redis_client
+
+    client = redis_client(f"unix://{sock}", timeout)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(str(sock))
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
         return False
+    finally:
+        client.connection_pool.disconnect()
 
 
 def _read_pid(redis_dir: Path) -> int | None:
