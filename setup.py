@@ -46,12 +46,7 @@ class BuildExt(build_ext):
 
 def extensions() -> list[Extension]:
     """The extensions this platform builds, all optional."""
-    out = [
-        Extension(
-            extra_compile_args=CFLAGS,
-            optional=True,
-        ),
-    ]
+    out: list[Extension] = []
     if LINUX:
         out += [
             Extension(
