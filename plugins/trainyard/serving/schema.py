@@ -161,9 +161,12 @@ def _to_array(
 ) -> np.ndarray:
     """Convert nested lists to an array of ``dtype`` and ``shape``.
 
-    Strings, nulls, booleans for numbers, fractions for integers and ragged lists are
-    rejected; shape errors name the first offending row. A ``string`` input takes JSON
-    strings (as UTF-8 bytes) and ``{"b64": ...}`` objects (decoded), as TF Serving does.
+    Strings, booleans for numbers, fractions for integers and ragged lists are rejected;
+    shape errors name the first offending row. A ``string`` input takes JSON strings (as
+    UTF-8 bytes) and ``{"b64": ...}`` objects (decoded), as TF Serving does. A missing
+    value is ``null``: NaN in a float input (TF Serving's JSON takes ``NaN`` there),
+    ``""`` in a string input (a model with preprocessing inside reads both as missing);
+    an integer or boolean input has no missing value, and refuses it.
     """
     if dtype == "string":
         return _to_bytes_array(values, shape, field, where, row_prefix)
@@ -175,7 +178,14 @@ def _to_array(
     kind = arr.dtype.kind
     if kind == "O":
         flat = _flat_items(values)
-        if flat and all(type(v) in (int, float) for v in flat):
+        if dtype in _FLOAT_DTYPES and flat and all(type(v) in _NUMBER_OR_NULL for v in flat):
+            try:  # null is a missing number: NaN
+                arr = np.asarray(values, dtype=np.float64)
+            except (ValueError, OverflowError):
+                _diagnose_rows(values, shape, field, row_prefix)
+                raise InvalidRequest(f"{where}: ragged nested lists") from None
+            kind = "f"
+        elif flat and all(type(v) in (int, float) for v in flat):
             # integers beyond 64 bits (JSON allows them): as floats, as TF Serving reads them
             try:
                 arr = np.asarray(values, dtype=np.float64)
@@ -185,7 +195,8 @@ def _to_array(
             kind = "f"
     if kind == "O":
         if any(v is None for v in flat):
-            raise InvalidRequest(f"{where}: null values are not allowed (expected {dtype})")
+            what = "a missing number is null" if dtype in _FLOAT_DTYPES else "no missing value"
+            raise InvalidRequest(f"{where}: expected {dtype} values ({what}), got {_mixed(flat)}")
         if any(isinstance(v, dict) for v in flat):
             raise InvalidRequest(f"{where}: expected {dtype} numbers, got an object")
         _diagnose_rows(values, shape, field, row_prefix)
@@ -260,7 +271,7 @@ def _to_bytes_array(
         elif is_b64_object(v):
             flat.append(decode_b64(v["b64"], where))
         elif v is None:
-            raise InvalidRequest(f"{where}: null values are not allowed (expected string)")
+            flat.append(b"")  # missing: the empty string, as the model reads it
         else:
             raise InvalidRequest(
                 f'{where}: expected strings or {{"b64": ...}} objects, got {type(v).__name__}'
@@ -270,6 +281,17 @@ def _to_bytes_array(
     arr = arr.reshape(dims)
     _check_shape(arr, shape, field, values, row_prefix)
     return arr
+
+
+_FLOAT_DTYPES = ("float16", "float32", "float64")
+_NUMBER_OR_NULL = (int, float, type(None))
+
+
+def _mixed(flat: list[Any]) -> str:
+    """What a list of JSON values that should be one type holds (``null and strings``)."""
+    names = {type(None): "null", str: "strings", bool: "booleans", dict: "objects"}
+    kinds = sorted({names.get(type(v), "numbers") for v in flat})
+    return " and ".join(kinds)
 
 
 def _flat_items(values: Any) -> list[Any]:

@@ -1,12 +1,15 @@
 """Check streamed records against the dataset's contract, one record at a time.
 
 A record is a JSON object whose fields are contract columns. It must carry the key and
-every feature; any other contract column it carries (the label, descriptive columns) is
-checked too; a field the contract does not know is refused unless the contract allows
-extra columns. Each column's ``error`` rules apply (type, null, bounds, allowed values,
-regex, length); ``warn`` rules and dataset-level rules (uniqueness, row counts, drift,
-all values present) do not apply to a single record. A failing record gets one reason
-naming the field and the rule, which the scorer writes to the dead-letter stream.
+every feature that cannot be missing; any other contract column it carries (the label,
+descriptive columns) is checked too; a field the contract does not know is refused unless
+the contract allows extra columns. A value is missing when it is null, absent, or a string
+equal to one of the contract's null markers (``source.null_values``), whatever the
+column's type: as staging reads a CSV cell. Each column's ``error`` rules apply (type,
+null, bounds, allowed values, regex, length); ``warn`` rules and dataset-level rules
+(uniqueness, row counts, drift, all values present) do not apply to a single record. A
+failing record gets one reason naming the field and the rule, which the scorer writes to
+the dead-letter stream.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 import orjson
 
 from trainyard import native
-from trainyard.contracts import INT_RANGES, Column, Contract, feature_spec
+from trainyard.contracts import INT_RANGES, MISSING_CATEGORY, Column, Contract, feature_spec
 from trainyard.errors import ConfigError
 
 Check = Callable[[Any], str | None]
@@ -125,11 +128,12 @@ def _column_checks(col: Column) -> list[Check]:
 FastCheck = Callable[[list[Any], object], "np.ndarray | None"]
 
 
-def _fast_check(col: Column, required: bool) -> FastCheck:
+def _fast_check(col: Column, required: bool, markers: frozenset[str]) -> FastCheck:
     """A vectorised over-approximation of a column's rules.
 
     It flags (True) every value :meth:`RecordChecker.check` might refuse (and a few it
-    accepts, such as nulls) and never passes one it refuses; None when nothing is flagged.
+    accepts, such as nulls and null markers) and never passes one it refuses; None when
+    nothing is flagged.
     """
 
     def blocking(rule: str) -> bool:
@@ -211,6 +215,7 @@ def _fast_check(col: Column, required: bool) -> FastCheck:
                 and (min_len is None or min(map(len, values)) >= min_len)
                 and (max_len is None or max(map(len, values)) <= max_len)
                 and (allowed is None or set(values) <= allowed)
+                and markers.isdisjoint(values)
             )
         ):
             return None  # every value passes every rule
@@ -366,18 +371,40 @@ class RecordChecker:
         self.key = contract.roles.key
         self.features = list(contract.roles.features)
         self.spec = feature_spec(contract)
-        self._required = [self.key, *self.features]
+        self.null_values = frozenset(contract.source.null_values)
         self._checks: dict[str, tuple[bool, list[Check]]] = {
             c.name: (c.nullable or c.severity_of("nullable") == "warn", _column_checks(c))
             for c in contract.columns
         }
+        self._missing_ok = {f for f in self.features if contract.feature(f).nullable}
+        self._required = [self.key, *(f for f in self.features if f not in self._missing_ok)]
         self._extra_ok = contract.allow_extra_columns
         self._required_keys = frozenset(self._required)
         self._known_keys = frozenset(self._checks)
         self._fast = [
-            (c.name, _fast_check(c, c.name in self._required_keys)) for c in contract.columns
+            (c.name, _fast_check(c, c.name in self._required_keys, self.null_values))
+            for c in contract.columns
         ]
-        self._hot = hot_plan(contract, self.features, self._required_keys) if _hotpath else None
+        self._hot = (
+            hot_plan(contract, self.features, self._required_keys)
+            if _hotpath and self._plain_numbers(contract)
+            else None
+        )
+
+    def _plain_numbers(self, contract: Contract) -> bool:
+        """Whether the C checker decides as :meth:`check` does.
+
+        It does for numeric features that are never missing, when no string column would
+        take a null marker for a value.
+        """
+        if self._missing_ok or any(contract.feature(f).categorical for f in self.features):
+            return False
+        for c in contract.columns:
+            if c.type == "string":
+                checks = _column_checks(c)
+                if any(all(chk(m) is None for chk in checks) for m in self.null_values):
+                    return False
+        return True
 
     def check(self, record: Any) -> str | None:
         """The reason ``record`` fails the contract, or None if it passes."""
@@ -385,7 +412,10 @@ class RecordChecker:
             return f"not a JSON object ({type(record).__name__})"
         for name in self._required:
             if name not in record:
-                return f"{name}: missing (the key and every feature are required)"
+                return (
+                    f"{name}: missing (the key and every feature that cannot be missing are "
+                    "required)"
+                )
         for name, value in record.items():
             spec = self._checks.get(name)
             if spec is None:
@@ -393,10 +423,10 @@ class RecordChecker:
                     continue
                 return f"{name}: unknown field (not a column of the contract)"
             nullable, checks = spec
-            if value is None:
+            if value is None or (type(value) is str and value in self.null_values):
                 if nullable and name not in self._required:
                     continue
-                return f"{name}: null"
+                return f"{name}: null" if value is None else f"{name}: null ({value!r})"
             for check in checks:
                 reason = check(value)
                 if reason is not None:
@@ -517,9 +547,34 @@ class RecordChecker:
         return reasons, {n: c[keep] for n, c in columns.items()}
 
     def columns(self, records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-        """The model's inputs for checked records: feature → float32 array (batch first)."""
-        with np.errstate(over="ignore"):  # beyond float32 becomes inf: the scorer refuses it
-            return {
-                name: np.fromiter((r[name] for r in records), dtype=np.float32, count=len(records))
-                for name in self.features
-            }
+        """The model's raw inputs for checked records: feature → array (batch first).
+
+        Numbers as float32 (NaN where missing), string categories as text (``""`` where
+        missing), integer codes as int64: what the exported model takes.
+        """
+        out: dict[str, np.ndarray] = {}
+        n = len(records)
+        markers = self.null_values
+        for name in self.features:
+            dtype = self.spec[name][0]
+            if name not in self._missing_ok and dtype == "float32":
+                with np.errstate(over="ignore"):  # beyond float32 is inf: the scorer refuses it
+                    out[name] = np.fromiter((r[name] for r in records), np.float32, count=n)
+                continue
+            values = [r.get(name) for r in records]
+            missing = [v is None or (type(v) is str and v in markers) for v in values]
+            if dtype == "string":
+                arr = np.empty(n, dtype=object)
+                pairs = zip(values, missing, strict=True)
+                arr[:] = [MISSING_CATEGORY if m else v for v, m in pairs]
+                out[name] = arr
+            elif dtype == "int64":
+                out[name] = np.fromiter(values, np.int64, count=n)
+            else:
+                with np.errstate(over="ignore"):
+                    out[name] = np.fromiter(
+                        (math.nan if m else v for v, m in zip(values, missing, strict=True)),
+                        np.float32,
+                        count=n,
+                    )
+        return out

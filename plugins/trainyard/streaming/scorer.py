@@ -258,7 +258,7 @@ class ModelEndpoint:
             ServerRefused: On HTTP 400 (the batch is not scorable as it is).
             Stopped: If :attr:`stop` is set while retrying.
         """
-        body = orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY)
+        body = predict_body(inputs)
         delay = 0.1
         refresh = False
         unloaded = 0
@@ -303,6 +303,21 @@ def _error_of(data: bytes) -> str:
         return str(orjson.loads(data).get("error"))[:300]
     except (orjson.JSONDecodeError, AttributeError):
         return data[:300].decode("utf-8", "replace")
+
+
+def predict_body(inputs: dict[str, np.ndarray]) -> bytes:
+    """A columnar ``:predict`` body any TF Serving takes.
+
+    Numbers straight from numpy; a missing number (NaN) as the ``NaN`` token TF Serving's
+    JSON reads (orjson would write null, which TF Serving refuses), strings as text.
+    """
+    textual = any(c.dtype.kind == "O" for c in inputs.values())
+    missing = any(c.dtype.kind == "f" and np.isnan(c).any() for c in inputs.values())
+    if not (textual or missing):
+        return orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY)
+    import json
+
+    return json.dumps({"inputs": {n: c.tolist() for n, c in inputs.items()}}).encode()
 
 
 def scores_of(outputs: dict[str, Any], rows: int) -> tuple[list[float], list[int | None]]:
@@ -572,18 +587,20 @@ class Scorer:
         """Send the batch's valid records (``inputs``, their features) to the model server.
 
         On the scoring pool. A record the contract accepts whose feature does not fit the
-        model's float32 input (beyond ±3.4e38) is dead-lettered here, naming the feature.
+        model's float32 input (beyond ±3.4e38) is dead-lettered here, naming the feature
+        (NaN is a missing value, which the model fills).
         """
         if not batch.records:
             return batch
         unfit = None
-        for col in inputs.values():
-            if not np.isfinite(col).all():
-                unfit = ~np.isfinite(col) if unfit is None else unfit | ~np.isfinite(col)
+        floats = {n: c for n, c in inputs.items() if c.dtype.kind == "f"}
+        for col in floats.values():
+            if np.isinf(col).any():
+                unfit = np.isinf(col) if unfit is None else unfit | np.isinf(col)
         if unfit is not None:
             reasons = {}
             for i in np.flatnonzero(unfit).tolist():
-                name = next(n for n, c in inputs.items() if not np.isfinite(c[i]))
+                name = next(n for n, c in floats.items() if np.isinf(c[i]))
                 value = batch.records[i][name]
                 reasons[i] = f"{name}: {show_value(value)} does not fit the model's float32 input"
             keep = batch.dead_letter_rows(reasons)
