@@ -3,7 +3,7 @@
 ``python -m trainyard contracts export --format odcs`` and ``contracts import`` translate
 ``data_contracts/<dataset>.yaml``. What ODCS says natively is said natively: one schema
 object (the dataset's table) whose properties are the columns (``logicalType`` and the
-contract's type as ``physicalType``, ``required`` for not nullable, ``unique``,
+contract's type as ``physicalType``, ``required`` for a stated nullability, ``unique``,
 ``primaryKey`` for the key, ``logicalTypeOptions`` for bounds, ``pattern`` and lengths,
 ``enum`` for allowed values), the row-count rule as a ``rowCount`` quality check, the
 owner as a team member, the description as its purpose. What only trainyard knows (the
@@ -87,8 +87,8 @@ def _property(col: Mapping[str, Any], key: str) -> dict[str, Any]:
         prop["description"] = col["description"]
     if col["name"] == key:
         prop["primaryKey"], prop["primaryKeyPosition"] = True, 1
-    if col.get("nullable", True) is False:
-        prop["required"] = True
+    if "nullable" in col:  # stated (a feature unstated is non-null, a nullable one says so)
+        prop["required"] = not col["nullable"]
     if col.get("unique"):
         prop["unique"] = True
     options: dict[str, Any] = {}
@@ -178,8 +178,8 @@ def _column(prop: Mapping[str, Any], where: str) -> dict[str, Any]:
             f"({', '.join(sorted(set(LOGICAL.values())))})"
         )
     col: dict[str, Any] = {"name": prop["name"], "type": physical}
-    if prop.get("required"):
-        col["nullable"] = False
+    if "required" in prop:
+        col["nullable"] = not prop["required"]
     if prop.get("unique"):
         col["unique"] = True
     options = prop.get("logicalTypeOptions") or {}

@@ -412,10 +412,7 @@ class RecordChecker:
             return f"not a JSON object ({type(record).__name__})"
         for name in self._required:
             if name not in record:
-                return (
-                    f"{name}: missing (the key and every feature that cannot be missing are "
-                    "required)"
-                )
+                return f"{name}: missing (the key and every feature are required)"
         for name, value in record.items():
             spec = self._checks.get(name)
             if spec is None:
