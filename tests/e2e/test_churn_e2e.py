@@ -142,6 +142,10 @@ def test_predict_takes_strings_and_nulls_and_answers_as_evaluation(churn: Backfi
     with _client(churn) as client:
         by_row = client.predict("churn", instances=instances)
         by_column = client.predict("churn", inputs=columns)
+        one_row = client.predict("churn", instances=instances[:1])  # a batch of one
+        one_column = client.predict("churn", inputs={f: v[:1] for f, v in columns.items()})
+    np.testing.assert_allclose(one_row[0]["probabilities"], want[0], rtol=1e-6)
+    np.testing.assert_allclose(one_column["probabilities"][0], want[0], rtol=1e-6)
     got_rows = np.asarray([p["probabilities"] for p in by_row], dtype=np.float32)
     got_columns = np.asarray(by_column["probabilities"], dtype=np.float32)
     np.testing.assert_array_equal(got_rows, want)

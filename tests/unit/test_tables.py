@@ -357,7 +357,9 @@ unknown = sorted(op for op in ops if op_def_registry.get(op) is None)
 fn = tf.saved_model.load(path).signatures["serving_default"]
 out = fn(s=tf.constant(["a", "NA", "zz", ""]), i=tf.constant([1, np.nan, 3, 4], tf.float32),
          f=tf.constant([np.nan, 2, 3, 4], tf.float32), b=tf.constant([1, 0, 1, 0], tf.float32))
-print(json.dumps({"unknown": unknown, "ops": len(ops),
+one = fn(s=tf.constant(["NA"]), i=tf.constant([np.nan]), f=tf.constant([2.0]),
+         b=tf.constant([0.0]))  # a batch of one row keeps its batch dimension
+print(json.dumps({"unknown": unknown, "ops": len(ops), "one": one["probabilities"].shape.as_list(),
                   "p": out["probabilities"].numpy().view(np.uint32).tolist()}))
 """
 
@@ -399,6 +401,7 @@ def test_the_export_takes_raw_values_and_needs_only_stock_tensorflow(tmp_path: P
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["unknown"] == [] and got["ops"] > 10
+    assert got["one"] == [1, 2]
     served = np.asarray(got["p"], np.uint32).view(np.float32)
     assert np.isfinite(served).all()
     np.testing.assert_allclose(served, here_p, rtol=1e-6)

@@ -229,7 +229,9 @@ def encode_features(
                 output_mode="one_hot",
                 name=f"{name}_lookup",
             )
-            columns.append(layers.Reshape((encoded_width(stats),))(lookup(x)))
+            # one value per row as (batch, 1): a lookup's one-hot of a rank-1 batch of one
+            # row would lose its batch dimension
+            columns.append(lookup(layers.Reshape((1,), name=f"{name}_column")(x)))
             continue
         x = layers.Reshape((1,), name=f"{name}_column")(inp)
         indicator = None
