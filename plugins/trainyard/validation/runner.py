@@ -724,6 +724,11 @@ def run_contract(
             details["categories"] = category_shares(current[i], old)
         if rule.method == "chi2":
             details.update(chi_square(current[i], old))
+            if not ok:
+                reason = (
+                    f"chi2: Cramér's V {value:.4g} > max {rule.max}{against} (chi2 "
+                    f"{details['chi2']:.4g}, {details['dof']:.0f} dof, p {details['p_value']:.2g})"
+                )
         outcomes.append(
             RuleOutcome(
                 f"drift:{rule.method}",
