@@ -237,3 +237,58 @@ def test_recorded_vocabularies_are_the_ones_inside_the_saved_model(churn: Backfi
     ]
     assert sorted(map(json.dumps, inside)) == sorted(map(json.dumps, recorded))
     assert not math.isnan(churn.meta["transform"]["features"]["monthly_charges"]["fill"])
+
+
+def test_stream_scoring_sends_the_same_raw_records_through_the_same_signature(
+    churn: Backfilled, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Records with nulls, null markers, absent fields and an unseen city are scored as
+    ``:predict`` scores them; a null where the contract allows none is dead-lettered."""
+    import orjson
+
+    from trainyard.contracts import load_contract
+    from trainyard.streaming import redis_server
+    from trainyard.streaming.engines import RedisStreams, Streams
+    from trainyard.streaming.records import RecordChecker
+    from trainyard.streaming.scorer import ModelEndpoint, Scorer
+
+    keys, raw = _raw_holdout(churn)
+    records = [{"customer_id": k, **{f: v[i] for f, v in raw.items()}} for i, k in
+               enumerate(keys[:30])]  # fmt: skip
+    records[0]["total_spend"] = "NA"  # a marker in a number column: missing
+    records[1]["contract_type"] = "null"  # ... in a category
+    records[2].pop("city")  # absent: missing
+    records[3]["city"] = "a city never seen"
+    bad = {**records[4], "customer_id": "2026-11-05-99999", "plan": "NA"}
+    folder = tmp_path_factory.mktemp("redis")
+    url = redis_server.ensure_running(folder)
+    streams = Streams("churn.in", "churn.out", "churn.dead", "churn-group")
+    engine = RedisStreams(url, streams, consumer="s")
+    try:
+        engine.produce([(None, orjson.dumps(r)) for r in [*records, bad]])
+        checker = RecordChecker(load_contract("churn"))  # the project's contract
+        endpoint = ModelEndpoint("127.0.0.1", churn.proj.port, "churn")
+        stats = Scorer(engine, checker, endpoint).run(
+            max_records=len(records) + 1, exit_when_idle_s=5
+        )
+        assert (stats.scored, stats.dead) == (len(records), 1)
+        r = engine.r
+        scored = {o["id"]: o["score"] for o in (orjson.loads(f[b"value"]) for _, f in
+                                                  r.xrange("churn.out"))}  # fmt: skip
+        (dead,) = [orjson.loads(f[b"value"]) for _, f in r.xrange("churn.dead")]
+        assert dead["id"] == bad["customer_id"] and dead["reason"] == "plan: null ('NA')"
+        # :predict takes the same rows; a number's input takes null, not a marker string
+        contract = load_contract("churn")
+        markers = set(contract.source.null_values)
+        numeric = {f for f in raw if contract.feature(f).dtype == "float32"}
+        direct = [
+            {f: None if f in numeric and rec.get(f) in markers else rec.get(f) for f in raw}
+            for rec in records
+        ]
+        with _client(churn) as client:
+            want = [p["probabilities"][1] for p in client.predict("churn", instances=direct)]
+        got = [scored[rec["customer_id"]] for rec in records]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    finally:
+        engine.close()
+        redis_server.stop(folder)
