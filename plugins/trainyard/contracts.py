@@ -685,7 +685,7 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
             )
         )
     features = feature_names(roles["features"])
-    by_name = {c["name"]: (j, c) for j, c in enumerate(raw["columns"])}
+    by_name = {c["name"]: c for c in raw["columns"]}
     listed: set[str] = set()
     for i, (feature, item) in enumerate(zip(features, roles["features"], strict=True)):
         at = ["roles", "features", i] + ([] if isinstance(item, str) else ["name"])
@@ -710,7 +710,7 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
                 )
             )
         if feature in by_name:
-            errs += _feature_errors(item, by_name[feature][1], ["roles", "features", i], where)
+            errs += _feature_errors(item, by_name[feature], ["roles", "features", i], where)
     for i, col in enumerate(raw["columns"]):
         at = ["columns", i]
         nullable = col.get("nullable", col["name"] not in (*features, roles["label"]))
@@ -830,12 +830,9 @@ def _feature_errors(item: Any, col: dict[str, Any], at: list[Any], where: _Where
             )
         ]
     wrong = CATEGORICAL_FEATURE_FIELDS if kind == "numeric" else NUMERIC_FEATURE_FIELDS
-    errs += [
-        where(here(key), f"{key} applies to {'categorical' if kind == 'numeric' else 'numeric'} "
-              f"features; {name!r} is {kind}")
-        for key in wrong
-        if key in spec
-    ]  # fmt: skip
+    other = "categorical" if kind == "numeric" else "numeric"
+    for key in (k for k in wrong if k in spec):
+        errs.append(where(here(key), f"{key} applies to {other} features; {name!r} is {kind}"))
     if errs:
         return errs
     nullable = _may_be_null(col)
