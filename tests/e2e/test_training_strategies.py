@@ -14,9 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer_fixtures import (
     make_files_snapshot,
-    make_table_snapshot,
     publish_fixture,
-    write_table_contract,
 )
 
 from trainyard.config import TrainingConfig, parse_pipeline
@@ -33,21 +31,13 @@ CASES = [
         0.8,
         id="mwms-2-workers-images",
     ),
-    pytest.param(
-        "blobs_table",
+    pytest.param(  # a table with a learned vocabulary and missing values: lookup tables
+        "blobs_categorical",
         TrainingConfig(model="mlp", strategy="parameter_server", workers=2, parameter_servers=1,
                        epochs=2, batch_size=32, learning_rate=0.01, steps_per_execution=4),
         ["ps:0", "chief:0", "worker:0", "worker:1"],
         0.8,
         id="ps-chief-2-workers-1-ps-table",
-    ),
-    pytest.param(
-        "blobs_categorical",
-        TrainingConfig(model="mlp", strategy="parameter_server", workers=1, parameter_servers=1,
-                       epochs=2, batch_size=32, learning_rate=0.01, steps_per_execution=4),
-        ["ps:0", "chief:0", "worker:0"],
-        0.8,
-        id="ps-categorical-and-missing-values",
     ),
 ]  # fmt: skip
 
@@ -142,7 +132,7 @@ def test_strategy_trains_and_exports(
             make_files_snapshot(volume_root / "incoming", n=None, shards=4), volume_root, "digits"
         )
         expected_inputs = {"image": [None, 8, 8, 1]}
-    elif data == "blobs_categorical":  # lookup tables under a parameter-server strategy
+    else:  # numbers, one with missing values, and a category: lookup tables under PS
         contracts = tmp_path / "contracts"
         contracts.mkdir()
         (contracts / "blobs.yaml").write_text(CATEGORICAL_CONTRACT)
@@ -152,16 +142,6 @@ def test_strategy_trains_and_exports(
             _categorical_snapshot(volume_root / "incoming", 1200), volume_root, "blobs"
         )
         expected_inputs = {"x1": [None], "x2": [None], "shape": [None]}
-    else:
-        contracts = tmp_path / "contracts"
-        contracts.mkdir()
-        write_table_contract(contracts)
-        monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
-        pipeline = pipeline.model_copy(update={"dataset": "blobs"})
-        snap = publish_fixture(
-            make_table_snapshot(volume_root / "incoming", n=1200, parts=3), volume_root, "blobs"
-        )
-        expected_inputs = {"x1": [None], "x2": [None], "x3": [None]}
     lines: list[str] = []
     monkeypatch.setenv("TRAINYARD_PROGRESS_S", "0")  # a progress line at every step
     result = run_training(pipeline, params, snap, run_id="r1", log=lines.append)
