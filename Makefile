@@ -88,6 +88,7 @@ docs: $(STAMP)
 
 bench: $(STAMP) native
 	$(ENV) for b in benchmarks/*.py; do python $$b || exit 1; done
+	$(ENV) python benchmarks/input_pipeline.py --case table
 
 clean:
 	-[ ! -x $(VENV)/bin/python ] || $(ENV) python -m trainyard.standalone stop

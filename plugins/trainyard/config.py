@@ -207,7 +207,7 @@ class SourceConfig(StrictModel):
     bootstrap: str | None = Field(
         default=None,
         description="A bundled generator that writes the source when it is missing (the demo's "
-        "`sklearn_digits`, `synthetic_transactions`).",
+        "`sklearn_digits`, `synthetic_transactions`, `synthetic_churn`).",
     )
     when_missing: Literal["wait", "skip", "fail"] = Field(
         default="fail",

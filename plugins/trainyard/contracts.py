@@ -10,6 +10,7 @@ YAML is loaded with the safe loader only, so tags that construct objects are ref
 
 from __future__ import annotations
 
+import itertools
 import json
 import keyword
 import math
@@ -44,7 +45,13 @@ COLUMN_RULES = (
     "regex",
     "min_length",
     "max_length",
+    "max_null_share",
+    "max_unseen_share",
 )
+DEFAULT_NULL_VALUES = ("",)
+"""The null markers of a contract that declares none: an empty cell is null in every type."""
+MISSING_CATEGORY = ""
+"""What a missing categorical value is inside the exported model (and in its requests)."""
 HOLDOUT_BUCKETS = 10_000
 #: Largest image (width x height) staging and validation accept: a header may claim
 #: 60000 x 60000 pixels, which no decoder should be asked to allocate.
@@ -53,10 +60,18 @@ MAX_IMAGE_PIXELS = 1 << 26
 
 @dataclass(frozen=True)
 class Source:
-    """Where the dataset's raw data comes from (``format`` as in pipeline configs)."""
+    """Where the dataset's raw data comes from (``format`` as in pipeline configs).
+
+    Attributes:
+        format: ``csv``, ``parquet``, ``jsonl`` or ``image_folder``.
+        extension: The files' extension.
+        null_values: The cells that mean "no value" in every column type (always holds
+            ``""``), read alike at staging, validation, serving and stream scoring.
+    """
 
     format: str
     extension: str | None = None
+    null_values: tuple[str, ...] = DEFAULT_NULL_VALUES
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,8 @@ class Column:
     regex: str | None = None
     min_length: int | None = None
     max_length: int | None = None
+    max_null_share: float | None = None
+    max_unseen_share: float | None = None
     description: str = ""
     severity: dict[str, Severity] = field(default_factory=dict)
 
@@ -117,6 +134,55 @@ class Column:
 
 
 TASKS = ("classification", "regression")
+FeatureKind = Literal["numeric", "categorical"]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """How the model reads one table feature (``roles.features[]``), typed by the contract.
+
+    The statistics these name (a mean, a learned vocabulary) are computed at training over
+    the training split and built into the exported model (``training/worker/transform.py``).
+
+    Attributes:
+        name: The column.
+        kind: ``numeric`` or ``categorical``.
+        column_type: The column's contract type.
+        nullable: Whether the column may be null (then a numeric feature has ``impute``).
+        impute: ``mean``, ``median``, ``zero`` or a number: what a missing value becomes.
+        missing_indicator: Also feed a 0/1 "was missing" input.
+        normalize: ``standard``, ``minmax`` or ``none``.
+        bucketize: Bucket boundaries (the model sees a one-hot bucket), or None.
+        vocabulary: A declared vocabulary (the column's ``allowed_values``), or None.
+        top_k: The size of a learned vocabulary.
+        min_frequency: A learned token's least count in the training split.
+        oov_buckets: Buckets for values outside the vocabulary.
+    """
+
+    name: str
+    kind: FeatureKind
+    column_type: str
+    nullable: bool = False
+    impute: str | float | None = None
+    missing_indicator: bool = False
+    normalize: str = "standard"
+    bucketize: tuple[float, ...] | None = None
+    vocabulary: tuple[Any, ...] | None = None
+    top_k: int | None = None
+    min_frequency: int = 1
+    oov_buckets: int = 1
+
+    @property
+    def categorical(self) -> bool:
+        """True for a categorical feature (a string or integer-coded column)."""
+        return self.kind == "categorical"
+
+    @property
+    def dtype(self) -> str:
+        """The exported model's input dtype: ``string``, ``int64`` or ``float32``."""
+        if not self.categorical:
+            return "float32"
+        return "string" if self.column_type == "string" else "int64"
 
 
 @dataclass(frozen=True)
@@ -172,7 +238,7 @@ class DriftRule:
     """A limit on how far a column may move against the last validated snapshot."""
 
     column: str
-    method: Literal["psi", "ks", "mean_shift", "std_shift"]
+    method: Literal["psi", "chi2", "ks", "mean_shift", "std_shift"]
     max: float
     bins: int = 10
     severity: Severity = "error"
@@ -202,7 +268,19 @@ class Contract:
     allow_extra_columns: bool = False
     rules: DatasetRules = DatasetRules()
     drift: list[DriftRule] = field(default_factory=list)
+    features: dict[str, Feature] = field(default_factory=dict)
     path: Path | None = None
+
+    def feature(self, name: str) -> Feature:
+        """The table feature called ``name`` (``roles.features``; not an image).
+
+        Raises:
+            ContractError: If no table feature has that name.
+        """
+        try:
+            return self.features[name]
+        except KeyError:
+            raise ContractError(f"{self.path or self.dataset}: no table feature {name!r}") from None
 
     @property
     def is_regression(self) -> bool:
@@ -277,10 +355,17 @@ def _schema_validator() -> Any:
 
 
 def _schema_errors(raw: Any, where: _Where) -> list[str]:
-    validator = _schema_validator()
-    errors = sorted(validator.iter_errors(raw), key=lambda e: (list(e.absolute_path), e.message))
+    return _describe_schema_errors(_schema_validator().iter_errors(raw), where)
+
+
+def _describe_schema_errors(errors: Any, where: _Where) -> list[str]:
+    """One line per schema error; of a ``oneOf``, the errors of the branch of the value's type.
+
+    A feature given as an object that breaks the object form is reported as that form's
+    errors (``roles.features[0].scale: unknown field``), not as "is not a string".
+    """
     out = []
-    for err in errors:
+    for err in sorted(errors, key=lambda e: (list(e.absolute_path), e.message)):
         message = err.message
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             allowed = err.schema.get("properties", {})
@@ -288,6 +373,10 @@ def _schema_errors(raw: Any, where: _Where) -> list[str]:
                 out.append(where([*err.absolute_path, key], f"unknown field {key!r}"))
             continue
         if err.validator == "oneOf" and err.context:
+            fitting = [c for c in err.context if c.validator != "type"]
+            if fitting:
+                out += _describe_schema_errors(fitting, where)
+                continue
             message = "; ".join(sorted({c.message for c in err.context}))
         out.append(where(list(err.absolute_path), message))
     return out
@@ -568,7 +657,7 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
         severity = col.get("severity")
         if isinstance(severity, dict):
             for rule in severity:
-                declared = col.get(rule) not in (None, False) or (
+                declared = (col.get(rule) is not None and col.get(rule) is not False) or (
                     rule == "nullable" and col.get("nullable") is False
                 )
                 if not declared:
@@ -586,35 +675,70 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
         errs.append(where(["image", "column"], "the image is decoded, not a table column"))
     need_column(["roles", "key"], roles["key"])
     need_column(["roles", "label"], roles["label"])
-    for i, feature in enumerate(roles["features"]):
-        if image is not None and feature == image["column"]:
+    null_values = raw["source"].get("null_values", list(DEFAULT_NULL_VALUES))
+    if "" not in null_values:
+        errs.append(
+            where(
+                ["source", "null_values"],
+                'must hold "" (the empty cell): an empty cell is null in every column type, '
+                "and the exported model reads an empty string as a missing category",
+            )
+        )
+    features = feature_names(roles["features"])
+    by_name = {c["name"]: c for c in raw["columns"]}
+    listed: set[str] = set()
+    for i, (feature, item) in enumerate(zip(features, roles["features"], strict=True)):
+        at = ["roles", "features", i] + ([] if isinstance(item, str) else ["name"])
+        if feature in listed:
+            errs.append(where(at, f"feature {feature!r} is listed twice"))
             continue
-        need_column(["roles", "features", i], feature, numeric=True)
+        listed.add(feature)
+        if image is not None and feature == image["column"]:
+            if isinstance(item, dict) and len(item) > 1:
+                errs.append(where(at, "the image feature takes no preprocessing fields"))
+            continue
+        need_column(at, feature)
         if feature in (roles["key"], roles["label"]):
-            errs.append(where(["roles", "features", i], f"{feature!r} is also the key or label"))
+            errs.append(where(at, f"{feature!r} is also the key or label"))
         if keyword.iskeyword(feature) or feature.startswith("__"):
             # each feature names an argument of the SavedModel's serving signature
             errs.append(
                 where(
-                    ["roles", "features", i],
+                    at,
                     f"{feature!r} cannot name an input of the exported model (a Python "
                     "keyword, or a name starting with __): rename the column",
                 )
             )
-        at = next((j for j, c in enumerate(raw["columns"]) if c["name"] == feature), None)
-        col = raw["columns"][at] if at is not None else {}
-        severity = col.get("severity")
-        if col.get("nullable") is True or (
-            isinstance(severity, dict) and severity.get("nullable") == "warn"
-        ):
+        if feature in by_name:
+            errs += _feature_errors(item, by_name[feature], ["roles", "features", i], where)
+    for i, col in enumerate(raw["columns"]):
+        at = ["columns", i]
+        nullable = col.get("nullable", col["name"] not in (*features, roles["label"]))
+        if "max_null_share" in col and not nullable:
             errs.append(
                 where(
-                    ["columns", at, "nullable" if col.get("nullable") else "severity"],
-                    f"feature {feature!r} may be null, and the model takes no nulls: declare "
-                    "it nullable: false with an error severity (or drop it from "
-                    "roles.features)",
+                    [*at, "max_null_share"],
+                    f"max_null_share needs nullable: true (column {col['name']!r} holds no nulls)",
                 )
             )
+        if "max_unseen_share" in col and col["type"] not in ("string", "int32", "int64"):
+            errs.append(
+                where(
+                    [*at, "max_unseen_share"],
+                    f"max_unseen_share needs a string or integer column, {col['name']!r} is "
+                    f"{col['type']}",
+                )
+            )
+        if col["type"] == "string":
+            for j, value in enumerate(col.get("allowed_values", [])):
+                if value in null_values:
+                    errs.append(
+                        where(
+                            [*at, "allowed_values", j],
+                            f"{value!r} is a null marker (source.null_values): it is read as "
+                            "null, never as a value",
+                        )
+                    )
     label = next((c for c in raw["columns"] if c["name"] == roles["label"]), None)
     if roles.get("task", "classification") == "regression":
         errs += _regression_errors(raw, label, where)
@@ -641,7 +765,142 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
         if types.get(fresh["column"], "timestamp") != "timestamp":
             errs.append(where(["rules", "freshness", "column"], "needs a timestamp column"))
     for i, rule in enumerate(raw.get("drift", [])):
-        need_column(["drift", i, "column"], rule["column"], numeric=rule["method"] != "psi")
+        need_column(
+            ["drift", i, "column"], rule["column"], numeric=rule["method"] not in ("psi", "chi2")
+        )
+        if rule["method"] == "chi2" and types.get(rule["column"]) in ("float32", "float64"):
+            errs.append(
+                where(
+                    ["drift", i, "method"],
+                    f"chi2 compares category counts; column {rule['column']!r} is "
+                    f"{types[rule['column']]} (use psi, ks, mean_shift or std_shift)",
+                )
+            )
+    return errs
+
+
+NUMERIC_FEATURE_FIELDS = ("impute", "missing_indicator", "normalize", "bucketize")
+CATEGORICAL_FEATURE_FIELDS = ("top_k", "min_frequency", "oov_buckets")
+
+
+def feature_names(items: Sequence[Any]) -> list[str]:
+    """The column names of ``roles.features`` entries (a name, or an object with ``name``)."""
+    return [item if isinstance(item, str) else item["name"] for item in items]
+
+
+def _may_be_null(col: dict[str, Any]) -> bool:
+    """Whether a feature column's nulls can pass validation (nullable, or a warn-only rule)."""
+    severity = col.get("severity")
+    warn = severity == "warn" or (isinstance(severity, dict) and severity.get("nullable") == "warn")
+    return col.get("nullable") is True or warn
+
+
+def _feature_errors(item: Any, col: dict[str, Any], at: list[Any], where: _Where) -> list[str]:
+    """What makes one ``roles.features`` entry untrainable, at its line.
+
+    A string column is categorical, a numeric or bool column numeric; a nullable numeric
+    feature needs ``impute``; a categorical one needs a vocabulary (declared by
+    ``allowed_values`` or learned with ``top_k``).
+    """
+    spec: dict[str, Any] = {} if isinstance(item, str) else item
+    name, type_ = col["name"], col["type"]
+
+    def here(key: str | None = None) -> list[Any]:
+        """Where to point: the entry's field ``key`` (its name by default), or the entry."""
+        return [*at, key or "name"] if spec else at
+
+    errs: list[str] = []
+    if type_ == "timestamp":
+        return [
+            where(
+                here(),
+                f"feature {name!r} is a timestamp column: the model takes numbers and "
+                "categories (derive one from it in the source)",
+            )
+        ]
+    kind = spec.get("kind", "categorical" if type_ == "string" else "numeric")
+    if kind == "numeric" and type_ == "string":
+        return [where(here("kind"), f"{name!r} is a string column: a categorical feature")]
+    if kind == "categorical" and type_ not in ("string", "int32", "int64"):
+        return [
+            where(
+                here("kind"),
+                f"{name!r} is a {type_} column: categories are strings or integer codes "
+                "(bucketize a number instead)",
+            )
+        ]
+    wrong = CATEGORICAL_FEATURE_FIELDS if kind == "numeric" else NUMERIC_FEATURE_FIELDS
+    other = "categorical" if kind == "numeric" else "numeric"
+    for key in (k for k in wrong if k in spec):
+        errs.append(where(here(key), f"{key} applies to {other} features; {name!r} is {kind}"))
+    if errs:
+        return errs
+    nullable = _may_be_null(col)
+    if kind == "numeric":
+        impute = spec.get("impute")
+        if nullable and impute is None:
+            errs.append(
+                where(
+                    here(),
+                    f"feature {name!r} may be null (its column is nullable): declare impute "
+                    "(mean | median | zero | a number) so the model fills it, or make the "
+                    "column nullable: false",
+                )
+            )
+        if spec.get("missing_indicator") and impute is None:
+            errs.append(where(here("missing_indicator"), "missing_indicator needs impute"))
+        if isinstance(impute, int | float) and not isinstance(impute, bool):
+            if not math.isfinite(impute):
+                errs.append(where(here("impute"), f"impute must be finite, got {impute!r}"))
+            elif (why := _breaks_rules(impute, col)) is not None:
+                errs.append(where(here("impute"), f"impute value {impute!r} {why}"))
+        edges = spec.get("bucketize")
+        if edges is not None:
+            if spec.get("normalize", "none") != "none":
+                errs.append(
+                    where(
+                        here("normalize"),
+                        "bucketize replaces the number by its bucket: there is nothing to "
+                        "normalize (drop normalize)",
+                    )
+                )
+            finite = all(_value_fits(e, "float64") for e in edges)
+            if not finite or any(b <= a for a, b in itertools.pairwise(edges)):
+                errs.append(
+                    where(
+                        here("bucketize"),
+                        f"bucket boundaries must be finite and strictly increasing, got {edges}",
+                    )
+                )
+        return errs
+    if nullable and type_ != "string":
+        errs.append(
+            where(
+                here(),
+                f"integer-coded categorical feature {name!r} may be null, and its int64 model "
+                "input has no null: declare the column type: string (then missing is a "
+                "category of its own), or nullable: false",
+            )
+        )
+    declared = col.get("allowed_values")
+    if declared is not None:
+        learned = [k for k in ("top_k", "min_frequency") if k in spec]
+        if learned:
+            errs.append(
+                where(
+                    here(learned[0]),
+                    f"the vocabulary of {name!r} is declared (its allowed_values); top_k and "
+                    "min_frequency learn one from the data: drop them",
+                )
+            )
+    elif "top_k" not in spec:
+        errs.append(
+            where(
+                here(),
+                f"categorical feature {name!r} needs a vocabulary: allowed_values on its "
+                "column, or top_k to learn the most frequent values of the training split",
+            )
+        )
     return errs
 
 
@@ -732,12 +991,13 @@ def _regression_errors(
 def _role_rules(col: dict[str, Any], roles: dict[str, Any]) -> dict[str, Any]:
     """A label or feature column with the rules its role implies, checked by validation.
 
-    Every label and feature is non-null (a feature declared nullable is refused by the
-    contract check); a classifier's label takes only its class ids (``allowed_values:
-    0..n-1`` when the contract gives ``num_classes`` alone), so a row outside the class
-    count rejects the snapshot instead of failing training.
+    The label is non-null, and so is a feature whose column says nothing about nulls (a
+    nullable feature must say how the model fills it); a classifier's label takes only
+    its class ids (``allowed_values: 0..n-1`` when the contract gives ``num_classes``
+    alone), so a row outside the class count rejects the snapshot instead of failing
+    training.
     """
-    if col["name"] in roles["features"] and "nullable" not in col:
+    if col["name"] in feature_names(roles["features"]) and "nullable" not in col:
         return {**col, "nullable": False}
     if col["name"] != roles["label"]:
         return col
@@ -755,26 +1015,53 @@ def _severity_map(col: dict[str, Any]) -> dict[str, Severity]:
     return dict(sev)
 
 
+def _features(raw: dict[str, Any], columns: Sequence[Column]) -> dict[str, Feature]:
+    """The table features of a checked contract, typed (the image feature is none)."""
+    by_name = {c.name: c for c in columns}
+    out: dict[str, Feature] = {}
+    for item in raw["roles"]["features"]:
+        spec = {"name": item} if isinstance(item, str) else dict(item)
+        col = by_name.get(spec["name"])
+        if col is None:  # the image feature
+            continue
+        kind = spec.pop("kind", "categorical" if col.type == "string" else "numeric")
+        edges = spec.pop("bucketize", None)
+        out[col.name] = Feature(
+            **spec,
+            kind=kind,
+            column_type=col.type,
+            nullable=col.nullable or col.severity_of("nullable") == "warn",
+            bucketize=tuple(float(e) for e in edges) if edges is not None else None,
+            vocabulary=col.allowed_values if kind == "categorical" else None,
+        )
+    return out
+
+
 def _build(raw: dict[str, Any], path: Path | None) -> Contract:
     rules = raw.get("rules", {})
+    columns = [
+        Column(
+            **{k: v for k, v in c.items() if k not in ("allowed_values", "severity")},
+            allowed_values=tuple(c["allowed_values"]) if "allowed_values" in c else None,
+            severity=_severity_map(c),
+        )
+        for c in (_role_rules(col, raw["roles"]) for col in raw["columns"])
+    ]
+    source = dict(raw["source"])
+    if "null_values" in source:
+        source["null_values"] = tuple(source["null_values"])
     return Contract(
         dataset=raw["dataset"],
         version=raw["version"],
         owner=raw["owner"],
         description=raw.get("description", ""),
-        source=Source(**raw["source"]),
+        source=Source(**source),
         image=ImageSpec(**raw["image"]) if "image" in raw else None,
         allow_extra_columns=raw.get("allow_extra_columns", False),
-        columns=[
-            Column(
-                **{k: v for k, v in c.items() if k not in ("allowed_values", "severity")},
-                allowed_values=tuple(c["allowed_values"]) if "allowed_values" in c else None,
-                severity=_severity_map(c),
-            )
-            for c in (_role_rules(col, raw["roles"]) for col in raw["columns"])
-        ],
+        columns=columns,
         roles=Roles(
-            **{k: v for k, v in raw["roles"].items() if k != "class_names"},
+            **{k: v for k, v in raw["roles"].items() if k not in ("class_names", "features")},
+            features=feature_names(raw["roles"]["features"]),
             class_names=tuple(raw["roles"]["class_names"])
             if "class_names" in raw["roles"]
             else None,
@@ -785,6 +1072,7 @@ def _build(raw: dict[str, Any], path: Path | None) -> Contract:
         ),
         drift=[DriftRule(**d) for d in raw.get("drift", [])],
         split=Split(**raw["split"]),
+        features=_features(raw, columns),
         path=path,
     )
 
@@ -914,8 +1202,10 @@ def feature_spec(contract: Contract) -> dict[str, tuple[str, tuple[int | None, .
         contract: The dataset's contract.
 
     Returns:
-        ``{"image": ("float32", (None, H, W, C))}`` for an image dataset, else one
-        ``("float32", (None,))`` entry per feature column, in contract order.
+        ``{"image": ("float32", (None, H, W, C))}`` for an image dataset, else one entry
+        per feature column, in contract order: ``("float32", (None,))`` for a numeric
+        feature (missing: NaN), ``("string", (None,))`` for a string categorical (raw
+        values; missing: ``""``), ``("int64", (None,))`` for an integer-coded one.
     """
     spec: dict[str, tuple[str, tuple[int | None, ...]]] = {}
     for name in contract.roles.features:
@@ -923,5 +1213,5 @@ def feature_spec(contract: Contract) -> dict[str, tuple[str, tuple[int | None, .
         if img is not None and name == img.column:
             spec[name] = ("float32", (None, img.height, img.width, img.channels))
         else:
-            spec[name] = ("float32", (None,))
+            spec[name] = (contract.feature(name).dtype, (None,))
     return spec

@@ -3,15 +3,15 @@
 ``python -m trainyard contracts export --format odcs`` and ``contracts import`` translate
 ``data_contracts/<dataset>.yaml``. What ODCS says natively is said natively: one schema
 object (the dataset's table) whose properties are the columns (``logicalType`` and the
-contract's type as ``physicalType``, ``required`` for not nullable, ``unique``,
+contract's type as ``physicalType``, ``required`` for a stated nullability, ``unique``,
 ``primaryKey`` for the key, ``logicalTypeOptions`` for bounds, ``pattern`` and lengths,
 ``enum`` for allowed values), the row-count rule as a ``rowCount`` quality check, the
 owner as a team member, the description as its purpose. What only trainyard knows (the
-ML roles, the holdout split, drift rules, the source format, images, per-rule severities,
-``all_values_present``, freshness, extra columns) goes under ``customProperties`` with
-``vendor: trainyard``. Export then import gives the same contract; an exported file is
-checked against ODCS's own JSON schema (shipped by the ``open-data-contract-standard``
-package), and so is every file imported.
+ML roles, the holdout split, drift rules, the source format and null markers, images,
+per-rule severities, ``all_values_present``, null and unseen shares, freshness, extra
+columns) goes under ``customProperties`` with ``vendor: trainyard``. Export then import
+gives the same contract; an exported file is checked against ODCS's own JSON schema
+(shipped by the ``open-data-contract-standard`` package), and so is every file imported.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def _property(col: Mapping[str, Any], key: str) -> dict[str, Any]:
         prop["description"] = col["description"]
     if col["name"] == key:
         prop["primaryKey"], prop["primaryKeyPosition"] = True, 1
-    if col.get("nullable", True) is False:
-        prop["required"] = True
+    if "nullable" in col:  # stated (a feature unstated is non-null, a nullable one says so)
+        prop["required"] = not col["nullable"]
     if col.get("unique"):
         prop["unique"] = True
     options: dict[str, Any] = {}
@@ -104,6 +104,9 @@ def _property(col: Mapping[str, Any], key: str) -> dict[str, Any]:
     if col.get("allowed_values") is not None:
         prop["enum"] = [{"value": v} for v in col["allowed_values"]]
     custom = {k: col[k] for k in ("all_values_present", "severity") if col.get(k)}
+    custom.update(
+        {k: col[k] for k in ("max_null_share", "max_unseen_share") if col.get(k) is not None}
+    )
     if custom:
         prop["customProperties"] = _custom(custom)
     return prop
@@ -175,8 +178,8 @@ def _column(prop: Mapping[str, Any], where: str) -> dict[str, Any]:
             f"({', '.join(sorted(set(LOGICAL.values())))})"
         )
     col: dict[str, Any] = {"name": prop["name"], "type": physical}
-    if prop.get("required"):
-        col["nullable"] = False
+    if "required" in prop:
+        col["nullable"] = not prop["required"]
     if prop.get("unique"):
         col["unique"] = True
     options = prop.get("logicalTypeOptions") or {}

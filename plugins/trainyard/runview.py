@@ -532,6 +532,58 @@ def bar_chart(
     return "".join(out)
 
 
+def share_chart(
+    title: str, rows: Sequence[tuple[str, float, float]], width: int = 420, bar_h: int = 9
+) -> str:
+    """An inline SVG of each category's share now and before, two bars per category.
+
+    Args:
+        title: Shown above the bars.
+        rows: ``(category, share now, share before)``; shares in [0, 1].
+        width: Width in px.
+        bar_h: Height of one bar in px.
+
+    Returns:
+        ``<svg>`` markup, or a short note when there is nothing to plot.
+    """
+    if not rows:
+        return f'<p class="muted">{html.escape(title)}: nothing recorded</p>'
+    top, right = 26, 60
+    labels = [_short(str(label), 32) for label, _, _ in rows]
+    label_w = 12 + math.ceil(max(_text_px(label) for label in labels))
+    width = max(width, label_w + 200 + right)
+    height = top + len(rows) * (2 * bar_h + 8) + 6
+    peak = max((max(a, b) for _, a, b in rows if _finite(a) and _finite(b)), default=0.0) or 1.0
+    out = [
+        f'<svg class="chart shares" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{html.escape(title)}</title>",
+        f'<text x="8" y="16" class="ct">{html.escape(title)}</text>',
+        f'<text x="{width - 8}" y="16" class="lg" text-anchor="end">'
+        f'<tspan fill="{PALETTE[0]}">■ now</tspan> <tspan fill="{PALETTE[5]}">■ before</tspan>'
+        "</text>",
+    ]
+    for i, (label, now, before) in enumerate(rows):
+        y = top + i * (2 * bar_h + 8)
+        out.append(
+            f'<text x="{label_w - 6}" y="{y + 2 * bar_h - 3}" class="tick" text-anchor="end">'
+            f"{html.escape(labels[i])}</text>"
+        )
+        for j, (value, color, when) in enumerate(((now, PALETTE[0], "now"),
+                                                  (before, PALETTE[5], "before"))):  # fmt: skip
+            length = (width - label_w - right) * max(0.0, value) / peak if _finite(value) else 0
+            shown = f"{value:.1%}" if _finite(value) else str(value)
+            out.append(
+                f'<rect x="{label_w}" y="{y + j * bar_h}" width="{length:.1f}" '
+                f'height="{bar_h - 1}" fill="{color}"><title>{html.escape(str(label))} '
+                f"{when}: {shown}</title></rect>"
+                f'<text x="{label_w + length + 4:.1f}" y="{y + j * bar_h + bar_h - 2}" '
+                f'class="tick">{html.escape(shown)}</text>'
+            )
+    out.append("</svg>")
+    return "".join(out)
+
+
 def _sample_keys(failure: Mapping[str, Any]) -> list[str]:
     """The keys of a failed rule's sample rows (a report written before keys: the rows)."""
     keys = failure.get("keys") or []
@@ -597,7 +649,42 @@ def _drift(val: Mapping[str, Any]) -> str:
     ]
     against = val.get("previous_snapshot_id")
     title = f"drift per column vs snapshot {against}" if against else "drift per column"
-    return bar_chart(title, bars)
+    charts = [bar_chart(title, bars)]
+    shown: set[str] = set()
+    for r in rules:  # a categorical column's shares, now and before, once per column
+        categories = (r.get("details") or {}).get("categories")
+        if not categories or r.get("column") in shown:
+            continue
+        shown.add(str(r.get("column")))
+        rows = [(str(c[0]), float(c[1]), float(c[2])) for c in categories if len(c) == 3]
+        charts.append(share_chart(f"{r.get('column')}: share of each category", rows))
+    return "".join(charts)
+
+
+def _profile(val: Mapping[str, Any]) -> str:
+    """The validation profile: null share, distinct and unseen categories, top categories."""
+    profile = val.get("profile") or {}
+    rows = []
+    for column, p in profile.items():
+        if not p.get("nulls") and "categories" not in p:
+            continue
+        top = ", ".join(
+            f"{c[0]} {float(c[2]):.0%}" for c in (p.get("categories") or [])[:5] if len(c) == 3
+        )
+        unseen = p.get("unseen_share")
+        rows.append(
+            [
+                _e(column),
+                _e(f"{float(p.get('null_share') or 0):.1%}"),
+                _e(p.get("distinct", "")),
+                _e("" if unseen is None else f"{float(unseen):.1%}"),
+                _e(top),
+            ]
+        )
+    if not rows:
+        return ""
+    header = ["column", "null share", "categories", "unseen before", "most frequent"]
+    return "<h3>Columns</h3>" + _table(header, rows, "profile")
 
 
 # --------------------------------------------------------------------------- HTML
@@ -905,6 +992,7 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
             else:
                 out.append('<p class="muted">no failed rules</p>')
             out.append(_drift(val))
+            out.append(_profile(val))
         if data_docs_url:
             out.append(
                 f'<p><a class="datadocs" href="{_e(data_docs_url)}">Data Docs</a> '

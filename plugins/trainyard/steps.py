@@ -490,6 +490,7 @@ def register(
     from trainyard.contracts import load_contract
     from trainyard.layout import Layout
     from trainyard.training.spec import TENSORBOARD_DIR, run_paths
+    from trainyard.training.worker.transform import TRANSFORM_FILE
 
     cfg = load_pipeline(pipeline)
     params = TrainingConfig.model_validate(
@@ -502,6 +503,7 @@ def register(
         raise RegistryError(f"training output {model_dir} holds no SavedModel")
     metrics = read_json(out / "metrics.json") if (out / "metrics.json").is_file() else {}
     inputs = read_json(out / "inputs.json") if (out / "inputs.json").is_file() else {}
+    transform = read_json(out / TRANSFORM_FILE) if (out / TRANSFORM_FILE).is_file() else None
     read = inputs.get("snapshots") or [{"dataset": cfg.dataset, "snapshot_id": snapshot_id}]
     metadata = {
         "pipeline": cfg.name,
@@ -517,12 +519,12 @@ def register(
         "run_id": run_id,
         "training": params,
         "train_metrics": metrics,
+        "transform": transform,
         "timings": {"train_seconds": seconds, "attempts": attempts},
         "created_at": dt.datetime.now(dt.UTC).isoformat(),
     }
-    extra = [
-        p for p in (out / "metrics.json", out / "history.json", out / "inputs.json") if p.is_file()
-    ]
+    names = ("metrics.json", "history.json", "inputs.json", TRANSFORM_FILE)
+    extra = [out / name for name in names if (out / name).is_file()]
     if (out / TENSORBOARD_DIR).is_dir():
         extra.append(out / TENSORBOARD_DIR)
     registry = _registry(cfg)

@@ -358,7 +358,8 @@ def test_the_redis_trigger_outlives_a_redis_that_stops_answering(
     for ever. Each call now has a deadline: the trigger logs it, backs off, reads again, and
     the messages sent meanwhile start their runs once Redis answers."""
     import redis
-    from stream_support import StallingProxy
+
+    from tests.support.streams import StallingProxy
 
     redis_dir = tmp_path / "redis"
     url = redis_server.ensure_running(redis_dir)
@@ -415,8 +416,8 @@ def test_a_run_acknowledging_on_a_silent_redis_fails_at_the_deadline(
     import time
 
     import redis
-    from stream_support import StallingProxy
 
+    from tests.support.streams import StallingProxy
     from trainyard.streaming import redis_client
 
     redis_dir = tmp_path / "redis"

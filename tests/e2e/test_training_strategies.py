@@ -12,9 +12,7 @@ import pytest
 
 from tests.support.trainer import (
     make_files_snapshot,
-    make_table_snapshot,
     publish_fixture,
-    write_table_contract,
 )
 from trainyard.config import TrainingConfig, parse_pipeline
 from trainyard.training.launcher import run_training
@@ -30,8 +28,8 @@ CASES = [
         0.8,
         id="mwms-2-workers-images",
     ),
-    pytest.param(
-        "blobs_table",
+    pytest.param(  # a table with a learned vocabulary and missing values: lookup tables
+        "blobs_categorical",
         TrainingConfig(model="mlp", strategy="parameter_server", workers=2, parameter_servers=1,
                        epochs=2, batch_size=32, learning_rate=0.01, steps_per_execution=4),
         ["ps:0", "chief:0", "worker:0", "worker:1"],
@@ -39,6 +37,54 @@ CASES = [
         id="ps-chief-2-workers-1-ps-table",
     ),
 ]  # fmt: skip
+
+CATEGORICAL_CONTRACT = """\
+dataset: blobs
+version: 1.0.0
+owner: ml@example.com
+source: {format: parquet, null_values: ["", "NA"]}
+columns:
+  - {name: id, type: string}
+  - {name: x1, type: float64, nullable: true}
+  - {name: x2, type: float64}
+  - {name: shape, type: string, nullable: true}
+  - {name: label, type: int64}
+roles:
+  key: id
+  label: label
+  features: [{name: x1, impute: median, missing_indicator: true}, x2, {name: shape, top_k: 3}]
+  num_classes: 3
+split:
+  holdout_fraction: 0.2
+  by: id
+"""
+
+
+def _categorical_snapshot(snap: Path, n: int) -> Path:
+    """Blobs with a string feature telling the class most of the time, and missing values."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.support.trainer import _manifest, blobs
+
+    cols = blobs(n)
+    rng = np.random.default_rng(1)
+    names = np.array(["round", "square", "spiky"])
+    shape = np.where(rng.random(n) < 0.8, names[cols["label"]], names[rng.integers(0, 3, n)])
+    table = pa.table(
+        {
+            "id": cols["id"],
+            "x1": [None if m else v for v, m in zip(cols["x1"], rng.random(n) < 0.1, strict=True)],
+            "x2": cols["x2"],
+            "shape": [None if m else s for s, m in zip(shape, rng.random(n) < 0.05, strict=True)],
+            "label": cols["label"],
+        }
+    )
+    snap.mkdir(parents=True)
+    pq.write_table(table, snap / "part-00000.parquet")
+    _manifest(snap, "table", [("part-00000.parquet", "data")])
+    return snap
 
 
 def _check_saved_model(model_dir: Path, inputs: dict[str, list[int | None]]) -> dict:
@@ -85,16 +131,16 @@ def test_strategy_trains_and_exports(
             make_files_snapshot(volume_root / "incoming", n=None, shards=4), volume_root, "digits"
         )
         expected_inputs = {"image": [None, 8, 8, 1]}
-    else:
+    else:  # numbers, one with missing values, and a category: lookup tables under PS
         contracts = tmp_path / "contracts"
         contracts.mkdir()
-        write_table_contract(contracts)
+        (contracts / "blobs.yaml").write_text(CATEGORICAL_CONTRACT)
         monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(contracts))
         pipeline = pipeline.model_copy(update={"dataset": "blobs"})
         snap = publish_fixture(
-            make_table_snapshot(volume_root / "incoming", n=1200, parts=3), volume_root, "blobs"
+            _categorical_snapshot(volume_root / "incoming", 1200), volume_root, "blobs"
         )
-        expected_inputs = {"x1": [None], "x2": [None], "x3": [None]}
+        expected_inputs = {"x1": [None], "x2": [None], "shape": [None]}
     lines: list[str] = []
     monkeypatch.setenv("TRAINYARD_PROGRESS_S", "0")  # a progress line at every step
     result = run_training(pipeline, params, snap, run_id="r1", log=lines.append)

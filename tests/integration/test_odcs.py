@@ -108,18 +108,22 @@ def test_cli_export_then_import_round_trips_and_refuses_to_overwrite(tmp_path: P
     out = cli("export", "--format", "odcs", "--output-dir", str(tmp_path / "odcs"))
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in (tmp_path / "odcs").iterdir()) == [
+        "churn.odcs.yaml",
         "digits.odcs.yaml",
         "transactions.odcs.yaml",
     ]
     dest = tmp_path / "contracts"
     done = cli("import", str(tmp_path / "odcs" / "digits.odcs.yaml"), "--output-dir", str(dest))
     assert done.returncode == 0, done.stderr
-    assert _same(parse_contract(dest / "digits.yaml"), parse_contract(CONTRACTS[0]))
+    assert _same(
+        parse_contract(dest / "digits.yaml"),
+        parse_contract(ROOT / "data_contracts" / "digits.yaml"),
+    )
     again = cli("import", str(tmp_path / "odcs" / "digits.odcs.yaml"), "--output-dir", str(dest))
     assert again.returncode != 0 and "exists: pass --force" in again.stderr
     unknown = cli("export", "nope", "--format", "odcs")
     assert unknown.returncode != 0 and "no contract 'nope'" in unknown.stderr
-    assert "known: digits, transactions" in unknown.stderr
+    assert "known: churn, digits, transactions" in unknown.stderr
     one = cli("export", "transactions", "--format", "odcs")
     assert yaml.safe_load(one.stdout)["name"] == "transactions"
 

@@ -128,7 +128,8 @@ def test_multiple_named_tensor_columnar_format():
         # strings where numbers are expected, numbers where strings are
         ({"default": ("int32", (None, 2))}, b'{"instances": [[1,2],["a", "b"]]}', "strings"),
         ({"default": ("string", (None,))}, b'{"instances": ["a", 1]}', "expected strings"),
-        ({"default": ("string", (None,))}, b'{"instances": ["a", null]}', "null"),
+        # no missing value in an integer input (a float's is null or NaN, a string's "")
+        ({"default": ("int32", (None,))}, b'{"instances": [1, null]}', "null"),
         # a b64 object that is not base64, or has another key beside b64
         ({"default": ("string", (None,))}, b'{"instances": [{"b64": "!!!"}]}', "base64 decode"),
         (
@@ -138,7 +139,7 @@ def test_multiple_named_tensor_columnar_format():
         ),
         ({"default": ("string", (None, 2))}, b'{"instances": [["a", "b"], ["c"]]}', "shape"),
     ],
-    ids=["signature not a string", "strings for ints", "int for string", "null string",
+    ids=["signature not a string", "strings for ints", "int for string", "null integer",
          "bad base64", "b64 with another key", "ragged strings"],
 )  # fmt: skip
 def test_request_errors(spec, body, message):

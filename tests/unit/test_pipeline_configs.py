@@ -125,7 +125,7 @@ def test_check_command_names_every_problem_and_exits_1(tmp_path: Path) -> None:
     assert out.returncode == 1, out
     assert f"{bad}:9: training.model: unknown model 'resnet'" in out.stderr
     assert f"{bad}:7: source.format: 'csv'" in out.stderr
-    assert "1 of 3 pipeline(s) invalid" in out.stderr
+    assert "1 of 4 pipeline(s) invalid" in out.stderr
     assert all(f"ok   {p}" in out.stdout for p in SHIPPED)
 
 

@@ -74,7 +74,8 @@ BAD = [
     ("all rows wrong shape", IMAGE, json.dumps({"instances": [IMG[:4].tolist()]}),
      "instances[0].image: expected shape (8, 8, 1) per row, got (4, 8, 1)"),
     ("strings", IMAGE, json.dumps({"instances": [[["x"] * 1] * 8] * 8}), "got strings"),
-    ("null value", TABLE, b'{"instances": [{"a": null, "n": 1}]}', "instances.a: null values"),
+    ("null integer", TABLE, b'{"instances": [{"a": null, "n": null}]}',
+     "instances.n: expected int64 values (no missing value), got null"),
     ("missing feature row", TABLE, b'{"instances": [{"a": 1, "n": 1}, {"a": 2}]}',
      "instances[1]: missing feature 'n'"),
     ("unknown feature row", TABLE, b'{"instances": [{"a": 1, "n": 1, "z": 0}]}',
@@ -206,7 +207,8 @@ MALFORMED = [
      "instances[1].image: expected shape (8, 8, 1) per row, got (7, 8, 1)"),
     ("wrong feature name", IMAGE, json.dumps({"inputs": {"img": [IMG.tolist()]}}).encode(),
      "inputs: missing feature 'image'"),
-    ("null inside", SCALAR, b'{"inputs": [1, null]}', "inputs.x: null values are not allowed"),
+    ("null inside an integer input", {"x": ("int64", (None,))}, b'{"inputs": [1, null]}',
+     "inputs.x: expected int64 values (no missing value), got null and numbers"),
     ("quoted number", SCALAR, b'{"inputs": [1, "2"]}', "got strings"),
     ("boolean among numbers", SCALAR, b'{"inputs": [1, true]}', "got booleans"),
     ("letters", SCALAR, b'{"inputs": [1, nan]}', "malformed JSON"),
@@ -304,7 +306,8 @@ NOT_JSON = [
     ("values regrouped", {"x": ("float32", (None, 2))}, b'{"instances": [[1, 2, 3], [4]]}',
      "instances[0].x: expected shape (2,) per row, got (3,)"),
     ("string among numbers", SCALAR, b'{"inputs": [1, "2", 3]}', "got strings"),
-    ("null among numbers", PAIR, b'{"inputs": [[1], [null], [3]]}', "null values are not allowed"),
+    ("null among integers", {"x": ("int32", (None, 1))}, b'{"inputs": [[1], [null], [3]]}',
+     "expected int32 values (no missing value)"),
 ]  # fmt: skip
 
 

@@ -174,6 +174,9 @@ def _to_array(
     takes any JSON number (one beyond its range becomes ``±inf``); an integer input takes
     JSON integers only (``1.0`` and ``1e2`` are refused) within its range; a boolean input
     takes ``true``/``false``; a string input takes strings and ``{"b64": ...}`` objects.
+    One difference: ``null`` is a missing value, NaN in a float input and ``""`` in a
+    string input (a model with its preprocessing inside reads both as missing); an integer
+    or boolean input has no missing value and refuses it.
     Lists must be regular; the shape must fit the signature's (any shape for an input of
     unknown rank). Errors name the input and, where one row is at fault, the row.
 
@@ -203,19 +206,23 @@ def _to_array(
     flat: list[Any] = []
     if kind == "O":
         flat = _flat_items(values)
-        if any(v is None for v in flat):
-            raise InvalidRequest(f"{field}: null values are not allowed (expected {dtype})")
-        if any(isinstance(v, dict) for v in flat):
-            raise InvalidRequest(f"{field}: expected {dtype} numbers, got an object")
-        if not all(type(v) in (int, float) for v in flat):
-            _diagnose_rows(values, shape, row_prefix)
-            raise InvalidRequest(f"{field}: ragged nested lists or mixed types (expected {dtype})")
-        # integers beyond 64 bits (JSON allows them): a float input reads them as floats
-        if dtype.startswith("float"):
+        if dtype in _FLOAT_DTYPES and all(type(v) in _NUMBER_OR_NULL for v in flat):
+            # null is a missing number (NaN); integers beyond 64 bits read as floats
             try:
                 arr, kind = np.asarray(values, dtype=np.float64), "f"
             except OverflowError:
                 raise InvalidRequest(f"{field}: value out of range for {dtype}") from None
+            except ValueError:
+                _diagnose_rows(values, shape, row_prefix)
+                raise InvalidRequest(f"{field}: ragged nested lists") from None
+        elif any(v is None for v in flat):
+            what = "a missing number is null" if dtype in _FLOAT_DTYPES else "no missing value"
+            raise InvalidRequest(f"{field}: expected {dtype} values ({what}), got {_mixed(flat)}")
+        elif any(isinstance(v, dict) for v in flat):
+            raise InvalidRequest(f"{field}: expected {dtype} numbers, got an object")
+        elif not all(type(v) in (int, float) for v in flat):
+            _diagnose_rows(values, shape, row_prefix)
+            raise InvalidRequest(f"{field}: ragged nested lists or mixed types (expected {dtype})")
         elif all(type(v) is int for v in flat):
             raise InvalidRequest(f"{field}: value out of range for {dtype}")
         else:
@@ -286,7 +293,7 @@ def _to_bytes_array(
         elif is_b64_object(v):
             flat.append(decode_b64(v["b64"], field))
         elif v is None:
-            raise InvalidRequest(f"{field}: null values are not allowed (expected string)")
+            flat.append(b"")  # missing: the empty string, as the model reads it
         else:
             raise InvalidRequest(
                 f'{field}: expected strings or {{"b64": ...}} objects, got {type(v).__name__}'
@@ -296,6 +303,17 @@ def _to_bytes_array(
     arr = arr.reshape(dims)
     _check_shape(arr, shape, field, values, row_prefix)
     return arr
+
+
+_FLOAT_DTYPES = ("float16", "float32", "float64")
+_NUMBER_OR_NULL = (int, float, type(None))
+
+
+def _mixed(flat: list[Any]) -> str:
+    """What a list of JSON values that should be one type holds (``null and strings``)."""
+    names = {type(None): "null", str: "strings", bool: "booleans", dict: "objects"}
+    kinds = sorted({names.get(type(v), "numbers") for v in flat})
+    return " and ".join(kinds)
 
 
 def _flat_items(values: Any) -> list[Any]:

@@ -57,6 +57,7 @@ class ContractInfo:
         extension: ``source.extension`` (image folders: which files are samples).
         allow_extra_columns: Whether a table source may hold columns the contract does
             not declare (they are dropped); otherwise such a column is refused.
+        null_values: The cells read as null in every column (``source.null_values``).
     """
 
     path: Path
@@ -64,17 +65,19 @@ class ContractInfo:
     columns: tuple[ContractColumn, ...]
     extension: str | None
     allow_extra_columns: bool = False
+    null_values: tuple[str, ...] = ("",)
 
     @property
     def staging_terms(self) -> str:
         """Everything of the contract staging reads, as one string.
 
-        Its version, columns, extension and extras rule: a source listed the same under the
-        same terms needs no reading, and an edit of these without a new version (a column's
-        type) still counts as a change.
+        Its version, columns, extension, extras rule and null markers: a source listed the
+        same under the same terms needs no reading, and an edit of these without a new
+        version (a column's type) still counts as a change.
         """
         cols = ";".join(f"{c.name}:{c.type}:{c.nullable}" for c in self.columns)
-        return f"{self.version}\0{cols}\0{self.extension}\0{self.allow_extra_columns}"
+        nulls = "\x1f".join(self.null_values)
+        return f"{self.version}\0{cols}\0{self.extension}\0{self.allow_extra_columns}\0{nulls}"
 
 
 def read_contract(dataset: str) -> ContractInfo:
@@ -99,6 +102,7 @@ def read_contract(dataset: str) -> ContractInfo:
         columns=tuple(ContractColumn(c.name, c.type, c.nullable) for c in contract.columns),
         extension=ext.lstrip(".") if ext else None,
         allow_extra_columns=contract.allow_extra_columns,
+        null_values=contract.source.null_values,
     )
 
 

@@ -160,7 +160,13 @@ class _ShardWriter:
                 pass
 
 
-def _cast_batch(batch: Any, schema: Any, where: str) -> Any:
+def _cast_batch(batch: Any, schema: Any, where: str, null_values: tuple[str, ...] = ("",)) -> Any:
+    """A batch cast to the contract's schema, every null marker in a text column made null.
+
+    CSV cells are read with the markers as nulls in every type already; JSON Lines and
+    Parquet strings equal to a marker become null here, so ``""`` or ``"NA"`` is null
+    whatever the source format.
+    """
     import pyarrow.compute as pc
 
     pa = _pa()
@@ -168,9 +174,14 @@ def _cast_batch(batch: Any, schema: Any, where: str) -> Any:
     missing = [f.name for f in schema if f.name not in names]
     if missing:
         raise SourceInvalid(f"{where}: column {missing[0]!r} of the contract is missing")
+    markers = pa.array(null_values, pa.string())
     arrays = []
     for f in schema:
         col = batch.column(f.name)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            is_marker = pc.is_in(col, value_set=markers.cast(col.type))
+            if pc.any(is_marker).as_py():
+                col = pc.if_else(is_marker, pa.scalar(None, col.type), col)
         if col.type != f.type:
             try:
                 col = pc.cast(col, f.type)
@@ -359,7 +370,12 @@ def _json_fits(value: Any, arrow_type: Any) -> bool:
 
 
 def _batches(
-    reader: Any, stream: Any, f: SourceFile, schema: Any, advance: Advance
+    reader: Any,
+    stream: Any,
+    f: SourceFile,
+    schema: Any,
+    advance: Advance,
+    null_values: tuple[str, ...],
 ) -> Iterator[Any]:
     """Cast record batches from a streaming reader, reporting bytes read as progress."""
     done = 0
@@ -371,12 +387,17 @@ def _batches(
         pos = stream.tell()
         advance(pos - done, 0)
         done = pos
-        yield _cast_batch(batch, schema, f.path)
+        yield _cast_batch(batch, schema, f.path, null_values)
     advance(f.size - done, 0)
 
 
 def _read_csv(
-    src: Source, f: SourceFile, schema: Any, advance: Advance, allow_extra: bool
+    src: Source,
+    f: SourceFile,
+    schema: Any,
+    advance: Advance,
+    allow_extra: bool,
+    null_values: tuple[str, ...] = ("",),
 ) -> Iterator[Any]:
     import pyarrow.csv as pcsv
 
@@ -398,10 +419,14 @@ def _read_csv(
             stream,
             read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=True),
             convert_options=pcsv.ConvertOptions(
-                column_types=schema, include_columns=schema.names, check_utf8=True
+                column_types=schema,
+                include_columns=schema.names,
+                check_utf8=True,
+                null_values=list(null_values),
+                strings_can_be_null=True,
             ),
         )
-        yield from _batches(reader, stream, f, schema, advance)
+        yield from _batches(reader, stream, f, schema, advance, null_values)
     except (pa.ArrowException, UnicodeDecodeError) as e:
         raise SourceInvalid(_diagnose_csv(src, f, header, str(e))) from e
     finally:
@@ -409,7 +434,12 @@ def _read_csv(
 
 
 def _read_jsonl(
-    src: Source, f: SourceFile, schema: Any, advance: Advance, allow_extra: bool
+    src: Source,
+    f: SourceFile,
+    schema: Any,
+    advance: Advance,
+    allow_extra: bool,
+    null_values: tuple[str, ...] = ("",),
 ) -> Iterator[Any]:
     import pyarrow.json as pjson
 
@@ -424,7 +454,7 @@ def _read_jsonl(
                 unexpected_field_behavior="ignore" if allow_extra else "error",
             ),
         )
-        yield from _batches(reader, stream, f, schema, advance)
+        yield from _batches(reader, stream, f, schema, advance, null_values)
     except pa.ArrowException as e:
         raise SourceInvalid(_diagnose_jsonl(src, f, schema, allow_extra, str(e))) from e
     finally:
@@ -432,7 +462,12 @@ def _read_jsonl(
 
 
 def _read_parquet(
-    src: Source, f: SourceFile, schema: Any, advance: Advance, allow_extra: bool
+    src: Source,
+    f: SourceFile,
+    schema: Any,
+    advance: Advance,
+    allow_extra: bool,
+    null_values: tuple[str, ...] = ("",),
 ) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
@@ -456,7 +491,7 @@ def _read_parquet(
             except (pa.ArrowException, OSError) as e:
                 raise SourceInvalid(f"{f.path}: row group {i} is corrupt: {e}") from e
             for batch in table.to_batches():
-                yield _cast_batch(batch, schema, f"{f.path} (row group {i})")
+                yield _cast_batch(batch, schema, f"{f.path} (row group {i})", null_values)
             advance(per_group, 0)
     finally:
         stream.close()
@@ -519,7 +554,9 @@ def stage_table(
         for f in src.files:
             if f.size == 0 or failure:
                 continue
-            for batch in read(src, f, schema, advance, contract.allow_extra_columns):
+            for batch in read(
+                src, f, schema, advance, contract.allow_extra_columns, contract.null_values
+            ):
                 if failure:
                     break
                 q.put(batch)

@@ -130,7 +130,7 @@ class ModelEndpoint:
             ServerRefused: On HTTP 400 (the batch is not scorable as it is).
             Stopped: If :attr:`stop` is set while retrying.
         """
-        body = orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY)
+        body = predict_body(inputs)
         delay = 0.1
         refresh = False
         unloaded = 0
@@ -175,6 +175,21 @@ def _error_of(data: bytes) -> str:
         return str(orjson.loads(data).get("error"))[:300]
     except (orjson.JSONDecodeError, AttributeError):
         return data[:300].decode("utf-8", "replace")
+
+
+def predict_body(inputs: dict[str, np.ndarray]) -> bytes:
+    """A columnar ``:predict`` body any TF Serving takes.
+
+    Numbers straight from numpy; a missing number (NaN) as the ``NaN`` token TF Serving's
+    JSON reads (orjson would write null, which TF Serving refuses), strings as text.
+    """
+    textual = any(c.dtype.kind == "O" for c in inputs.values())
+    missing = any(c.dtype.kind == "f" and np.isnan(c).any() for c in inputs.values())
+    if not (textual or missing):
+        return orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY)
+    import json
+
+    return json.dumps({"inputs": {n: c.tolist() for n, c in inputs.items()}}).encode()
 
 
 def scores_of(outputs: dict[str, Any], rows: int) -> tuple[list[float], list[int | None]]:

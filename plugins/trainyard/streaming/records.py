@@ -1,12 +1,15 @@
 """Check streamed records against the dataset's contract, one record at a time.
 
 A record is a JSON object whose fields are contract columns. It must carry the key and
-every feature; any other contract column it carries (the label, descriptive columns) is
-checked too; a field the contract does not know is refused unless the contract allows
-extra columns. Each column's ``error`` rules apply (type, null, bounds, allowed values,
-regex, length); ``warn`` rules and dataset-level rules (uniqueness, row counts, drift,
-all values present) do not apply to a single record. A failing record gets one reason
-naming the field and the rule, which the scorer writes to the dead-letter stream.
+every feature that cannot be missing; any other contract column it carries (the label,
+descriptive columns) is checked too; a field the contract does not know is refused unless
+the contract allows extra columns. A value is missing when it is null, absent, or a string
+equal to one of the contract's null markers (``source.null_values``), whatever the
+column's type: as staging reads a CSV cell. Each column's ``error`` rules apply (type,
+null, bounds, allowed values, regex, length); ``warn`` rules and dataset-level rules
+(uniqueness, row counts, drift, all values present) do not apply to a single record. A
+failing record gets one reason naming the field and the rule, which the scorer writes to
+the dead-letter stream.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from trainyard.contracts import INT_RANGES, Column, Contract, feature_spec
+from trainyard.contracts import INT_RANGES, MISSING_CATEGORY, Column, Contract, feature_spec
 from trainyard.errors import ConfigError
 
 Check = Callable[[Any], str | None]
@@ -194,7 +197,9 @@ class RecordChecker:
         self.key = contract.roles.key
         self.features = list(contract.roles.features)
         self.spec = feature_spec(contract)
-        self._required = [self.key, *self.features]
+        self.null_values = frozenset(contract.source.null_values)
+        self._missing_ok = {f for f in self.features if contract.feature(f).nullable}
+        self._required = [self.key, *(f for f in self.features if f not in self._missing_ok)]
         self._checks: dict[str, tuple[bool, list[Check]]] = {
             c.name: (c.nullable or c.severity_of("nullable") == "warn", _column_checks(c))
             for c in contract.columns
@@ -216,10 +221,10 @@ class RecordChecker:
                     continue
                 return f"{name}: unknown field (not a column of the contract)"
             nullable, checks = spec
-            if value is None:
+            if value is None or (type(value) is str and value in self.null_values):
                 if nullable and name not in self._required:
                     continue
-                return f"{name}: null"
+                return f"{name}: null" if value is None else f"{name}: null ({value!r})"
             for check in checks:
                 reason = check(value)
                 if reason is not None:
@@ -283,7 +288,7 @@ class RecordChecker:
         """:meth:`check_batch`, and the model's inputs for the records that pass.
 
         Returns:
-            Per record its reason or None, and feature → float32 array of the passing
+            Per record its reason or None, and feature → model input array of the passing
             records, in order.
         """
         reasons = self.check_batch(records)
@@ -291,9 +296,34 @@ class RecordChecker:
         return reasons, self.columns(passing)
 
     def columns(self, records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-        """The model's inputs for checked records: feature → float32 array (batch first)."""
-        with np.errstate(over="ignore"):  # beyond float32 becomes inf: the scorer refuses it
-            return {
-                name: np.fromiter((r[name] for r in records), dtype=np.float32, count=len(records))
-                for name in self.features
-            }
+        """The model's raw inputs for checked records: feature → array (batch first).
+
+        Numbers as float32 (NaN where missing), string categories as text (``""`` where
+        missing), integer codes as int64: what the exported model takes.
+        """
+        out: dict[str, np.ndarray] = {}
+        n = len(records)
+        markers = self.null_values
+        for name in self.features:
+            dtype = self.spec[name][0]
+            if name not in self._missing_ok and dtype == "float32":
+                with np.errstate(over="ignore"):  # beyond float32 is inf: the scorer refuses it
+                    out[name] = np.fromiter((r[name] for r in records), np.float32, count=n)
+                continue
+            values = [r.get(name) for r in records]
+            missing = [v is None or (type(v) is str and v in markers) for v in values]
+            if dtype == "string":
+                arr = np.empty(n, dtype=object)
+                pairs = zip(values, missing, strict=True)
+                arr[:] = [MISSING_CATEGORY if m else v for v, m in pairs]
+                out[name] = arr
+            elif dtype == "int64":
+                out[name] = np.fromiter(values, np.int64, count=n)
+            else:
+                with np.errstate(over="ignore"):
+                    out[name] = np.fromiter(
+                        (math.nan if m else v for v, m in zip(values, missing, strict=True)),
+                        np.float32,
+                        count=n,
+                    )
+        return out

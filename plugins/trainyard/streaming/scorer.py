@@ -386,18 +386,20 @@ class Scorer:
         """Send the batch's valid records (``inputs``, their features) to the model server.
 
         On the scoring pool. A record the contract accepts whose feature does not fit the
-        model's float32 input (beyond ±3.4e38) is dead-lettered here, naming the feature.
+        model's float32 input (beyond ±3.4e38) is dead-lettered here, naming the feature
+        (NaN is a missing value, which the model fills).
         """
         if not batch.records:
             return batch
         unfit = None
-        for col in inputs.values():
-            if not np.isfinite(col).all():
-                unfit = ~np.isfinite(col) if unfit is None else unfit | ~np.isfinite(col)
+        floats = {n: c for n, c in inputs.items() if c.dtype.kind == "f"}
+        for col in floats.values():
+            if np.isinf(col).any():
+                unfit = np.isinf(col) if unfit is None else unfit | np.isinf(col)
         if unfit is not None:
             reasons = {}
             for i in np.flatnonzero(unfit).tolist():
-                name = next(n for n, c in inputs.items() if not np.isfinite(c[i]))
+                name = next(n for n, c in floats.items() if np.isinf(c[i]))
                 value = batch.records[i][name]
                 reasons[i] = f"{name}: {show_value(value)} does not fit the model's float32 input"
             keep = batch.dead_letter_rows(reasons)

@@ -8,6 +8,10 @@ plus open-ended tails), so both sides bin identically.
 
 * ``psi``: population stability index, ``sum((p - q) * ln(p / q))`` over categories (or
   histogram bins), proportions floored at ``1e-4`` so a vanished class scores high.
+* ``chi2``: the chi-square test of homogeneity of the two snapshots' category counts
+  (a 2 x k table); the value is Cramér's V, ``sqrt(chi2 / n)`` (n: both snapshots' rows),
+  in [0, 1] whatever the row counts, where the test's p-value says little on large
+  samples. The report gives chi2, its degrees of freedom (k - 1) and the p-value too.
 * ``ks``: Kolmogorov-Smirnov distance ``max |F_new - F_old|`` evaluated at the histogram
   edges (1000 bins: a lower bound within one bin's mass of the exact statistic).
 * ``mean_shift``: ``|mean_new - mean_old| / std_old``.
@@ -120,10 +124,59 @@ def _psi(p: np.ndarray, q: np.ndarray) -> float:
     return float(((p - q) * np.log(p / q)).sum())
 
 
+def chi_square(new: ColumnProfile, old: ColumnProfile) -> dict[str, float]:
+    """The chi-square test of homogeneity of two categorical profiles' counts.
+
+    Returns:
+        ``cramers_v``, ``chi2``, ``dof`` and ``p_value`` (0 degrees of freedom: one
+        category in all, nothing moved: V 0, p 1).
+    """
+    import numpy as np
+
+    keys = sorted(set(new.counts) | set(old.counts), key=str)
+    table = np.array(
+        [[new.counts.get(k, 0) for k in keys], [old.counts.get(k, 0) for k in keys]],
+        dtype=np.float64,
+    )
+    n = table.sum()
+    dof = len(keys) - 1
+    if dof < 1 or n == 0 or table.sum(axis=1).min() == 0:
+        return {"cramers_v": 0.0, "chi2": 0.0, "dof": float(max(dof, 0)), "p_value": 1.0}
+    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / n
+    stat = float(((table - expected) ** 2 / expected).sum())
+    from scipy.stats import chi2 as chi2_distribution
+
+    return {
+        "cramers_v": math.sqrt(stat / n),
+        "chi2": stat,
+        "dof": float(dof),
+        "p_value": float(chi2_distribution.sf(stat, dof)),
+    }
+
+
+def category_shares(new: ColumnProfile, old: ColumnProfile, most: int = 12) -> list[list[Any]]:
+    """``[value, share now, share before]`` of the categories most frequent in either.
+
+    The rest are summed into one ``(other)`` row, so the shares add up to 1 each.
+    """
+    total_new = max(sum(new.counts.values()), 1)
+    total_old = max(sum(old.counts.values()), 1)
+    weight = {k: new.counts.get(k, 0) / total_new + old.counts.get(k, 0) / total_old
+              for k in set(new.counts) | set(old.counts)}  # fmt: skip
+    ranked = sorted(weight, key=lambda k: (-weight[k], str(k)))
+    rows = [[k, new.counts.get(k, 0) / total_new, old.counts.get(k, 0) / total_old]
+            for k in ranked[:most]]  # fmt: skip
+    if len(ranked) > most:
+        rows.append(["(other)", 1 - sum(r[1] for r in rows), 1 - sum(r[2] for r in rows)])
+    return rows
+
+
 def drift_value(rule: DriftRule, new: ColumnProfile, old: ColumnProfile) -> float:
     """The drift statistic of ``rule`` between two profiles (see the module docstring)."""
     import numpy as np
 
+    if rule.method == "chi2":
+        return chi_square(new, old)["cramers_v"]
     if rule.method == "psi" and new.categorical:
         keys = sorted(set(new.counts) | set(old.counts), key=str)
         p = np.array([new.counts.get(k, 0) for k in keys], dtype=np.float64)

@@ -6,7 +6,9 @@ are merged (counts add up, the first unexpected samples are kept in row order, i
 shifted to snapshot row numbers). Dataset-scope rules are computed over the whole snapshot
 while the batches stream by: the row count from all batches, uniqueness from 64-bit key
 hashes spilled to disk in hash-prefix buckets (so memory is one bucket, not the data),
-the set of allowed values seen, freshness, and the drift profiles.
+the set of allowed values seen, freshness, the drift profiles, and the column profiles
+(null shares, category frequencies, categories the baseline never held:
+:mod:`trainyard.validation.profile`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from trainyard.errors import SnapshotError, TrainyardError
 from trainyard.progress import Progress
-from trainyard.validation.drift import ColumnProfile, drift_value, histogram_edges, needs_edges
+from trainyard.validation.drift import (
+    ColumnProfile,
+    category_shares,
+    chi_square,
+    drift_value,
+    histogram_edges,
+    needs_edges,
+)
 from trainyard.validation.drift import rule_bins as drift_bins
+from trainyard.validation.profile import SnapshotProfile, baseline_categories
 from trainyard.validation.suite import build_suite, rule_meta
 
 if TYPE_CHECKING:
@@ -61,6 +71,9 @@ class RuleOutcome:
     keys: list[Any] = field(default_factory=list)
     """The key column's value of each of ``rows`` (rows count from 0 through the snapshot,
     which no source file's line numbers match: the key finds the record)."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """More of what was measured: a categorical drift rule's category shares now and
+    before (``categories``: ``[value, share, share before]``), a ``chi2`` rule's test."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (sample values as strings if they are not JSON scalars)."""
@@ -68,6 +81,7 @@ class RuleOutcome:
         d["samples"] = [_jsonable(v) for v in self.samples]
         d["keys"] = [_jsonable(v) for v in self.keys]
         d["observed"] = _jsonable(self.observed)
+        d["details"] = {k: _jsonable(v) for k, v in self.details.items()}
         return d
 
 
@@ -80,6 +94,7 @@ class RunOutput:
     rows: int
     batches: int
     seconds: float
+    profile: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _jsonable(value: Any) -> Any:
@@ -457,7 +472,8 @@ def _read_profiles(
             reason = f"cannot compare: column {rule.column!r} is not in the previous snapshot"
             problems.append(RuleOutcome(f"drift:{rule.method}", rule.column, "warn", False, reason))
             continue
-        profiles[i] = ColumnProfile(categorical=not col.numeric and col.type != "bool")
+        categorical = (not col.numeric and col.type != "bool") or rule.method == "chi2"
+        profiles[i] = ColumnProfile(categorical=categorical)
     columns = sorted({contract.drift[i].column for i in profiles})
     if not columns:
         return profiles, problems
@@ -543,6 +559,12 @@ def run_contract(
     current = {
         i: ColumnProfile(categorical=p.categorical, edges=p.edges) for i, p in previous.items()
     }
+    baseline = (
+        baseline_categories(contract, previous_files, batch_rows)
+        if previous_files is not None
+        else None
+    )
+    profile = SnapshotProfile(contract, baseline)
     rows = 0
     batches = 0
     progress = Progress(f"validating {contract.dataset}", total_rows, unit="rows", items="batches")
@@ -558,6 +580,7 @@ def run_contract(
                         _merge_map_result(
                             merged[_rule_key(r.expectation_config.meta)], r.result, rows
                         )
+                profile.update(batch)
                 for col, acc in uniq.items():
                     acc.add(batch.column(col))
                 for col, wanted in contain.items():
@@ -682,6 +705,13 @@ def run_contract(
                 )
             )
 
+    for col, rule, ok, reason, share, count, of, samples in profile.outcomes():
+        outcomes.append(
+            RuleOutcome(
+                rule, col.name, col.severity_of(rule), ok, reason, count, of, samples,
+                observed=share,
+            )
+        )  # fmt: skip
     outcomes.extend(drift_problems)
     for i, old in previous.items():
         rule = contract.drift[i]
@@ -689,6 +719,16 @@ def run_contract(
         ok = bool(value <= rule.max)
         against = f" against snapshot {previous_id}" if previous_id else ""
         reason = "" if ok else f"{rule.method} {value:.4g} > max {rule.max}{against}"
+        details: dict[str, Any] = {}
+        if old.categorical:
+            details["categories"] = category_shares(current[i], old)
+        if rule.method == "chi2":
+            details.update(chi_square(current[i], old))
+            if not ok:
+                reason = (
+                    f"chi2: Cramér's V {value:.4g} > max {rule.max}{against} (chi2 "
+                    f"{details['chi2']:.4g}, {details['dof']:.0f} dof, p {details['p_value']:.2g})"
+                )
         outcomes.append(
             RuleOutcome(
                 f"drift:{rule.method}",
@@ -697,6 +737,7 @@ def run_contract(
                 ok,
                 reason,
                 observed=float(value) if np.isfinite(value) else str(value),
+                details=details,
             )
         )
 
@@ -713,7 +754,9 @@ def run_contract(
             "success_percent": 100.0 * succeeded / len(gx_results) if gx_results else 100.0,
         },
     )
-    return RunOutput(outcomes, gx_result, rows, batches, time.perf_counter() - start)
+    return RunOutput(
+        outcomes, gx_result, rows, batches, time.perf_counter() - start, profile.summary()
+    )
 
 
 def _name_rows(outcomes: list[RuleOutcome], opened: list[pq.ParquetFile], key: str) -> None:

@@ -120,6 +120,7 @@ def validate_snapshot(
         "failures": failed,
         "warnings": warned,
         "rules": [o.to_dict() for o in run.outcomes],
+        "profile": _jsonable_profile(run.profile),
     }
     try:
         report_dir = write_report(snapshot_dir, summary, run.gx_result, rejected=bool(failed))
@@ -144,6 +145,19 @@ def validate_snapshot(
             f"contract {contract.version} (report: {report_dir}):\n{reasons}"
         )
     return result
+
+
+def _jsonable_profile(profile: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The column profiles as plain JSON (category values of any column type as text)."""
+
+    def plain(value: Any) -> Any:
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return str(value)
+
+    return {col: {k: plain(v) for k, v in entry.items()} for col, entry in profile.items()}
 
 
 def _failure_line(failure: dict[str, Any]) -> str:

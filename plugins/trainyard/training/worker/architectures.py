@@ -5,7 +5,8 @@ Add a model with :func:`register`::
     @register("my_model", inputs="table")
     def my_model(spec: ModelSpec) -> tf_keras.Model: ...
 
-Every model takes inputs named after ``feature_spec(contract)`` and outputs
+Every model takes inputs named after ``feature_spec(contract)``, raw (a table model builds
+its preprocessing in, from ``spec.transform``: :func:`table_inputs`), and outputs
 ``spec.outputs`` units: class logits of shape (None, classes) for a classifier (the loss
 applies the softmax; so does the exported serving signature), or (None, 1) for a regressor,
 to which :func:`build_model` appends the target's scale (so a builder's last layer learns a
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trainyard.errors import ConfigError
@@ -31,16 +32,18 @@ class ModelSpec:
     Attributes:
         inputs: Feature name → (dtype, shape incl. batch dim None), as ``feature_spec``.
         outputs: Output units: classes, or 1 for a regressor.
-        feature_stats: Table features: name → (mean, variance) for normalisation.
         seed: Initialiser seed.
         target_stats: A regressor's target (mean, variance); None for a classifier.
+        transform: Table features: the training split's preprocessing statistics
+            (``transform.compute_statistics``), built into the model; None: the raw
+            numbers go in as they are.
     """
 
     inputs: dict[str, tuple[str, tuple[int | None, ...]]]
     outputs: int
-    feature_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
     seed: int = 0
     target_stats: tuple[float, float] | None = None
+    transform: dict[str, Any] | None = None
 
 
 Builder = Callable[[ModelSpec], Any]
@@ -121,23 +124,38 @@ def small_cnn(spec: ModelSpec) -> Any:
     return keras.Model(inp, out, name="small_cnn")
 
 
-@register("mlp", inputs="table")
-def mlp(spec: ModelSpec) -> Any:
-    """An MLP over numeric table features: one (None,) input each, normalised, concatenated."""
+def table_inputs(spec: ModelSpec) -> tuple[list[Any], Any]:
+    """A table model's raw inputs and their encoding, one row of float32 per example.
+
+    With ``spec.transform`` the contract's preprocessing is built in (imputation,
+    normalisation, buckets, vocabularies: ``transform.encode_features``); without it the
+    numeric inputs are concatenated as they are.
+
+    Raises:
+        ConfigError: A feature that is not one value per row.
+    """
     import tf_keras as keras
 
-    inputs, columns = [], []
     for name, (_dtype, shape) in spec.inputs.items():
         if len(shape) != 1:
-            raise ConfigError(f"mlp takes scalar features (None,), got {name} {shape}")
-        inp = keras.Input(shape=(), name=name, dtype="float32")
-        inputs.append(inp)
-        col = keras.layers.Reshape((1,))(inp)
-        if name in spec.feature_stats:
-            mean, var = spec.feature_stats[name]
-            col = keras.layers.Normalization(mean=mean, variance=max(var, 1e-12))(col)
-        columns.append(col)
-    x = keras.layers.Concatenate()(columns) if len(columns) > 1 else columns[0]
+            raise ConfigError(
+                f"a table model takes one value per feature (None,), got {name} {shape}"
+            )
+    if spec.transform is not None:
+        from trainyard.training.worker.transform import encode_features
+
+        return encode_features(spec.inputs, spec.transform)
+    inputs = [keras.Input(shape=(), name=name, dtype="float32") for name in spec.inputs]
+    columns = [keras.layers.Reshape((1,))(inp) for inp in inputs]
+    return inputs, keras.layers.Concatenate()(columns) if len(columns) > 1 else columns[0]
+
+
+@register("mlp", inputs="table")
+def mlp(spec: ModelSpec) -> Any:
+    """An MLP over table features: raw inputs, preprocessed in the model, concatenated."""
+    import tf_keras as keras
+
+    inputs, x = table_inputs(spec)
     init = keras.initializers.GlorotUniform
     x = keras.layers.Dense(64, activation="relu", kernel_initializer=init(spec.seed))(x)
     x = keras.layers.Dense(32, activation="relu", kernel_initializer=init(spec.seed + 1))(x)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainyard.contracts import holdout_mask
+from trainyard.contracts import MISSING_CATEGORY, holdout_mask
 from trainyard.errors import ContractError, SnapshotError
 from trainyard.volumes import data_shards, read_manifest
 
@@ -179,8 +179,10 @@ class Examples:
     """Examples of one split.
 
     Attributes:
-        features: Feature name → array (images: float32 (n, H, W, C) in [0, 1]; table
-            features: float32 (n,)).
+        features: Feature name → array, raw as the exported model takes it (images:
+            float32 (n, H, W, C) in [0, 1]; numeric features: float32 (n,), NaN where
+            missing; string categoricals: text (n,) objects, ``""`` where missing;
+            integer-coded categoricals: int64 (n,)).
         labels: Labels (n,): int64 class ids, or float32 targets of a regressor.
         keys: Sample keys.
     """
@@ -219,6 +221,42 @@ def label_dtype(contract: Any) -> type[np.generic]:
     return np.float32 if contract.is_regression else np.int64
 
 
+def feature_array(column: Any, feature: Any, where: str) -> np.ndarray:
+    """One table feature's Arrow column as the exported model's raw input.
+
+    Numbers become float32 with NaN for null; strings an object array of text with
+    ``""`` (the missing category) for null; integer codes int64.
+
+    Args:
+        column: A pyarrow (chunked) array.
+        feature: Its :class:`trainyard.contracts.Feature`.
+        where: What is read (named in errors).
+
+    Raises:
+        SnapshotError: A null where the feature cannot be missing, or a value that does
+            not fit the model's input.
+    """
+    import pyarrow.compute as pc
+
+    if column.null_count and not feature.nullable:
+        raise SnapshotError(
+            f"{where}: column {feature.name} has {column.null_count} null values and the "
+            "contract says it holds none"
+        )
+    try:
+        if feature.dtype == "string":
+            if column.null_count:
+                column = pc.fill_null(column, MISSING_CATEGORY)
+            return np.asarray(column.to_numpy(zero_copy_only=False), dtype=object)
+        if feature.dtype == "int64":
+            return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+        if pa.types.is_boolean(column.type):
+            column = pc.cast(column, pa.float32())
+        return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
+    except (ValueError, TypeError, pa.ArrowInvalid) as e:
+        raise SnapshotError(f"{where}: column {feature.name} does not fit the model: {e}") from e
+
+
 def _table_columns(snapshot_dir: Path, contract: Any) -> dict[str, np.ndarray | list[str]]:
     roles = contract.roles
     names = [roles.key, roles.label, *roles.features]
@@ -236,11 +274,13 @@ def _table_columns(snapshot_dir: Path, contract: Any) -> dict[str, np.ndarray | 
         if n == roles.key:
             out[n] = [str(k) for k in chunked.to_pylist()]
             continue
+        if n != roles.label:
+            out[n] = feature_array(chunked, contract.feature(n), str(snapshot_dir))
+            continue
         if chunked.null_count:
             raise SnapshotError(f"{snapshot_dir}: column {n} has {chunked.null_count} null values")
         try:
-            dtype = label_dtype(contract) if n == roles.label else np.float32
-            out[n] = np.asarray(chunked.to_numpy(zero_copy_only=False), dtype=dtype)
+            out[n] = np.asarray(chunked.to_numpy(zero_copy_only=False), dtype=label_dtype(contract))
         except (ValueError, TypeError) as e:
             raise SnapshotError(f"{snapshot_dir}: column {n} is not numeric: {e}") from e
     return out
@@ -282,7 +322,8 @@ def load_examples(snapshot_dir: Path, contract: Any, split: Split) -> Examples:
 
     Raises:
         SnapshotError: Missing/corrupt shard, undecodable image (names shard and key), a
-            null or non-numeric feature (names the column).
+            null where the contract allows none, or a feature value that does not fit the
+            model (names the column).
     """
     snapshot_dir = Path(snapshot_dir)
     kind = read_manifest(snapshot_dir).kind

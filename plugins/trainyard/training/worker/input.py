@@ -18,7 +18,10 @@ Evaluation pipelines (no ``augment``) resize the whole image, deterministically.
 Table snapshots (Parquet): Arrow record batches are read with pyarrow and handed to
 tf.data a whole batch at a time (``from_generator``) under all-reduce; under
 parameter-server training the split is materialised as tensors (workers cannot run the
-coordinator's Python generators).
+coordinator's Python generators). Features stay raw, as the exported model takes them
+(strings, NaN for a missing number): the preprocessing is inside the model
+(:mod:`trainyard.training.worker.transform`), whose statistics :class:`SnapshotInput`
+computes over the training split.
 
 Per-worker sharding: with at least as many shards as input pipelines, whole shards go to
 each pipeline; otherwise every pipeline keeps every n-th example.
@@ -38,11 +41,13 @@ import tensorflow as tf
 from trainyard.errors import TrainingError
 from trainyard.training.worker.data import (
     FileIndex,
+    feature_array,
     file_index,
     label_dtype,
     load_window_examples,
     select,
 )
+from trainyard.training.worker.transform import compute_statistics
 from trainyard.volumes import data_shards, read_manifest
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -56,14 +61,15 @@ class InputSpec:
         kind: ``files`` or ``table``.
         num_examples: Examples in the split.
         outputs: Output units: the contract's class count, or 1 for a regressor.
-        feature_stats: Table features: name → (mean, variance) over the split.
+        transform: Table features: the preprocessing statistics of the split
+            (:func:`~trainyard.training.worker.transform.compute_statistics`), else None.
         target_stats: A regressor's label (mean, variance) over the split, else None.
     """
 
     kind: str
     num_examples: int
     outputs: int
-    feature_stats: dict[str, tuple[float, float]]
+    transform: dict[str, Any] | None = None
     target_stats: tuple[float, float] | None = None
 
 
@@ -116,21 +122,23 @@ class SnapshotInput:
             self._index = index.take(select(index.keys, fraction, split))  # type: ignore[arg-type]
             labels = self._index.labels
             keys = self._index.keys
-            stats: dict[str, tuple[float, float]] = {}
+            transform = None
         else:
             ex = load_window_examples(self.snapshot_dirs, contract, split)  # type: ignore[arg-type]
             labels, keys = ex.labels, ex.keys
-            stats = {f: (float(np.mean(v)), float(np.var(v))) for f, v in ex.features.items()}
+            # statistics of this split only: the training split never sees the holdout
+            ids = [d.name for d in self.snapshot_dirs]
+            transform = compute_statistics(contract, ex.features, ids) if len(keys) else None
             self._table = {**ex.features, "__label__": labels} if in_graph else None
             self._files = [f for d in self.snapshot_dirs for f in data_shards(d, "table")]
             self._keep = set(ex.keys) if split != "all" else None
         if contract.is_regression:
             target = (float(np.mean(labels)), float(np.var(labels))) if len(labels) else (0.0, 1.0)
-            self.spec = InputSpec(self.kind, len(labels), 1, stats, target)
+            self.spec = InputSpec(self.kind, len(labels), 1, transform, target)
         else:
             n = contract.num_classes()
             _check_class_ids(labels, keys, n, contract.roles.label, self.snapshot_dirs)
-            self.spec = InputSpec(self.kind, len(labels), n, stats)
+            self.spec = InputSpec(self.kind, len(labels), n, transform)
 
     def dataset(
         self,
@@ -157,7 +165,8 @@ class SnapshotInput:
                 random crop window, decoded alone for JPEGs, resized, randomly flipped.
 
         Returns:
-            Batches of ``(features dict, int64 labels)``.
+            Batches of ``(features dict, labels)``: raw features, as the exported model
+            takes them (float32, NaN where missing; strings; int64 codes).
 
         Raises:
             TrainingError: ``augment`` without ``resize``, with a cache, or on a table.
@@ -321,6 +330,7 @@ class SnapshotInput:
     def _parquet_dataset(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
         roles = self.contract.roles
         features = list(roles.features)
+        typed = {f: self.contract.feature(f) for f in features}
         files = self._files
         stride = 1
         if len(files) >= num_pipelines:
@@ -335,6 +345,7 @@ class SnapshotInput:
             seen = 0
             for path in files:
                 pf = pq.ParquetFile(path)
+                where = str(path)
                 for rb in pf.iter_batches(
                     batch_size=8192, columns=[roles.key, roles.label, *features]
                 ):
@@ -346,16 +357,13 @@ class SnapshotInput:
                         pos = np.arange(seen, seen + rb.num_rows)
                         sel &= pos % stride == pipeline_id
                     seen += rb.num_rows
-                    x = {
-                        f: np.asarray(rb.column(f).to_numpy(zero_copy_only=False), np.float32)[sel]
-                        for f in features
-                    }
+                    x = {f: feature_array(rb.column(f), typed[f], where)[sel] for f in features}
                     y = rb.column(roles.label).to_numpy(zero_copy_only=False)
                     yield x, np.asarray(y, label_type)[sel]
 
         label_type = label_dtype(self.contract)
         signature = (
-            {f: tf.TensorSpec((None,), tf.float32) for f in features},
+            {f: tf.TensorSpec((None,), tf.as_dtype(typed[f].dtype)) for f in features},
             tf.TensorSpec((None,), tf.as_dtype(label_type)),
         )
         return tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()

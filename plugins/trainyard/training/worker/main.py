@@ -228,6 +228,7 @@ def _run(
     from trainyard.contracts import feature_spec
     from trainyard.training.worker.architectures import ModelSpec, build_model
     from trainyard.training.worker.input import SnapshotInput
+    from trainyard.training.worker.transform import TRANSFORM_FILE
     from trainyard.volumes import check_snapshot
 
     keras.utils.set_random_seed(args.seed)
@@ -274,12 +275,13 @@ def _run(
         )
 
     inputs = feature_spec(contract)
+    transform = inp.spec.transform
     spec = ModelSpec(
         inputs=inputs,
         outputs=inp.spec.outputs,
-        feature_stats=inp.spec.feature_stats,
         seed=args.seed,
         target_stats=inp.spec.target_stats,
+        transform=transform,
     )
     with strategy.scope():
         model = build_model(args.model, spec)
@@ -371,6 +373,8 @@ def _run(
     )
     atomic_write_json(args.output_dir / "history.json", state)
     atomic_write_json(args.output_dir / "inputs.json", _inputs(manifests, inp.spec.num_examples))
+    if transform is not None:  # the statistics the model was built with (its lineage)
+        atomic_write_json(args.output_dir / TRANSFORM_FILE, transform)
     _say(role, f"exported {args.output_dir / 'model'}")
     return 0
 
