@@ -313,10 +313,11 @@ def test_a_version_trained_on_a_window_says_so(volume: Path) -> None:
     ]
     _write(meta_path, meta | {"snapshots": window})
     page = runview.render_run(runview.run_story(volume, "digits", "run2"), None, "/p")
-    assert f"trained on 3 snapshots (1465 rows), this run's <code>{SNAP}</code> last" in page
+    said = "trained on 1465 rows from 3 snapshots (intervals 2026-11-22..23)"
+    assert f"{said}, this run's <code>{SNAP}</code> last" in page
     assert 'title="00000000000000a1 [2026-11-22 .. 2026-11-23), 00000000000000a2' in page
     one = runview.render_run(runview.run_story(volume, "digits", "run1"), None, "/p")
-    assert f"trained on snapshot <code>{SNAP}</code>" in one
+    assert f"snapshot <code>{SNAP}</code>" in one and "trained on " in one
 
 
 def test_chart_labels_are_drawn_whole_in_a_browser() -> None:
@@ -388,7 +389,7 @@ def test_the_pipeline_page_says_when_the_champion_is_not_served(
 
     import yaml
 
-    from trainyard.orchestration.ui import server_answer
+    from trainyard.runs import server_answer
 
     available: list[int] = []
 

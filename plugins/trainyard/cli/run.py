@@ -29,7 +29,7 @@ from trainyard.errors import (
     StepSkipped,
     ValidationFailed,
 )
-from trainyard.runs import format_summary
+from trainyard.runs import format_summary, server_answer
 from trainyard.settings import get_settings
 from trainyard.steps import (
     EXIT_DETERMINISTIC,
@@ -72,6 +72,7 @@ def run_all(
     pipeline: str,
     overrides: dict[str, Any] | None = None,
     intervals: list[tuple[str, str]] | None = None,
+    force_retrain: bool = False,
 ) -> dict[str, Any]:
     """Run every step in this process, in order, without Airflow (``trainyard run``).
 
@@ -84,6 +85,8 @@ def run_all(
         overrides: Training overrides and ``force_promote`` / ``force_reason``.
         intervals: ``(start, end)`` data intervals (:func:`data_intervals`); None: the
             latest complete one.
+        force_retrain: Train even if a version was trained on the same inputs (else it
+            is reused, and gated again).
 
     Returns:
         The run summary of the last interval that was not skipped; ``skipped`` lists the
@@ -135,7 +138,9 @@ def run_all(
         if trains:
             window = results["validate"]["window"]
             try:
-                results["train"] = train(pipeline, snap, run_id, training, window=window)
+                results["train"] = train(
+                    pipeline, snap, run_id, training, window=window, force_retrain=force_retrain
+                )
             except BaseException:
                 # nothing resumes a run of this command (its run id is new each time):
                 # its checkpoints would only fill the volume
@@ -219,6 +224,12 @@ def run_cli_main(argv: list[str]) -> int:
     p.add_argument("--ds", type=argtypes.day, help="interval day (YYYY-MM-DD)")
     p.add_argument("--end-ds", type=argtypes.day, help="last day of a range (YYYY-MM-DD)")
     p.add_argument("--overrides", type=Arg("overrides", "json").parse, default={})
+    p.add_argument(
+        "--force-retrain",
+        action="store_true",
+        help="train even if a version was trained on the same inputs (snapshots, config, "
+        "seed, code, image); without it that version is reused and gated again",
+    )
     args = p.parse_args(argv)
     if args.end_ds and not args.ds:
         p.error("--end-ds needs --ds")
@@ -248,11 +259,11 @@ def run_cli_main(argv: list[str]) -> int:
             )
             return EXIT_FAILED
         try:
-            record = run_all(args.pipeline, args.overrides, intervals)
+            record = run_all(args.pipeline, args.overrides, intervals, args.force_retrain)
         except StepSkipped as e:
             _report_error(f"trainyard run: skipped: {e}")
             return EXIT_SKIPPED
-    sys.stdout.write(format_summary(record) + "\n")
+    sys.stdout.write(format_summary(record, server_answer(cfg.name)) + "\n")
     if record.get("failed_days"):  # the range went on without them, as a backfill does
         failed = record["failed_days"]
         _report_error(f"trainyard run: {len(failed)} day(s) failed: {_days_text(failed)}")

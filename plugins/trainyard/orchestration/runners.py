@@ -262,7 +262,8 @@ class TrainingOperator(BaseOperator):
     """A run's distributed training: its rendered Service + Indexed Jobs, launched.
 
     Whether the run trains is decided first, alike on both runners
-    (:func:`trainyard.orchestration.run_conf.run_training_or_skip`: backfill policy, dry run).
+    (:func:`trainyard.orchestration.run_conf.run_training_or_skip`: backfill policy, a
+    version trained on the same inputs (the ``plan`` step's pod), dry run).
 
     Args:
         pipeline: The pipeline config.
@@ -300,11 +301,10 @@ class TrainingOperator(BaseOperator):
         from trainyard.k8s.render import run_training_objects
         from trainyard.orchestration.run_conf import run_training_or_skip
         from trainyard.settings import get_settings
+        from trainyard.steps import TRAINING_OVERRIDES, window_ids
 
         settings = get_settings()
         profile = _profile(settings)
-        from trainyard.steps import window_ids
-
         snapshot = resolve(self.snapshot_id, context)
         entries = resolve(self.window, context) or []
         run_id = context["run_id"]
@@ -331,13 +331,37 @@ class TrainingOperator(BaseOperator):
             except ConfigError as e:
                 raise AirflowFailException(f"ConfigError: {e}") from e
 
-        training = run_training_or_skip(self.pipeline, context, plan=lambda t: render(t).plan)
+        self._runner = runner_for(settings)
+
+        def decide(training: TrainingConfig, force: bool) -> dict[str, Any]:
+            values = {
+                "snapshot_id": snapshot,
+                "window": ids,
+                "overrides": {k: getattr(training, k) for k in TRAINING_OVERRIDES},
+                "force_retrain": force,
+                "trainer_image": None if settings.runner == "local" else profile.images.trainer,
+            }
+            return launch_step(self.pipeline, "plan", values, context, self._runner)
+
+        training, decided = run_training_or_skip(
+            self.pipeline, context, decide, plan=lambda t: render(t).plan
+        )
+        if decided.get("reused") is not None:  # nothing trains: no Job, no worker
+            self._result = {
+                "training": training.model_dump(),
+                "snapshot_id": snapshot,
+                "window": entries or ids,
+                "job": None,
+                "seconds": 0.0,
+                "attempts": 0,
+                **{k: decided.get(k) for k in ("reused", "fingerprint", "decision")},
+            }
+            return self._result
         objects = render(training)
         if settings.runner == "local":
             log.info("the cluster's plan for these objects (here each pod runs as a process):")
         for line in objects.plan:
             log.info("%s", line)
-        self._runner = runner_for(settings)
         t0 = time.monotonic()
         try:
             out = self._runner.run_training(self.pipeline, training, objects, context, ids)
@@ -352,6 +376,8 @@ class TrainingOperator(BaseOperator):
             "job": objects.name,
             "seconds": round(out.get("seconds", time.monotonic() - t0), 3),
             "attempts": out.get("attempts", 1),
+            "reused": None,
+            **{k: decided.get(k) for k in ("fingerprint", "decision")},
         }
         return self._result
 

@@ -75,6 +75,7 @@ from trainyard.volumes.window import (
     data_until,
     drift_baseline,
     lease_window,
+    seen_text,
     training_window,
     window_entry,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "refused_intervals",
     "replace_interval",
     "replaced_snapshots",
+    "seen_text",
     "snapshot_dir",
     "staging_area",
     "table_files",
