@@ -505,7 +505,11 @@ def decide(
     if served and gate.champion is not None:
         pick = max if gate.champion.higher_is_better else min
         best = pick(served, key=lambda c: c.champion or 0.0)
-        champ_part += f", best served {_fmt(best.champion)} ({best.name.split(':', 1)[1]})"
+        champ = _finite((champion or {}).get(gate.champion.metric))
+        if champ is None or pick(champ, best.champion or 0.0) != champ:
+            champ_part += f", best served {_fmt(best.champion)} ({best.name.split(':', 1)[1]})"
+        else:
+            champ_part += " (the best served on this holdout)"
     if ok:
         verdict: Verdict = "promote"
         first = " (first run: no champion, thresholds only)" if first_run else ""

@@ -78,8 +78,11 @@ def training_fingerprint(
         for k, v in training.model_dump(mode="json").items()
         if k not in NOT_THE_MODEL and k != "window"
     }
+    settings = get_settings()
+    if settings.allreduce_pack_bytes:  # packing regroups the gradients the ring sums
+        config["allreduce_pack_bytes"] = settings.allreduce_pack_bytes
     if trainer_image is None:
-        image = get_settings().image
+        image = settings.image
         tf_version, hardware = _tensorflow_version(), _local_hardware()
     else:
         image, tf_version = trainer_image, None
