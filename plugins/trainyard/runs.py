@@ -18,6 +18,28 @@ def _registry(pipeline: Any) -> Registry:
     return Registry(get_settings().models_root, pipeline.name)
 
 
+def record_failure(pipeline: str, run_id: str, step: str, reason: str) -> None:
+    """Write why a run's step failed, for its page, note and summary (never raises).
+
+    A step that failed returns no result to show (:meth:`Layout.run_failure`).
+    """
+    import datetime as dt
+    import logging
+
+    from trainyard.fsutil import atomic_write_json
+    from trainyard.layout import Layout
+
+    path = Layout(get_settings().volume_root).run_failure(pipeline, run_id)
+    doc = {"step": step, "reason": reason[:1000], "at": dt.datetime.now(dt.UTC).isoformat()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, doc)
+    except OSError as e:  # the run still fails with its reason; only the page lacks it
+        logging.getLogger("trainyard.runs").warning(
+            "cannot record why %s failed in %s: %s", step, path, e
+        )
+
+
 def since(record: dict[str, Any]) -> str:
     """A line when the champion is no longer what the last recorded run left (or "")."""
     try:

@@ -36,6 +36,7 @@ from trainyard.config import (
     load_pipeline,
 )
 from trainyard.errors import (
+    INTERRUPTED,
     ApprovalMissing,
     ConfigError,
     DaysFailed,
@@ -1111,6 +1112,8 @@ snapshot): the orchestrator fails the task without retrying."""
 EXIT_SKIPPED = 4
 """A step had nothing to do (a missing partition with ``source.when_missing: skip``): the
 orchestrator skips the task and what depends on it, with the step's reason."""
+EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C (SIGINT), as a shell reports it: the run stops, nothing retries."""
 
 ArgKind = Literal["str", "int", "float", "bool", "json"]
 
@@ -1476,8 +1479,8 @@ def run_step(name: str, argv: list[str]) -> int:
         _report_error(f"trainyard {name}: {type(e).__name__}: {e}")
         return EXIT_DETERMINISTIC if deterministic(e) else EXIT_FAILED
     except KeyboardInterrupt:
-        _report_error(f"trainyard {name}: interrupted")
-        return 130
+        _report_error(f"trainyard {name}: {INTERRUPTED}")
+        return EXIT_INTERRUPTED
     if name == "summary" and kwargs.get("run_id") is None:
         server = server_answer(str(result.get("pipeline") or kwargs["pipeline"]))
         sys.stdout.write(format_summary(result, server) + "\n" + since(result))

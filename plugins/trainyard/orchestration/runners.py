@@ -223,39 +223,31 @@ def recording_failure(
     """Run a task's ``execute``; a failure's reason is also written for the run's page.
 
     The run's page and note read it (:meth:`Layout.run_failure`): a step that failed
-    returns no result to show.
+    returns no result to show. Ctrl-C (SIGINT: ``airflow dags test``, ``make run``) fails
+    the task for good, ``interrupted by the user``: the step's process or the training
+    workers are stopped on the way out, and no retry starts them again.
     """
     from airflow.sdk.exceptions import AirflowTaskTerminated
 
+    from trainyard.errors import INTERRUPTED
+    from trainyard.runs import record_failure
+
     try:
         return execute(context)
+    except KeyboardInterrupt:  # Ctrl-C (airflow dags test, make run): stop, never retry
+        record_failure(pipeline, context["run_id"], step, f"{INTERRUPTED} (during {step})")
+        raise AirflowFailException(f"{INTERRUPTED} during {step}: not retried") from None
     except AirflowSkipException:
         raise
     except AirflowException as e:  # a retry that succeeds makes this moot: see run_failure
-        _record_failure(pipeline, step, context["run_id"], str(e))
+        record_failure(pipeline, context["run_id"], step, str(e))
         raise
     except AirflowTaskTerminated as e:  # the run or task marked failed, or its worker stopped
-        _record_failure(pipeline, step, context["run_id"], f"stopped from outside: {e}")
+        record_failure(pipeline, context["run_id"], step, f"stopped from outside: {e}")
         raise
     except Exception as e:  # e.g. training stopped by SIGTERM when the run was marked failed
-        _record_failure(pipeline, step, context["run_id"], f"{type(e).__name__}: {e}")
+        record_failure(pipeline, context["run_id"], step, f"{type(e).__name__}: {e}")
         raise
-
-
-def _record_failure(pipeline: str, step: str, run_id: str, reason: str) -> None:
-    import datetime as dt
-
-    from trainyard.fsutil import atomic_write_json
-    from trainyard.layout import Layout
-    from trainyard.settings import get_settings
-
-    path = Layout(get_settings().volume_root).run_failure(pipeline, run_id)
-    doc = {"step": step, "reason": reason[:1000], "at": dt.datetime.now(dt.UTC).isoformat()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, doc)
-    except OSError as e:  # the run still fails with its reason; only the page lacks it
-        log.warning("cannot record why %s failed in %s: %s", step, path, e)
 
 
 class TrainingOperator(BaseOperator):
