@@ -116,8 +116,9 @@ def fingerprint(kind: str, inputs: Mapping[str, Any]) -> Fingerprint:
 def code_identity(project_dir: Path | None = None) -> str:
     """The code's identity for fingerprints: :func:`trainyard.registry.code_version`.
 
-    A modified checkout (``<sha>-dirty``) gets a digest of its changes too (``git diff
-    HEAD``), so two different sets of uncommitted edits are two codes, not one.
+    A modified checkout (``<sha>-dirty``) gets a digest of its changes to the package
+    (``git diff HEAD -- plugins``), so two different sets of uncommitted edits are two
+    codes, not one, while edits to tests or docs change nothing.
 
     Args:
         project_dir: The checkout (default: the configured project dir).
@@ -139,7 +140,7 @@ def _code_identity(cwd: str) -> str:
         return version
     try:
         diff = subprocess.run(
-            ["git", "diff", "HEAD", "--no-ext-diff", "--binary"],
+            ["git", "diff", "HEAD", "--no-ext-diff", "--binary", "--", "plugins"],
             cwd=cwd,
             capture_output=True,
             timeout=30,

@@ -578,7 +578,7 @@ def test_the_deploy_step_never_demotes_a_champion_its_gate_did_not_see(reg: Regi
     champion) the champion over v3, without force or reason; evaluating the champion
     overwrote the gate record of its promotion with a comparison with itself."""
     from trainyard import steps
-    from trainyard.errors import DeployError, RegistryRefused
+    from trainyard.errors import DeployError
 
     for _ in range(3):
         reg.register(make_model(tmp_path), meta())
