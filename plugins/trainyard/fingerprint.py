@@ -10,7 +10,8 @@ it made:
 * ``validate``: a snapshot, the contract, the drift baseline and the code
   (``fingerprint`` in the snapshot's ``validation/summary.json``);
 * ``train``: the window's snapshot ids, the contract, the training config and its seed,
-  the code, the image and TensorFlow (``fingerprint`` in a version's ``metadata.json``);
+  the code (:func:`code_identity`), the image and TensorFlow (``fingerprint`` in a
+  version's ``metadata.json``);
 * ``evaluate``: a version scored on a holdout (the score cache of the registry).
 
 A digest is a BLAKE2b hash of the kind and the inputs as canonical JSON (sorted keys), so
@@ -114,40 +115,52 @@ def fingerprint(kind: str, inputs: Mapping[str, Any]) -> Fingerprint:
 
 
 def code_identity(project_dir: Path | None = None) -> str:
-    """The code's identity for fingerprints: :func:`trainyard.registry.code_version`.
+    """The code's identity for fingerprints: the package's, not the whole checkout's.
 
-    A modified checkout (``<sha>-dirty``) gets a digest of its changes to the package
-    (``git diff HEAD -- plugins``), so two different sets of uncommitted edits are two
-    codes, not one, while edits to tests or docs change nothing.
+    In a git checkout, the tree of ``plugins/`` at ``HEAD`` (a commit of docs or tests
+    leaves it as it was), and a digest of the uncommitted changes under it, tracked or
+    new, if any: two different sets of edits are two codes. Outside a checkout (an
+    image), :func:`trainyard.registry.code_version` (the package version; the image tag
+    is an input of its own).
 
     Args:
         project_dir: The checkout (default: the configured project dir).
 
     Returns:
-        ``<sha>``, ``<sha>-dirty+<digest12>`` or ``trainyard <version>``.
+        ``plugins@<tree sha>``, ``plugins@<tree sha>+<digest12>`` or ``trainyard <version>``.
     """
     from trainyard.settings import get_settings
 
     return _code_identity(str(project_dir or get_settings().project_dir))
 
 
+def _git(cwd: str, *args: str) -> bytes | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 @functools.lru_cache(maxsize=4)
 def _code_identity(cwd: str) -> str:
-    from trainyard.registry import code_version
+    tree = _git(cwd, "rev-parse", "HEAD:plugins")
+    if not tree:
+        from trainyard.registry import code_version
 
-    version = code_version(Path(cwd))
-    if not version.endswith("-dirty"):
-        return version
-    try:
-        diff = subprocess.run(
-            ["git", "diff", "HEAD", "--no-ext-diff", "--binary", "--", "plugins"],
-            cwd=cwd,
-            capture_output=True,
-            timeout=30,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return version
-    return f"{version}+{stream_digest([diff])[:12]}"
+        return code_version(Path(cwd))
+    diff = _git(cwd, "diff", "HEAD", "--no-ext-diff", "--binary", "--", "plugins") or b""
+    new = _git(cwd, "ls-files", "--others", "--exclude-standard", "-z", "--", "plugins") or b""
+    names = sorted(n for n in new.decode("utf-8", "surrogateescape").split("\0") if n)
+    if not diff and not names:
+        return f"plugins@{tree.decode().strip()}"
+    parts = [diff]
+    for name in names:
+        try:
+            parts += [name.encode("utf-8", "surrogateescape"), (Path(cwd) / name).read_bytes()]
+        except OSError:
+            continue
+    return f"plugins@{tree.decode().strip()}+{stream_digest(parts)[:12]}"
 
 
 def contract_digest(contract: Any) -> str:

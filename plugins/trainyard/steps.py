@@ -7,7 +7,9 @@ the CLI (``python -m trainyard <step>``), the pods' command lines (:mod:`trainya
 and the tasks of the one task graph (:mod:`trainyard.orchestration.graph`), so a pod can
 never run a command the CLI lacks::
 
-    stage ─▶ validate ─▶ train ─▶ register ─▶ evaluate (gate) ─▶ deploy ─▶ summary
+    stage ─▶ validate ─▶ plan ─▶ train ─▶ register ─▶ evaluate (gate) ─▶ deploy ─▶ summary
+
+(``plan``: train, or reuse the version trained on the same inputs.)
 
 The stage modules do the work; this module resolves configs and paths and hands results
 from one step to the next.
@@ -1353,7 +1355,8 @@ STEPS: dict[str, Step] = {
                 Arg("actor", help="who asked"),
             ),
             ("promote", "verdict", "reason", "version", "champion", "metrics", "champion_metrics"),
-            "Evaluate a candidate against the champion and gate it.",
+            "Evaluate a candidate against the champion and the versions served before, and "
+            "gate it.",
         ),
         Step(
             "deploy",

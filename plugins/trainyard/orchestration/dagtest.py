@@ -129,7 +129,10 @@ def cli_main(argv: list[str]) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     log_path = folder / f"{cfg.name}-{stamp}-{os.getpid()}.log"
-    what = f"`make run` (airflow dags test {dag_id}), pid {{pid}} since {{since}}, log {log_path}"
+    what = (
+        f"`make run` (airflow dags test {dag_id}), pid {{pid}} since {{since}}, log "
+        f"{_shown(log_path)}"
+    )
     with the_only_run(cfg.name, what) as holder:
         if holder is not None:
             sys.stderr.write(
@@ -167,12 +170,12 @@ def cli_main(argv: list[str]) -> int:
         left = interrupted_line(cfg.name, before)
         sys.stderr.write(
             f"make run: {INTERRUPTED}: run {run_id or '(not started)'} of {dag_id} stopped and "
-            f"failed; {left} (log: {log_path})\n"
+            f"failed; {left} (log: {_shown(log_path)})\n"
         )
         return 130
     if code != 0:
         sys.stdout.write(_tail(log_path) + "\n")
-        sys.stdout.write(f"airflow dags test failed (full log: {log_path})\n")
+        sys.stdout.write(f"airflow dags test failed (full log: {_shown(log_path)})\n")
         return 1
     path = Layout(get_settings().volume_root).last_run(cfg.name)
     try:
@@ -182,6 +185,14 @@ def cli_main(argv: list[str]) -> int:
         return 1
     sys.stdout.write(format_summary(record, server_answer(cfg.name)) + "\n" + since(record))
     return 0
+
+
+def _shown(path: Path) -> str:
+    """A path as a person in the checkout types it (relative when below the cwd)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _link_last(link: Path, target: Path) -> None:
