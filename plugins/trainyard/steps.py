@@ -53,7 +53,7 @@ from trainyard.errors import (
 )
 from trainyard.fsutil import atomic_write_json, read_json
 from trainyard.pipelines import check, ensure_own_names
-from trainyard.runs import format_summary, server_answer, since
+from trainyard.runs import format_summary, since
 from trainyard.settings import get_settings
 
 log = logging.getLogger("trainyard.steps")
@@ -1485,6 +1485,8 @@ def run_step(name: str, argv: list[str]) -> int:
         _report_error(f"trainyard {name}: {INTERRUPTED}")
         return EXIT_INTERRUPTED
     if name == "summary" and kwargs.get("run_id") is None:
+        from trainyard.serving.status import server_answer
+
         server = server_answer(str(result.get("pipeline") or kwargs["pipeline"]))
         sys.stdout.write(format_summary(result, server) + "\n" + since(result))
     else:

@@ -389,7 +389,7 @@ def test_the_pipeline_page_says_when_the_champion_is_not_served(
 
     import yaml
 
-    from trainyard.runs import server_answer
+    from trainyard.serving.status import server_answer
 
     available: list[int] = []
 

@@ -30,7 +30,8 @@ from trainyard.errors import (
     StepSkipped,
     ValidationFailed,
 )
-from trainyard.runs import format_summary, record_failure, server_answer
+from trainyard.runs import format_summary, record_failure
+from trainyard.serving.status import server_answer
 from trainyard.settings import get_settings
 from trainyard.steps import (
     EXIT_DETERMINISTIC,

@@ -108,7 +108,8 @@ def cli_main(argv: list[str]) -> int:
     from trainyard.cli.run import interrupted_line, registry_state, the_only_run
     from trainyard.config import load_pipeline
     from trainyard.layout import Layout
-    from trainyard.runs import format_summary, record_failure, server_answer, since
+    from trainyard.runs import format_summary, record_failure, since
+    from trainyard.serving.status import server_answer
     from trainyard.settings import get_settings
 
     p = argtypes.ArgumentParser(

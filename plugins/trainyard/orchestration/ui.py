@@ -121,7 +121,7 @@ def build_app() -> Any:
     from trainyard import runview
     from trainyard.errors import ConfigError
     from trainyard.layout import Layout
-    from trainyard.runs import server_answer
+    from trainyard.serving.status import server_answer
     from trainyard.settings import get_settings
 
     app = FastAPI(title="trainyard", docs_url=None, redoc_url=None, openapi_url=None)
