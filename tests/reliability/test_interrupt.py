@@ -91,6 +91,11 @@ def _interrupt(proc: subprocess.Popen[str]) -> tuple[int, str, float]:
     return proc.returncode, out, time.monotonic() - t0
 
 
+def _json(stdout: str) -> list[dict]:
+    """The JSON list an ``airflow ... -o json`` command printed after its warnings."""
+    return json.loads(next(line for line in reversed(stdout.splitlines()) if line[:1] == "["))
+
+
 def _nothing_left(project: Project, workers: list[psutil.Process]) -> None:
     _gone, alive = psutil.wait_procs(workers, timeout=5)
     assert alive == [], f"training workers outlived the interrupt: {[p.pid for p in alive]}"
@@ -148,12 +153,12 @@ def test_ctrl_c_stops_make_run_for_good(project: Project) -> None:
         "tasks", "states-for-dag-run", "trainyard_digits", run_id, "-o", "json"
     )
     assert states.returncode == 0, states.stderr[-2000:]
-    by_task = {t["task_id"]: t for t in json.loads(states.stdout)}
+    by_task = {t["task_id"]: t for t in _json(states.stdout)}
     assert by_task["train"]["state"] == "failed"
     assert by_task["register"]["state"] in ("upstream_failed", None)
     assert by_task["deploy"]["state"] in ("upstream_failed", None)
     runs = project.airflow("dags", "list-runs", "trainyard_digits", "-o", "json")
-    assert {r["run_id"]: r["state"] for r in json.loads(runs.stdout)}[run_id] == "failed"
+    assert {r["run_id"]: r["state"] for r in _json(runs.stdout)}[run_id] == "failed"
     failure = project.volume_root / "_models/digits/runs"
     assert any("interrupted by the user" in p.read_text() for p in failure.glob("*.failed.json"))
     # the log says why the train task failed, and that no retry followed
