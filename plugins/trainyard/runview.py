@@ -932,6 +932,10 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
             f"<p>version <b>{_e(version['version'])}</b> · {_trained_on(version)} · "
             f"{_e(m.get('model'))}, {_e(m.get('strategy'))}, {_e(m.get('workers'))} workers</p>"
         )
+        trained = {**(rec.get("train") or {}), **(rec.get("register") or {})}
+        if trained.get("decision"):  # trained or reused, and why
+            reused = "this run trained nothing: " if trained.get("reused") else ""
+            out.append(f'<p class="decision">{reused}{_e(trained["decision"])}</p>')
         rows = [[_e(name), _num(value)] for name, value in shown.items()]
         out.append(_table(["training figure", "value"], rows, "train-metrics"))
         out.append(_curves(version.get("curves") or {}))
