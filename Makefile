@@ -10,10 +10,10 @@ PIPELINE ?= digits
 
 .PHONY: run setup native postgres airflow-init test test-fast lint docs bench standalone standalone-check stop clean
 
+# one run at a time per pipeline, a log of its own in .trainyard/dags_test/ (last_dags_test.log
+# links to the newest); Ctrl-C stops it for good (plugins/trainyard/orchestration/dagtest.py)
 run: airflow-init native
-	$(ENV) airflow dags test trainyard_$(PIPELINE) > .trainyard/last_dags_test.log 2>&1 \
-	  || { tail -n 80 .trainyard/last_dags_test.log; echo "airflow dags test failed (full log: .trainyard/last_dags_test.log)"; exit 1; }
-	@$(ENV) python -m trainyard summary --pipeline $(PIPELINE)
+	@$(ENV) python -m trainyard dag-test --pipeline $(PIPELINE)
 
 setup: $(STAMP) native
 

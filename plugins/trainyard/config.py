@@ -319,6 +319,9 @@ class WindowSince(StrictModel):
         return value.isoformat()
 
 
+PARTITIONED_WINDOW = 30
+"""The default window of a source partitioned by ``{ds}``: its last 30 validated intervals."""
+
 TrainingWindow = Literal["newest"] | WindowIntervals | WindowSince
 """What a model trains on: ``newest`` (the run's snapshot), ``{intervals: N}`` or
 ``{since: YYYY-MM-DD}`` (validated interval snapshots up to the run's interval)."""
@@ -348,7 +351,9 @@ class TrainingConfig(StrictModel):
     window: TrainingWindow = Field(
         default="newest",
         description="What the model trains on: `newest` (the run's snapshot), `{intervals: N}` "
-        "(the last N validated intervals up to the run's) or `{since: YYYY-MM-DD}`.",
+        "(the last N validated intervals up to the run's) or `{since: YYYY-MM-DD}`. Default: "
+        "`{intervals: 30}` for a source partitioned by `{ds}` (each interval brings its own "
+        "rows: the newest alone would be a fraction of the data), else `newest`.",
     )
     window_gaps: Literal["fail", "train"] = Field(
         default="fail",
@@ -1043,6 +1048,27 @@ class PipelineConfig(StrictModel):
         "trainyard's registry stays the source of truth; a tracker that cannot be reached costs "
         "one warning, never a run.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _window_of_a_partitioned_source(cls, data: Any) -> Any:
+        """A source partitioned by ``{ds}`` trains on its last intervals unless told.
+
+        Found by a new user: a backfilled dataset trained on its newest day only (95 of
+        569 rows), silently.
+        """
+        if not isinstance(data, dict):
+            return data
+        source, training = data.get("source"), data.get("training")
+        if (
+            isinstance(source, dict)
+            and "{ds}" in str(source.get("url", ""))
+            and isinstance(training, dict)
+            and "window" not in training
+        ):
+            window = {"intervals": PARTITIONED_WINDOW}
+            return {**data, "training": {**training, "window": window}}
+        return data
 
     @field_validator("name", "dataset")
     @classmethod

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+INTERRUPTED = "interrupted by the user"
+"""What a run stopped by Ctrl-C (SIGINT) says, wherever it is told: never retried."""
+
 
 class TrainyardError(Exception):
     """Base class of every error trainyard raises on purpose."""

@@ -14,6 +14,7 @@ reach outside its folder (``..``, ``.``, ``/``, NUL, over-long)::
     <root>/_models/<pipeline>/versions/<n>/      registered versions
     <root>/_models/<pipeline>/champion.json      the served version
     <root>/_models/<pipeline>/runs/<run>.json    run records (summary)
+    <root>/_models/<pipeline>/scores/<digest>.json  a version's scores on a holdout (a cache)
     <root>/_models/<pipeline>/.work/<run>/       a training run's output before register
     <root>/_checkpoints/<pipeline>/<run>/        BackupAndRestore checkpoints of a run (removed
                                                  at register; a week untouched, by another's)
@@ -45,6 +46,7 @@ RESERVED = (MODELS_DIR, SERVING_DIR, CHECKPOINTS_DIR)
 VERSIONS_DIR = "versions"
 CHAMPION_FILE = "champion.json"
 HISTORY_FILE = "history.jsonl"
+SCORES_DIR = "scores"
 """A pipeline's registry folder: ``versions/<n>/``, the champion pointer, its history."""
 """Top-level folders of the models volume; no dataset may be called so."""
 

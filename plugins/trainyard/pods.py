@@ -72,6 +72,7 @@ def step_pod(
 SAMPLE_VALUES: dict[str, dict[str, Any]] = {
     "stage": {"interval_start": "2026-11-01", "interval_end": "2026-11-02"},
     "validate": {"snapshot_id": "{snapshot}", "interval_start": "2026-11-01"},
+    "plan": {"snapshot_id": "{snapshot}", "overrides": {}, "force_retrain": False},
     "train": {"snapshot_id": "{snapshot}", "run_id": "{run_id}", "overrides": {}},
     "register": {
         "snapshot_id": "{snapshot}",

@@ -12,6 +12,8 @@ Layout of one pipeline's registry (``<models_root>/<pipeline>/``)::
     .lock                        ``flock`` serialising numbering and pointer moves
     .mirror.lock                 ``flock`` held while mirroring into a tracker (trainyard.tracking)
     .deploy.lock                 ``flock`` held by a deploy, promote or rollback (serving too)
+    scores/<digest>.json         a version's scores on a holdout, keyed by their fingerprint
+                                 (a cache the gate fills and reads; removing it costs time only)
 
 A version directory appears only complete (copied into ``.tmp``, fsynced, renamed), and the
 champion pointer is replaced atomically and only ever names a published version, so a crash
@@ -48,7 +50,7 @@ from trainyard.fsutil import (
     read_json,
     remove_stale_tmp_dirs,
 )
-from trainyard.layout import CHAMPION_FILE, HISTORY_FILE, VERSIONS_DIR
+from trainyard.layout import CHAMPION_FILE, HISTORY_FILE, SCORES_DIR, VERSIONS_DIR
 
 #: Files a caller may attach to a published version (written atomically, never the model).
 ATTACHABLE = ("gate.md", "gate.json", "approval.json")
@@ -302,6 +304,31 @@ class Registry:
         atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
         return path
 
+    def cached_scores(self, digest: str) -> dict[str, Any] | None:
+        """Scores kept under a fingerprint's digest (:meth:`keep_scores`), or None.
+
+        A file that does not read as a JSON object is as good as none: scoring again
+        replaces it.
+        """
+        path = self.root / SCORES_DIR / f"{digest}.json"
+        try:
+            data = read_json(path)
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def keep_scores(self, digest: str, scores: Mapping[str, Any]) -> None:
+        """Keep a version's scores on a holdout under their fingerprint's digest (atomic).
+
+        Raises:
+            RegistryError: If the digest is not hex (it names a file).
+        """
+        if not digest or not all(c in "0123456789abcdef" for c in digest):
+            raise RegistryError(f"scores digest {digest!r} is not hex")
+        folder = self.root / SCORES_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / f"{digest}.json", dict(scores))
+
     # ----------------------------------------------------------------- champion pointer
 
     def _read_pointer(self) -> dict[str, Any] | None:
@@ -338,6 +365,22 @@ class Registry:
     def champion_state(self) -> dict[str, Any] | None:
         """The whole pointer: ``version``, ``previous`` (rollback stack), ``event``."""
         return self._read_pointer()
+
+    def served_versions(self) -> list[int]:
+        """Every version that was ever the champion (promoted or rolled back to), ascending.
+
+        Raises:
+            RegistryError: If the history or the champion pointer does not read.
+        """
+        served = {
+            e["version"]
+            for e in self.history()
+            if e.get("event") in ("promote", "rollback") and isinstance(e.get("version"), int)
+        }
+        champion = self.champion()
+        if champion is not None:
+            served.add(champion)
+        return sorted(served)
 
     def history(self) -> list[dict[str, Any]]:
         """Every promotion and rollback, oldest first (from ``history.jsonl``).

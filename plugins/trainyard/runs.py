@@ -18,6 +18,28 @@ def _registry(pipeline: Any) -> Registry:
     return Registry(get_settings().models_root, pipeline.name)
 
 
+def record_failure(pipeline: str, run_id: str, step: str, reason: str) -> None:
+    """Write why a run's step failed, for its page, note and summary (never raises).
+
+    A step that failed returns no result to show (:meth:`Layout.run_failure`).
+    """
+    import datetime as dt
+    import logging
+
+    from trainyard.fsutil import atomic_write_json
+    from trainyard.layout import Layout
+
+    path = Layout(get_settings().volume_root).run_failure(pipeline, run_id)
+    doc = {"step": step, "reason": reason[:1000], "at": dt.datetime.now(dt.UTC).isoformat()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, doc)
+    except OSError as e:  # the run still fails with its reason; only the page lacks it
+        logging.getLogger("trainyard.runs").warning(
+            "cannot record why %s failed in %s: %s", step, path, e
+        )
+
+
 def since(record: dict[str, Any]) -> str:
     """A line when the champion is no longer what the last recorded run left (or "")."""
     try:
@@ -32,8 +54,17 @@ def since(record: dict[str, Any]) -> str:
     return f"now           the champion is {now} (python -m trainyard models history)\n"
 
 
-def format_summary(record: dict[str, Any]) -> str:
-    """Render a run record as the few lines a person wants to read."""
+def format_summary(record: dict[str, Any], server: dict[str, Any] | None = None) -> str:
+    """Render a run record as the few lines a person wants to read.
+
+    Args:
+        record: The run's record (each step's result by name).
+        server: What the model server answers now
+            (:func:`trainyard.serving.status.server_answer`); None: not asked (a cluster),
+            the ``served`` line says what the run left.
+    """
+    from trainyard.volumes.window import seen_text
+
     stage_r, val = record.get("stage") or {}, record.get("validate") or {}
     tr = {**(record.get("train") or {}), **(record.get("register") or {})}
     gate, dep = record.get("evaluate") or {}, record.get("deploy") or {}
@@ -43,10 +74,14 @@ def format_summary(record: dict[str, Any]) -> str:
         f"snapshot      {stage_r.get('snapshot_id', '-')}" + _fmt_staged(stage_r),
         f"validation    {'passed' if val.get('success') else 'not run' if not val else 'failed'}"
         + (f", {val.get('warnings')} warnings" if val.get("warnings") else ""),
-        f"training      version {tr.get('version', '-')}, attempts {tr.get('attempts', '-')}, "
-        f"{_fmt_seconds(tr.get('seconds'))}" + _fmt_window(tr.get("window") or val.get("window"))
+        f"training      {_fmt_training(tr)}"
         if tr
         else f"training      not run: {_why_not_trained(record)}",
+    ]
+    seen = seen_text(tr.get("window") or val.get("window") or [], tr.get("rows")) if tr else ""
+    if seen:
+        lines.append(f"data          trained on {seen}")
+    lines += [
         f"metrics       {format_metrics(gate.get('metrics') or {})}",
         f"champion      {_champion_text(gate)}",
         f"gate          {gate.get('verdict', 'not run')}: {gate.get('reason', '-')}"
@@ -76,14 +111,47 @@ def format_summary(record: dict[str, Any]) -> str:
             + _fmt_failed_in_window(days, tr.get("window") or val.get("window") if tr else None)
             + ")"
         )
+    lines.append(f"served        {_fmt_served(record, server)}")
     if dep:
-        lines.append(f"served        version {dep.get('version')} at {dep.get('url')}")
         lines.append(f"prediction    {_fmt_prediction(dep)}")
         if dep.get("scorer"):
             lines.append(f"stream        {dep['scorer']}")
-    else:
-        lines.append("served        unchanged (nothing deployed)")
     return "\n".join(lines)
+
+
+def _fmt_training(tr: dict[str, Any]) -> str:
+    """The training line: what trained (or was reused), how long, and why."""
+    if tr.get("reused") and tr.get("decision"):
+        return str(tr["decision"])
+    line = (
+        f"version {tr.get('version', '-')}, attempts {tr.get('attempts', '-')}, "
+        f"{_fmt_seconds(tr.get('seconds'))}"
+    )
+    why = tr.get("decision")
+    return f"{line} ({why})" if why else line
+
+
+def _fmt_served(record: dict[str, Any], server: dict[str, Any] | None) -> str:
+    """What serves now, as the model server answers; what the run left when not asked."""
+    dep = record.get("deploy") or {}
+    run = "deployed by this run" if dep else "this run deployed nothing"
+    if server is None:
+        if dep:
+            return f"version {dep.get('version')} at {dep.get('url')} ({run})"
+        champion = (record.get("evaluate") or {}).get("champion")
+        left = f"version {champion}" if champion is not None else "nothing"
+        return f"unchanged ({run}; the registry's champion: {left}; the server was not asked)"
+    address = server.get("address")
+    if server.get("error"):
+        return (
+            f"nothing: no model server answers at {address} ({server['error']}); "
+            f"{run} (python -m trainyard models serve --pipeline {record.get('pipeline')})"
+        )
+    versions = server.get("versions") or []
+    if not versions:
+        return f"nothing: the server at {address} has no version of the model available ({run})"
+    shown = ", ".join(f"version {v}" for v in versions)
+    return f"{shown} at {address}, as the server answers now ({run})"
 
 
 def _fmt_failed_in_window(days: list[str], window: Any) -> str:
@@ -96,15 +164,6 @@ def _fmt_failed_in_window(days: list[str], window: Any) -> str:
     if kept:
         return f"; trained on the earlier snapshot of {', '.join(kept)}"
     return "; the training window left them out"
-
-
-def _fmt_window(window: Any) -> str:
-    """``, on N snapshots (R rows)`` for a training window of more than one snapshot."""
-    entries = [e for e in window or [] if isinstance(e, dict)]
-    if len(entries) < 2:
-        return ""
-    rows = sum(int(e.get("rows") or 0) for e in entries)
-    return f", on {len(entries)} snapshots ({rows} rows)"
 
 
 def _fmt_staged(staged: dict[str, Any]) -> str:
@@ -137,6 +196,8 @@ def _why_not_evaluated(record: dict[str, Any]) -> str:
 def _champion_text(gate: dict[str, Any]) -> str:
     if not gate:  # the run did not train (a backfill's earlier day, a dry run, a failure)
         return "not compared (this run evaluated nothing)"
+    if gate.get("verdict") == "keep":
+        return f"version {gate.get('champion')}: this run's candidate (reused), kept"
     metrics = format_metrics(gate.get("champion_metrics") or {})
     if metrics:
         return metrics

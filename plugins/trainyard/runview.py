@@ -358,8 +358,14 @@ def summary_line(
         "validation " + ("passed" if val.get("success") else "failed" if val_failed else "not run")
     )
     if reg.get("version") is not None:
+        from trainyard.volumes.window import seen_text
+
         metrics = format_metrics(ev.get("metrics"), limit=3)
-        parts.append(f"v{reg['version']}" + (f" {metrics}" if metrics else ""))
+        reused = " reused (same inputs)" if reg.get("reused") else ""
+        parts.append(f"v{reg['version']}{reused}" + (f" {metrics}" if metrics else ""))
+        seen = seen_text(reg.get("window") or val.get("window") or [], reg.get("rows"))
+        if seen:
+            parts.append(f"trained on {seen}")
     if dry_run and not reg and not failed:
         parts.append("dry run: stopped before training (its plan is in the train task's log)")
     elif dry_run and not reg:
@@ -593,20 +599,25 @@ def _sample_keys(failure: Mapping[str, Any]) -> list[str]:
 
 
 def _trained_on(version: Mapping[str, Any]) -> str:
-    """What a version trained on: its snapshot, or its training window's snapshots."""
+    """What a version trained on: rows, intervals and snapshots of its training window."""
+    from trainyard.volumes.window import seen_text
+
     own = f"<code>{_e(version.get('snapshot_id'))}</code>"
     window = [s for s in version.get("snapshots") or [] if isinstance(s, dict)]
+    seen = seen_text(window, version.get("rows")) if window else ""
     if len(window) < 2:
-        return f"trained on snapshot {own}"
-    rows = sum(int(s.get("rows") or 0) for s in window)
+        if not seen or "from snapshot" in seen:
+            rows = version.get("rows")
+            return f"trained on {f'{rows} rows from ' if rows is not None else ''}snapshot {own}"
+        return f"trained on {_e(seen)} (snapshot {own})"
     each = ", ".join(
         f"{s.get('snapshot_id')}" + (f" [{s['interval'][0]} .. {s['interval'][1]})"
         if isinstance(s.get("interval"), list) and len(s["interval"]) == 2 else "")
         for s in window
     )  # fmt: skip
     return (
-        f'<span class="window" title="{_e(each)}">trained on {len(window)} snapshots '
-        f"({rows} rows), this run's {own} last</span>"
+        f'<span class="window" title="{_e(each)}">trained on {_e(seen)}, this run\'s {own} '
+        "last</span>"
     )
 
 
@@ -1009,6 +1020,10 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
             f"<p>version <b>{_e(version['version'])}</b> · {_trained_on(version)} · "
             f"{_e(m.get('model'))}, {_e(m.get('strategy'))}, {_e(m.get('workers'))} workers</p>"
         )
+        trained = {**(rec.get("train") or {}), **(rec.get("register") or {})}
+        if trained.get("decision"):  # trained or reused, and why
+            reused = "this run trained nothing: " if trained.get("reused") else ""
+            out.append(f'<p class="decision">{reused}{_e(trained["decision"])}</p>')
         rows = [[_e(name), _num(value)] for name, value in shown.items()]
         out.append(_table(["training figure", "value"], rows, "train-metrics"))
         out.append(_curves(version.get("curves") or {}))

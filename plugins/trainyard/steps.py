@@ -7,7 +7,9 @@ the CLI (``python -m trainyard <step>``), the pods' command lines (:mod:`trainya
 and the tasks of the one task graph (:mod:`trainyard.orchestration.graph`), so a pod can
 never run a command the CLI lacks::
 
-    stage ─▶ validate ─▶ train ─▶ register ─▶ evaluate (gate) ─▶ deploy ─▶ summary
+    stage ─▶ validate ─▶ plan ─▶ train ─▶ register ─▶ evaluate (gate) ─▶ deploy ─▶ summary
+
+(``plan``: train, or reuse the version trained on the same inputs.)
 
 The stage modules do the work; this module resolves configs and paths and hands results
 from one step to the next.
@@ -36,6 +38,7 @@ from trainyard.config import (
     load_pipeline,
 )
 from trainyard.errors import (
+    INTERRUPTED,
     ApprovalMissing,
     ConfigError,
     DaysFailed,
@@ -350,11 +353,14 @@ def train(
     overrides: dict[str, Any] | None = None,
     log_line: Callable[[str], None] | None = None,
     window: list[Any] | None = None,
+    force_retrain: bool = False,
 ) -> dict[str, Any]:
     """Train a candidate by running the run's training Jobs locally, then register it.
 
     The Jobs are the ones the kubernetes runner submits; here each pod is a process
-    (:func:`trainyard.training.launcher.run_training`).
+    (:func:`trainyard.training.launcher.run_training`). A version trained on the same
+    inputs (:func:`trainyard.training.reuse.plan_training`) is reused instead, unless
+    ``force_retrain``: nothing trains, and the result names that version.
 
     Args:
         pipeline: Pipeline name.
@@ -363,11 +369,14 @@ def train(
         overrides: Trigger-form overrides of the training config.
         log_line: Where worker log lines go (the task log); defaults to logging.
         window: The snapshots to train on (``validate``'s ``window``); default: the one.
+        force_retrain: Train even if a version was trained on the same inputs.
 
     Returns:
-        ``version`` (the registered candidate), ``metrics``, ``attempts``, ``seconds``.
+        :func:`register`'s result: ``version`` (the registered or reused candidate),
+        ``metrics``, ``attempts``, ``seconds``, ``reused``, ``decision``.
     """
     from trainyard.training.launcher import run_training
+    from trainyard.training.reuse import plan_training
     from trainyard.volumes import validation_state
 
     cfg = load_pipeline(pipeline)
@@ -383,10 +392,60 @@ def train(
             )
         if state["state"] != "validated":
             log.warning("snapshot %s of %s has not been validated", sid, cfg.dataset)
+    plan = plan_training(cfg, params, ids, force_retrain)
+    log.info("training: %s", plan.line)
+    if plan.reuse is not None:
+        return register(pipeline, snapshot_id, run_id, reused=plan.reuse, decision=plan.line)
     result = run_training(cfg, params, snapshot_id, run_id, log=log_line, window=ids)
     return register(
-        pipeline, snapshot_id, run_id, params.model_dump(), result.seconds, result.attempts
+        pipeline,
+        snapshot_id,
+        run_id,
+        params.model_dump(),
+        result.seconds,
+        result.attempts,
+        plan.fingerprint.to_dict(),
+        decision=plan.line,
     )
+
+
+def plan(
+    pipeline: str,
+    snapshot_id: str,
+    window: list[Any] | None = None,
+    overrides: dict[str, Any] | None = None,
+    force_retrain: bool = False,
+    trainer_image: str | None = None,
+) -> dict[str, Any]:
+    """Whether a run trains, or reuses the version trained on the same inputs.
+
+    The ``train`` task runs it before anything trains, on both runners (a local process,
+    or a pod that reads the models volume before the kubernetes runner creates a Job);
+    ``train`` by hand and ``trainyard run`` take the same decision in-process
+    (:func:`trainyard.training.reuse.plan_training`).
+
+    Args:
+        pipeline: Pipeline name.
+        snapshot_id: The run's snapshot.
+        window: The snapshots it would train on (``validate``'s ``window``).
+        overrides: Trigger-form overrides of the training config.
+        force_retrain: Train even if a version was trained on the same inputs.
+        trainer_image: The cluster's trainer image (kubernetes runner); None: training
+            runs here.
+
+    Returns:
+        ``training`` (the effective config), ``fingerprint``, ``reused`` (the version to
+        reuse, or None: train) and ``decision`` (why, one sentence).
+    """
+    from trainyard.training.reuse import plan_training
+
+    cfg = load_pipeline(pipeline)
+    params = training_params(cfg, overrides)
+    decided = plan_training(
+        cfg, params, window_ids(snapshot_id, window), force_retrain, trainer_image
+    )
+    log.info("training: %s", decided.line)
+    return decided.result()
 
 
 def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bool, str]:
@@ -467,13 +526,17 @@ def register(
     training: dict[str, Any] | None = None,
     seconds: float | None = None,
     attempts: int | None = None,
+    fingerprint: dict[str, Any] | None = None,
+    reused: int | None = None,
+    decision: str | None = None,
 ) -> dict[str, Any]:
-    """Register a run's training output as a numbered version.
+    """Register a run's training output as a numbered version (or name the one reused).
 
     The output is where the run's chief wrote it (:func:`trainyard.training.spec.run_paths`
     on the volume root); after registering it is removed, with the run's checkpoints,
     and so are those of the pipeline's runs untouched for :data:`STALE_RUN_DAYS` (killed
-    and never retried: :func:`remove_stale_runs`).
+    and never retried: :func:`remove_stale_runs`). A run that reused a version trained
+    on the same inputs (``reused``) registers nothing: the result is that version's.
 
     Args:
         pipeline: Pipeline name.
@@ -482,10 +545,15 @@ def register(
         training: The run's effective training config (recorded as the version's params).
         seconds: Training wall-clock time.
         attempts: Training attempts used.
+        fingerprint: The training's fingerprint (:mod:`trainyard.training.reuse`), kept in
+            the version's metadata: a later run on the same inputs reuses the version.
+        reused: The version the run reused instead of training.
+        decision: Why it trained or reused, in one sentence (the run's summary shows it).
 
     Returns:
         ``version``, ``metrics``, ``attempts``, ``seconds``, ``snapshots`` (the ids it
-        was trained on).
+        was trained on), ``reused`` (bool), ``decision``, ``window`` (what it read: each
+        snapshot's ``interval`` and ``rows``) and ``rows``.
     """
     from trainyard.contracts import load_contract
     from trainyard.layout import Layout
@@ -493,9 +561,10 @@ def register(
     from trainyard.training.worker.transform import TRANSFORM_FILE
 
     cfg = load_pipeline(pipeline)
-    params = TrainingConfig.model_validate(
-        {**cfg.training.model_dump(), **(training or {})}
-    ).model_dump()
+    if reused is not None:
+        return _reused_version(cfg, int(reused), decision)
+    params = TrainingConfig.model_validate({**cfg.training.model_dump(), **(training or {})})
+    params = params.model_dump()
     paths = run_paths(Layout(get_settings().volume_root), cfg, snapshot_id, run_id)
     out = Path(paths.output)
     model_dir = out / "model"
@@ -522,6 +591,8 @@ def register(
         "transform": transform,
         "timings": {"train_seconds": seconds, "attempts": attempts},
         "created_at": dt.datetime.now(dt.UTC).isoformat(),
+        "fingerprint": fingerprint,
+        "determinism": inputs.get("determinism"),
     }
     names = ("metrics.json", "history.json", "inputs.json", TRANSFORM_FILE)
     extra = [out / name for name in names if (out / name).is_file()]
@@ -546,6 +617,28 @@ def register(
         "attempts": attempts,
         "seconds": seconds,
         "snapshots": [str(s.get("snapshot_id")) for s in read],
+        "reused": False,
+        "decision": decision,
+        "window": read,
+        "rows": inputs.get("rows"),
+    }
+
+
+def _reused_version(cfg: PipelineConfig, version: int, decision: str | None) -> dict[str, Any]:
+    """``register``'s result for a run that reused ``version`` (trained on its inputs)."""
+    meta = _registry(cfg).metadata(version)
+    read = [s for s in meta.get("snapshots") or [] if isinstance(s, dict)]
+    log.info("%s version %d reused: %s", cfg.name, version, decision or "same inputs")
+    return {
+        "version": version,
+        "metrics": meta.get("train_metrics") or {},
+        "attempts": 0,
+        "seconds": 0.0,
+        "snapshots": [str(s.get("snapshot_id")) for s in read],
+        "reused": True,
+        "decision": decision or f"unchanged since version {version}: reused, 0 s",
+        "window": read,
+        "rows": meta.get("rows"),
     }
 
 
@@ -563,9 +656,11 @@ def evaluate(
     force_reason: str | None = None,
     actor: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate the candidate and the champion on the same holdout split, and gate.
+    """Evaluate the candidate, the champion and the versions served before on one holdout, and gate.
 
     The decision report is written next to the candidate (``gate.md`` / ``gate.json``).
+    The champion as its own candidate (a run that reused it) is kept: the verdict is
+    ``keep``, the report is the run's (its gate record says what it beat when it shipped).
 
     Returns:
         ``promote``, ``verdict``, ``reason``, ``version``, ``champion``, ``metrics``,
@@ -577,13 +672,6 @@ def evaluate(
 
     cfg = load_pipeline(pipeline)
     registry = _registry(cfg)
-    if int(version) == registry.champion():
-        # its gate record says what it beat when it shipped: a comparison with itself
-        # would overwrite that
-        raise RegistryRefused(
-            f"{cfg.name} version {version} is the champion: there is nothing to gate it "
-            "against (its gate record is kept)"
-        )
     force = None
     if force_promote:
         force = ForceRequest(
@@ -1043,6 +1131,8 @@ snapshot): the orchestrator fails the task without retrying."""
 EXIT_SKIPPED = 4
 """A step had nothing to do (a missing partition with ``source.when_missing: skip``): the
 orchestrator skips the task and what depends on it, with the step's reason."""
+EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C (SIGINT), as a shell reports it: the run stops, nothing retries."""
 
 ArgKind = Literal["str", "int", "float", "bool", "json"]
 
@@ -1160,6 +1250,20 @@ class Step:
         return self.fn(**self.parse(argv))
 
 
+REGISTERED = (
+    "version",
+    "metrics",
+    "attempts",
+    "seconds",
+    "snapshots",
+    "reused",
+    "decision",
+    "window",
+    "rows",
+)
+"""The result of ``train`` and ``register``."""
+
+
 def _pipeline() -> Arg:
     return Arg("pipeline", required=True, help="pipeline name (dags/pipelines/<name>.yaml)")
 
@@ -1213,6 +1317,24 @@ STEPS: dict[str, Step] = {
             writes_dataset=True,
         ),
         Step(
+            "plan",
+            plan,
+            (
+                _pipeline(),
+                Arg("snapshot_id", required=True, help="the run's snapshot"),
+                Arg("window", "json", help="snapshots to train on (validate's window, JSON)"),
+                Arg("overrides", "json", help="JSON object of training overrides"),
+                Arg(
+                    "force_retrain",
+                    "bool",
+                    help="train even if a version was trained on the same inputs",
+                ),
+                Arg("trainer_image", help="the cluster's trainer image (kubernetes runner)"),
+            ),
+            ("training", "fingerprint", "reused", "decision"),
+            "Decide whether a run trains, or reuses the version trained on the same inputs.",
+        ),
+        Step(
             "train",
             train,
             (
@@ -1221,9 +1343,15 @@ STEPS: dict[str, Step] = {
                 Arg("run_id", required=True, help="names the checkpoint and output folders"),
                 Arg("overrides", "json", help="JSON object of training overrides"),
                 Arg("window", "json", help="snapshots to train on (validate's window, JSON)"),
+                Arg(
+                    "force_retrain",
+                    "bool",
+                    help="train even if a version was trained on the same inputs",
+                ),
             ),
-            ("version", "metrics", "attempts", "seconds", "snapshots"),
-            "Train a candidate (the run's training Jobs as local processes) and register it.",
+            REGISTERED,
+            "Train a candidate (the run's training Jobs as local processes) and register "
+            "it, or reuse the version trained on the same inputs.",
         ),
         Step(
             "register",
@@ -1235,8 +1363,11 @@ STEPS: dict[str, Step] = {
                 Arg("training", "json", help="the run's training config (JSON)"),
                 Arg("seconds", "float", help="training wall-clock time"),
                 Arg("attempts", "int", help="training attempts used"),
+                Arg("fingerprint", "json", help="the training's inputs fingerprint (JSON)"),
+                Arg("reused", "int", help="the version the run reused instead of training"),
+                Arg("decision", help="why the run trained or reused, one sentence"),
             ),
-            ("version", "metrics", "attempts", "seconds", "snapshots"),
+            REGISTERED,
             "Register a finished training run's output as a numbered model version.",
         ),
         Step(
@@ -1250,7 +1381,8 @@ STEPS: dict[str, Step] = {
                 Arg("actor", help="who asked"),
             ),
             ("promote", "verdict", "reason", "version", "champion", "metrics", "champion_metrics"),
-            "Evaluate a candidate against the champion and gate it.",
+            "Evaluate a candidate against the champion and the versions served before, and "
+            "gate it.",
         ),
         Step(
             "deploy",
@@ -1376,10 +1508,13 @@ def run_step(name: str, argv: list[str]) -> int:
         _report_error(f"trainyard {name}: {type(e).__name__}: {e}")
         return EXIT_DETERMINISTIC if deterministic(e) else EXIT_FAILED
     except KeyboardInterrupt:
-        _report_error(f"trainyard {name}: interrupted")
-        return 130
+        _report_error(f"trainyard {name}: {INTERRUPTED}")
+        return EXIT_INTERRUPTED
     if name == "summary" and kwargs.get("run_id") is None:
-        sys.stdout.write(format_summary(result) + "\n" + since(result))
+        from trainyard.serving.status import server_answer
+
+        server = server_answer(str(result.get("pipeline") or kwargs["pipeline"]))
+        sys.stdout.write(format_summary(result, server) + "\n" + since(result))
     else:
         _emit(result)
     return EXIT_OK

@@ -185,10 +185,11 @@ def test_every_pod_and_job_runs_a_command_the_cli_accepts(profile) -> None:
         parse_command(argv)  # exits 2 on an unknown command or flag
         seen.add(argv[0])
     # the train step's own command is the laptop's shortcut; on a cluster training is the
-    # worker Jobs, then the register pod
+    # plan pod (train or reuse), the worker Jobs, then the register pod
     assert seen == {
         "stage",
         "validate",
+        "plan",
         "register",
         "evaluate",
         "deploy",
@@ -407,7 +408,7 @@ def test_training_decision_follows_the_backfill_policy(
     cfg = _cfg().model_copy(update={"backfill_training": policy})
     context = _context(k8s_dags["trainyard_digits"], {"workers": 3}, run_type, queued)
     if trains:
-        assert run_training_or_skip(cfg, context).workers == 3
+        assert run_training_or_skip(cfg, context)[0].workers == 3
     else:
         with pytest.raises(AirflowSkipException) as skip:
             run_training_or_skip(cfg, context)

@@ -364,7 +364,7 @@ def test_a_second_cli_run_of_a_pipeline_is_refused_while_one_runs(env, volume_ro
         holder.wait(10)
     assert out.returncode == EXIT_FAILED, out.stderr
     assert (
-        "pipeline 'cancer_fail' is being run by another `trainyard run` (pid 4242 since then): "
-        "wait for it to end; nothing was run"
+        "pipeline 'cancer_fail' is being run already (pid 4242 since then): wait for it to "
+        "end; nothing was run"
     ) in out.stderr
     assert not (volume_root / DATASET / "snapshots").exists()  # nothing staged

@@ -578,7 +578,7 @@ def test_the_deploy_step_never_demotes_a_champion_its_gate_did_not_see(reg: Regi
     champion) the champion over v3, without force or reason; evaluating the champion
     overwrote the gate record of its promotion with a comparison with itself."""
     from trainyard import steps
-    from trainyard.errors import DeployError, RegistryRefused
+    from trainyard.errors import DeployError
 
     for _ in range(3):
         reg.register(make_model(tmp_path), meta())
@@ -599,8 +599,11 @@ def test_the_deploy_step_never_demotes_a_champion_its_gate_did_not_see(reg: Regi
             steps.deploy("digits", old)
     assert reg.champion() == 3 and reg.history() == history
     gate = reg.read_file(3, "gate.json")
-    with pytest.raises(RegistryRefused, match="version 3 is the champion: there is nothing"):
-        steps.evaluate("digits", 3)
+    # the champion as a candidate (a run that reused it) is kept, never re-gated over its
+    # own record of what it beat when it shipped
+    kept = steps.evaluate("digits", 3)
+    assert (kept["verdict"], kept["promote"], kept["champion"]) == ("keep", False, 3)
+    assert "Version 3 is the champion and keeps serving: nothing to deploy" in kept["reason"]
     assert reg.read_file(3, "gate.json") == gate
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainyard import runview
+from trainyard.layout import run_key
 from trainyard.orchestration.ui import confined_file
 
 SNAP = "88fa3acafa0854bd"
@@ -313,10 +314,11 @@ def test_a_version_trained_on_a_window_says_so(volume: Path) -> None:
     ]
     _write(meta_path, meta | {"snapshots": window})
     page = runview.render_run(runview.run_story(volume, "digits", "run2"), None, "/p")
-    assert f"trained on 3 snapshots (1465 rows), this run's <code>{SNAP}</code> last" in page
+    said = "trained on 1465 rows from 3 snapshots (intervals 2026-11-22..23)"
+    assert f"{said}, this run's <code>{SNAP}</code> last" in page
     assert 'title="00000000000000a1 [2026-11-22 .. 2026-11-23), 00000000000000a2' in page
     one = runview.render_run(runview.run_story(volume, "digits", "run1"), None, "/p")
-    assert f"trained on snapshot <code>{SNAP}</code>" in one
+    assert f"snapshot <code>{SNAP}</code>" in one and "trained on " in one
 
 
 @pytest.mark.browser
@@ -389,7 +391,7 @@ def test_the_pipeline_page_says_when_the_champion_is_not_served(
 
     import yaml
 
-    from trainyard.orchestration.ui import server_answer
+    from trainyard.serving.status import server_answer
 
     available: list[int] = []
 
@@ -416,7 +418,7 @@ def test_the_pipeline_page_says_when_the_champion_is_not_served(
     raw = yaml.safe_load((root / "dags" / "pipelines" / "digits.yaml").read_text())
     monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
     monkeypatch.delenv("TRAINYARD_RUNNER", raising=False)
-    monkeypatch.setattr("trainyard.orchestration.ui.ANSWER_TTL_S", 0.0)  # every view asks
+    monkeypatch.setattr("trainyard.serving.status.ANSWER_TTL_S", 0.0)  # every view asks
 
     def page(port: int) -> str:
         raw["serving"]["port"] = port
@@ -438,3 +440,32 @@ def test_the_pipeline_page_says_when_the_champion_is_not_served(
     assert "serving now" not in said and "not served" in said
     assert f"127.0.0.1:{closed}</code> does not answer" in said
     assert "models serve --pipeline digits" in said
+
+
+def test_a_run_that_reused_a_version_says_so_and_what_it_saw(volume: Path) -> None:
+    """Issue 38: a run on unchanged inputs trains nothing; its page and its note say so,
+    and what the model was trained on (rows, intervals), as the summary does."""
+    window = [
+        {"snapshot_id": SNAP, "rows": 1797, "interval": ["2026-11-24", "2026-11-25"]},
+    ]
+    decision = "unchanged since version 1 (same snapshot, config, code): reused, 0 s"
+    register = {"version": 1, "reused": True, "decision": decision, "window": window}
+    record = {
+        "pipeline": "digits",
+        "run_id": "run3",
+        "finished_at": "2026-11-25T02:10:00+00:00",
+        "stage": {"snapshot_id": SNAP, "reused": True, "rows": 1797},
+        "validate": {"success": True, "window": window},
+        "register": register,
+        "evaluate": {"verdict": "keep", "reason": "Version 1 is the champion", "champion": 1},
+    }
+    meta_path = volume / "_models/digits/versions/1/metadata.json"
+    _write(meta_path, json.loads(meta_path.read_text()) | {"snapshots": window, "rows": 1797})
+    _write(volume / "_models/digits/runs" / f"{run_key('run3')}.json", record)
+    page = runview.render_run(runview.run_story(volume, "digits", "run3"), None, "/p")
+    assert f"this run trained nothing: {decision}" in page
+    assert "trained on 1797 rows from 1 interval 2026-11-24" in page
+    note = runview.summary_line(record)
+    assert "v1 reused (same inputs)" in note
+    assert "trained on 1797 rows from 1 interval 2026-11-24" in note
+    assert "gate keep: Version 1 is the champion" in note

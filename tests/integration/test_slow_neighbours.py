@@ -73,7 +73,7 @@ def test_the_serving_client_gives_up_at_its_deadline(slow_port: int) -> None:
 def test_fifty_page_views_of_a_slow_model_server_end_at_once(
     slow_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainyard.orchestration.ui import server_answer
+    from trainyard.serving.status import server_answer
 
     raw = yaml.safe_load((ROOT / "dags" / "pipelines" / "digits.yaml").read_text())
     raw["serving"]["port"] = slow_port

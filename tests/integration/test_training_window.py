@@ -272,10 +272,15 @@ def test_the_run_summary_says_what_the_model_trained_on() -> None:
         "validate": {"success": True, "window": window},
         "register": {"version": 3, "attempts": 1, "seconds": 2.0},
     }
-    line = format_summary(record).splitlines()[3]
-    assert line == "training      version 3, attempts 1, 2.0 s, on 2 snapshots (227 rows)"
-    record["validate"]["window"] = window[:1]
-    assert format_summary(record).splitlines()[3].endswith("2.0 s")
+    lines = format_summary(record).splitlines()
+    assert lines[3] == "training      version 3, attempts 1, 2.0 s"
+    assert lines[4] == "data          trained on 227 rows from 2 snapshots"
+    record["validate"]["window"] = [
+        {**w, "interval": [f"2026-11-0{i + 1}", None]} for i, w in enumerate(window)
+    ]
+    assert (
+        format_summary(record).splitlines()[4].endswith("227 rows from 2 intervals 2026-11-01..02")
+    )
     # found by a new user: a day of a range that did not train read "version -, attempts
     # -, -, on 2 snapshots (227 rows)"
     del record["register"]

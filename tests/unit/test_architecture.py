@@ -131,7 +131,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 1: one file's config and contract, parsed and typed
     ("config", "contracts", "odcs"),
     # 2: what is stored: snapshots and model versions
-    ("volumes", "registry"),
+    ("volumes", "registry", "fingerprint"),
     # 3: the stages, and what spans pipelines
     ("staging", "validation", "training", "evaluation", "serving", "k8s", "streaming",
      "tracking", "pipelines", "runs", "runview", "metadb", "standalone"),

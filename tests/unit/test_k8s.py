@@ -987,7 +987,8 @@ def test_cli_render(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monk
 
     assert main(["render", "digits", "--snapshot", "s1", "--version", "1"]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds.count("Job") >= 1 and kinds.count("Pod") == 6 and "Deployment" in kinds
+    # stage, validate, plan, register, evaluate, deploy, summary
+    assert kinds.count("Job") >= 1 and kinds.count("Pod") == 7 and "Deployment" in kinds
 
 
 @pytest.mark.parametrize("version", ["0", "-1"])

@@ -473,3 +473,28 @@ def test_checked_for_a_cluster_a_pipeline_passes_only_what_renders(
     from trainyard.k8s.profile import load_cluster_profile
 
     assert render_problems(load_cluster_profile(Path(profile)), parse_pipeline(path)) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "window", "expected"),
+    [
+        (".trainyard/raw/tx/{ds}.csv", None, {"intervals": 30}),
+        (".trainyard/raw/tx/{ds}.csv", "newest", "newest"),
+        (".trainyard/raw/tx/{ds}.csv", {"since": "2026-11-01"}, {"since": "2026-11-01"}),
+        (".trainyard/raw/tx/all.csv", None, "newest"),
+    ],
+)
+def test_a_partitioned_source_trains_on_its_last_intervals_unless_told(
+    tmp_path: Path, url: str, window: object, expected: object
+) -> None:
+    """Found by a new user (issue 38): a backfilled new dataset trained on its newest day
+    only (95 of its 569 rows), silently: a source partitioned by ``{ds}`` brings each
+    interval's rows apart, so its default window is its last 30 validated intervals."""
+    raw = yaml.safe_load((ROOT / "dags" / "pipelines" / "transactions.yaml").read_text())
+    raw["source"]["url"] = url
+    raw["training"].pop("window")
+    if window is not None:
+        raw["training"]["window"] = window
+    (tmp_path / "transactions.yaml").write_text(yaml.safe_dump(raw))
+    cfg = parse_pipeline(tmp_path / "transactions.yaml")
+    assert cfg.training.model_dump(mode="json")["window"] == expected

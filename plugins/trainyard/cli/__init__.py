@@ -24,6 +24,12 @@ TOOLS: dict[str, tuple[str, str, str]] = {
         "One training worker (the container of every training Job's pod).",
     ),
     "run": ("trainyard.cli.run", "run_cli_main", "Run every step of a pipeline, in order."),
+    "dag-test": (
+        "trainyard.orchestration.dagtest",
+        "cli_main",
+        "Run a pipeline's DAG once under Airflow, as make run does (one at a time, a log of "
+        "its own, Ctrl-C stops it for good).",
+    ),
     "snapshots": (
         "trainyard.cli.snapshots",
         "cli_main",
@@ -149,5 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"trainyard {command}: {type(e).__name__}: {e}\n")
         return steps.EXIT_DETERMINISTIC if steps.deterministic(e) else steps.EXIT_FAILED
     except KeyboardInterrupt:
-        sys.stderr.write(f"trainyard {command}: interrupted\n")
-        return 130
+        from trainyard.errors import INTERRUPTED
+
+        sys.stderr.write(f"trainyard {command}: {INTERRUPTED}\n")
+        return steps.EXIT_INTERRUPTED

@@ -1,9 +1,16 @@
 """The declarative promotion gate: a pure function of config and metrics.
 
-``decide`` takes the gate config, the candidate's and the champion's metrics and an
-optional force request, and returns a ``GateDecision`` that lists every check and renders
-as markdown (``gate.md``) and JSON (``gate.json``). A gate that cannot decide (a missing
+``decide`` takes the gate config, the candidate's and the champion's metrics, the
+lineage's (every version served before, scored on the same holdout) and an optional
+force request, and returns a ``GateDecision`` that lists every check and renders as
+markdown (``gate.md``) and JSON (``gate.json``). A gate that cannot decide (a missing
 metric, NaN) rejects, and says why.
+
+The champion rule alone would be a ratchet: each candidate may be ``max_regression``
+worse than the one before, and those steps add up. So a candidate is also compared with
+each version served before, on the same holdout: over any sequence of runs the served
+model stays within ``max_regression`` of the best version ever served (``lineage:vN``
+checks).
 """
 
 from __future__ import annotations
@@ -13,9 +20,9 @@ import datetime as dt
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from trainyard.config import (
     DEFAULT_GATE_METRICS,
@@ -23,9 +30,6 @@ from trainyard.config import (
     Threshold,
 )
 from trainyard.errors import GateRejected
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("trainyard.evaluation")
 
@@ -92,7 +96,24 @@ class Check:
     note: str = ""
 
 
-Verdict = Literal["promote", "reject", "forced"]
+Verdict = Literal["promote", "reject", "forced", "keep"]
+"""``keep``: the candidate is the champion itself (a run that reused the version trained
+on its inputs): it keeps serving, nothing is deployed."""
+
+
+@dataclass(frozen=True)
+class LineageScore:
+    """A version served before, scored on the candidate's holdout.
+
+    Attributes:
+        version: The version.
+        metrics: Its metrics on that holdout (empty when ``error``).
+        error: Why it could not be scored (the gate cannot decide: it rejects).
+    """
+
+    version: int
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
 
 
 def _finite(value: Any) -> float | None:
@@ -133,8 +154,11 @@ class GateDecision:
         smoke: ``{"keys": [...], "class_ids": [...]}``: the candidate's predictions for the
             first holdout rows, for the deploy smoke test.
         fail_run_on_reject: The pipeline wants a rejection to fail the run.
-        timings: Seconds spent evaluating (``candidate_seconds``, ``champion_seconds``).
+        timings: Seconds spent evaluating (``candidate_seconds``, ``champion_seconds``,
+            ``lineage_seconds``) and how many scores came from the cache (``cached``).
         diagnostics: The candidate's confusion matrix or residuals (:func:`diagnostics`).
+        lineage: The versions served before, each with the compared metric's value on
+            this holdout (``version``, ``value``, ``error``).
     """
 
     promote: bool
@@ -151,6 +175,7 @@ class GateDecision:
     fail_run_on_reject: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     diagnostics: dict[str, Any] | None = None
+    lineage: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``gate.json``); non-finite numbers become null."""
@@ -170,6 +195,7 @@ class GateDecision:
                 "fail_run_on_reject": self.fail_run_on_reject,
                 "timings": self.timings,
                 "diagnostics": self.diagnostics,
+                "lineage": self.lineage,
             }
         )
 
@@ -190,8 +216,22 @@ class GateDecision:
             f"**Verdict:** {self.verdict}. {self.reason}",
             "",
         ]
-        if self.first_run:
+        if self.first_run and not self.lineage:
             lines += ["First run: there is no champion yet, so only absolute thresholds apply.", ""]
+        if self.verdict == "keep":
+            lines += [
+                "This version is the champion: it keeps serving and nothing is deployed. The "
+                "checks below are today's, on this run's holdout.",
+                "",
+            ]
+        if self.lineage:
+            served = ", ".join(
+                f"v{e['version']} {_fmt(e.get('value'))}"
+                if not e.get("error")
+                else f"v{e['version']} (not scored)"
+                for e in self.lineage
+            )
+            lines += [f"Served before, scored on this holdout: {served}.", ""]
         if self.force:
             lines += [
                 f"Force promote requested by **{self.force.actor}** at {self.force.at}: "
@@ -199,7 +239,7 @@ class GateDecision:
                 "",
             ]
         lines += [
-            "| check | metric | candidate | champion | threshold | result | note |",
+            "| check | metric | candidate | compared with | threshold | result | note |",
             "|---|---|---|---|---|---|---|",
         ]
         for c in self.checks:
@@ -294,6 +334,51 @@ def _champion_check(
     return Check(name, metric, cand, champ, threshold, passed, note)
 
 
+def _lineage_checks(
+    gate: GateConfig, candidate: Mapping[str, Any], lineage: Sequence[LineageScore]
+) -> list[Check]:
+    """The candidate against every version served before, on the same holdout.
+
+    Each may be beaten by at most ``max_regression`` (of its value when ``relative``):
+    the champion rule's tolerance for one step, never more below the best served.
+    """
+    assert gate.champion is not None
+    rule = gate.champion
+    metric = rule.metric
+    cand = _finite(candidate.get(metric))
+    sign = 1.0 if rule.higher_is_better else -1.0
+    scored = [(e, _finite(e.metrics.get(metric))) for e in lineage if e.error is None]
+    values = [v for _, v in scored if v is not None]
+    best = (max if rule.higher_is_better else min)(values) if values else None
+    op = ">=" if rule.higher_is_better else "<="
+    checks = []
+    for entry in sorted(lineage, key=lambda e: e.version):
+        name = f"lineage:v{entry.version}"
+        if entry.error is not None:
+            checks.append(Check(name, metric, cand, None, "-", False, entry.error))
+            continue
+        value = _finite(entry.metrics.get(metric))
+        if cand is None or value is None:
+            whose = "candidate" if cand is None else f"version {entry.version}"
+            note = f"{whose}'s value missing or not finite"
+            checks.append(Check(name, metric, cand, value, "-", False, note))
+            continue
+        tolerance = rule.max_regression * (abs(value) if rule.relative else 1.0)
+        bound = value - sign * tolerance
+        passed = (cand >= bound - _TOL) if rule.higher_is_better else (cand <= bound + _TOL)
+        delta = (cand - value) * sign
+        trend = "improves on" if delta > 0 else "regresses from" if delta < 0 else "equals"
+        note = f"{trend} version {entry.version}, served before"
+        if delta:
+            note = f"{trend} version {entry.version} by {abs(cand - value):.4f}, served before"
+        if value == best:
+            note += " (the best served on this holdout)"
+        unit = f"{rule.max_regression:.2%} of it" if rule.relative else f"{rule.max_regression:g}"
+        threshold = f"{op} {bound:.4f} (v{entry.version} -{unit}, tolerated regression)"
+        checks.append(Check(name, metric, cand, value, threshold, passed, note))
+    return checks
+
+
 def _time_check(candidate: str | None, champion: str | None) -> Check:
     """The candidate's newest data must not be older than the champion's."""
     from trainyard.volumes.paths import _instant
@@ -325,12 +410,15 @@ def decide(
     champion_error: str | None = None,
     data_times: tuple[str | None, str | None] | None = None,
     not_compared: str | None = None,
+    lineage: Sequence[LineageScore] = (),
 ) -> GateDecision:
     """Apply a gate to the candidate's (and the champion's) metrics. Pure: no I/O.
 
     With ``data_times`` the gate also checks time: a candidate whose newest data (the
     latest interval of its training window) is older than the champion's fails the
-    ``time:data`` check, so it is not promoted unless forced (with a reason).
+    ``time:data`` check, so it is not promoted unless forced (with a reason). With a
+    champion rule and a ``lineage``, the candidate is also compared with each version
+    served before (``lineage:vN``): at most ``max_regression`` below any of them.
 
     Args:
         gate: The pipeline's gate.
@@ -345,6 +433,8 @@ def decide(
             (None where unknown); the champion's is ignored when there is no champion.
         not_compared: Why a champion exists but its metrics cannot be compared (a model of
             another task): thresholds (and time) decide, and the reason says so.
+        lineage: The versions served before (not the champion), scored on the candidate's
+            holdout; one that could not be scored rejects.
 
     Returns:
         The decision with every check.
@@ -356,7 +446,7 @@ def decide(
         checks.append(Check("evaluate:candidate", "-", None, None, "-", False, candidate_error))
     if champion_error:
         checks.append(Check("evaluate:champion", "-", None, None, "-", False, champion_error))
-    first_run = champion is None and not champion_error and not not_compared
+    first_run = champion is None and not champion_error and not not_compared and not lineage
     for metric in gate_metrics(gate):
         raw = candidate.get(metric)
         value = _finite(raw)
@@ -394,6 +484,8 @@ def decide(
                 )
     if champion is not None and gate.champion is not None and not champion_error:
         checks.append(_champion_check(gate, candidate, champion))
+    if gate.champion is not None and lineage:
+        checks += _lineage_checks(gate, candidate, lineage)
     if data_times is not None and (champion is not None or champion_error or not_compared):
         checks.append(_time_check(*data_times))
 
@@ -409,6 +501,15 @@ def decide(
     if gate.champion and champion is not None and not champion_error:
         c = next(c for c in checks if c.name.startswith("champion:"))
         champ_part = f"; {c.metric} {_fmt(c.candidate)} vs champion {_fmt(c.champion)}"
+    served = [c for c in checks if c.name.startswith("lineage:") and c.champion is not None]
+    if served and gate.champion is not None:
+        pick = max if gate.champion.higher_is_better else min
+        best = pick(served, key=lambda c: c.champion or 0.0)
+        champ = _finite((champion or {}).get(gate.champion.metric))
+        if champ is None or pick(champ, best.champion or 0.0) != champ:
+            champ_part += f", best served {_fmt(best.champion)} ({best.name.split(':', 1)[1]})"
+        else:
+            champ_part += " (the best served on this holdout)"
     if ok:
         verdict: Verdict = "promote"
         first = " (first run: no champion, thresholds only)" if first_run else ""
@@ -425,6 +526,7 @@ def decide(
     else:
         verdict = "reject"
         reason = f"Rejected: {failed_text}{champ_part}."
+    metric = gate.champion.metric if gate.champion else None
     return GateDecision(
         promote=verdict != "reject",
         verdict=verdict,
@@ -435,4 +537,46 @@ def decide(
         candidate_metrics=dict(candidate),
         champion_metrics=dict(champion) if champion is not None else None,
         fail_run_on_reject=gate.fail_run_on_reject,
+        lineage=[
+            {
+                "version": e.version,
+                "metric": metric,
+                "value": _finite(e.metrics.get(metric)) if metric else None,
+                "error": e.error,
+            }
+            for e in sorted(lineage, key=lambda e: e.version)
+        ],
+    )
+
+
+def keep(decision: GateDecision, version: int) -> GateDecision:
+    """The decision about a candidate that is the champion: it keeps serving.
+
+    A run that reused the version trained on its inputs gets the champion back as its
+    candidate; today's checks are reported, nothing is deployed, and the champion's own
+    gate record (what it beat when it shipped) is left alone.
+
+    Args:
+        decision: The checks of the champion as a candidate (no champion to compare with).
+        version: The champion.
+
+    Returns:
+        The decision with the verdict ``keep``.
+    """
+    failed = [c for c in decision.checks if not c.passed]
+    today = (
+        f"today {len(failed)} of {len(decision.checks)} checks fail: "
+        + "; ".join(f"{c.name} {c.note or 'failed'}".strip() for c in failed[:3])
+        + " (a person decides: python -m trainyard models rollback)"
+        if failed
+        else f"all {len(decision.checks)} checks still pass"
+    )
+    return dataclasses.replace(
+        decision,
+        promote=False,
+        verdict="keep",
+        reason=f"Version {version} is the champion and keeps serving: nothing to deploy; {today}.",
+        first_run=False,
+        version=version,
+        champion_version=version,
     )

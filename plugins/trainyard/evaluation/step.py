@@ -21,11 +21,17 @@ from trainyard.config import (
     GateConfig,
 )
 from trainyard.errors import EvaluationError, TrainyardError
-from trainyard.evaluation.gate import ForceRequest, GateDecision, decide, required_metrics
+from trainyard.evaluation.gate import (
+    ForceRequest,
+    GateDecision,
+    LineageScore,
+    decide,
+    keep,
+    required_metrics,
+)
 from trainyard.evaluation.metrics import (
     ExamplesLike,
     diagnostics,
-    evaluate_model,
     metrics_with_slices,
     run_model,
     select_slices,
@@ -36,6 +42,114 @@ if TYPE_CHECKING:
     from trainyard.registry import Registry
 
 log = logging.getLogger("trainyard.evaluation")
+
+
+@dataclass(frozen=True)
+class Score:
+    """One model on one holdout: what the gate reads of it.
+
+    Attributes:
+        metrics: Overall and per-slice metrics (``accuracy@label=3``).
+        smoke: The leading rows' keys and predictions (:func:`_smoke_record`).
+        diagnostics: Confusion matrix or residuals (:func:`diagnostics`).
+        seconds: Time it took to score (0 when it came from the cache).
+        cached: It came from the registry's score cache (same model, same holdout).
+        error: Why it could not be scored (then it has no metrics).
+    """
+
+    metrics: dict[str, float]
+    smoke: dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
+    seconds: float = 0.0
+    cached: bool = False
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the score cache keeps."""
+        return {"metrics": self.metrics, "smoke": self.smoke, "diagnostics": self.diagnostics}
+
+
+def score_model(
+    model_dir: Path | str,
+    examples: ExamplesLike,
+    metrics: Sequence[str],
+    slice_values: Mapping[str, np.ndarray],
+    smoke_rows: int = 8,
+) -> Score:
+    """Run a SavedModel over the holdout and compute what the gate reads.
+
+    Raises:
+        EvaluationError: If the model cannot be loaded or run, or the inputs do not fit.
+    """
+    t0 = time.monotonic()
+    outputs = run_model(model_dir, examples.features)
+    return Score(
+        metrics_with_slices(outputs, examples.labels, examples.keys, metrics, slice_values),
+        _smoke_record(outputs, examples.keys, smoke_rows),
+        diagnostics(outputs, examples.labels),
+        round(time.monotonic() - t0, 3),
+    )
+
+
+def gate_scores(
+    gate: GateConfig,
+    candidate: Score | str,
+    champion: Score | str | None,
+    force: ForceRequest | None = None,
+    *,
+    data_times: tuple[str | None, str | None] | None = None,
+    not_compared: str | None = None,
+    lineage: Sequence[tuple[int, Score]] = (),
+) -> GateDecision:
+    """``decide`` on scores; a model that could not be scored (its error) is a failed check.
+
+    Args:
+        gate: The pipeline's gate.
+        candidate: The candidate's score, or why it could not be scored.
+        champion: The champion's score, why it could not be scored (or even located), or
+            None (no champion to compare with).
+        force: A force-promote request.
+        data_times: Candidate's and champion's newest data (see :func:`decide`).
+        not_compared: Why the champion is not evaluated at all (see :func:`decide`).
+        lineage: ``(version, score)`` of the versions served before.
+
+    Returns:
+        The decision, with the candidate's smoke rows and diagnostics, and the timings.
+    """
+
+    def error(score: Score | str | None) -> str | None:
+        return score if isinstance(score, str) else score.error if score else None
+
+    cand = candidate if isinstance(candidate, Score) and not candidate.error else None
+    champ = champion if isinstance(champion, Score) and not champion.error else None
+    timings: dict[str, float] = {}
+    if isinstance(candidate, Score):
+        timings["candidate_seconds"] = candidate.seconds
+    if isinstance(champion, Score):
+        timings["champion_seconds"] = champion.seconds
+    scored = [s for _, s in lineage if isinstance(s, Score)]
+    if scored:
+        timings["lineage_seconds"] = round(sum(s.seconds for s in scored), 3)
+    cached = sum(1 for s in (candidate, champion, *scored) if isinstance(s, Score) and s.cached)
+    if cached:
+        timings["cached"] = cached
+    decision = decide(
+        gate,
+        cand.metrics if cand else {},
+        champ.metrics if champ else None,
+        force,
+        candidate_error=error(candidate),
+        champion_error=error(champion),
+        data_times=data_times,
+        not_compared=not_compared,
+        lineage=[LineageScore(v, {} if s.error else s.metrics, s.error) for v, s in lineage],
+    )
+    return dataclasses.replace(
+        decision,
+        smoke=cand.smoke if cand else None,
+        timings=timings,
+        diagnostics=cand.diagnostics if cand else None,
+    )
 
 
 def run_gate(
@@ -73,41 +187,24 @@ def run_gate(
         The decision, with ``smoke`` set when the candidate ran.
     """
     metrics = required_metrics(gate)
-    candidate: dict[str, float] = {}
-    candidate_error = None
-    smoke = diag = None
-    timings: dict[str, float] = {}
-    t0 = time.monotonic()
-    try:
-        values = select_slices(gate.slices, slice_values)
-        outputs = run_model(candidate_dir, examples.features)
-        candidate = metrics_with_slices(outputs, examples.labels, examples.keys, metrics, values)
-        smoke = _smoke_record(outputs, examples.keys, smoke_rows)
-        diag = diagnostics(outputs, examples.labels)
-    except Exception as e:  # any failure means the gate cannot decide: reject with the reason
-        log.exception("evaluating candidate %s failed", candidate_dir)
-        candidate_error = f"candidate evaluation failed: {type(e).__name__}: {e}"
-    timings["candidate_seconds"] = round(time.monotonic() - t0, 3)
-    champion: dict[str, float] | None = None
-    if champion_dir is not None and champion_error is None:
+
+    def score(model_dir: Path | str, who: str) -> Score:
         t0 = time.monotonic()
         try:
-            champion = evaluate_model(champion_dir, examples, metrics, gate.slices, slice_values)
-        except Exception as e:  # an unreadable champion cannot be compared with: reject
-            log.exception("evaluating champion %s failed", champion_dir)
-            champion_error = f"champion evaluation failed: {type(e).__name__}: {e}"
-        timings["champion_seconds"] = round(time.monotonic() - t0, 3)
-    decision = decide(
-        gate,
-        candidate,
-        champion,
-        force,
-        candidate_error=candidate_error,
-        champion_error=champion_error,
-        data_times=data_times,
-        not_compared=not_compared,
+            values = select_slices(gate.slices, slice_values)
+            return score_model(model_dir, examples, metrics, values, smoke_rows)
+        except Exception as e:  # any failure means the gate cannot decide: reject with it
+            log.exception("evaluating %s %s failed", who, model_dir)
+            why = f"{who} evaluation failed: {type(e).__name__}: {e}"
+            return Score({}, seconds=round(time.monotonic() - t0, 3), error=why)
+
+    candidate = score(candidate_dir, "candidate")
+    champion: Score | str | None = champion_error
+    if champion_dir is not None and champion_error is None:
+        champion = score(champion_dir, "champion")
+    return gate_scores(
+        gate, candidate, champion, force, data_times=data_times, not_compared=not_compared
     )
-    return dataclasses.replace(decision, smoke=smoke, timings=timings, diagnostics=diag)
 
 
 #: The output the deploy smoke test compares, and its key in ``gate.json``'s ``smoke``.
@@ -212,13 +309,104 @@ def _holdout(cfg: PipelineConfig, meta: Mapping[str, Any]) -> tuple[list[Path], 
     """
     from trainyard.contracts import load_contract
     from trainyard.training.worker.data import load_window_examples
-    from trainyard.volumes import check_snapshot
 
     contract = load_contract(cfg.dataset)
+    dirs = _checked_window(meta)
+    return dirs, contract, load_window_examples(dirs, contract, "holdout")
+
+
+def _checked_window(meta: Mapping[str, Any]) -> list[Path]:
+    """A version's window folders, each checked against its manifest (``SnapshotError``)."""
+    from trainyard.volumes import check_snapshot
+
     dirs = window_dirs(meta)
     for d in dirs:
         check_snapshot(d)
-    return dirs, contract, load_window_examples(dirs, contract, "holdout")
+    return dirs
+
+
+def _task_of(registry: Registry, version: int) -> str | None:
+    """The task a version was trained for (versions before task types: classification)."""
+    try:
+        return (registry.read_file(version, "metrics.json") or {}).get("task", "classification")
+    except TrainyardError:  # unreadable: evaluating it will say what is wrong
+        return None
+
+
+class _Scores:
+    """Every version the gate reads, scored on the candidate's holdout, through the cache.
+
+    A version's score is kept under the fingerprint of what it depends on (the version,
+    the holdout's snapshot ids, the contract, the metrics and slices, the code): a run on
+    unchanged data scores nothing again and loads no model.
+    """
+
+    def __init__(
+        self, cfg: PipelineConfig, registry: Registry, gate: GateConfig, meta: Mapping[str, Any]
+    ) -> None:
+        from trainyard.contracts import load_contract
+        from trainyard.fingerprint import code_identity, contract_digest
+
+        self.cfg, self.registry, self.gate = cfg, registry, gate
+        self.metrics = required_metrics(gate)
+        contract = load_contract(cfg.dataset)
+        read = meta.get("snapshots") or [{"snapshot_id": meta["snapshot_id"]}]
+        self.common = {
+            "holdout": [str(r.get("snapshot_id")) for r in read if isinstance(r, Mapping)],
+            "contract": {"version": contract.version, "digest": contract_digest(contract)},
+            "metrics": sorted(self.metrics),
+            "slices": list(gate.slices),
+            "smoke_rows": cfg.serving.smoke_rows,
+            "code": code_identity(),
+        }
+        self.meta = meta
+        self.examples: ExamplesLike | None = None
+        self.slice_values: dict[str, np.ndarray] = {}
+
+    def key(self, version: int) -> str:
+        """The digest a version's score on this holdout is kept under."""
+        from trainyard.fingerprint import fingerprint
+
+        meta = self.registry.metadata(version)
+        model = {
+            "pipeline": self.registry.pipeline,
+            "version": version,
+            "registered_at": meta.get("registered_at"),
+            "run_id": meta.get("run_id"),
+        }
+        return fingerprint("evaluate", {"model": model, **self.common}).digest
+
+    def cached(self, version: int) -> bool:
+        """Whether the version's score on this holdout is in the cache."""
+        return self.registry.cached_scores(self.key(version)) is not None
+
+    def load(self) -> None:
+        """Load the holdout (its snapshots checked first) and the slice columns."""
+        dirs, contract, self.examples = _holdout(self.cfg, self.meta)
+        self.slice_values = _slice_values(dirs, contract, self.examples, self.gate.slices)
+
+    def score(self, version: int, who: str) -> Score:
+        """The version's score (cached, or computed and kept), or why it has none."""
+        t0 = time.monotonic()
+        try:
+            key = self.key(version)
+            kept = self.registry.cached_scores(key)
+            if kept is not None and isinstance(kept.get("metrics"), dict):
+                return Score(kept["metrics"], kept.get("smoke"), kept.get("diagnostics"), 0.0, True)
+            if self.examples is None:
+                self.load()
+            assert self.examples is not None
+            values = select_slices(self.gate.slices, self.slice_values)
+            model = self.registry.version_dir(version) / "model"
+            score = score_model(
+                model, self.examples, self.metrics, values, self.cfg.serving.smoke_rows
+            )
+            self.registry.keep_scores(key, score.to_dict())
+            return score
+        except Exception as e:  # the gate cannot decide on this model: it rejects, and says so
+            log.exception("evaluating %s v%s of %s failed", who, version, self.cfg.name)
+            why = f"{who} evaluation failed: {type(e).__name__}: {e}"
+            return Score({}, seconds=round(time.monotonic() - t0, 3), error=why)
 
 
 def evaluate_and_decide(
@@ -226,10 +414,17 @@ def evaluate_and_decide(
 ) -> GateDecision:
     """The evaluate step: gate a registered candidate and attach ``gate.md``/``gate.json``.
 
-    Candidate and champion are evaluated on the holdout split of the snapshots the
-    candidate was trained on (every snapshot of its training window, each split by its
-    stable key hash). Anything that stops the gate from deciding (missing data, an unreadable
-    champion pointer, a crashing model) becomes a failed check: the verdict is ``reject``.
+    Candidate, champion and every version served before (the lineage: promoted or rolled
+    back to, :meth:`Registry.served_versions`) are scored on the holdout split of the
+    snapshots the candidate was trained on (every snapshot of its training window, each
+    split by its stable key hash); scores are cached by their fingerprint (same version,
+    same holdout, same code), so an unchanged run loads no model. Anything that stops the
+    gate from deciding (missing data, an unreadable champion pointer or history, a crashing
+    model) becomes a failed check: the verdict is ``reject``.
+
+    A candidate that is the champion (a run that reused the version trained on its inputs)
+    is checked the same way, against the lineage, and kept: the verdict is ``keep``,
+    nothing is deployed, and its own gate record is left as it was when it shipped.
 
     Args:
         cfg: The pipeline config (its ``gate`` and ``serving.smoke_rows``).
@@ -238,7 +433,7 @@ def evaluate_and_decide(
         force: A force-promote request.
 
     Returns:
-        The decision (also stored next to the model).
+        The decision (also stored next to the model, unless it is ``keep``).
 
     Raises:
         RegistryError: If the candidate version does not exist.
@@ -250,37 +445,44 @@ def evaluate_and_decide(
     gate = cfg.gate.for_task(task)
     champion_version: int | None = None
     champion_error = None
+    served: list[int] = []
     try:
         champion_version = registry.champion()
+        served = registry.served_versions()
     except TrainyardError as e:
         champion_error = f"champion unreadable: {e}"
+    kept = champion_version == version
     champion_time = None
-    if champion_version is not None and champion_version != version:
+    if champion_version is not None and not kept:
         try:
             champion_time = newest_data(registry.metadata(champion_version))
         except TrainyardError as e:
             log.warning("champion v%s: data time unknown: %s", champion_version, e)
     data_times = (newest_data(meta), champion_time)
     not_compared = None
-    if champion_version is not None and champion_version != version:
-        # versions trained before task types were all classifiers
-        try:
-            champion_task = (registry.read_file(champion_version, "metrics.json") or {}).get(
-                "task", "classification"
-            )
-        except TrainyardError:  # unreadable: evaluating the champion will say what is wrong
-            champion_task = task
+    if champion_version is not None and not kept:
+        champion_task = _task_of(registry, champion_version) or task
         if champion_task != task:
+            # versions trained before task types were all classifiers
             not_compared = (
                 f"champion v{champion_version} is a {champion_task} model and the "
                 f"contract's task is now {task}"
             )
+    lineage_versions = [
+        v
+        for v in served
+        if v not in (version, champion_version) and _task_of(registry, v) in (task, None)
+    ]
+    scores = _Scores(cfg, registry, gate, meta)
+    compare_champion = champion_version is not None and not kept and not not_compared
+    wanted = [version, *([champion_version] if compare_champion else []), *lineage_versions]
     try:
-        snap, contract, examples = _holdout(cfg, meta)
-        slice_values = _slice_values(snap, contract, examples, gate.slices)
+        _checked_window(meta)
+        if not all(scores.cached(v) for v in wanted if v is not None):
+            scores.load()
     except Exception as e:  # no holdout data means no decision: reject with the reason
         log.exception("loading the holdout of %s v%s failed", cfg.name, version)
-        if champion_version is not None and champion_error is None:
+        if champion_version is not None and champion_error is None and not kept:
             champion_error = "not evaluated (no holdout data)"
         decision = decide(
             gate,
@@ -289,26 +491,26 @@ def evaluate_and_decide(
             force,
             candidate_error=f"holdout data unavailable: {type(e).__name__}: {e}",
             champion_error=champion_error,
-            data_times=data_times,
+            data_times=None if kept else data_times,
         )
     else:
-        champion_dir = (
-            registry.version_dir(champion_version) / "model"
-            if champion_version and not not_compared
-            else None
-        )
-        decision = run_gate(
+        champion: Score | str | None = champion_error
+        if compare_champion and champion_error is None:
+            assert champion_version is not None
+            champion = scores.score(champion_version, "champion")
+        decision = gate_scores(
             gate,
-            registry.version_dir(version) / "model",
-            champion_dir,
-            examples,
-            slice_values,
-            force,
-            cfg.serving.smoke_rows,
-            champion_error,
-            data_times,
-            not_compared,
+            scores.score(version, "candidate"),
+            None if kept else champion,
+            None if kept else force,
+            data_times=None if kept else data_times,
+            not_compared=not_compared,
+            lineage=[
+                (v, scores.score(v, f"version {v} (served before)")) for v in lineage_versions
+            ],
         )
+    if kept:
+        return keep(decision, version)
     decision = dataclasses.replace(decision, version=version, champion_version=champion_version)
     for name, data in decision.report_files().items():
         registry.attach(version, name, data)

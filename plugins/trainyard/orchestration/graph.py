@@ -163,6 +163,14 @@ def trigger_params(cfg: PipelineConfig, tiers: tuple[str, ...]) -> dict[str, Par
             description="Which GPU pools the workers may use (see deploy/cluster_profile.yaml).",
             section="Training",
         ),
+        "force_retrain": Param(
+            False,
+            type="boolean",
+            title="Force retrain",
+            description="Train even if a version was trained on the same inputs (snapshots, "
+            "config, seed, code, image): otherwise that version is reused and gated again.",
+            section="Training",
+        ),
         "force_promote": Param(
             False,
             type="boolean",
@@ -387,6 +395,9 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
             "training": FromXCom("train", "training"),
             "seconds": FromXCom("train", "seconds"),
             "attempts": FromXCom("train", "attempts"),
+            "fingerprint": FromXCom("train", "fingerprint"),
+            "reused": FromXCom("train", "reused"),
+            "decision": FromXCom("train", "decision"),
         },
         retries=1,
         execution_timeout=dt.timedelta(minutes=30),
@@ -461,12 +472,16 @@ def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
 
     Raises:
         AirflowSkipException: On rejection: the gate task ends ``skipped`` with the reason
-            (deploy skips with it, the summary still runs, the run succeeds).
+            (deploy skips with it, the summary still runs, the run succeeds); and when
+            the candidate is the champion (``keep``: a run that reused it).
         AirflowFailException: On rejection when ``fail_run_on_reject`` is set.
     """
     if decision.get("promote"):
         log.info("gate: %s — %s", decision.get("verdict"), decision.get("reason"))
         return True
+    if decision.get("verdict") == "keep":  # the champion itself, reused: nothing to ship
+        log.info("gate: keep — %s", decision.get("reason"))
+        raise AirflowSkipException(f"nothing to deploy: {decision.get('reason')}")
     log.warning("gate: REJECTED — %s", decision.get("reason"))
     if fail_run_on_reject:
         raise AirflowFailException(f"gate rejected the candidate: {decision.get('reason')}")

@@ -45,8 +45,16 @@ class OutcomeMail:
         self.event, self.notify, self.pipeline = event, notify, pipeline
 
     def __call__(self, context: Mapping[str, Any]) -> None:
-        """Send the mail for this task's outcome (Airflow calls it with the task context)."""
+        """Send the mail for this task's outcome (Airflow calls it with the task context).
+
+        A gate that skipped because the candidate is the champion itself (``keep``: a run
+        that reused it) rejected nothing: no mail.
+        """
         try:
+            if self.event == "rejection":
+                decision = context["ti"].xcom_pull(task_ids="evaluate") or {}
+                if decision.get("verdict") == "keep":
+                    return
             subject, rows, text = self.message(context)
             from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 

@@ -1,8 +1,9 @@
 """What a run's conf and its backfill decide, alike on both runners.
 
-The trigger form's overrides, a forced promotion's reason, a dry run, and the pipeline's
-backfill policy (:func:`should_train`) are read here once: the ``stage`` task refuses a
-conf no later step would take, and the ``train`` task decides whether this run trains.
+The trigger form's overrides, a forced promotion's reason, a dry run, a forced retrain,
+and the pipeline's backfill policy (:func:`should_train`) are read here once: the
+``stage`` task refuses a conf no later step would take, and the ``train`` task decides
+whether this run trains, or reuses the version trained on the same inputs.
 """
 
 from __future__ import annotations
@@ -90,23 +91,31 @@ def check_run_conf(cfg: PipelineConfig, context: Mapping[str, Any]) -> TrainingC
 def run_training_or_skip(
     cfg: PipelineConfig,
     context: Mapping[str, Any],
+    decide: Callable[[TrainingConfig, bool], Mapping[str, Any]] | None = None,
     plan: Callable[[TrainingConfig], Sequence[str]] | None = None,
-) -> TrainingConfig:
-    """This run's training config, or a skip before anything trains.
+) -> tuple[TrainingConfig, dict[str, Any]]:
+    """This run's training config and whether it trains, or a skip before anything trains.
 
     The one decision both runners take before training: the pipeline's backfill policy
     (:func:`should_train`), then the trigger form's dry run, which logs what would train
-    and stops. The local ``train`` task asks first thing; the kubernetes runner's
-    ``create_training_service`` setup too, so a skipped run creates no Service or Job and
-    everything after training (and the teardown) skips with it.
+    and stops (before any process or API call), then whether a version was trained on the
+    same inputs (the ``plan`` step, :func:`trainyard.steps.plan`: a local process, or a
+    pod that reads the models volume; the form's ``force_retrain`` trains all the same).
+    The ``train`` task asks first thing, before the local runner starts a worker or the
+    kubernetes runner creates a Service or a Job: a run that reuses a version, or skips,
+    creates neither.
 
     Args:
         cfg: The pipeline config.
         context: The task's context (``params``, ``dag_run``, ``ti``).
+        decide: Runs the ``plan`` step for a config and ``force_retrain``; None: the run
+            trains (no version is looked for).
         plan: The runner's training plan of a config, as log lines (a dry run logs them).
 
     Returns:
-        The run's effective training config (:func:`run_training_params`).
+        The run's effective training config (:func:`run_training_params`) and the
+        ``plan`` step's result (``fingerprint``, ``reused``: the version to reuse or
+        None, ``decision``; empty without ``decide``).
 
     Raises:
         AirflowSkipException: If the backfill policy leaves this run out, or on a dry run.
@@ -123,5 +132,12 @@ def run_training_or_skip(
         log.info("dry run: would train %s", training.model_dump_json())
         if plan is not None:
             log.info("training plan:\n%s", "\n".join(plan(training)))
+        log.info(
+            "a version trained on the same inputs would be reused instead (unless "
+            "force_retrain): the run's plan step decides that"
+        )
         raise AirflowSkipException("dry run: stopping before training")
-    return training
+    decided = dict(decide(training, bool(params.get("force_retrain")))) if decide else {}
+    if decided.get("decision"):
+        log.info("training: %s", decided["decision"])
+    return training, decided

@@ -235,46 +235,39 @@ def recording_failure(
     """Run a task's ``execute``; a failure's reason is also written for the run's page.
 
     The run's page and note read it (:meth:`Layout.run_failure`): a step that failed
-    returns no result to show.
+    returns no result to show. Ctrl-C (SIGINT: ``airflow dags test``, ``make run``) fails
+    the task for good, ``interrupted by the user``: the step's process or the training
+    workers are stopped on the way out, and no retry starts them again.
     """
     from airflow.sdk.exceptions import AirflowTaskTerminated
 
+    from trainyard.errors import INTERRUPTED
+    from trainyard.runs import record_failure
+
     try:
         return execute(context)
+    except KeyboardInterrupt:  # Ctrl-C (airflow dags test, make run): stop, never retry
+        record_failure(pipeline, context["run_id"], step, f"{INTERRUPTED} (during {step})")
+        raise AirflowFailException(f"{INTERRUPTED} during {step}: not retried") from None
     except AirflowSkipException:
         raise
     except AirflowException as e:  # a retry that succeeds makes this moot: see run_failure
-        _record_failure(pipeline, step, context["run_id"], str(e))
+        record_failure(pipeline, context["run_id"], step, str(e))
         raise
     except AirflowTaskTerminated as e:  # the run or task marked failed, or its worker stopped
-        _record_failure(pipeline, step, context["run_id"], f"stopped from outside: {e}")
+        record_failure(pipeline, context["run_id"], step, f"stopped from outside: {e}")
         raise
     except Exception as e:  # e.g. training stopped by SIGTERM when the run was marked failed
-        _record_failure(pipeline, step, context["run_id"], f"{type(e).__name__}: {e}")
+        record_failure(pipeline, context["run_id"], step, f"{type(e).__name__}: {e}")
         raise
-
-
-def _record_failure(pipeline: str, step: str, run_id: str, reason: str) -> None:
-    import datetime as dt
-
-    from trainyard.fsutil import atomic_write_json
-    from trainyard.layout import Layout
-    from trainyard.settings import get_settings
-
-    path = Layout(get_settings().volume_root).run_failure(pipeline, run_id)
-    doc = {"step": step, "reason": reason[:1000], "at": dt.datetime.now(dt.UTC).isoformat()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, doc)
-    except OSError as e:  # the run still fails with its reason; only the page lacks it
-        log.warning("cannot record why %s failed in %s: %s", step, path, e)
 
 
 class TrainingOperator(BaseOperator):
     """A run's distributed training: its rendered Service + Indexed Jobs, launched.
 
     Whether the run trains is decided first, alike on both runners
-    (:func:`trainyard.orchestration.run_conf.run_training_or_skip`: backfill policy, dry run).
+    (:func:`trainyard.orchestration.run_conf.run_training_or_skip`: backfill policy, a
+    version trained on the same inputs (the ``plan`` step's pod), dry run).
 
     Args:
         pipeline: The pipeline config.
@@ -312,11 +305,10 @@ class TrainingOperator(BaseOperator):
         from trainyard.k8s.render import run_training_objects
         from trainyard.orchestration.run_conf import run_training_or_skip
         from trainyard.settings import get_settings
+        from trainyard.steps import TRAINING_OVERRIDES, window_ids
 
         settings = get_settings()
         profile = _profile(settings)
-        from trainyard.steps import window_ids
-
         snapshot = resolve(self.snapshot_id, context)
         entries = resolve(self.window, context) or []
         run_id = context["run_id"]
@@ -343,13 +335,37 @@ class TrainingOperator(BaseOperator):
             except ConfigError as e:
                 raise AirflowFailException(f"ConfigError: {e}") from e
 
-        training = run_training_or_skip(self.pipeline, context, plan=lambda t: render(t).plan)
+        self._runner = runner_for(settings)
+
+        def decide(training: TrainingConfig, force: bool) -> dict[str, Any]:
+            values = {
+                "snapshot_id": snapshot,
+                "window": ids,
+                "overrides": {k: getattr(training, k) for k in TRAINING_OVERRIDES},
+                "force_retrain": force,
+                "trainer_image": None if settings.runner == "local" else profile.images.trainer,
+            }
+            return launch_step(self.pipeline, "plan", values, context, self._runner)
+
+        training, decided = run_training_or_skip(
+            self.pipeline, context, decide, plan=lambda t: render(t).plan
+        )
+        if decided.get("reused") is not None:  # nothing trains: no Job, no worker
+            self._result = {
+                "training": training.model_dump(),
+                "snapshot_id": snapshot,
+                "window": entries or ids,
+                "job": None,
+                "seconds": 0.0,
+                "attempts": 0,
+                **{k: decided.get(k) for k in ("reused", "fingerprint", "decision")},
+            }
+            return self._result
         objects = render(training)
         if settings.runner == "local":
             log.info("the cluster's plan for these objects (here each pod runs as a process):")
         for line in objects.plan:
             log.info("%s", line)
-        self._runner = runner_for(settings)
         t0 = time.monotonic()
         try:
             out = self._runner.run_training(self.pipeline, training, objects, context, ids)
@@ -364,6 +380,8 @@ class TrainingOperator(BaseOperator):
             "job": objects.name,
             "seconds": round(out.get("seconds", time.monotonic() - t0), 3),
             "attempts": out.get("attempts", 1),
+            "reused": None,
+            **{k: decided.get(k) for k in ("fingerprint", "decision")},
         }
         return self._result
 

@@ -75,6 +75,7 @@ from trainyard.volumes.pointers import (
 from trainyard.volumes.window import (
     data_until,
     drift_baseline,
+    seen_text,
     training_window,
     window_entry,
     window_with_gaps,
@@ -120,6 +121,7 @@ __all__ = [
     "refused_intervals",
     "replace_interval",
     "replaced_snapshots",
+    "seen_text",
     "snapshot_dir",
     "staging_area",
     "table_files",

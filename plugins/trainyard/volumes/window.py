@@ -226,6 +226,42 @@ def window_with_gaps(
     return entries, sorted(gaps)
 
 
+def seen_text(snapshots: Sequence[Any], rows: int | None = None) -> str:
+    """What a model was trained on, in one phrase a person reads.
+
+    ``569 rows from 5 intervals 2026-11-01..05``; ``1797 rows from snapshot 88fa...``
+    when the snapshots have no interval (given by hand).
+
+    Args:
+        snapshots: Its window's entries (``snapshot_id``, ``interval``, ``rows``).
+        rows: Their rows, when known better than the entries' sum.
+
+    Returns:
+        The phrase, or ``""`` when there is nothing to say.
+    """
+    entries = [e for e in snapshots if isinstance(e, dict)]
+    if not entries:
+        return ""
+    if rows is None:
+        counted = [e.get("rows") for e in entries]
+        rows = sum(int(r) for r in counted if isinstance(r, int)) if any(counted) else None
+    amount = f"{rows} rows" if rows is not None else "its rows"
+    with_interval = [e for e in entries if e.get("interval")]
+    days = sorted({str(e["interval"][0])[:10] for e in with_interval})
+    n = len(entries)
+    if not days:
+        what = f"snapshot {entries[0].get('snapshot_id')}" if n == 1 else f"{n} snapshots"
+        return f"{amount} from {what}"
+    span = days[0]
+    if len(days) > 1:
+        last = days[-1]
+        span += ".." + (last[8:] if last[:8] == days[0][:8] else last)
+    if len(with_interval) < n:
+        return f"{amount} from {n} snapshots (intervals {span})"
+    unit = "interval" if n == 1 else "intervals"
+    return f"{amount} from {n} {unit} {span}"
+
+
 def data_until(snapshots: Sequence[dict[str, Any]]) -> str | None:
     """The newest data a model read: the latest interval start of its snapshots.
 

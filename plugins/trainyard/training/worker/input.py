@@ -140,6 +140,75 @@ class SnapshotInput:
             _check_class_ids(labels, keys, n, contract.roles.label, self.snapshot_dirs)
             self.spec = InputSpec(self.kind, len(labels), n, transform)
 
+    def epochs(
+        self,
+        batch_size: int,
+        batches_per_epoch: int,
+        num_pipelines: int = 1,
+        pipeline_id: int = 0,
+        seed: int = 0,
+        first_epoch: int = 0,
+    ) -> tf.data.Dataset:
+        """A training pipeline's batches, epoch after epoch, each epoch shuffled anew.
+
+        Each epoch is exactly ``batches_per_epoch`` batches of this pipeline's examples,
+        shuffled again (shards and examples; a pipeline with fewer examples than an epoch
+        needs reads them again, shuffled again): the order of epoch ``e`` follows from
+        ``seed`` and ``e`` alone. A run resumed from a checkpoint at ``first_epoch`` skips
+        the epochs before it (their encoded examples are read, not decoded, not trained
+        on), so it gets the batches an uninterrupted run would have had.
+
+        Args:
+            batch_size: Per-pipeline batch size.
+            batches_per_epoch: Batches per epoch (the training loop's steps per epoch).
+            num_pipelines: Number of input pipelines (workers).
+            pipeline_id: This pipeline's index.
+            seed: The run's seed for this pipeline.
+            first_epoch: The epoch training starts (or resumes) at.
+
+        Returns:
+            Batches of ``(features dict, labels)``, without end.
+        """
+        if self.kind == "files" and not self.cache:
+            ds = self._files_dataset(
+                num_pipelines,
+                pipeline_id,
+                True,
+                seed,
+                batch_size,
+                epoch_batches=batches_per_epoch,
+                skip_epochs=first_epoch,
+            )
+            return ds.with_options(self._options()).prefetch(AUTOTUNE)
+        base = self._elements(num_pipelines, pipeline_id)
+        per_pipeline = max(self.spec.num_examples // max(num_pipelines, 1), 1)
+        ds = base.shuffle(min(per_pipeline, 10_000, self._shuffle_cap()), seed=seed)
+        ds = _epoch_batches(ds, batch_size, batches_per_epoch, 1 if num_pipelines == 1 else 2)
+        if first_epoch:
+            ds = ds.skip(first_epoch * batches_per_epoch)
+        return ds.with_options(self._options()).prefetch(AUTOTUNE)
+
+    def _elements(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
+        """This pipeline's examples once, in order, decoded (and cached when asked)."""
+        if self.kind == "files":
+            ds = self._files_dataset(num_pipelines, pipeline_id, False, 0)
+        elif self.in_graph:
+            ds = self._tensor_dataset(num_pipelines, pipeline_id)
+        else:
+            ds = self._parquet_dataset(num_pipelines, pipeline_id)
+        return self._cached(ds, num_pipelines, pipeline_id)
+
+    def _cached(self, ds: tf.data.Dataset, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
+        """``ds`` cached in memory or in files, as the input asks (else ``ds``)."""
+        if self.cache == "memory":
+            return ds.cache()
+        if self.cache:
+            Path(self.cache).mkdir(parents=True, exist_ok=True)
+            return ds.cache(
+                str(Path(self.cache) / f"{self.split}-{pipeline_id}-of-{num_pipelines}")
+            )
+        return ds
+
     def dataset(
         self,
         batch_size: int,
@@ -187,31 +256,26 @@ class SnapshotInput:
                 drop_remainder,
                 augment,
             )
-            return ds.with_options(self._options(shuffle)).prefetch(AUTOTUNE)
+            return ds.with_options(self._options()).prefetch(AUTOTUNE)
         if self.kind == "files":
             ds = self._files_dataset(num_pipelines, pipeline_id, shuffle, seed)
-        elif self.in_graph:
-            ds = self._tensor_dataset(num_pipelines, pipeline_id)
+            ds = self._cached(ds, num_pipelines, pipeline_id)
         else:
-            ds = self._parquet_dataset(num_pipelines, pipeline_id)
-        if self.cache == "memory":
-            ds = ds.cache()
-        elif self.cache:
-            Path(self.cache).mkdir(parents=True, exist_ok=True)
-            ds = ds.cache(str(Path(self.cache) / f"{self.split}-{pipeline_id}-of-{num_pipelines}"))
+            ds = self._elements(num_pipelines, pipeline_id)
         if repeat:
             ds = ds.repeat()
         if shuffle:
             per_pipeline = max(self.spec.num_examples // max(num_pipelines, 1), 1)
             ds = ds.shuffle(min(per_pipeline, 10_000, self._shuffle_cap()), seed=seed)
         ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=AUTOTUNE)
-        return ds.with_options(self._options(shuffle)).prefetch(AUTOTUNE)
+        return ds.with_options(self._options()).prefetch(AUTOTUNE)
 
     @staticmethod
-    def _options(shuffle: bool) -> tf.data.Options:
+    def _options() -> tf.data.Options:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        options.deterministic = not shuffle
+        # shuffled or not, the order is the seed's: never whichever thread finished first
+        options.deterministic = True
         # Parallelism comes from parallel map calls; one op spreading over the intra-op
         # pool only adds hand-offs (as TF's ImageNet ResNet input pipeline sets it).
         options.threading.max_intra_op_parallelism = 1
@@ -236,7 +300,10 @@ class SnapshotInput:
         repeat: bool = False,
         drop_remainder: bool = True,
         augment: bool = False,
+        epoch_batches: int | None = None,
+        skip_epochs: int = 0,
     ) -> tf.data.Dataset:
+        """The files pipeline; with ``epoch_batches``, epochs of that many (:meth:`epochs`)."""
         index = self._index
         assert index is not None and self.contract.image is not None
         img = self.contract.image
@@ -276,7 +343,7 @@ class SnapshotInput:
             members,
             cycle_length=min(max(len(paths), 1), 4),
             num_parallel_calls=AUTOTUNE,
-            deterministic=not shuffle,
+            deterministic=True,  # the order is the seed's, not the threads'
         )
         if element_stride > 1:
             ds = ds.shard(element_stride, pipeline_id)
@@ -302,15 +369,23 @@ class SnapshotInput:
             return ds.map(
                 lambda data, label: ({image_name: decode_one(data)}, label),
                 num_parallel_calls=AUTOTUNE,
-                deterministic=not shuffle,
+                deterministic=True,
             )
         # Shuffle and batch the small encoded examples, then decode a whole batch per
         # call: one tf.data function call per batch instead of one per example.
-        if repeat:
-            ds = ds.repeat()
-        if shuffle:
-            ds = ds.shuffle(min(self.spec.num_examples, 10_000), seed=seed)
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        if epoch_batches is not None:
+            mine = sum(len(groups[s]) for s in shard_ids) // element_stride
+            need = epoch_batches * batch_size
+            ds = ds.shuffle(min(max(mine, 1), 10_000), seed=seed)
+            ds = _epoch_batches(ds, batch_size, epoch_batches, -(-need // max(mine, 1)))
+            if skip_epochs:  # before decoding: a resumed run reads them, decodes none
+                ds = ds.skip(skip_epochs * epoch_batches)
+        else:
+            if repeat:
+                ds = ds.repeat()
+            if shuffle:
+                ds = ds.shuffle(min(self.spec.num_examples, 10_000), seed=seed)
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder)
         out = tf.TensorSpec((img.height, img.width, img.channels), tf.float32)
 
         def decode_batch(
@@ -319,7 +394,7 @@ class SnapshotInput:
             images = tf.map_fn(decode_one, data, fn_output_signature=out, parallel_iterations=16)
             return {image_name: images}, label
 
-        return ds.map(decode_batch, num_parallel_calls=AUTOTUNE, deterministic=not shuffle)
+        return ds.map(decode_batch, num_parallel_calls=AUTOTUNE, deterministic=True)
 
     def _tensor_dataset(self, num_pipelines: int, pipeline_id: int) -> tf.data.Dataset:
         assert self._table is not None
@@ -367,6 +442,19 @@ class SnapshotInput:
             tf.TensorSpec((None,), tf.as_dtype(label_type)),
         )
         return tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
+
+
+def _epoch_batches(
+    shuffled: tf.data.Dataset, batch_size: int, batches: int, reads: int
+) -> tf.data.Dataset:
+    """Epochs of exactly ``batches`` batches, without end, each shuffled anew.
+
+    ``shuffled`` (one pass, its shuffle reshuffling on every iteration) is read ``reads``
+    times per epoch at most (a pipeline shorter than an epoch); every epoch starts a new
+    pass, so the shuffles of epoch ``e`` are the ``e``-th draws of their seeds.
+    """
+    one = shuffled.repeat(max(reads, 1)) if reads > 1 else shuffled
+    return one.batch(batch_size, drop_remainder=True).take(batches).repeat()
 
 
 def _check_class_ids(

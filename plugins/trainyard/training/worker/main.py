@@ -231,7 +231,10 @@ def _run(
     from trainyard.training.worker.transform import TRANSFORM_FILE
     from trainyard.volumes import check_snapshot
 
+    # every source of randomness seeded, every op deterministic: the same inputs train the
+    # same weights on the same hardware (docs/reproducibility.md)
     keras.utils.set_random_seed(args.seed)
+    tf.config.experimental.enable_op_determinism()
     if args.strategy == "multi_worker_mirrored":
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=communication_options()
@@ -261,17 +264,23 @@ def _run(
             f"{strategy.num_replicas_in_sync} replicas"
         )
 
+    first_epoch = resumed_epoch(args.checkpoint_dir / "backup")
+    if first_epoch:
+        _say(role, f"resuming at epoch {first_epoch + 1}, with the batches it would have had")
+
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         per_pipeline = (
             ctx.get_per_replica_batch_size(global_batch)
             if args.strategy == "multi_worker_mirrored"
             else global_batch
         )
-        return inp.dataset(
+        return inp.epochs(
             per_pipeline,
+            steps_per_epoch,
             ctx.num_input_pipelines,
             ctx.input_pipeline_id,
             seed=args.seed + ctx.input_pipeline_id,
+            first_epoch=first_epoch,
         )
 
     inputs = feature_spec(contract)
@@ -372,7 +381,13 @@ def _run(
         },
     )
     atomic_write_json(args.output_dir / "history.json", state)
-    atomic_write_json(args.output_dir / "inputs.json", _inputs(manifests, inp.spec.num_examples))
+    atomic_write_json(
+        args.output_dir / "inputs.json",
+        {
+            **_inputs(manifests, inp.spec.num_examples),
+            "determinism": determinism(args.strategy, bool(tf.config.list_physical_devices("GPU"))),
+        },
+    )
     if transform is not None:  # the statistics the model was built with (its lineage)
         atomic_write_json(args.output_dir / TRANSFORM_FILE, transform)
     _say(role, f"exported {args.output_dir / 'model'}")
@@ -399,7 +414,12 @@ def _inputs(manifests: list[Any], train_examples: int) -> dict[str, Any]:
 
 
 def communication_options() -> Any:
-    """All-reduce options: NCCL on GPUs; ``TRAINYARD_ALLREDUCE_PACK_BYTES`` packs gradients."""
+    """All-reduce options: NCCL on GPUs, else the ring.
+
+    ``TRAINYARD_ALLREDUCE_PACK_BYTES`` packs gradients. The implementation is named, not
+    left to ``AUTO``: which one runs (and so the order in which the workers' gradients are
+    summed) must not depend on what TensorFlow picks.
+    """
     import tensorflow as tf
 
     impl = tf.distribute.experimental.CommunicationImplementation
@@ -408,8 +428,48 @@ def communication_options() -> Any:
 
     pack = get_settings().allreduce_pack_bytes
     return tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=pack, implementation=impl.NCCL if gpus else impl.AUTO
+        bytes_per_pack=pack, implementation=impl.NCCL if gpus else impl.RING
     )
+
+
+def resumed_epoch(backup_dir: Path) -> int:
+    """The epoch a run resumes at: the one after the last ``BackupAndRestore`` saved (or 0).
+
+    Read before training starts, so that the input pipeline starts at that epoch's batches
+    (``SnapshotInput.epochs``): a resumed run sees the data an uninterrupted one would.
+    """
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(backup_dir / "chief"))
+    if not latest:
+        return 0
+    try:
+        reader = tf.train.load_checkpoint(latest)
+        key = next(k for k in reader.get_variable_to_shape_map() if "ckpt_saved_epoch" in k)
+        saved = int(reader.get_tensor(key))
+    except (StopIteration, ValueError, tf.errors.OpError):
+        return 0
+    return saved + 1 if saved >= 0 else 0
+
+
+def determinism(strategy: str, gpus: bool) -> dict[str, Any]:
+    """Whether this run's weights follow from its inputs alone, and if not, why (metadata).
+
+    Seeds are set and TensorFlow's op determinism is on in every run; what it cannot
+    promise is said (``docs/reproducibility.md``).
+    """
+    why = []
+    if strategy == "parameter_server":
+        why.append(
+            "parameter_server training is asynchronous: workers update the variables in "
+            "whatever order they finish steps"
+        )
+    if gpus:
+        why.append(
+            "GPU workers all-reduce with NCCL, whose algorithm and summation order may differ "
+            "between node sets and NCCL versions"
+        )
+    return {"deterministic": not why, "op_determinism": True, "why": why}
 
 
 def _objective(contract: Any, target_stats: tuple[float, float] | None) -> tuple[Any, list[Any]]:
