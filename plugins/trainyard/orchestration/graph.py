@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 import os
 import re
@@ -423,6 +424,10 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
 
     Returns:
         The DAG ``trainyard_<pipeline>``.
+
+    Raises:
+        ConfigError: If a default of the trigger form is one its own schema refuses (a
+            ``training.workers`` above what this machine can run).
     """
     settings = settings or get_settings()
     t = cfg.training
@@ -435,6 +440,8 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
     mails = notify_callbacks(cfg.notify, cfg.name)
     if "failure" in mails:
         default_args["on_failure_callback"] = mails["failure"]
+    form = trigger_params(cfg, _tiers(settings.cluster_profile))
+    check_form_defaults(form, f"pipeline {cfg.name!r}")
     dag = DAG(
         dag_id=f"trainyard_{cfg.name}",
         description=cfg.description or None,
@@ -444,14 +451,74 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
         max_active_runs=1,
         tags=["trainyard", cfg.dataset, *cfg.tags],
         doc_md=_doc_md(cfg),
-        params=trigger_params(cfg, _tiers(settings.cluster_profile)),
         default_args=default_args,
         on_failure_callback=_failure_callback(),
         dagrun_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 3600),
+        auto_register=False,  # the DAG file declares what build_dags returns, no more
     )
     with dag:
         wire(cfg, settings)
+    attach_trigger_form(dag, form)
     return dag
+
+
+@cache
+def _form_validator(schema_json: str) -> Any:
+    """A compiled JSON schema validator of one trigger-form field, its schema checked once."""
+    from jsonschema import FormatChecker
+    from jsonschema.validators import validator_for
+
+    schema = json.loads(schema_json)
+    cls = validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=FormatChecker())
+
+
+def check_form_defaults(form: Mapping[str, Param], what: str) -> None:
+    """Check each default of a trigger form against its field's schema, as Airflow does.
+
+    A scheduled Airflow DAG refuses a form whose defaults its schemas refuse; this is
+    the same check (the JSON Schema draft the schema names, formats checked), with one
+    compiled validator per distinct schema instead of Airflow's metaschema check of each
+    field of each DAG (:func:`attach_trigger_form`).
+
+    Args:
+        form: Field name → Param.
+        what: Whose form it is, for the error.
+
+    Raises:
+        ConfigError: Naming the field and why its default is refused.
+    """
+    from jsonschema.exceptions import best_match
+
+    for name, param in form.items():
+        validator = _form_validator(json.dumps(param.schema, sort_keys=True))
+        if (error := best_match(validator.iter_errors(param.value))) is not None:
+            raise ConfigError(
+                f"{what}: the trigger form's {name!r} defaults to {param.value!r}, which its "
+                f"field refuses: {error.message}"
+            )
+
+
+def attach_trigger_form(dag: DAG, form: Mapping[str, Param]) -> None:
+    """Give a DAG whose tasks exist its trigger form (``dag.params``), defaults checked.
+
+    Airflow deep-copies a DAG's params into every task made inside it, and its serializer
+    then writes each task's copy and compares it with the default, checking every field's
+    schema against the JSON Schema metaschema each time: 150 ms a DAG of ours in the
+    dag-processor, five minutes at 2,000 pipelines. A task reads the form from its DAG
+    when it runs (Airflow puts the DAG's params under the task's own), so the tasks are
+    made first and the form given to the DAG after; its defaults are checked by
+    :func:`check_form_defaults` (``build_dag`` calls it before building anything).
+    Assigned the way Airflow's own converter assigns them, without its per-DAG re-check.
+
+    Args:
+        dag: The DAG, its tasks made.
+        form: Field name → Param.
+    """
+    from airflow.sdk.definitions.param import ParamsDict
+
+    object.__setattr__(dag, "params", ParamsDict(dict(form)))
 
 
 def wire(cfg: PipelineConfig, settings: Settings) -> None:
@@ -607,7 +674,7 @@ def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
     raise AirflowSkipException(f"gate rejected the candidate: {decision.get('reason')}")
 
 
-def broken_dag(path: Path, error: ConfigError, dag_id: str | None = None) -> DAG:
+def broken_dag(path: Path, error: Exception, dag_id: str | None = None) -> DAG:
     """A stand-in DAG for a pipeline config that does not load: it shows the error.
 
     One bad YAML file must not hide every other pipeline (an exception in the DAG file
@@ -616,20 +683,20 @@ def broken_dag(path: Path, error: ConfigError, dag_id: str | None = None) -> DAG
 
     Args:
         path: The pipeline file.
-        error: Why it does not load.
-        dag_id: Its id (default ``trainyard_<stem>``).
+        error: Why it does not load (a ``ConfigError``, or whatever building its DAG raised).
+        dag_id: Its id (default: :func:`stem_dag_id`).
 
     Returns:
         The stand-in DAG.
     """
-    message = str(error)
+    message = str(error) if isinstance(error, ConfigError) else f"{path}: {error!r}"
 
-    @task(task_id="invalid_config")
+    @task(task_id=INVALID_CONFIG_TASK)
     def invalid_config() -> None:
         raise AirflowFailException(message)
 
     dag = DAG(
-        dag_id=dag_id or f"trainyard_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)[:200]}",
+        dag_id=dag_id or stem_dag_id(path),
         description=f"invalid pipeline config: {message.splitlines()[0]}"[:250],
         schedule=None,
         start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
@@ -637,10 +704,56 @@ def broken_dag(path: Path, error: ConfigError, dag_id: str | None = None) -> DAG
         is_paused_upon_creation=True,
         tags=["trainyard", "invalid-config"],
         doc_md=f"### Invalid pipeline config\n\n```\n{message}\n```\n",
+        auto_register=False,
     )
     with dag:
         invalid_config()
     return dag
+
+
+INVALID_CONFIG_TASK = "invalid_config"
+"""The one task of a :func:`broken_dag`."""
+
+
+def stem_dag_id(path: Path) -> str:
+    """The DAG id a pipeline file's DAG gets: ``trainyard_<stem>``, made a valid id.
+
+    A valid pipeline's name is its file's stem, so this is its DAG's id too; a broken file
+    whose id a working pipeline holds gets :func:`suffixed_dag_id` instead.
+    """
+    return f"trainyard_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)[:200]}"
+
+
+def suffixed_dag_id(path: Path) -> str:
+    """The id of a broken file's stand-in when its :func:`stem_dag_id` is taken."""
+    return f"{stem_dag_id(path)}_{hashlib.sha1(path.name.encode()).hexdigest()[:8]}"
+
+
+def _pipeline_dag(path: Path, cfg: PipelineConfig | ConfigError, settings: Settings) -> DAG:
+    """One file's DAG, or its stand-in: whatever building it raises stays with it."""
+    try:
+        if isinstance(cfg, ConfigError):
+            raise cfg
+        tiers = _tiers(settings.cluster_profile)
+        if cfg.training.priority not in tiers:  # what render and `pipelines check` say
+            why = unknown_tier_message(cfg.training.priority, tiers)
+            raise ConfigError(f"{path}: training.priority: {why}")
+        return build_dag(cfg, settings)
+    except ConfigError as e:
+        log.error("%s", e)
+        return broken_dag(path, e)
+    except Exception as e:  # a bug or a library's refusal: this pipeline's, not the file's
+        log.exception("%s: building its DAG failed", path)
+        return broken_dag(path, e)
+
+
+def _parse(path: Path) -> PipelineConfig | ConfigError:
+    try:
+        return parse_pipeline(path)
+    except ConfigError as e:
+        return e
+    except Exception as e:  # one file's problem, shown on its stand-in DAG
+        return ConfigError(f"{path}: cannot load the pipeline config: {e!r}")
 
 
 def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
@@ -657,38 +770,20 @@ def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
         DAGs keyed by dag_id (a :func:`broken_dag` for each config that does not load).
     """
     settings = get_settings()
-    parsed: dict[Path, PipelineConfig | ConfigError] = {}
-    for path in pipeline_files(pipelines_dir or settings.pipelines_dir):
-        try:
-            parsed[path] = parse_pipeline(path)
-        except ConfigError as e:
-            parsed[path] = e
+    files = pipeline_files(pipelines_dir or settings.pipelines_dir)
+    parsed = {path: _parse(path) for path in files}
     owners = name_owners([c for c in parsed.values() if isinstance(c, PipelineConfig)])
     built: dict[Path, DAG] = {}
     for path, cfg in parsed.items():
-        try:
-            if isinstance(cfg, ConfigError):
-                raise cfg
-            clashes = name_clashes(cfg, owners)
-            if clashes:
-                raise ConfigError(
-                    "\n".join(f"{path}: {'.'.join(keys)}: {why}" for keys, why in clashes)
-                )
-            tiers = _tiers(settings.cluster_profile)
-            if cfg.training.priority not in tiers:  # what render and `pipelines check` say
-                why = unknown_tier_message(cfg.training.priority, tiers)
-                raise ConfigError(f"{path}: training.priority: {why}")
-            built[path] = build_dag(cfg, settings)
-        except ConfigError as e:
-            log.error("%s", e)
-            built[path] = broken_dag(path, e)
+        if isinstance(cfg, PipelineConfig) and (clashes := name_clashes(cfg, owners)):
+            cfg = ConfigError("\n".join(f"{path}: {'.'.join(k)}: {why}" for k, why in clashes))
+        built[path] = _pipeline_dag(path, cfg, settings)
     working = {d.dag_id: p for p, d in built.items() if "invalid-config" not in d.tags}
     dags: dict[str, DAG] = {}
     for path, dag in built.items():
         owner = working.get(dag.dag_id, path)
         if owner != path or dag.dag_id in dags:
             why = ConfigError(f"{path}: its DAG id {dag.dag_id} is {owner.name}'s")
-            suffix = hashlib.sha1(path.name.encode()).hexdigest()[:8]
-            dag = broken_dag(path, why, dag_id=f"{dag.dag_id}_{suffix}")
+            dag = broken_dag(path, why, dag_id=suffixed_dag_id(path))
         dags[dag.dag_id] = dag
     return dags
