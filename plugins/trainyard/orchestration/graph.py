@@ -756,21 +756,34 @@ def _parse(path: Path) -> PipelineConfig | ConfigError:
         return ConfigError(f"{path}: cannot load the pipeline config: {e!r}")
 
 
-def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
+def build_dags(
+    pipelines_dir: Path | None = None, dag_id: str | None = None, task_id: str | None = None
+) -> dict[str, DAG]:
     """Build one DAG per pipeline YAML file, in sorted order; each loads or fails alone.
 
     A name two pipelines claim (:func:`~trainyard.config.name_owners`) breaks only the
     DAG of the one that does not own it, and a working pipeline's DAG id is never taken
     by a broken file's (that one gets a suffix).
 
+    Given a ``dag_id`` (Airflow's parsing context: a worker starting a task, ``airflow
+    tasks test``, ``airflow dags test``), only that DAG is built, from its file alone
+    (:func:`task_dags`) when the folder's file names show which file it is; otherwise all
+    are built to decide it, and that one DAG is returned.
+
     Args:
         pipelines_dir: Folder of pipeline configs (defaults to the settings').
+        dag_id: Build only this DAG (``get_parsing_context().dag_id``); None builds all.
+        task_id: The task about to run (``get_parsing_context().task_id``), if known.
 
     Returns:
         DAGs keyed by dag_id (a :func:`broken_dag` for each config that does not load).
     """
     settings = get_settings()
     files = pipeline_files(pipelines_dir or settings.pipelines_dir)
+    if dag_id is not None:
+        dags = task_dags(files, dag_id, task_id, settings)
+        if dags is not None:
+            return dags
     parsed = {path: _parse(path) for path in files}
     owners = name_owners([c for c in parsed.values() if isinstance(c, PipelineConfig)])
     built: dict[Path, DAG] = {}
@@ -786,4 +799,49 @@ def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
             why = ConfigError(f"{path}: its DAG id {dag.dag_id} is {owner.name}'s")
             dag = broken_dag(path, why, dag_id=suffixed_dag_id(path))
         dags[dag.dag_id] = dag
+    if dag_id is not None:  # built whole to decide it; still the one DAG asked for
+        return {dag_id: dags[dag_id]} if dag_id in dags else {}
     return dags
+
+
+def task_dags(
+    files: Sequence[Path], dag_id: str, task_id: str | None, settings: Settings
+) -> dict[str, DAG] | None:
+    """The DAG a task runs, built from its own file alone; None when that cannot be told.
+
+    A task's parse (Airflow sets the parsing context) needs one DAG, and building all of
+    them made every task start pay for every pipeline. Which file a DAG id comes from is
+    told by the file names alone (:func:`stem_dag_id`): nothing else is read but that one
+    file (and the cluster profile's tiers, as for every DAG). What the full build decides
+    from all the files, this answers so:
+
+    * a broken file's stand-in: the same (its own errors are its file's);
+    * DAG id ownership: when another file's name gives the same id, or the id is a
+      suffixed stand-in's, None (the full build decides);
+    * names two pipelines claim (serving model, streams): not checked here, as it needs
+      every file. A run starts only from the DAG the dag-processor stored, which checked
+      them: a refused pipeline's stand-in has one task, ``invalid_config``, and a task
+      this DAG lacks gets None (the full build, the same stand-in). A run started from an
+      older stored DAG, or ``dags test`` (no task named), builds the pipeline as its file
+      says; its deploy and scorer still refuse a name another pipeline owns
+      (:func:`trainyard.config.ensure_own_names`).
+
+    Args:
+        files: The pipeline files (sorted).
+        dag_id: The DAG id of the parsing context.
+        task_id: Its task, if the context names one.
+        settings: Locations (the Assets name them).
+
+    Returns:
+        ``{dag_id: DAG}``, ``{}`` if no file gives this id, or None to build them all.
+    """
+    claimants = [p for p in files if stem_dag_id(p) == dag_id]
+    if any(suffixed_dag_id(p) == dag_id for p in files) or len(claimants) > 1:
+        return None
+    if not claimants:
+        return {}
+    (path,) = claimants
+    dag = _pipeline_dag(path, _parse(path), settings)
+    if task_id is not None and task_id not in dag.task_dict:
+        return None
+    return {dag.dag_id: dag}
