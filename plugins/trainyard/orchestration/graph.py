@@ -27,6 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
@@ -217,26 +218,37 @@ def pipeline_schedule(cfg: PipelineConfig, settings: Settings) -> Any:
     return AssetOrTimeSchedule(timetable=cron, assets=condition) if cron else condition
 
 
-def publish_snapshot_event(asset: Asset, dataset: str, pipeline: str) -> Any:
-    """A task that announces a new validated snapshot as an event of the dataset's Asset.
+def publish_snapshot(
+    staged: dict[str, Any], validated: dict[str, Any], dataset: str, pipeline: str, **context: Any
+) -> str:
+    """Announce a new validated snapshot as an event of the dataset's Asset (the task's outlet).
 
     Airflow emits an event for every outlet of a task that succeeds, so the announcement is
     a task of its own that skips (no event) when the snapshot was reused: unchanged data is
     no news, and a pipeline triggered by its own dataset must not trigger itself again.
+
+    Args:
+        staged: ``stage``'s result.
+        validated: ``validate``'s result (the task runs once the snapshot passed).
+        dataset: The dataset's name, for the event.
+        pipeline: The pipeline's name, for the event.
+        **context: The task's context (its outlet, ``outlet_events``).
+
+    Returns:
+        The snapshot id.
+
+    Raises:
+        AirflowSkipException: If the snapshot was reused (no event).
     """
-
-    @task(task_id="publish_snapshot", outlets=[asset])
-    def publish_snapshot(staged: dict[str, Any], validated: dict[str, Any], **context: Any) -> str:
-        if staged.get("reused"):
-            raise AirflowSkipException(f"snapshot {staged['snapshot_id']} was reused: no event")
-        context["outlet_events"][asset].extra = {
-            "snapshot_id": staged["snapshot_id"],
-            "dataset": dataset,
-            "pipeline": pipeline,
-        }
-        return staged["snapshot_id"]
-
-    return publish_snapshot
+    if staged.get("reused"):
+        raise AirflowSkipException(f"snapshot {staged['snapshot_id']} was reused: no event")
+    (asset,) = context["task"].outlets
+    context["outlet_events"][asset].extra = {
+        "snapshot_id": staged["snapshot_id"],
+        "dataset": dataset,
+        "pipeline": pipeline,
+    }
+    return staged["snapshot_id"]
 
 
 def should_train(policy: str, run_type: str, later_runs_queued: int) -> tuple[bool, str]:
@@ -609,15 +621,16 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
     # with fail_run_on_reject a rejection fails the gate: that failure is mailed as one
     gate_failed = rejected if cfg.gate.fail_run_on_reject and rejected else mails.get("failure")
 
-    @task.short_circuit(
+    # plain operators around library functions: @task's per-call signature and type-hint
+    # inspection cost more than the step operators do, at every parse of every pipeline
+    gate = ShortCircuitOperator(
         task_id="gate",
+        python_callable=passes_gate,
+        op_args=[evaluate.output, cfg.gate.fail_run_on_reject],
         ignore_downstream_trigger_rules=False,
         on_skipped_callback=rejected,
         on_failure_callback=gate_failed,
     )
-    def gate_task(decision: dict[str, Any]) -> bool:
-        return gate(decision, cfg.gate.fail_run_on_reject)
-
     approve = None
     deploy_inputs: dict[str, Any] = {"version": version, "actor": FromRun("actor")}
     if cfg.gate.approval == "required":
@@ -642,15 +655,24 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         trigger_rule="none_failed",
     )
     stage >> validate >> train >> register >> evaluate
-    publish_snapshot_event(snap_asset, cfg.dataset, cfg.name)(stage.output, validate.output)
-    gated = gate_task(evaluate.output)
+    PythonOperator(
+        task_id="publish_snapshot",
+        python_callable=publish_snapshot,
+        op_kwargs={
+            "staged": stage.output,
+            "validated": validate.output,
+            "dataset": cfg.dataset,
+            "pipeline": cfg.name,
+        },
+        outlets=[snap_asset],
+    )
     if approve is not None:
-        gated >> approve >> deploy >> summary
+        gate >> approve >> deploy >> summary
     else:
-        gated >> deploy >> summary
+        gate >> deploy >> summary
 
 
-def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
+def passes_gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
     """Turn a gate decision into "deploy or not"; log the reason either way.
 
     Args:
