@@ -18,7 +18,7 @@ run: airflow-init native
 setup: $(STAMP) native
 
 # trainyard as a package (pyproject.toml) installed editable: pip builds its C extensions
-# (setup.py: staging packer, stream scorer hot path, loopback preload library) in place,
+# (setup.py: staging packer, loopback preload library) in place,
 # next to their sources; again when a source or the build files change. The extensions are
 # optional: a failed build is a warning and `python -m trainyard.native` names what is missing.
 NATIVE_STAMP := .trainyard/native.built
@@ -70,7 +70,7 @@ test: $(STAMP) native
 	bash scripts/system_deps.sh
 	bash scripts/datacontract_cli.sh
 	bash scripts/mlflow_server.sh
-	$(ENV) ruff check . && ruff format --check .
+	$(ENV) ruff check . && ruff format --check . && mypy
 	$(ENV) python -m trainyard contracts check && python -m trainyard pipelines check
 	$(ENV) pytest $(PYTEST_ALL)
 
@@ -79,7 +79,7 @@ test-fast: $(STAMP) native
 	$(ENV) pytest $(PYTEST_ALL) tests/unit tests/dags
 
 lint: $(STAMP)
-	$(ENV) ruff check . && ruff format --check .
+	$(ENV) ruff check . && ruff format --check . && mypy
 
 # the generated parts of docs/reference/ (CLI, pipeline YAML, contracts) from the parsers and
 # the JSON schemas; tests/unit/test_docs.py fails while they are stale

@@ -8,6 +8,7 @@ and the field.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import re
 import types
@@ -33,10 +34,9 @@ from pydantic import (
 from trainyard.errors import ConfigError
 from trainyard.fsutil import (
     YamlWhere,
-    load_yaml,
+    load_yaml_indexed,
     redact_url,
     url_credentials,
-    yaml_line_index,
 )
 from trainyard.settings import get_settings
 
@@ -1080,9 +1080,7 @@ class PipelineConfig(StrictModel):
     @field_validator("schedule")
     @classmethod
     def _cron(cls, value: str | None) -> str | None:
-        from croniter import croniter
-
-        if value is not None and not croniter.is_valid(value):
+        if value is not None and not _is_cron(value):
             raise ValueError(
                 f"{value!r} is not a cron expression (minute hour day month weekday, e.g. "
                 "'0 2 * * *', or @daily, @hourly ...), or null for manual runs only"
@@ -1107,6 +1105,14 @@ class PipelineConfig(StrictModel):
         if "://" in url or url.startswith("/"):
             return url
         return str(get_settings().project_dir / url)
+
+
+@functools.lru_cache(maxsize=256)
+def _is_cron(value: str) -> bool:
+    """Whether croniter accepts ``value`` (asked once per expression: pipelines share them)."""
+    from croniter import croniter
+
+    return bool(croniter.is_valid(value))
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str] | None:
@@ -1144,6 +1150,13 @@ def _schema_problems(err: ValidationError, where: YamlWhere) -> list[str]:
     return lines
 
 
+MAX_PIPELINE_BYTES = 256 * 1024
+"""Largest pipeline config read: every DAG parse reads every one (the shipped are ~1 KiB)."""
+
+MAX_PIPELINE_NODES = 10_000
+"""Most YAML nodes a pipeline config may expand to (the shipped have ~100)."""
+
+
 class InvalidPipelineConfig(ConfigError):
     """A pipeline config with problems, each ``file:line: field: message``."""
 
@@ -1168,14 +1181,20 @@ def parse_pipeline(path: Path) -> PipelineConfig:
             the file's stem.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            data = f.read(MAX_PIPELINE_BYTES + 1)
+        if len(data) > MAX_PIPELINE_BYTES:
+            raise ConfigError(
+                f"{path}: refused: a pipeline config is at most {MAX_PIPELINE_BYTES // 1024} KiB "
+                "(every DAG parse reads it)"
+            )
+        text = data.decode("utf-8")
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: pipeline config not found") from e
     except (OSError, UnicodeError) as e:
         raise ConfigError(f"{path}: cannot read the pipeline config: {e}") from e
     try:
-        raw: Any = load_yaml(text, path)
-        lines, duplicates = yaml_line_index(text)
+        raw, lines, duplicates = load_yaml_indexed(text, path, MAX_PIPELINE_NODES)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark else ""

@@ -1195,7 +1195,7 @@ def holdout_mask(keys: Sequence[str], fraction: float) -> np.ndarray:
         ) from None
 
 
-def feature_spec(contract: Contract) -> dict[str, tuple[str, tuple[int | None, ...]]]:
+def feature_spec(contract: Contract) -> dict[str, tuple[str, tuple[int | None, ...] | None]]:
     """The serving inputs of a contract's model: name → (dtype, shape incl. batch dim).
 
     Args:

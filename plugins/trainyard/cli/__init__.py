@@ -8,11 +8,14 @@ and unrelated commands stay fast.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import logging
 import os
 import sys
-from typing import Any
+import threading
+from typing import Any, NoReturn
 
 from trainyard.errors import TrainyardError
 from trainyard.lognoise import quiet_libraries
@@ -159,3 +162,33 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stderr.write(f"trainyard {command}: {INTERRUPTED}\n")
         return steps.EXIT_INTERRUPTED
+
+
+def is_step(command: str) -> bool:
+    """Whether ``command`` is a step of the table (not a tool)."""
+    return command in _steps().STEPS
+
+
+def finish(code: int) -> NoReturn:
+    """End a step's process with ``code`` as a normal exit would, minus the teardown.
+
+    Python's finalisation frees every imported module's objects one by one: after
+    TensorFlow or Great Expectations were imported that took 3-4 s on two busy cores
+    (0.05-0.1 s without it), longer than many steps' work. Everything else a normal exit
+    does is done first: non-daemon threads are joined, ``atexit`` handlers run (logging
+    flushes its handlers, ``weakref.finalize`` removes temporary directories), stdout and
+    stderr are flushed. The steps write their results with ``atomic_write_*`` (closed and
+    synced), so no buffer is left behind.
+
+    Args:
+        code: The exit code.
+    """
+    main_thread = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main_thread and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing to flush
+            stream.flush()
+    os._exit(code)

@@ -243,6 +243,7 @@ def _slice_values(
         return values
     import pyarrow.parquet as pq
 
+    from trainyard.fsutil import read_parquet
     from trainyard.volumes import table_files
 
     key = contract.roles.key
@@ -252,7 +253,7 @@ def _slice_values(
         absent = [c for c in [key, *table_columns] if c not in names]
         if absent:
             raise EvaluationError(f"{path}: slice column(s) {absent} not in the table ({names})")
-        table = pq.read_table(path, columns=[key, *table_columns]).to_pydict()
+        table = read_parquet(path, [key, *table_columns]).to_pydict()
         for c in table_columns:
             lookup[c].update(zip(table[key], table[c], strict=True))
     for c in table_columns:

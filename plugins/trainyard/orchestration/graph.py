@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
@@ -223,26 +225,37 @@ def pipeline_schedule(cfg: PipelineConfig, settings: Settings) -> Any:
     return AssetOrTimeSchedule(timetable=cron, assets=condition) if cron else condition
 
 
-def publish_snapshot_event(asset: Asset, dataset: str, pipeline: str) -> Any:
-    """A task that announces a new validated snapshot as an event of the dataset's Asset.
+def publish_snapshot(
+    staged: dict[str, Any], validated: dict[str, Any], dataset: str, pipeline: str, **context: Any
+) -> str:
+    """Announce a new validated snapshot as an event of the dataset's Asset (the task's outlet).
 
     Airflow emits an event for every outlet of a task that succeeds, so the announcement is
     a task of its own that skips (no event) when the snapshot was reused: unchanged data is
     no news, and a pipeline triggered by its own dataset must not trigger itself again.
+
+    Args:
+        staged: ``stage``'s result.
+        validated: ``validate``'s result (the task runs once the snapshot passed).
+        dataset: The dataset's name, for the event.
+        pipeline: The pipeline's name, for the event.
+        **context: The task's context (its outlet, ``outlet_events``).
+
+    Returns:
+        The snapshot id.
+
+    Raises:
+        AirflowSkipException: If the snapshot was reused (no event).
     """
-
-    @task(task_id="publish_snapshot", outlets=[asset])
-    def publish_snapshot(staged: dict[str, Any], validated: dict[str, Any], **context: Any) -> str:
-        if staged.get("reused"):
-            raise AirflowSkipException(f"snapshot {staged['snapshot_id']} was reused: no event")
-        context["outlet_events"][asset].extra = {
-            "snapshot_id": staged["snapshot_id"],
-            "dataset": dataset,
-            "pipeline": pipeline,
-        }
-        return staged["snapshot_id"]
-
-    return publish_snapshot
+    if staged.get("reused"):
+        raise AirflowSkipException(f"snapshot {staged['snapshot_id']} was reused: no event")
+    (asset,) = context["task"].outlets
+    context["outlet_events"][asset].extra = {
+        "snapshot_id": staged["snapshot_id"],
+        "dataset": dataset,
+        "pipeline": pipeline,
+    }
+    return staged["snapshot_id"]
 
 
 def _failure_callback() -> Callable[[Any], None] | None:
@@ -298,6 +311,10 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
 
     Returns:
         The DAG ``trainyard_<pipeline>``.
+
+    Raises:
+        ConfigError: If a default of the trigger form is one its own schema refuses (a
+            ``training.workers`` above what this machine can run).
     """
     settings = settings or get_settings()
     t = cfg.training
@@ -310,6 +327,8 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
     mails = notify_callbacks(cfg.notify, cfg.name)
     if "failure" in mails:
         default_args["on_failure_callback"] = mails["failure"]
+    form = trigger_params(cfg, _tiers(settings.cluster_profile))
+    check_form_defaults(form, f"pipeline {cfg.name!r}")
     dag = DAG(
         dag_id=f"trainyard_{cfg.name}",
         description=cfg.description or None,
@@ -319,14 +338,74 @@ def build_dag(cfg: PipelineConfig, settings: Settings | None = None) -> DAG:
         max_active_runs=1,
         tags=["trainyard", cfg.dataset, *cfg.tags],
         doc_md=_doc_md(cfg),
-        params=trigger_params(cfg, _tiers(settings.cluster_profile)),
         default_args=default_args,
         on_failure_callback=_failure_callback(),
         dagrun_timeout=dt.timedelta(seconds=t.attempt_timeout_s * t.max_attempts + 3600),
+        auto_register=False,  # the DAG file declares what build_dags returns, no more
     )
     with dag:
         wire(cfg, settings)
+    attach_trigger_form(dag, form)
     return dag
+
+
+@cache
+def _form_validator(schema_json: str) -> Any:
+    """A compiled JSON schema validator of one trigger-form field, its schema checked once."""
+    from jsonschema import FormatChecker
+    from jsonschema.validators import validator_for
+
+    schema = json.loads(schema_json)
+    cls = validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=FormatChecker())
+
+
+def check_form_defaults(form: Mapping[str, Param], what: str) -> None:
+    """Check each default of a trigger form against its field's schema, as Airflow does.
+
+    A scheduled Airflow DAG refuses a form whose defaults its schemas refuse; this is
+    the same check (the JSON Schema draft the schema names, formats checked), with one
+    compiled validator per distinct schema instead of Airflow's metaschema check of each
+    field of each DAG (:func:`attach_trigger_form`).
+
+    Args:
+        form: Field name → Param.
+        what: Whose form it is, for the error.
+
+    Raises:
+        ConfigError: Naming the field and why its default is refused.
+    """
+    from jsonschema.exceptions import best_match
+
+    for name, param in form.items():
+        validator = _form_validator(json.dumps(param.schema, sort_keys=True))
+        if (error := best_match(validator.iter_errors(param.value))) is not None:
+            raise ConfigError(
+                f"{what}: the trigger form's {name!r} defaults to {param.value!r}, which its "
+                f"field refuses: {error.message}"
+            )
+
+
+def attach_trigger_form(dag: DAG, form: Mapping[str, Param]) -> None:
+    """Give a DAG whose tasks exist its trigger form (``dag.params``), defaults checked.
+
+    Airflow deep-copies a DAG's params into every task made inside it, and its serializer
+    then writes each task's copy and compares it with the default, checking every field's
+    schema against the JSON Schema metaschema each time: 70 ms of CPU a DAG of ours in the
+    dag-processor, over two minutes at 2,000 pipelines. A task reads the form from its DAG
+    when it runs (Airflow puts the DAG's params under the task's own), so the tasks are
+    made first and the form given to the DAG after; its defaults are checked by
+    :func:`check_form_defaults` (``build_dag`` calls it before building anything).
+    Assigned the way Airflow's own converter assigns them, without its per-DAG re-check.
+
+    Args:
+        dag: The DAG, its tasks made.
+        form: Field name → Param.
+    """
+    from airflow.sdk.definitions.param import ParamsDict
+
+    object.__setattr__(dag, "params", ParamsDict(dict(form)))
 
 
 def wire(cfg: PipelineConfig, settings: Settings) -> None:
@@ -419,15 +498,16 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
     # with fail_run_on_reject a rejection fails the gate: that failure is mailed as one
     gate_failed = rejected if cfg.gate.fail_run_on_reject and rejected else mails.get("failure")
 
-    @task.short_circuit(
+    # plain operators around library functions: @task's per-call signature and type-hint
+    # inspection cost more than the step operators do, at every parse of every pipeline
+    gate = ShortCircuitOperator(
         task_id="gate",
+        python_callable=passes_gate,
+        op_args=[evaluate.output, cfg.gate.fail_run_on_reject],
         ignore_downstream_trigger_rules=False,
         on_skipped_callback=rejected,
         on_failure_callback=gate_failed,
     )
-    def gate_task(decision: dict[str, Any]) -> bool:
-        return gate(decision, cfg.gate.fail_run_on_reject)
-
     approve = None
     deploy_inputs: dict[str, Any] = {"version": version, "actor": FromRun("actor")}
     if cfg.gate.approval == "required":
@@ -452,15 +532,24 @@ def wire(cfg: PipelineConfig, settings: Settings) -> None:
         trigger_rule="none_failed",
     )
     stage >> validate >> train >> register >> evaluate
-    publish_snapshot_event(snap_asset, cfg.dataset, cfg.name)(stage.output, validate.output)
-    gated = gate_task(evaluate.output)
+    PythonOperator(
+        task_id="publish_snapshot",
+        python_callable=publish_snapshot,
+        op_kwargs={
+            "staged": stage.output,
+            "validated": validate.output,
+            "dataset": cfg.dataset,
+            "pipeline": cfg.name,
+        },
+        outlets=[snap_asset],
+    )
     if approve is not None:
-        gated >> approve >> deploy >> summary
+        gate >> approve >> deploy >> summary
     else:
-        gated >> deploy >> summary
+        gate >> deploy >> summary
 
 
-def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
+def passes_gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
     """Turn a gate decision into "deploy or not"; log the reason either way.
 
     Args:
@@ -488,7 +577,7 @@ def gate(decision: dict[str, Any], fail_run_on_reject: bool) -> bool:
     raise AirflowSkipException(f"gate rejected the candidate: {decision.get('reason')}")
 
 
-def broken_dag(path: Path, error: ConfigError, dag_id: str | None = None) -> DAG:
+def broken_dag(path: Path, error: Exception, dag_id: str | None = None) -> DAG:
     """A stand-in DAG for a pipeline config that does not load: it shows the error.
 
     One bad YAML file must not hide every other pipeline (an exception in the DAG file
@@ -497,20 +586,20 @@ def broken_dag(path: Path, error: ConfigError, dag_id: str | None = None) -> DAG
 
     Args:
         path: The pipeline file.
-        error: Why it does not load.
-        dag_id: Its id (default ``trainyard_<stem>``).
+        error: Why it does not load (a ``ConfigError``, or whatever building its DAG raised).
+        dag_id: Its id (default: :func:`stem_dag_id`).
 
     Returns:
         The stand-in DAG.
     """
-    message = str(error)
+    message = str(error) if isinstance(error, ConfigError) else f"{path}: {error!r}"
 
-    @task(task_id="invalid_config")
+    @task(task_id=INVALID_CONFIG_TASK)
     def invalid_config() -> None:
         raise AirflowFailException(message)
 
     dag = DAG(
-        dag_id=dag_id or f"trainyard_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)[:200]}",
+        dag_id=dag_id or stem_dag_id(path),
         description=f"invalid pipeline config: {message.splitlines()[0]}"[:250],
         schedule=None,
         start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
@@ -518,58 +607,144 @@ def broken_dag(path: Path, error: ConfigError, dag_id: str | None = None) -> DAG
         is_paused_upon_creation=True,
         tags=["trainyard", "invalid-config"],
         doc_md=f"### Invalid pipeline config\n\n```\n{message}\n```\n",
+        auto_register=False,
     )
     with dag:
         invalid_config()
     return dag
 
 
-def build_dags(pipelines_dir: Path | None = None) -> dict[str, DAG]:
+INVALID_CONFIG_TASK = "invalid_config"
+"""The one task of a :func:`broken_dag`."""
+
+
+def stem_dag_id(path: Path) -> str:
+    """The DAG id a pipeline file's DAG gets: ``trainyard_<stem>``, made a valid id.
+
+    A valid pipeline's name is its file's stem, so this is its DAG's id too; a broken file
+    whose id a working pipeline holds gets :func:`suffixed_dag_id` instead.
+    """
+    return f"trainyard_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)[:200]}"
+
+
+def suffixed_dag_id(path: Path) -> str:
+    """The id of a broken file's stand-in when its :func:`stem_dag_id` is taken."""
+    return f"{stem_dag_id(path)}_{hashlib.sha1(path.name.encode()).hexdigest()[:8]}"
+
+
+def _pipeline_dag(path: Path, cfg: PipelineConfig | ConfigError, settings: Settings) -> DAG:
+    """One file's DAG, or its stand-in: whatever building it raises stays with it."""
+    try:
+        if isinstance(cfg, ConfigError):
+            raise cfg
+        tiers = _tiers(settings.cluster_profile)
+        if cfg.training.priority not in tiers:  # what render and `pipelines check` say
+            why = unknown_tier_message(cfg.training.priority, tiers)
+            raise ConfigError(f"{path}: training.priority: {why}")
+        return build_dag(cfg, settings)
+    except ConfigError as e:
+        log.error("%s", e)
+        return broken_dag(path, e)
+    except Exception as e:  # a bug or a library's refusal: this pipeline's, not the file's
+        log.exception("%s: building its DAG failed", path)
+        return broken_dag(path, e)
+
+
+def _parse(path: Path) -> PipelineConfig | ConfigError:
+    try:
+        return parse_pipeline(path)
+    except ConfigError as e:
+        return e
+    except Exception as e:  # one file's problem, shown on its stand-in DAG
+        return ConfigError(f"{path}: cannot load the pipeline config: {e!r}")
+
+
+def build_dags(
+    pipelines_dir: Path | None = None, dag_id: str | None = None, task_id: str | None = None
+) -> dict[str, DAG]:
     """Build one DAG per pipeline YAML file, in sorted order; each loads or fails alone.
 
     A name two pipelines claim (:func:`~trainyard.pipelines.name_owners`) breaks only the
     DAG of the one that does not own it, and a working pipeline's DAG id is never taken
     by a broken file's (that one gets a suffix).
 
+    Given a ``dag_id`` (Airflow's parsing context: a worker starting a task, ``airflow
+    tasks test``, ``airflow dags test``), only that DAG is built, from its file alone
+    (:func:`task_dags`) when the folder's file names show which file it is; otherwise all
+    are built to decide it, and that one DAG is returned.
+
     Args:
         pipelines_dir: Folder of pipeline configs (defaults to the settings').
+        dag_id: Build only this DAG (``get_parsing_context().dag_id``); None builds all.
+        task_id: The task about to run (``get_parsing_context().task_id``), if known.
 
     Returns:
         DAGs keyed by dag_id (a :func:`broken_dag` for each config that does not load).
     """
     settings = get_settings()
-    parsed: dict[Path, PipelineConfig | ConfigError] = {}
-    for path in pipeline_files(pipelines_dir or settings.pipelines_dir):
-        try:
-            parsed[path] = parse_pipeline(path)
-        except ConfigError as e:
-            parsed[path] = e
+    files = pipeline_files(pipelines_dir or settings.pipelines_dir)
+    if dag_id is not None:
+        one = task_dags(files, dag_id, task_id, settings)
+        if one is not None:
+            return one
+    parsed = {path: _parse(path) for path in files}
     owners = name_owners([c for c in parsed.values() if isinstance(c, PipelineConfig)])
     built: dict[Path, DAG] = {}
     for path, cfg in parsed.items():
-        try:
-            if isinstance(cfg, ConfigError):
-                raise cfg
-            clashes = name_clashes(cfg, owners)
-            if clashes:
-                raise ConfigError(
-                    "\n".join(f"{path}: {'.'.join(keys)}: {why}" for keys, why in clashes)
-                )
-            tiers = _tiers(settings.cluster_profile)
-            if cfg.training.priority not in tiers:  # what render and `pipelines check` say
-                why = unknown_tier_message(cfg.training.priority, tiers)
-                raise ConfigError(f"{path}: training.priority: {why}")
-            built[path] = build_dag(cfg, settings)
-        except ConfigError as e:
-            log.error("%s", e)
-            built[path] = broken_dag(path, e)
+        if isinstance(cfg, PipelineConfig) and (clashes := name_clashes(cfg, owners)):
+            cfg = ConfigError("\n".join(f"{path}: {'.'.join(k)}: {why}" for k, why in clashes))
+        built[path] = _pipeline_dag(path, cfg, settings)
     working = {d.dag_id: p for p, d in built.items() if "invalid-config" not in d.tags}
     dags: dict[str, DAG] = {}
     for path, dag in built.items():
         owner = working.get(dag.dag_id, path)
         if owner != path or dag.dag_id in dags:
             why = ConfigError(f"{path}: its DAG id {dag.dag_id} is {owner.name}'s")
-            suffix = hashlib.sha1(path.name.encode()).hexdigest()[:8]
-            dag = broken_dag(path, why, dag_id=f"{dag.dag_id}_{suffix}")
+            dag = broken_dag(path, why, dag_id=suffixed_dag_id(path))
         dags[dag.dag_id] = dag
+    if dag_id is not None:  # built whole to decide it; still the one DAG asked for
+        return {dag_id: dags[dag_id]} if dag_id in dags else {}
     return dags
+
+
+def task_dags(
+    files: Sequence[Path], dag_id: str, task_id: str | None, settings: Settings
+) -> dict[str, DAG] | None:
+    """The DAG a task runs, built from its own file alone; None when that cannot be told.
+
+    A task's parse (Airflow sets the parsing context) needs one DAG, and building all of
+    them made every task start pay for every pipeline. Which file a DAG id comes from is
+    told by the file names alone (:func:`stem_dag_id`): nothing else is read but that one
+    file (and the cluster profile's tiers, as for every DAG). What the full build decides
+    from all the files, this answers so:
+
+    * a broken file's stand-in: the same (its own errors are its file's);
+    * DAG id ownership: when another file's name gives the same id, or the id is a
+      suffixed stand-in's, None (the full build decides);
+    * names two pipelines claim (serving model, streams): not checked here, as it needs
+      every file. A run starts only from the DAG the dag-processor stored, which checked
+      them: a refused pipeline's stand-in has one task, ``invalid_config``, and a task
+      this DAG lacks gets None (the full build, the same stand-in). A run started from an
+      older stored DAG, or ``dags test`` (no task named), builds the pipeline as its file
+      says; its deploy and scorer still refuse a name another pipeline owns
+      (:func:`trainyard.config.ensure_own_names`).
+
+    Args:
+        files: The pipeline files (sorted).
+        dag_id: The DAG id of the parsing context.
+        task_id: Its task, if the context names one.
+        settings: Locations (the Assets name them).
+
+    Returns:
+        ``{dag_id: DAG}``, ``{}`` if no file gives this id, or None to build them all.
+    """
+    claimants = [p for p in files if stem_dag_id(p) == dag_id]
+    if any(suffixed_dag_id(p) == dag_id for p in files) or len(claimants) > 1:
+        return None
+    if not claimants:
+        return {}
+    (path,) = claimants
+    dag = _pipeline_dag(path, _parse(path), settings)
+    if task_id is not None and task_id not in dag.task_dict:
+        return None
+    return {dag.dag_id: dag}

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from trainyard.contracts import MISSING_CATEGORY, holdout_mask
 from trainyard.errors import ContractError, SnapshotError
+from trainyard.fsutil import read_parquet
 from trainyard.volumes import data_shards, read_manifest
 
 Split = Literal["train", "holdout", "all"]
@@ -133,9 +133,7 @@ def file_index(snapshot_dir: Path, contract: Any) -> FileIndex:
     shards = data_shards(snapshot_dir, "files")
     index_path = snapshot_dir / "index.parquet"
     try:
-        table = pq.read_table(
-            index_path, columns=[contract.roles.key, contract.roles.label, "shard"]
-        )
+        table = read_parquet(index_path, [contract.roles.key, contract.roles.label, "shard"])
     except FileNotFoundError as e:
         raise SnapshotError(f"{index_path}: index not found") from e
     except (pa.ArrowInvalid, KeyError) as e:
@@ -263,7 +261,7 @@ def _table_columns(snapshot_dir: Path, contract: Any) -> dict[str, np.ndarray | 
     cols: dict[str, list[Any]] = {n: [] for n in names}
     for path in data_shards(snapshot_dir, "table"):
         try:
-            table = pq.read_table(path, columns=names)
+            table = read_parquet(path, names)
         except (pa.ArrowInvalid, KeyError) as e:
             raise SnapshotError(f"{path}: cannot read columns {names}: {e}") from e
         for n in names:
