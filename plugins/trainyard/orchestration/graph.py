@@ -727,7 +727,7 @@ def task_dags(
       this DAG lacks gets None (the full build, the same stand-in). A run started from an
       older stored DAG, or ``dags test`` (no task named), builds the pipeline as its file
       says; its deploy and scorer still refuse a name another pipeline owns
-      (:func:`trainyard.config.ensure_own_names`).
+      (:func:`trainyard.pipelines.ensure_own_names`).
 
     Args:
         files: The pipeline files (sorted).
