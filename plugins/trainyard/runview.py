@@ -15,12 +15,16 @@ they render inside the UI's sandboxed iframe. Every value from a file is escaped
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
 
 from trainyard.errors import ConfigError, RegistryError, TrainyardError
 from trainyard.layout import Layout, safe_name
@@ -280,25 +284,19 @@ def render_unrecorded(
 
     It failed before any step returned a result, or has not got that far.
     """
-    if failed and reason:
-        why = f"It failed at {', '.join(failed)} before any step recorded a result: {reason}"
-    elif failed:
-        why = (
-            f"It failed at {', '.join(failed)} before any step recorded a result: the reason "
-            "is in that task's log."
-        )
-    else:
-        why = "No step has recorded a result yet."
-    body = (
-        f"<h1>{_e(pipeline)}: run {_e(run_id)}</h1>"
-        f'<p>state: <b>{_e(state)}</b></p><p class="reason">{_e(why)}</p>'
+    return _render(
+        "unrecorded.html.j2",
+        pipeline=pipeline,
+        run_id=run_id,
+        state=state,
+        failed=list(failed),
+        reason=reason,
     )
-    return _page(f"trainyard run {run_id}", body)
 
 
 def render_not_found(message: str) -> str:
     """The page of something the plugin does not know (the API answers JSON instead)."""
-    return _page("trainyard: not found", f'<h1>Not found</h1><p class="reason">{_e(message)}</p>')
+    return _render("not_found.html.j2", message=message)
 
 
 def pipeline_story(root: Path, pipeline: str) -> dict[str, Any]:
@@ -714,6 +712,28 @@ th{background:#f9fafb}.muted{color:#6b7280}.ok{color:#15803d;font-weight:600}
 .reason.promote{border-color:#16a34a}.reason.reject{border-color:#dc2626}
 code{font-size:12px}
 """
+
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@functools.cache
+def _templates() -> Environment:
+    """The pages' templates (``templates/*.html.j2``): autoescaped, None shown as nothing."""
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=lambda value: "" if value is None else value,
+    )
+    env.globals["css"] = Markup(CSS)
+    return env
+
+
+def _render(template: str, **context: Any) -> str:
+    return _templates().get_template(template).render(**context)
 
 
 def _e(value: Any) -> str:
