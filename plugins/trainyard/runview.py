@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from trainyard.errors import ConfigError, RegistryError, TrainyardError
 from trainyard.layout import Layout, safe_name
@@ -408,7 +408,7 @@ def line_chart(
     marks: Mapping[float, str] | None = None,
     width: int = 420,
     height: int = 220,
-) -> str:
+) -> Markup:
     """An inline SVG line chart of one or more series of (x, y) points.
 
     Args:
@@ -420,12 +420,12 @@ def line_chart(
         height: Height in px.
 
     Returns:
-        ``<svg>`` markup, or a short note when there is nothing to plot.
+        ``<svg>`` markup (values escaped), or a short note when there is nothing to plot.
     """
     clean = {k: [(float(x), float(y)) for x, y in pts if _finite(y)] for k, pts in series.items()}
     clean = {k: v for k, v in clean.items() if v}
     if not clean:
-        return f'<p class="muted">{html.escape(title)}: nothing recorded</p>'
+        return Markup(f'<p class="muted">{escape(title)}: nothing recorded</p>')
     xs = [x for pts in clean.values() for x, _ in pts]
     ys = [y for pts in clean.values() for _, y in pts]
     x0, x1 = min(xs), max(xs)
@@ -447,8 +447,8 @@ def line_chart(
     out = [
         f'<svg class="chart" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{html.escape(title)}</title>",
-        f'<text x="{left}" y="16" class="ct">{html.escape(title)}</text>',
+        f"<title>{escape(title)}</title>",
+        f'<text x="{left}" y="16" class="ct">{escape(title)}</text>',
         f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" class="axis"/>',
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" class="axis"/>',
     ]
@@ -466,7 +466,7 @@ def line_chart(
     if x_label:
         out.append(
             f'<text x="{left + pw / 2:.1f}" y="{height - 4}" class="tick" '
-            f'text-anchor="middle">{html.escape(x_label)}</text>'
+            f'text-anchor="middle">{escape(x_label)}</text>'
         )
     for i, (name, pts) in enumerate(clean.items()):
         color = PALETTE[i % len(PALETTE)]
@@ -475,25 +475,25 @@ def line_chart(
         for x, y in pts:
             out.append(
                 f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}">'
-                f"<title>{html.escape(name)} {x:g}: {y:.4g}</title></circle>"
+                f"<title>{escape(name)} {x:g}: {y:.4g}</title></circle>"
             )
             if marks and x in marks:
                 out.append(
                     f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="7" fill="none" '
-                    f'stroke="{color}" stroke-width="1.5"><title>{html.escape(marks[x])}'
+                    f'stroke="{color}" stroke-width="1.5"><title>{escape(marks[x])}'
                     "</title></circle>"
                 )
         out.append(
             f'<text x="{left + pw - 4 - 110 * i}" y="16" class="lg" fill="{color}" '
-            f'text-anchor="end">{html.escape(name)}</text>'
+            f'text-anchor="end">{escape(name)}</text>'
         )
     out.append("</svg>")
-    return "".join(out)
+    return Markup("".join(out))
 
 
 def bar_chart(
     title: str, bars: Sequence[tuple[str, float, bool]], width: int = 420, bar_h: int = 18
-) -> str:
+) -> Markup:
     """An inline SVG horizontal bar chart, failing bars in red.
 
     Args:
@@ -503,10 +503,10 @@ def bar_chart(
         bar_h: Height of one bar in px.
 
     Returns:
-        ``<svg>`` markup, or a short note when there is nothing to plot.
+        ``<svg>`` markup (values escaped), or a short note when there is nothing to plot.
     """
     if not bars:
-        return f'<p class="muted">{html.escape(title)}: nothing recorded</p>'
+        return Markup(f'<p class="muted">{escape(title)}: nothing recorded</p>')
     top, right = 26, 60
     labels = [_short(label) for label, _, _ in bars]
     label_w = 12 + math.ceil(max(_text_px(label) for label in labels))
@@ -516,8 +516,8 @@ def bar_chart(
     out = [
         f'<svg class="chart" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{html.escape(title)}</title>",
-        f'<text x="8" y="16" class="ct">{html.escape(title)}</text>',
+        f"<title>{escape(title)}</title>",
+        f'<text x="8" y="16" class="ct">{escape(title)}</text>',
     ]
     for i, (label, value, passed) in enumerate(bars):
         y = top + i * (bar_h + 6)
@@ -526,19 +526,19 @@ def bar_chart(
         length = (width - label_w - right) * max(0.0, value) / peak if _finite(value) else 0
         out.append(
             f'<text x="{label_w - 6}" y="{y + bar_h - 5}" class="tick" text-anchor="end">'
-            f"{html.escape(labels[i])}</text>"
+            f"{escape(labels[i])}</text>"
             f'<rect x="{label_w}" y="{y}" width="{length:.1f}" height="{bar_h}" fill="{color}">'
-            f"<title>{html.escape(label)}: {html.escape(shown)}</title></rect>"
+            f"<title>{escape(label)}: {escape(shown)}</title></rect>"
             f'<text x="{label_w + length + 4:.1f}" y="{y + bar_h - 5}" class="tick">'
-            f"{html.escape(shown)}</text>"
+            f"{escape(shown)}</text>"
         )
     out.append("</svg>")
-    return "".join(out)
+    return Markup("".join(out))
 
 
 def share_chart(
     title: str, rows: Sequence[tuple[str, float, float]], width: int = 420, bar_h: int = 9
-) -> str:
+) -> Markup:
     """An inline SVG of each category's share now and before, two bars per category.
 
     Args:
@@ -548,10 +548,10 @@ def share_chart(
         bar_h: Height of one bar in px.
 
     Returns:
-        ``<svg>`` markup, or a short note when there is nothing to plot.
+        ``<svg>`` markup (values escaped), or a short note when there is nothing to plot.
     """
     if not rows:
-        return f'<p class="muted">{html.escape(title)}: nothing recorded</p>'
+        return Markup(f'<p class="muted">{escape(title)}: nothing recorded</p>')
     top, right = 26, 60
     labels = [_short(str(label), 32) for label, _, _ in rows]
     label_w = 12 + math.ceil(max(_text_px(label) for label in labels))
@@ -561,8 +561,8 @@ def share_chart(
     out = [
         f'<svg class="chart shares" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{html.escape(title)}</title>",
-        f'<text x="8" y="16" class="ct">{html.escape(title)}</text>',
+        f"<title>{escape(title)}</title>",
+        f'<text x="8" y="16" class="ct">{escape(title)}</text>',
         f'<text x="{width - 8}" y="16" class="lg" text-anchor="end">'
         f'<tspan fill="{PALETTE[0]}">■ now</tspan> <tspan fill="{PALETTE[5]}">■ before</tspan>'
         "</text>",
@@ -571,7 +571,7 @@ def share_chart(
         y = top + i * (2 * bar_h + 8)
         out.append(
             f'<text x="{label_w - 6}" y="{y + 2 * bar_h - 3}" class="tick" text-anchor="end">'
-            f"{html.escape(labels[i])}</text>"
+            f"{escape(labels[i])}</text>"
         )
         for j, (value, color, when) in enumerate(((now, PALETTE[0], "now"),
                                                   (before, PALETTE[5], "before"))):  # fmt: skip
@@ -579,13 +579,13 @@ def share_chart(
             shown = f"{value:.1%}" if _finite(value) else str(value)
             out.append(
                 f'<rect x="{label_w}" y="{y + j * bar_h}" width="{length:.1f}" '
-                f'height="{bar_h - 1}" fill="{color}"><title>{html.escape(str(label))} '
+                f'height="{bar_h - 1}" fill="{color}"><title>{escape(str(label))} '
                 f"{when}: {shown}</title></rect>"
                 f'<text x="{label_w + length + 4:.1f}" y="{y + j * bar_h + bar_h - 2}" '
-                f'class="tick">{html.escape(shown)}</text>'
+                f'class="tick">{escape(shown)}</text>'
             )
     out.append("</svg>")
-    return "".join(out)
+    return Markup("".join(out))
 
 
 def _sample_keys(failure: Mapping[str, Any]) -> list[str]:
