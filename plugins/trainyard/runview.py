@@ -596,27 +596,35 @@ def _sample_keys(failure: Mapping[str, Any]) -> list[str]:
     return [f"row {i}" for i in (failure.get("rows") or [])[:5]]
 
 
-def _trained_on(version: Mapping[str, Any]) -> str:
-    """What a version trained on: rows, intervals and snapshots of its training window."""
+def _failed_rules(val: Mapping[str, Any]) -> list[list[Any]]:
+    """The validation's failed rules as table rows: severity, rule, column, count, samples."""
+    return [
+        [
+            r.get("severity"),
+            r.get("rule"),
+            r.get("column") or "—",
+            r.get("unexpected_count"),
+            ", ".join(repr(s) for s in (r.get("samples") or [])[:5]),
+            ", ".join(_sample_keys(r)),
+            r.get("reason"),
+        ]
+        for r in val.get("rules") or []
+        if not r.get("success")
+    ]
+
+
+def _window_of(version: Mapping[str, Any]) -> tuple[int, str, str]:
+    """A version's training window: its snapshots' count, what it saw, each snapshot."""
     from trainyard.volumes.window import seen_text
 
-    own = f"<code>{_e(version.get('snapshot_id'))}</code>"
     window = [s for s in version.get("snapshots") or [] if isinstance(s, dict)]
     seen = seen_text(window, version.get("rows")) if window else ""
-    if len(window) < 2:
-        if not seen or "from snapshot" in seen:
-            rows = version.get("rows")
-            return f"trained on {f'{rows} rows from ' if rows is not None else ''}snapshot {own}"
-        return f"trained on {_e(seen)} (snapshot {own})"
     each = ", ".join(
         f"{s.get('snapshot_id')}" + (f" [{s['interval'][0]} .. {s['interval'][1]})"
         if isinstance(s.get("interval"), list) and len(s["interval"]) == 2 else "")
         for s in window
     )  # fmt: skip
-    return (
-        f'<span class="window" title="{_e(each)}">trained on {_e(seen)}, this run\'s {own} '
-        "last</span>"
-    )
+    return len(window), seen, each
 
 
 def _text_px(text: str, size: float = 10.0) -> float:
@@ -639,15 +647,11 @@ def _short(label: str, most: int = 48) -> str:
     return label if len(label) <= most else label[: most - 1] + "…"
 
 
-def _drift(val: Mapping[str, Any]) -> str:
+def _drift_charts(val: Mapping[str, Any]) -> list[Markup]:
+    """The drift per column and, per categorical column, its categories' shares."""
     rules = [r for r in val.get("rules") or [] if str(r.get("rule", "")).startswith("drift:")]
-    if not rules and val.get("previous_snapshot_id"):
-        return '<p class="muted drift">drift: the contract declares no drift rule</p>'
     if not rules:
-        return (
-            '<p class="muted drift">drift: not measured: no validated snapshot of an earlier '
-            "interval to compare with (or the contract declares no drift rule)</p>"
-        )
+        return []
     bars = [
         (
             f"{r.get('column')} ({str(r['rule']).split(':', 1)[1]})",
@@ -667,33 +671,23 @@ def _drift(val: Mapping[str, Any]) -> str:
         shown.add(str(r.get("column")))
         rows = [(str(c[0]), float(c[1]), float(c[2])) for c in categories if len(c) == 3]
         charts.append(share_chart(f"{r.get('column')}: share of each category", rows))
-    return "".join(charts)
+    return charts
 
 
-def _profile(val: Mapping[str, Any]) -> str:
+def _profile_rows(val: Mapping[str, Any]) -> list[list[Any]]:
     """The validation profile: null share, distinct and unseen categories, top categories."""
-    profile = val.get("profile") or {}
     rows = []
-    for column, p in profile.items():
+    for column, p in (val.get("profile") or {}).items():
         if not p.get("nulls") and "categories" not in p:
             continue
         top = ", ".join(
             f"{c[0]} {float(c[2]):.0%}" for c in (p.get("categories") or [])[:5] if len(c) == 3
         )
         unseen = p.get("unseen_share")
-        rows.append(
-            [
-                _e(column),
-                _e(f"{float(p.get('null_share') or 0):.1%}"),
-                _e(p.get("distinct", "")),
-                _e("" if unseen is None else f"{float(unseen):.1%}"),
-                _e(top),
-            ]
-        )
-    if not rows:
-        return ""
-    header = ["column", "null share", "categories", "unseen before", "most frequent"]
-    return "<h3>Columns</h3>" + _table(header, rows, "profile")
+        null_share = f"{float(p.get('null_share') or 0):.1%}"
+        unseen_share = "" if unseen is None else f"{float(unseen):.1%}"
+        rows.append([column, null_share, p.get("distinct", ""), unseen_share, top])
+    return rows
 
 
 # --------------------------------------------------------------------------- HTML
@@ -728,7 +722,17 @@ def _templates() -> Environment:
         lstrip_blocks=True,
         finalize=lambda value: "" if value is None else value,
     )
-    env.globals["css"] = Markup(CSS)
+    env.filters |= {"num": _num, "pct": lambda share: f"{share:.1%}"}
+    env.tests["finite"] = _finite
+    env.globals |= {
+        "css": Markup(CSS),
+        "curves": _curves,
+        "drift_charts": _drift_charts,
+        "failed_rules": _failed_rules,
+        "profile_rows": _profile_rows,
+        "residuals": _residuals,
+        "window_of": _window_of,
+    }
     return env
 
 
@@ -741,9 +745,10 @@ def _e(value: Any) -> str:
 
 
 def _num(value: Any) -> str:
+    """A figure as the pages show it: four decimals for a float, nothing for None."""
     if _finite(value) and not isinstance(value, int):
         return f"{value:.4f}"
-    return _e(value)
+    return "" if value is None else str(value)
 
 
 def _page(title: str, body: str) -> str:
@@ -759,24 +764,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") 
     return f'<div class="tw"><table class="{cls}"><tr>{head}</tr>{body}</table></div>'
 
 
-_PASS, _FAIL = '<span class="ok">pass</span>', '<span class="bad">fail</span>'
-
-
 def _verdict(verdict: str | None) -> str:
     cls = {"promote": "ok", "reject": "bad"}.get(verdict or "", "warn")
     return f'<span class="{cls} verdict">{_e(verdict or "not decided")}</span>'
-
-
-def _approval(answer: Mapping[str, Any]) -> str:
-    """A person's answer to the approval step (``gate.approval: required``)."""
-    if answer.get("approved") is None:
-        return '<p class="warn approval">approval: waiting for a person</p>'
-    said, cls = ("approved", "ok") if answer.get("approved") else ("rejected", "bad")
-    why = f": {_e(answer.get('reason'))}" if answer.get("reason") else ""
-    return (
-        f'<p class="approval">approval: <span class="{cls} decision">{said}</span> by '
-        f"{_e(answer.get('by'))}{why}</p>"
-    )
 
 
 def _event_name(event: Mapping[str, Any]) -> str:
@@ -840,10 +830,11 @@ def _served(
     )
 
 
-def _curves(curves: Mapping[str, Any]) -> str:
+def _curves(curves: Mapping[str, Any]) -> list[Markup] | None:
+    """The per-epoch charts (loss, then the other figures); None when no epoch is recorded."""
     epochs = [e for e in curves.get("epochs") or [] if isinstance(e, dict)]
     if not epochs:
-        return '<p class="muted">no per-epoch history recorded</p>'
+        return None
     names = [k for k in epochs[-1] if k not in ("epoch", "attempt") and _finite(epochs[-1][k])]
     charts = []
     for group in (["loss"], [n for n in names if n != "loss"]):
@@ -852,41 +843,11 @@ def _curves(curves: Mapping[str, Any]) -> str:
             continue
         series = {n: [(e["epoch"] + 1, e.get(n)) for e in epochs if "epoch" in e] for n in present}
         charts.append(line_chart(" / ".join(present) + " per epoch", series, "epoch"))
-    return "".join(charts)
+    return charts
 
 
-def _confusion(diag: Mapping[str, Any], class_names: Sequence[Any] | None) -> str:
-    matrix = diag.get("matrix")
-    if not matrix:
-        return (
-            f'<p class="muted">{_e(diag.get("classes"))} classes: too many for a confusion '
-            "matrix</p>"
-        )
-    k = len(matrix)
-    names = (
-        [str(n) for n in class_names] if class_names and len(class_names) == k else list(range(k))
-    )
-    head = "".join(f"<th>{_e(n)}</th>" for n in names)
-    rows = []
-    for i, row in enumerate(matrix):
-        total = sum(row) or 1
-        cells = []
-        for j, count in enumerate(row):
-            share = count / total
-            color = "22,163,74" if i == j else "220,38,38"
-            style = f"background:rgba({color},{share * 0.8:.2f})" if count else ""
-            cells.append(
-                f'<td style="{style}" title="{share:.1%} of true {_e(names[i])}">{count}</td>'
-            )
-        recall = row[i] / total if sum(row) else None
-        rows.append(f"<tr><th>{_e(names[i])}</th>{''.join(cells)}<td>{_num(recall)}</td></tr>")
-    return (
-        '<div class="tw"><table class="confusion"><tr><th>true \\ predicted</th>'
-        f"{head}<th>recall</th></tr>{''.join(rows)}</table></div>"
-    )
-
-
-def _residuals(diag: Mapping[str, Any]) -> str:
+def _residuals(diag: Mapping[str, Any]) -> tuple[Markup, str]:
+    """A regressor's holdout residuals: their histogram and summary statistics."""
     edges, counts = diag.get("edges") or [], diag.get("counts") or []
     last = min(len(counts), len(edges) - 1) - 1
 
@@ -899,22 +860,8 @@ def _residuals(diag: Mapping[str, Any]) -> str:
 
     bars = [(label(i), float(c), True) for i, c in enumerate(counts) if i <= last]
     stats = ", ".join(f"{k} {_num(diag.get(k))}" for k in ("mean", "std", "p05", "p50", "p95"))
-    return (
-        bar_chart(f"residuals (prediction - target) of {diag.get('n')} holdout rows", bars)
-        + f'<p class="residual-stats">{stats}</p>'
-    )
-
-
-def _evaluation(gate: Mapping[str, Any] | None, version: Mapping[str, Any] | None) -> str:
-    diag = (gate or {}).get("diagnostics")
-    if not diag:
-        return '<p class="muted">no holdout diagnostics recorded</p>'
-    if diag.get("kind") == "confusion":
-        names = ((version or {}).get("metrics") or {}).get("class_names")
-        return _confusion(diag, names)
-    if diag.get("kind") == "residuals":
-        return _residuals(diag)
-    return ""
+    title = f"residuals (prediction - target) of {diag.get('n')} holdout rows"
+    return bar_chart(title, bars), stats
 
 
 def _unsummarised(story: Mapping[str, Any]) -> str:
@@ -945,184 +892,21 @@ def render_run(story: Mapping[str, Any], data_docs_url: str | None, pipeline_url
     Returns:
         The HTML page.
     """
-    rec = story.get("record") or {}
-    snap, version, gate = story.get("snapshot"), story.get("version"), story.get("gate") or {}
-    out = [
-        f"<h1>{_e(story['pipeline'])} · run <code>{_e(story['run_id'])}</code></h1>",
-        f'<p><a href="{_e(pipeline_url)}">pipeline: versions over time</a>'
-        + (
-            f" · finished {_e(rec.get('finished_at'))}"
-            if story.get("summarised")
-            else f" · <span class='warn summary-state'>not summarised ({_e(_unsummarised(story))})"
-            ": the steps' results so far</span>"
-        )
-        + "</p>",
-        "<h2>Snapshot</h2>",
-    ]
-    if snap:
-        state = {True: "reused", False: "new"}.get(snap.get("reused"), "—")
-        interval = snap.get("interval") or {}
-        out.append(
-            _table(
-                ["snapshot", "state", "rows", "shards", "bytes", "interval", "checked"],
-                [
-                    [
-                        f"<code>{_e(snap['id'])}</code>",
-                        _e(state),
-                        _e(snap.get("rows")),
-                        _e(snap.get("shards")),
-                        _e(snap.get("bytes")),
-                        _e(f"{interval.get('start', '')} to {interval.get('end', '')}"),
-                        _e(snap.get("checked") or ""),
-                    ]
-                ],
-                "snapshot",
-            )
-        )
-        out.append("<h2>Validation</h2>")
-        val = snap.get("validation")
-        if val is None:
-            out.append('<p class="muted">no validation report</p>')
-        else:
-            ok = bool(val.get("success"))
-            failed = [r for r in val.get("rules") or [] if not r.get("success")]
-            out.append(
-                f'<p>verdict: <span class="{"ok" if ok else "bad"} validation">'
-                f"{'passed' if ok else 'REJECTED'}</span> · {_e(val.get('rows'))} rows in "
-                f"{_e(val.get('batches'))} batch(es) · {len(val.get('rules') or [])} rules · "
-                f"{len(val.get('warnings') or [])} warnings</p>"
-            )
-            if failed:
-                rows = [
-                    [
-                        _e(r.get("severity")),
-                        _e(r.get("rule")),
-                        _e(r.get("column") or "—"),
-                        _e(r.get("unexpected_count")),
-                        _e(", ".join(repr(s) for s in (r.get("samples") or [])[:5])),
-                        _e(", ".join(_sample_keys(r))),
-                        _e(r.get("reason")),
-                    ]
-                    for r in failed
-                ]
-                out.append(
-                    _table(
-                        [
-                            "severity",
-                            "rule",
-                            "column",
-                            "count",
-                            "sample values",
-                            "their keys",
-                            "reason",
-                        ],
-                        rows,
-                        "failed-rules",
-                    )
-                )
-            else:
-                out.append('<p class="muted">no failed rules</p>')
-            out.append(_drift(val))
-            out.append(_profile(val))
-        if data_docs_url:
-            out.append(
-                f'<p><a class="datadocs" href="{_e(data_docs_url)}">Data Docs</a> '
-                "(Great Expectations, served from the snapshot)</p>"
-            )
-    else:
-        out.append('<p class="muted">no snapshot recorded for this run</p>')
-
-    out.append("<h2>Training</h2>")
-    if version:
-        m = version.get("metrics") or {}
-        shown = {k: v for k, v in m.items() if _finite(v)}
-        out.append(
-            f"<p>version <b>{_e(version['version'])}</b> · {_trained_on(version)} · "
-            f"{_e(m.get('model'))}, {_e(m.get('strategy'))}, {_e(m.get('workers'))} workers</p>"
-        )
-        trained = {**(rec.get("train") or {}), **(rec.get("register") or {})}
-        if trained.get("decision"):  # trained or reused, and why
-            reused = "this run trained nothing: " if trained.get("reused") else ""
-            out.append(f'<p class="decision">{reused}{_e(trained["decision"])}</p>')
-        rows = [[_e(name), _num(value)] for name, value in shown.items()]
-        out.append(_table(["training figure", "value"], rows, "train-metrics"))
-        out.append(_curves(version.get("curves") or {}))
-    else:
-        out.append('<p class="muted">this run registered no version (skipped or failed)</p>')
-
-    out.append("<h2>Evaluation on the holdout</h2>")
-    out.append(_evaluation(gate, version))
-    out.append(
-        '<p class="muted">per-slice metrics (<code>metric@column=value</code>) are in the '
-        "gate's table below</p>"
-        if any("@" in n for n in (gate or {}).get("candidate_metrics") or {})
-        else ""
+    rec, gate = story.get("record") or {}, story.get("gate") or {}
+    cand, champ = gate.get("candidate_metrics") or {}, gate.get("champion_metrics") or {}
+    return _render(
+        "run.html.j2",
+        story=story,
+        rec=rec,
+        snap=story.get("snapshot"),
+        version=story.get("version"),
+        gate=gate,
+        trained={**(rec.get("train") or {}), **(rec.get("register") or {})},
+        metric_names=list(dict.fromkeys([*cand, *champ])),
+        unsummarised=_unsummarised(story),
+        data_docs_url=data_docs_url,
+        pipeline_url=pipeline_url,
     )
-
-    out.append("<h2>Gate</h2>")
-    if gate:
-        verdict = gate.get("verdict")
-        out.append(
-            f"<p>decision: {_verdict(verdict)}"
-            + (" (force requested)" if gate.get("force") and verdict != "forced" else "")
-            + "</p>"
-        )
-        out.append(
-            f'<p class="reason {_e(verdict)}">reason: <span class="gate-reason">'
-            f"{_e(gate.get('reason'))}</span></p>"
-        )
-        cand, champ = gate.get("candidate_metrics") or {}, gate.get("champion_metrics") or {}
-        names = list(dict.fromkeys([*cand, *champ]))
-        if names:
-            cv = gate.get("champion_version")
-            rows = [[_e(n), _num(cand.get(n)), _num(champ.get(n)) if champ else "—"] for n in names]
-            out.append(
-                _table(
-                    [
-                        "metric (holdout)",
-                        f"candidate v{gate.get('version', '')}",
-                        f"champion v{cv}" if cv else "champion (none)",
-                    ],
-                    rows,
-                    "gate-metrics",
-                )
-            )
-        checks = [
-            [
-                _e(c.get("name")),
-                _num(c.get("candidate")),
-                _num(c.get("champion")),
-                _e(c.get("threshold")),
-                '<span class="ok">pass</span>'
-                if c.get("passed")
-                else '<span class="bad">fail</span>',
-                _e(c.get("note")),
-            ]
-            for c in gate.get("checks") or []
-        ]
-        if checks:
-            out.append(
-                _table(["check", "candidate", "champion", "rule", "", "note"], checks, "checks")
-            )
-    else:
-        out.append('<p class="muted">the gate did not run</p>')
-    answer = (story.get("record") or {}).get("approve")
-    if isinstance(answer, dict):
-        out.append(_approval(answer))
-
-    out.append("<h2>Serving</h2>")
-    dep = story.get("deploy")
-    if dep:
-        out.append(
-            f"<p>this run deployed version {_e(dep.get('version'))} at "
-            f"<code>{_e(dep.get('url'))}</code></p>"
-        )
-    elif story.get("summarised"):
-        out.append("<p>this run deployed nothing</p>")
-    out.append(_served(story.get("champion"), story.get("server"), story["pipeline"]))
-    out.append("<h3>promotions and rollbacks</h3>")
-    out.append(_history_table(story.get("history") or []))
-    return _page(f"{story['pipeline']} run {story['run_id']}", "".join(out))
 
 
 def render_pipeline(story: Mapping[str, Any], run_url: Any) -> str:

@@ -246,7 +246,7 @@ def test_a_run_stopped_by_validation_shows_the_rejection_from_its_results(volume
     said = runview.render_run({**failed, "failure": "1 rule failed: row_count"}, None, "/pipe")
     assert "not summarised (the run failed at validate: 1 rule failed: row_count)" in said
     said = runview.render_run(failed, None, "/pipe")
-    assert "failed at validate: no reason recorded: see the task&#x27;s log" in said
+    assert "failed at validate: no reason recorded: see the task&#39;s log" in said
     said = runview.render_run({**story, "airflow_state": "running"}, None, "/pipe")
     assert "not summarised (the run is running)" in said
 
