@@ -16,7 +16,6 @@ they render inside the UI's sandboxed iframe. Every value from a file is escaped
 from __future__ import annotations
 
 import functools
-import html
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -728,6 +727,7 @@ def _templates() -> Environment:
         "css": Markup(CSS),
         "curves": _curves,
         "drift_charts": _drift_charts,
+        "format_metrics": format_metrics,
         "failed_rules": _failed_rules,
         "profile_rows": _profile_rows,
         "residuals": _residuals,
@@ -740,94 +740,11 @@ def _render(template: str, **context: Any) -> str:
     return _templates().get_template(template).render(**context)
 
 
-def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
-
-
 def _num(value: Any) -> str:
     """A figure as the pages show it: four decimals for a float, nothing for None."""
     if _finite(value) and not isinstance(value, int):
         return f"{value:.4f}"
     return "" if value is None else str(value)
-
-
-def _page(title: str, body: str) -> str:
-    return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}'
-        f"</title><style>{CSS}</style></head><body>{body}</body></html>"
-    )
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<div class="tw"><table class="{cls}"><tr>{head}</tr>{body}</table></div>'
-
-
-def _verdict(verdict: str | None) -> str:
-    cls = {"promote": "ok", "reject": "bad"}.get(verdict or "", "warn")
-    return f'<span class="{cls} verdict">{_e(verdict or "not decided")}</span>'
-
-
-def _event_name(event: Mapping[str, Any]) -> str:
-    """A history event as a person reads it: an approval says which way it went."""
-    if event.get("event") == "approval":
-        return "approved" if event.get("approved") else "rejected"
-    return str(event.get("event") or "")
-
-
-def _history_table(history: Sequence[Mapping[str, Any]], limit: int = 20) -> str:
-    if not history:
-        return '<p class="muted">no promotion or rollback yet</p>'
-    rows = [
-        [
-            _e(ev.get("at")),
-            _e(_event_name(ev)) + (" (forced)" if ev.get("forced") else ""),
-            _e(ev.get("from")),
-            _e(ev.get("version")),
-            _e(ev.get("actor")),
-            _e(ev.get("reason")),
-        ]
-        for ev in list(history)[-limit:][::-1]
-    ]
-    return _table(["at", "event", "from", "to", "by", "reason"], rows, "history")
-
-
-def _served(
-    champion: Mapping[str, Any] | None,
-    server: Mapping[str, Any] | None = None,
-    pipeline: str = "",
-) -> str:
-    """The champion and, when the server was asked (``server``), whether it serves it."""
-    if not champion or champion.get("version") is None:
-        return "<p>serving: <b>nothing</b> (no champion yet)</p>"
-    ev = champion.get("event") or {}
-    since = (
-        f'<span class="muted">since {_e(ev.get("at"))} ({_e(ev.get("event"))} by '
-        f"{_e(ev.get('actor'))})</span>"
-    )
-    version = champion["version"]
-    if server is None or version in (server.get("versions") or ()):
-        said = f'<p>serving now: <b class="served">version {_e(version)}</b> {since}'
-        if server is not None:
-            said += f' <span class="muted">(answering at {_e(server.get("address"))})</span>'
-        return said + "</p>"
-    if server.get("error") and not server.get("versions"):
-        now = (
-            f"the model server at <code>{_e(server.get('address'))}</code> does not answer "
-            f"({_e(server.get('error'))}): nothing is served; <code>python -m trainyard "
-            f"models serve --pipeline {_e(pipeline)}</code> serves the champion again"
-        )
-    else:
-        now = (
-            f"the model server at <code>{_e(server.get('address'))}</code> serves version(s) "
-            f"{_e(', '.join(map(str, server.get('versions') or [])) or 'none')} of it, not "
-            "the champion"
-        )
-    return (
-        f'<p class="warn">champion: <b>version {_e(version)}</b> {since}; <b>not served</b>: '
-        f"{now}</p>"
-    )
 
 
 def _curves(curves: Mapping[str, Any]) -> list[Markup] | None:
@@ -921,54 +838,24 @@ def render_pipeline(story: Mapping[str, Any], run_url: Any) -> str:
     """
     versions = story.get("versions") or []
     champion = (story.get("champion") or {}).get("version")
-    history = story.get("history") or []
-    out = [
-        f"<h1>{_e(story['pipeline'])} · versions</h1>",
-        _served(story.get("champion"), story.get("server"), story["pipeline"]),
-    ]
     holdout: dict[str, list[tuple[float, float]]] = {}
     for v in versions:
         for name, value in ((v.get("gate") or {}).get("candidate_metrics") or {}).items():
             holdout.setdefault(name, []).append((v["version"], value))
     marks = {float(champion): "champion"} if champion else None
+    charts = []
     for group in (["loss"], [n for n in holdout if n != "loss"]):
         series = {n: holdout[n] for n in group if n in holdout}
         if series:
-            out.append(
-                line_chart(" / ".join(series) + " (holdout) per version", series, "version", marks)
-            )
-    if not versions:
-        out.append('<p class="muted">no version registered yet</p>')
-    rolled_back = {ev.get("from") for ev in history if ev.get("event") == "rollback"}
-    rows = []
-    for v in versions[::-1]:
-        gate = v.get("gate") or {}
-        metrics = format_metrics(gate.get("candidate_metrics") or v.get("metrics"), limit=4)
-        tags = []
-        if v["version"] == champion:
-            tags.append('<b class="ok">champion</b>')
-        if v["version"] in rolled_back:
-            tags.append('<span class="bad">rolled back</span>')
-        run_id = v.get("run_id")
-        rows.append(
-            [
-                f"<b>{_e(v['version'])}</b> " + " ".join(tags),
-                _e(v.get("registered_at")),
-                f"<code>{_e(v.get('snapshot_id'))}</code>",
-                _e(metrics),
-                _verdict(gate.get("verdict"))
-                + f' <span class="muted">{_e(gate.get("reason"))}</span>',
-                f'<a href="{_e(run_url(run_id))}">{_e(run_id)}</a>' if run_id else "",
-            ]
-        )
-    if rows:
-        out.append(
-            _table(
-                ["version", "registered", "snapshot", "holdout metrics", "gate", "run"],
-                rows,
-                "versions",
-            )
-        )
-    out.append("<h2>Promotions and rollbacks</h2>")
-    out.append(_history_table(history, 50))
-    return _page(f"{story['pipeline']} versions", "".join(out))
+            title = " / ".join(series) + " (holdout) per version"
+            charts.append(line_chart(title, series, "version", marks))
+    history = story.get("history") or []
+    return _render(
+        "pipeline.html.j2",
+        story=story,
+        versions=versions,
+        champion=champion,
+        charts=charts,
+        rolled_back={ev.get("from") for ev in history if ev.get("event") == "rollback"},
+        run_url=run_url,
+    )
