@@ -117,6 +117,7 @@ def test_a_wheel_carries_the_package_and_its_built_extensions(
         r"trainyard/native\.py",
         r"trainyard/k8s/objects\.py",
         r"trainyard/training/worker/__init__\.py",
+        r"trainyard/templates/run\.html\.j2",  # the UI pages' templates (package data)
         *([rf"trainyard/staging/_native{suffix}", r"trainyard/training/_loopback\.so"] * LINUX),
     ]:
         assert any(re.fullmatch(pattern, n) for n in names), pattern
