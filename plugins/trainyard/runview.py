@@ -10,7 +10,9 @@ knows nothing of Airflow or HTTP. Everything is read from where the steps wrote 
 * the registry's ``champion.json`` and ``history.jsonl`` (promotions and rollbacks).
 
 Pages are server-rendered HTML with inline SVG charts (no script, no external asset), so
-they render inside the UI's sandboxed iframe. Every value from a file is escaped.
+they render inside the UI's sandboxed iframe. This module gathers what a page shows and
+draws the charts; the Jinja2 templates in ``templates/`` lay the pages out, autoescaped:
+every value from a file is escaped.
 """
 
 from __future__ import annotations
