@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Project, make_project
+from tests.support.harness import Project, make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

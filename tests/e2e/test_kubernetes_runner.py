@@ -232,6 +232,22 @@ def _last_run(kube: Kube, pipeline: str) -> dict:
     return json.loads(path.read_text())
 
 
+def _force_retrain(kube: Kube, dag_id: str, run_id: str) -> None:
+    """Set ``force_retrain`` in a finished run's conf: its train task, tried again on the
+    same inputs, would reuse the version it trained and create no Job."""
+    code = (
+        "import sys\n"
+        "from airflow.models.dagrun import DagRun\n"
+        "from airflow.utils.session import create_session\n"
+        "with create_session() as s:\n"
+        "    run = s.query(DagRun).filter_by(dag_id=sys.argv[1], run_id=sys.argv[2]).one()\n"
+        "    run.conf = {**(run.conf or {}), 'force_retrain': True}\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, dag_id, run_id], env=kube.project.env, check=True, cwd=ROOT
+    )
+
+
 def _service_url(kube: Kube, model: str) -> str:
     """The serving Service's address as the pods reach it (``kubectl port-forward``)."""
     table = json.loads(kube.cluster.network_file().read_text())
@@ -426,6 +442,7 @@ def test_training_task_faults_fail_restart_reattach_and_kill_cleanly(
     job = job_name(training_base_name("digits", run_id), "worker")
     requests = kube.cluster.api.requests
     train = ["tasks", "test", "trainyard_digits", "train", run_id]
+    _force_retrain(kube, "trainyard_digits", run_id)
     since = len(kube.cluster.store.log)
     procs = []
     try:

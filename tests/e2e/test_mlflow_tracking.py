@@ -78,8 +78,16 @@ def test_trainings_promotions_and_rollbacks_are_mirrored(tmp_path: Path) -> None
             assert aliases(url, "digits") == {"champion": 1}
 
             snapshot = meta["snapshot_id"]
-            out = proj.trainyard(
-                "train", "--pipeline", "digits", "--snapshot-id", snapshot, "--run-id", "second"
+            out = proj.trainyard(  # the same inputs: a second version only when forced
+                "train",
+                "--pipeline",
+                "digits",
+                "--snapshot-id",
+                snapshot,
+                "--run-id",
+                "second",
+                "--force-retrain",
+                "true",
             )
             assert out.returncode == 0, out.stderr[-3000:]
             with socket.socket() as s:

@@ -118,5 +118,6 @@ def test_a_rejection_that_fails_the_run_is_mailed_as_a_rejection(project, inbox)
     _write(project, accuracy_min=0.9999, fail_run_on_reject=True)
     out = _run(project, DAYS[0])
     assert out.returncode != 0
-    assert box.subjects()[3:] == ["[trainyard] cancer: gate rejected version 3"]
+    # the inputs are the last run's: its candidate (version 2) is reused and judged again
+    assert box.subjects()[3:] == ["[trainyard] cancer: gate rejected version 2"]
     assert "threshold:accuracy" in box.body(3) and "&gt;= 0.9999" in box.body(3)

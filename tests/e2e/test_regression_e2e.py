@@ -153,7 +153,9 @@ def test_a_regressor_trains_gates_on_rmse_and_serves_numbers(project: Project) -
 
 def test_a_gate_the_regressor_misses_rejects_on_rmse(project: Project) -> None:
     _write_pipeline(project, rmse_max=1.0)
-    out = project.trainyard("run", "--pipeline", "diabetes", "--ds", DAY, timeout=1100)
+    out = project.trainyard(
+        "run", "--pipeline", "diabetes", "--ds", DAY, "--force-retrain", timeout=1100
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "gate          reject" in out.stdout and "rmse" in out.stdout, out.stdout
     registry = project.volume_root / "_models" / "diabetes"

@@ -345,7 +345,9 @@ def test_retention_keeps_what_another_pipelines_window_reads(
     monkeypatch.setenv("TRAINYARD_CONTRACTS_DIR", str(tmp_path / "contracts"))
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
-    nightly = pipeline_dict(raw, name="nightly", staging={"retention": 1})
+    nightly = pipeline_dict(  # its own window the newest day (the default is the last 30)
+        raw, name="nightly", staging={"retention": 1}, training={"window": {"intervals": 1}}
+    )
     weekly = pipeline_dict(raw, name="weekly", training={"window": {"intervals": 3}})
     weekly["serving"] = {"model_name": "weekly"}
     for spec in (nightly, weekly):

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.harness import ROOT, Project, init_airflow, make_project
+from tests.support.harness import ROOT, Project, init_airflow, make_project
 
 pytestmark = [pytest.mark.slow]
 

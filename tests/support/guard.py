@@ -49,9 +49,12 @@ TRAINING_ALLOWED: dict[str, str] = {
     "tests/e2e/test_cli_run_range.py": "a CLI backfill trains once on the whole window",
     "tests/e2e/test_mlflow_tracking.py": "trainings mirrored to MLflow as they happen",
     "tests/e2e/test_kubernetes_runner.py": "both pipelines on the kubernetes runner (localkube)",
+    "tests/e2e/test_churn_e2e.py": "categories and missing values trained into the model",
+    "tests/e2e/test_cached_training.py": "unchanged runs reuse, forced retrains reproduce",
     # faults injected into training itself
     "tests/reliability/test_training_faults.py": "kills, NaN and deadlines inside training",
     "tests/reliability/test_train_sigterm.py": "SIGTERM of a running training",
+    "tests/reliability/test_interrupt.py": "Ctrl-C of make run and trainyard run mid-training",
     "tests/reliability/test_worker_loopback.py": "what a running worker listens on",
     # `trainyard run` over a range, whose last day trains
     "tests/integration/test_missing_partitions.py": "a range run trains once, on its last day",

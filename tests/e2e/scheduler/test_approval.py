@@ -133,7 +133,9 @@ def _answer(
     env: StandaloneEnv, option: str, reason: str, answer: Answer = _through_the_api
 ) -> tuple[dict, dict[str, Any]]:
     """Trigger a run as admin, wait for its approval request, answer it, wait for the end."""
-    run = env.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": {}})
+    # each asks about a new candidate: unchanged inputs would reuse the champion and ask nothing
+    conf = {"force_retrain": True}
+    run = env.api(f"/api/v2/dags/{DAG}/dagRuns", "POST", {"logical_date": None, "conf": conf})
     request = _wait_for_request(env, run["dag_run_id"])
     answer(env, run["dag_run_id"], option, reason)
     return _wait_for_run(env, run["dag_run_id"]), request
