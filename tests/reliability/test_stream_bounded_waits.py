@@ -149,7 +149,8 @@ def test_a_model_server_that_never_answers_whole_is_retried_and_reported(
             scorer.engine.close()
         took = time.monotonic() - began
     assert took < 8.0, took
-    late = f"GET http://127.0.0.1:{port}/v1/models/events/labels/stable/metadata: no whole answer within 1 s"
+    metadata = f"http://127.0.0.1:{port}/v1/models/events/labels/stable/metadata"
+    late = f"GET {metadata}: no whole answer within 1 s"
     running = [d for d in seen if d.get("state") == "running" and d.get("server") != "ok"]
     assert running and late in running[-1]["server"]  # reported while it retried
     doc = orjson.loads(status.read_bytes())
