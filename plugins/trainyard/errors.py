@@ -10,6 +10,10 @@ class TrainyardError(Exception):
     """Base class of every error trainyard raises on purpose."""
 
 
+class Interrupted(TrainyardError):
+    """The user stopped the run (Ctrl-C on ``make run``): nothing more starts, no retry."""
+
+
 class ConfigError(TrainyardError):
     """A pipeline config, cluster profile or contract file is invalid (names file and field)."""
 

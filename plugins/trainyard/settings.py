@@ -57,6 +57,8 @@ class Settings:
         xcom_path: Where a step pod writes its result (``TRAINYARD_XCOM_PATH``), or None.
         termination_log: Where a step pod writes its one-line error
             (``TRAINYARD_TERMINATION_LOG``), or None.
+        stop_file: A file ``make run`` creates on Ctrl-C (``TRAINYARD_STOP_FILE``): once
+            it exists the local runner starts no step and a step that ends fails for good.
     """
 
     project_dir: Path
@@ -78,6 +80,7 @@ class Settings:
     allreduce_pack_bytes: int = 0
     xcom_path: Path | None = None
     termination_log: Path | None = None
+    stop_file: Path | None = None
 
     @property
     def models_root(self) -> Path:
@@ -141,6 +144,7 @@ def get_settings() -> Settings:
         allreduce_pack_bytes=int(os.environ.get("TRAINYARD_ALLREDUCE_PACK_BYTES") or 0),
         xcom_path=_path(os.environ.get("TRAINYARD_XCOM_PATH")),
         termination_log=_path(os.environ.get("TRAINYARD_TERMINATION_LOG")),
+        stop_file=_path(os.environ.get("TRAINYARD_STOP_FILE")),
     )
 
 

@@ -12,8 +12,10 @@ refused at once, naming the first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -192,3 +194,38 @@ def test_ctrl_c_stops_trainyard_run(project: Project) -> None:
     assert [json.loads(p.read_text())["reason"] for p in records] == [
         "interrupted by the user (during train)"
     ]
+
+
+def test_ctrl_c_during_a_step_stops_it_and_starts_nothing_after(project: Project) -> None:
+    """Found by a new user: Ctrl-C while ``validate`` ran (a step process in a session of
+    its own, as its pod) left it running; Airflow went on to train, register and evaluate
+    after ``make run`` had printed that nothing was registered."""
+    logs = project.home / "dags_test"
+    before = set(logs.glob("digits-*.log"))
+    proc = _start(project, "dag-test", "--pipeline", "digits", "--conf", '{"force_retrain": true}')
+    deadline = time.monotonic() + 300
+    log = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        log = next(iter(set(logs.glob("digits-*.log")) - before), None)
+        if log is not None and "-m trainyard validate" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("validate never started")
+    code, out, seconds = _interrupt(proc)
+    assert code == 130, out[-3000:]
+    assert seconds <= 10, f"{seconds:.1f} s after SIGINT"
+    assert "nothing was registered or deployed" in out, out
+    time.sleep(10)  # what a step left running would do meanwhile
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(project.volume_root) in " ".join(p.info["cmdline"] or []) and "serve" not in (
+                p.info["cmdline"] or []
+            ):
+                left.append(p.info["cmdline"])
+    assert left == [], left
+    _nothing_left(project, [])
+    launched = set(re.findall(r"-m trainyard (\w+)", log.read_text(errors="replace")))
+    assert launched <= {"stage", "validate"}, launched

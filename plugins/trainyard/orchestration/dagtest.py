@@ -4,12 +4,13 @@
   :func:`trainyard.cli.run.the_only_run`): a second is refused at once, naming the first.
 * Each run writes its own log, ``dags_test/<pipeline>-<time>.log`` next to ``AIRFLOW_HOME``
   (``.trainyard/`` for ``make run``); ``last_dags_test.log`` links to the newest.
-* Ctrl-C (SIGINT) or SIGTERM stops the run: Airflow's process gets SIGINT, the task running
-  fails for good (``interrupted by the user``, no retry: :func:`.runners.recording_failure`)
-  and stops its step's process or its training workers on the way out, so the run ends
-  failed. If Airflow has not ended within :data:`STOP_GRACE_S`, its process group is
-  killed and the run is marked failed here. One line says what the run left (nothing
-  registered or deployed, or what was), and the exit code is 130.
+* Ctrl-C (SIGINT) or SIGTERM stops the run: the run's stop file appears (the local runner
+  then starts no step, and a step that ends fails for good: ``interrupted by the user``, no
+  retry, :func:`.runners.recording_failure`), Airflow's process gets SIGINT and every
+  step process under it SIGTERM (each runs in a session of its own, as its pod would).
+  If Airflow has not ended within :data:`STOP_GRACE_S`, it and every process under it are
+  killed and the run is marked failed here. Only then does one line say what the run left
+  (nothing registered or deployed, or what was), and the exit code is 130.
 * A run that succeeds prints its summary, what serves asked from the model server.
 """
 
@@ -146,6 +147,8 @@ def cli_main(argv: list[str]) -> int:
         argv_test = ["airflow", "dags", "test", dag_id]
         if args.conf is not None:
             argv_test += ["--conf", json.dumps(args.conf)]
+        stop_file = folder / f".stop-{os.getpid()}"
+        stop_file.unlink(missing_ok=True)
         with log_path.open("wb") as out:
             child = subprocess.Popen(
                 argv_test,
@@ -153,12 +156,16 @@ def cli_main(argv: list[str]) -> int:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # the terminal's Ctrl-C reaches Airflow through here
+                env={**os.environ, "TRAINYARD_STOP_FILE": str(stop_file)},
             )
         _link_last(folder.parent / "last_dags_test.log", log_path)
         preload = threading.Thread(target=_preload_airflow, name="preload", daemon=True)
         preload.start()
         runs = Layout(get_settings().volume_root).runs(cfg.name)
-        code, interrupted = _wait(child, lambda t: _interrupt_recorded(runs, t))
+        try:
+            code, interrupted = _wait(child, lambda t: _interrupt_recorded(runs, t), stop_file)
+        finally:
+            stop_file.unlink(missing_ok=True)
     if interrupted:
         run_id, marked = None, False
         preload.join(timeout=10)
@@ -220,13 +227,17 @@ def _interrupt_recorded(runs: Path, since: float) -> bool:
         return False
 
 
-def _wait(child: subprocess.Popen[bytes], stopped: Any = lambda since: False) -> tuple[int, bool]:
+def _wait(
+    child: subprocess.Popen[bytes],
+    stopped: Any = lambda since: False,
+    stop_file: Path | None = None,
+) -> tuple[int, bool]:
     """Wait for ``airflow dags test``; on SIGINT or SIGTERM, stop it (see the module doc).
 
     After the signal, Airflow's process is given :data:`STOP_GRACE_S` to stop the running
     task; once that task recorded the interrupt (``stopped(since)``: its processes are
     gone), what is left is Airflow marking the rest of the run, a second per task level:
-    its process group is killed and the run is marked failed here instead.
+    it and every process under it are killed and the run is marked failed here instead.
 
     Returns:
         Its exit code and whether the run was interrupted.
@@ -238,11 +249,13 @@ def _wait(child: subprocess.Popen[bytes], stopped: Any = lambda since: False) ->
     def stop(signum: int, frame: Any) -> None:
         received.append(signum)
         if len(received) == 1:
+            if stop_file is not None:
+                stop_file.touch()
             when.append(time.time() - 1)
             deadline.append(time.monotonic() + STOP_GRACE_S)
-            _signal_group(child.pid, signal.SIGINT)
+            _signal_tree(child.pid, signal.SIGINT, signal.SIGTERM)
         else:  # asked twice: no more grace
-            _signal_group(child.pid, signal.SIGKILL)
+            _signal_tree(child.pid, signal.SIGKILL, signal.SIGKILL)
 
     main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
@@ -255,7 +268,7 @@ def _wait(child: subprocess.Popen[bytes], stopped: Any = lambda since: False) ->
             except subprocess.TimeoutExpired:
                 pass
             if deadline and (time.monotonic() > deadline[0] or stopped(when[0])):
-                _signal_group(child.pid, signal.SIGKILL)
+                _signal_tree(child.pid, signal.SIGKILL, signal.SIGKILL)
                 return child.wait(), True
     finally:
         for sig, handler in previous.items():
@@ -265,3 +278,23 @@ def _wait(child: subprocess.Popen[bytes], stopped: Any = lambda since: False) ->
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _signal_tree(pid: int, own: int, others: int) -> None:
+    """``own`` to the process group of ``pid``; ``others`` to each other group under it.
+
+    The local runner starts each step in a session of its own (as its pod), so a signal to
+    Airflow's group alone left a running step to finish, and the line saying what the run
+    left was written before it registered or deployed.
+    """
+    import psutil
+
+    groups: set[int] = set()
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                groups.add(os.getpgid(proc.pid))
+    groups.discard(pid)
+    _signal_group(pid, own)
+    for pgid in groups:
+        _signal_group(pgid, others)

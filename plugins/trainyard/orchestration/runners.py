@@ -241,12 +241,12 @@ def recording_failure(
     """
     from airflow.sdk.exceptions import AirflowTaskTerminated
 
-    from trainyard.errors import INTERRUPTED
+    from trainyard.errors import INTERRUPTED, Interrupted
     from trainyard.runs import record_failure
 
     try:
         return execute(context)
-    except KeyboardInterrupt:  # Ctrl-C (airflow dags test, make run): stop, never retry
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C (dags test, make run): never retry
         record_failure(pipeline, context["run_id"], step, f"{INTERRUPTED} (during {step})")
         raise AirflowFailException(f"{INTERRUPTED} during {step}: not retried") from None
     except AirflowSkipException:
@@ -561,12 +561,18 @@ def run_pod_locally(
     Raises:
         StepFailed: If the process exits non-zero (deterministic on exit code 3), naming
             the error line the step wrote.
+        Interrupted: If ``make run`` was stopped (``settings.stop_file`` exists) before the
+            process started or when it ended badly.
     """
     import shlex
 
+    from trainyard.errors import Interrupted
     from trainyard.k8s.local import TERMINATION_LOG, XCOM_PATH, local_process
     from trainyard.steps import EXIT_DETERMINISTIC, EXIT_SKIPPED
 
+    stop = settings.stop_file
+    if stop is not None and stop.exists():
+        raise Interrupted(f"pod {pod.metadata.name} not started")
     with tempfile.TemporaryDirectory(prefix="trainyard-pod-") as scratch:
         proc = local_process(
             pod.spec,
@@ -600,6 +606,8 @@ def run_pod_locally(
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
+        if code != 0 and stop is not None and stop.exists():  # stopped by make run's Ctrl-C
+            raise Interrupted(f"pod {pod.metadata.name} stopped (exit code {code})")
         if code != 0:
             message = proc.local(TERMINATION_LOG)
             text = message.read_text(encoding="utf-8").strip() if message.is_file() else ""
