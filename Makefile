@@ -10,8 +10,8 @@ PIPELINE ?= digits
 
 .PHONY: run setup native postgres airflow-init test test-fast lint docs bench standalone standalone-check stop clean
 
-# one run at a time per pipeline, a log of its own in .trainyard/dags_test/ (last_dags_test.log
-# links to the newest); Ctrl-C stops it for good (plugins/trainyard/orchestration/dagtest.py)
+# one run at a time per pipeline, a log of its own in .trainyard/dags_test/
+# (.trainyard/last_dags_test.log links to the newest); Ctrl-C stops it for good (plugins/trainyard/orchestration/dagtest.py)
 run: airflow-init native
 	@$(ENV) python -m trainyard dag-test --pipeline $(PIPELINE)
 

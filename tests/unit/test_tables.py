@@ -389,6 +389,18 @@ def test_the_export_takes_raw_values_and_needs_only_stock_tensorflow(tmp_path: P
         training=False,
     )
     here_p = tf.nn.softmax(here, axis=-1).numpy()
+    # a NaN where the contract allows no missing value is refused, naming the feature (it
+    # went through ReLU as 0: the same scores for every such row)
+    import tf_keras as keras
+
+    from trainyard.training.worker.transform import encode_features
+
+    stats = {"kind": "numeric", "fill": None, "normalize": "none"}
+    ins, out = encode_features({"amount": ("float32", (None,))}, {"features": {"amount": stats}})
+    strict = keras.Model(ins, out)
+    assert strict(tf.constant([1.5, 2.0])).numpy().ravel().tolist() == [1.5, 2.0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="amount: a missing value"):
+        strict(tf.constant([1.5, np.nan]))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [sys.executable, "-c", FRESH, str(tmp_path / "model")],

@@ -51,7 +51,8 @@ TOOLS: dict[str, tuple[str, str, str]] = {
     "models": (
         "trainyard.cli.models",
         "models_main",
-        "list | show | promote | rollback versions (serving follows the champion).",
+        "list, show, promote, roll back, approve or reject versions; their history; serve "
+        "the champion (serving follows it).",
     ),
     "tensorboard": (
         "trainyard.training.tensorboard",

@@ -235,7 +235,9 @@ def encode_features(
             continue
         x = layers.Reshape((1,), name=f"{name}_column")(inp)
         indicator = None
-        if stats.get("fill") is not None:
+        if stats.get("fill") is None:  # may not be missing: a NaN is the caller's error
+            x = required(name, name=f"{name}_required")(x)
+        else:
             if stats.get("missing_indicator"):
                 indicator = missing_indicator(name=f"{name}_missing")(x)
             x = fill_missing(float(stats["fill"]), name=f"{name}_impute")(x)
@@ -260,7 +262,7 @@ def encode_features(
     return tensors, encoded
 
 
-def _layer_classes() -> tuple[type, type, type]:
+def _layer_classes() -> tuple[type, type, type, type]:
     """The missing-value layers, defined on first use (importing this module needs no TF)."""
     import tensorflow as tf
     import tf_keras as keras
@@ -301,13 +303,35 @@ def _layer_classes() -> tuple[type, type, type]:
         def get_config(self) -> dict[str, Any]:
             return {**super().get_config(), "markers": self.markers}
 
-    return _FillMissing, _MissingIndicator, _NullMarkers
+    @keras.utils.register_keras_serializable(package="trainyard")
+    class _Required(keras.layers.Layer):  # type: ignore[misc,name-defined]
+        """Refuses a NaN (a missing value) in a feature the contract lets never be missing.
+
+        Without it a NaN went through ReLU as 0 and the model answered the same scores for
+        every such row; now the call fails (TF Serving: 400 ``INVALID_ARGUMENT``), naming
+        the feature.
+        """
+
+        def __init__(self, feature: str, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.feature = str(feature)
+
+        def call(self, x: Any) -> Any:
+            ok = tf.reduce_all(tf.logical_not(tf.math.is_nan(x)))
+            why = f"{self.feature}: a missing value (null or NaN) where the contract allows none"
+            with tf.control_dependencies([tf.debugging.Assert(ok, [why])]):
+                return tf.identity(x)
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "feature": self.feature}
+
+    return _FillMissing, _MissingIndicator, _NullMarkers, _Required
 
 
-_CLASSES: tuple[type, type, type] | None = None
+_CLASSES: tuple[type, type, type, type] | None = None
 
 
-def _classes() -> tuple[type, type, type]:
+def _classes() -> tuple[type, type, type, type]:
     global _CLASSES
     if _CLASSES is None:
         _CLASSES = _layer_classes()
@@ -327,3 +351,8 @@ def missing_indicator(**kwargs: Any) -> Any:
 def null_markers(markers: Sequence[str], **kwargs: Any) -> Any:
     """A layer mapping each null marker string to ``""`` (the missing category)."""
     return _classes()[2](markers, **kwargs)
+
+
+def required(feature: str, **kwargs: Any) -> Any:
+    """A layer failing the call when its input holds a NaN, naming ``feature``."""
+    return _classes()[3](feature, **kwargs)
