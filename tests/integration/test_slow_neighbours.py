@@ -8,8 +8,6 @@ until the task's 30-minute timeout. Real servers on loopback drip or stay silent
 from __future__ import annotations
 
 import concurrent.futures as cf
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,48 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.streams import slow_http_server
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _slow_server(drip: bool) -> Iterator[int]:
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(128)
-    stop = threading.Event()
-
-    def one(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                reply = b"HTTP/1.1 200 OK\r\nContent-Length: 200\r\n\r\n" + b"x" * 200
-                for byte in reply if drip else b"":
-                    if stop.is_set():
-                        return
-                    conn.sendall(bytes([byte]))
-                    time.sleep(0.3)
-                stop.wait(60)
-            except OSError:
-                pass
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=loop, daemon=True).start()
-    try:
-        yield srv.getsockname()[1]
-    finally:
-        stop.set()
-        srv.close()
 
 
 @pytest.fixture(params=["dripping", "silent"])
 def slow_port(request: pytest.FixtureRequest) -> Iterator[int]:
-    yield from _slow_server(request.param == "dripping")
+    with slow_http_server(drip=request.param == "dripping") as port:
+        yield port
 
 
 def test_the_serving_client_gives_up_at_its_deadline(slow_port: int) -> None:
@@ -94,7 +59,7 @@ def test_a_dripping_tracker_leaves_the_step_at_its_deadline(
     from trainyard.registry import Registry
     from trainyard.tracking import mirror
 
-    for port in _slow_server(drip=True):
+    with slow_http_server(drip=True) as port:
         monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_SLOW", f"http://127.0.0.1:{port}")
         tracking = TrackingConfig(backend="mlflow", conn_id="mlflow_slow", deadline_s=2)
         cfg = load_pipeline("digits").model_copy(update={"tracking": tracking})
