@@ -659,7 +659,11 @@ class KubernetesRunner:
             except ServingError as e:
                 raise StepFailed(str(e), False) from e
         pod = step_pod(self.profile, cfg, step, values, env=env, run_id=context["run_id"])
-        op = step_pod_operator(pod, self.profile, task_id=context["ti"].task_id)
+        # the train task's plan pod looks for no pod to reattach to: by the task's labels it
+        # would find the running Job's worker pods (a retry's FoundMoreThanOnePodFailure)
+        op = step_pod_operator(
+            pod, self.profile, task_id=context["ti"].task_id, reattach=step != "plan"
+        )
         self._operator = op
         result = op.execute(context)
         if step == "stage":
@@ -738,12 +742,15 @@ def _role(job: V1Job) -> str:
     return job.metadata.labels[ROLE_LABEL]
 
 
-def step_pod_operator(pod: V1Pod, profile: ClusterProfile, task_id: str) -> Any:
+def step_pod_operator(
+    pod: V1Pod, profile: ClusterProfile, task_id: str, *, reattach: bool = True
+) -> Any:
     """The KubernetesPodOperator that submits a step pod and returns its XCom.
 
     A container that exits :data:`~trainyard.steps.EXIT_DETERMINISTIC` fails the task
     without retry, with the step's one-line error (its termination message); one that
-    exits :data:`~trainyard.steps.EXIT_SKIPPED` skips it with the step's reason.
+    exits :data:`~trainyard.steps.EXIT_SKIPPED` skips it with the step's reason. With
+    ``reattach``, a retry of the task takes over the pod an earlier try left running.
     """
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
@@ -775,6 +782,7 @@ def step_pod_operator(pod: V1Pod, profile: ClusterProfile, task_id: str) -> Any:
         xcom_sidecar_container_security_context=k8s.xcom_sidecar_security_context(),
         on_finish_action="delete_pod",
         get_logs=True,
+        reattach_on_restart=reattach,
     )
 
 
