@@ -1389,7 +1389,7 @@ STEPS: dict[str, Step] = {
             ("promote", "verdict", "reason", "version", "champion", "metrics", "champion_metrics"),
             "Evaluate a candidate against the champion and the versions served before, and "
             "gate it.",
-            libraries=("tensorflow",),
+            # no TensorFlow up front: scores cached for the same version and holdout need none
         ),
         Step(
             "deploy",
