@@ -42,6 +42,9 @@ def _start(project: Project, *argv: str) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        # as a terminal's shell starts it: SIGINT not ignored (make test may run where a
+        # shell ignores it, as for a background job, and children inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

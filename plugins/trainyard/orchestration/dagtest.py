@@ -157,6 +157,9 @@ def cli_main(argv: list[str]) -> int:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # the terminal's Ctrl-C reaches Airflow through here
                 env={**os.environ, "TRAINYARD_STOP_FILE": str(stop_file)},
+                # SIGINT as a terminal gives it, even when this ran with it ignored (a shell
+                # ignores it for a background job): Airflow must see the interrupt
+                preexec_fn=_default_sigint,
             )
         _link_last(folder.parent / "last_dags_test.log", log_path)
         preload = threading.Thread(target=_preload_airflow, name="preload", daemon=True)
@@ -273,6 +276,10 @@ def _wait(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

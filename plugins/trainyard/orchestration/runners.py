@@ -243,22 +243,30 @@ def recording_failure(
 
     from trainyard.errors import INTERRUPTED, Interrupted
     from trainyard.runs import record_failure
+    from trainyard.settings import get_settings
 
+    def interrupted() -> AirflowFailException:
+        record_failure(pipeline, context["run_id"], step, f"{INTERRUPTED} (during {step})")
+        return AirflowFailException(f"{INTERRUPTED} during {step}: not retried")
+
+    stop = get_settings().stop_file
     try:
         return execute(context)
     except (KeyboardInterrupt, Interrupted):  # Ctrl-C (dags test, make run): never retry
-        record_failure(pipeline, context["run_id"], step, f"{INTERRUPTED} (during {step})")
-        raise AirflowFailException(f"{INTERRUPTED} during {step}: not retried") from None
+        raise interrupted() from None
     except AirflowSkipException:
         raise
-    except AirflowException as e:  # a retry that succeeds makes this moot: see run_failure
-        record_failure(pipeline, context["run_id"], step, str(e))
-        raise
-    except AirflowTaskTerminated as e:  # the run or task marked failed, or its worker stopped
-        record_failure(pipeline, context["run_id"], step, f"stopped from outside: {e}")
-        raise
-    except Exception as e:  # e.g. training stopped by SIGTERM when the run was marked failed
-        record_failure(pipeline, context["run_id"], step, f"{type(e).__name__}: {e}")
+    except Exception as e:
+        # once make run was stopped, whatever fails next (a step or a worker it stopped) is
+        # the interrupt, not a failure to retry
+        if stop is not None and stop.exists():
+            raise interrupted() from None
+        if isinstance(e, AirflowException):  # a retry that succeeds makes it moot
+            record_failure(pipeline, context["run_id"], step, str(e))
+        elif isinstance(e, AirflowTaskTerminated):  # marked failed, or its worker stopped
+            record_failure(pipeline, context["run_id"], step, f"stopped from outside: {e}")
+        else:  # e.g. training stopped by SIGTERM when the run was marked failed
+            record_failure(pipeline, context["run_id"], step, f"{type(e).__name__}: {e}")
         raise
 
 

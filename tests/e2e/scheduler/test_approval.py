@@ -112,12 +112,16 @@ def _wait_for_request(env: StandaloneEnv, run_id: str, handled: int = 1) -> dict
     # Airflow 3.3 races an answer that lands before the scheduler has handled the pausing
     # workload's exit (6 s late on this busy machine): it then marks the rescheduled task
     # failed. A person takes longer; the test waits for the scheduler's own log line.
-    finished = f"TaskInstance Finished: dag_id={DAG}, task_id=approve, run_id={run_id}"
-    log = env.project.home / "standalone.log"
-    while log.read_text(errors="replace").count(finished) < handled:
+    while _finished(env, run_id) < handled:
         assert time.monotonic() < end, "the scheduler never handled the paused approve task"
         time.sleep(1)
     return json.loads(body)
+
+
+def _finished(env: StandaloneEnv, run_id: str) -> int:
+    """How many times the scheduler logged the run's approve task finished (a pause counts)."""
+    finished = f"TaskInstance Finished: dag_id={DAG}, task_id=approve, run_id={run_id}"
+    return (env.project.home / "standalone.log").read_text(errors="replace").count(finished)
 
 
 def _wait_for_run(env: StandaloneEnv, run_id: str) -> dict[str, Any]:
@@ -259,8 +263,9 @@ def test_a_shipped_version_rejected_on_a_second_ask_is_rolled_back(env: Standalo
     Reject rolls the champion back, in the registry and in what the server answers."""
     assert _registry(env.project)[0]["version"] == 2  # shipped by the previous test
     run_id = env.runs["rejected"]["dag_run_id"]
+    before = _finished(env, run_id)  # its first ask: paused, then answered
     assert _clear(env, "admin", run_id, "approve") == 200
-    _wait_for_request(env, run_id, handled=2)
+    _wait_for_request(env, run_id, handled=before + 1)
     version = env.project.volume_root / "_models" / PIPELINE / "versions" / "2"
     assert json.loads((version / "approval.json").read_text())["approved"] is None
     assert _as(env, "alice", run_id, "Reject", "the relabelled batch was wrong") == 200
