@@ -256,7 +256,7 @@ def recording_failure(
         raise interrupted() from None
     except AirflowSkipException:
         raise
-    except Exception as e:
+    except (Exception, AirflowTaskTerminated) as e:  # the latter is a BaseException
         # once make run was stopped, whatever fails next (a step or a worker it stopped) is
         # the interrupt, not a failure to retry
         if stop is not None and stop.exists():
