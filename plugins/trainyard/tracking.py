@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard.connections import conn_env_name, read_connection
+from trainyard.deadline import within
 from trainyard.errors import ConfigError
 from trainyard.fsutil import redact_url
 
@@ -758,32 +759,6 @@ def _locked_sync(m: Mirror, version: int | None) -> tuple[str | None, dict[str, 
         return m.sync(version)
 
 
-def _within(seconds: float, work: Any) -> Any:
-    """``work()``'s result, or ``TrackingError`` once ``seconds`` have passed.
-
-    The work runs in a daemon thread: a tracker that drips its answers holds that thread
-    (and the mirror lock, released when the step's process ends), never the step.
-    """
-    import threading
-
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = work()
-        except BaseException as e:
-            box["error"] = e
-
-    thread = threading.Thread(target=run, name="mlflow-mirror", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise TrackingError(f"the mirror did not finish within tracking.deadline_s={seconds:g}")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
 def mirror(cfg: PipelineConfig, registry: Registry, version: int | None = None) -> str | None:
     """Mirror a version (when given), what earlier mirrors missed, and the aliases.
 
@@ -806,7 +781,11 @@ def mirror(cfg: PipelineConfig, registry: Registry, version: int | None = None) 
         endpoint = tracking_uri(cfg.tracking.conn_id)
         where = f"{endpoint.url} (connection {cfg.tracking.conn_id!r})"
         m = Mirror(cfg, registry, MlflowRest(endpoint, cfg.tracking.timeout_s))
-        run_id, aliases = _within(cfg.tracking.deadline_s, lambda: _locked_sync(m, version))
+        run_id, aliases = within(
+            cfg.tracking.deadline_s,
+            lambda: _locked_sync(m, version),
+            f"the mirror (tracking.deadline_s={cfg.tracking.deadline_s:g})",
+        )
     except Exception as e:  # a mirror never fails a step: trainyard's registry already holds it
         log.warning(
             "MLflow mirror of %s%s skipped: the tracking server at %s failed: %s; "

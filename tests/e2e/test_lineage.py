@@ -287,16 +287,15 @@ def test_lineage_graph_snapshot_to_model_to_served_version(run: dict[str, Any]) 
     assert [n[0] for n in sources] == ["file"]
 
 
-def test_a_rejected_snapshot_fails_with_its_assertions(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    """A blocking rule fails validate: the run stops there, naming the rule, and its FAIL
-    event still names the snapshot and the rules."""
+def _rejected_run(tmp: Path, slow_ports: tuple[int, ...] = ()) -> tuple[Any, list, float]:
+    """``dags test`` of digits whose contract rejects the snapshot (a blocking row-count rule):
+    its output, its OpenLineage events (file transport) and its wall seconds. ``slow_ports``:
+    HTTP lineage endpoints sent each event after the file, each with a 2 s deadline."""
     import shutil
+    import time
 
     import yaml
 
-    tmp = tmp_path_factory.mktemp("lineage-rejected")
     contracts = tmp / "contracts"
     shutil.copytree(ROOT / "data_contracts", contracts)
     contract = yaml.safe_load((contracts / "digits.yaml").read_text())
@@ -304,14 +303,30 @@ def test_a_rejected_snapshot_fails_with_its_assertions(
     (contracts / "digits.yaml").write_text(yaml.safe_dump(contract, sort_keys=False))
     project, events_file = _lineage_project(tmp, {})
     project.env["TRAINYARD_CONTRACTS_DIR"] = str(contracts)
+    if slow_ports:
+        to_file = json.loads(project.env["AIRFLOW__OPENLINEAGE__TRANSPORT"])
+        slow = [{"type": "http", "url": f"http://127.0.0.1:{p}", "timeout": 2} for p in slow_ports]
+        project.env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps(
+            {"type": "composite", "transports": [to_file, *slow]}
+        )
     init_airflow(project)
+    began = time.monotonic()
     out = project.airflow("dags", "test", DAG_ID)
+    elapsed = time.monotonic() - began
     assert out.returncode != 0, "the run should fail at validate"
     text = out.stdout + out.stderr
     assert "ValidationFailed" in text
     assert "row" in text.lower()
     assert not (project.volume_root / "_models" / "digits" / "versions").exists()
-    events = _read_events(events_file)
+    return out, _read_events(events_file), elapsed
+
+
+def test_a_rejected_snapshot_fails_with_its_assertions(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A blocking rule fails validate: the run stops there, naming the rule, and its FAIL
+    event still names the snapshot and the rules."""
+    _, events, _ = _rejected_run(tmp_path_factory.mktemp("lineage-rejected"))
     _assert_valid(events)
     (failed,) = [
         e for e in events if e["job"]["name"] == f"{DAG_ID}.validate" and e["eventType"] == "FAIL"
@@ -329,3 +344,23 @@ def test_a_rejected_snapshot_fails_with_its_assertions(
     assert not [
         e for e in events if e["job"]["name"] == f"{DAG_ID}.train" and e["eventType"] == "COMPLETE"
     ]
+
+
+def test_a_dripping_and_a_silent_lineage_endpoint_cost_the_run_seconds(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The same rejected run, its events also sent to an endpoint that answers a byte every
+    0.3 s and to one that never answers: the run ends (it used to never exit), within twice
+    its time with the file alone, every event still in the file, the misses as warnings."""
+    from tests.support.streams import slow_http_server
+
+    _, normal_events, normal_s = _rejected_run(tmp_path_factory.mktemp("lineage-normal"))
+    with slow_http_server(drip=True) as dripping, slow_http_server(drip=False) as silent:
+        out, events, slow_s = _rejected_run(
+            tmp_path_factory.mktemp("lineage-slow"), (dripping, silent)
+        )
+    assert slow_s <= 2 * normal_s, (slow_s, normal_s)
+    kinds = sorted((e["job"]["name"], e["eventType"]) for e in events)
+    assert kinds == sorted((e["job"]["name"], e["eventType"]) for e in normal_events)
+    text = out.stdout + out.stderr
+    assert "did not finish within 2 s" in text or "missed its deadline" in text, text[-3000:]

@@ -66,3 +66,36 @@ def test_a_dripping_tracker_leaves_the_step_at_its_deadline(
         began = time.monotonic()
         assert mirror(cfg, Registry(tmp_path / "_models", "digits")) is None
         assert time.monotonic() - began < 4.0
+
+
+def test_openlineage_http_ends_at_its_deadline_then_skips_the_endpoint(slow_port: int) -> None:
+    """``"type": "http"`` built as the provider builds it: the first emit ends at its
+    total deadline, the next ones fail at once while the endpoint is marked down."""
+    from openlineage.client import OpenLineageClient
+    from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
+
+    from trainyard.orchestration import lineage_transport
+
+    lineage_transport.install()
+    url = f"http://127.0.0.1:{slow_port}"
+    lineage_transport._down_marker(url).unlink(missing_ok=True)
+    client = OpenLineageClient(config={"transport": {"type": "http", "url": url, "timeout": 1}})
+    assert isinstance(client.transport, lineage_transport.DeadlineHttpTransport)
+    event = RunEvent(
+        eventType=RunState.START,
+        eventTime="2026-11-28T00:00:00+00:00",
+        run=Run(runId="0190e2b5-8f3a-7c4e-9a41-5b8f0f3c2d11"),
+        job=Job(namespace="trainyard", name="slow"),
+        producer="https://example.invalid/trainyard",
+    )
+    try:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not finish within 1 s"):
+            client.transport.emit(event)
+        assert time.monotonic() - began < 2.0
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="missed its deadline"):
+            client.transport.emit(event)
+        assert time.monotonic() - began < 0.2
+    finally:
+        lineage_transport._down_marker(url).unlink(missing_ok=True)

@@ -22,6 +22,8 @@
   write a run's note (the execution API sets one only when triggering a new run), so the
   scheduler-side DAG run listener writes it, from the steps' XComs, in the scheduler's own
   session; a note a person wrote is never replaced.
+* lineage: with OpenLineage on, its ``http`` transport gets a total deadline per event
+  (:mod:`.lineage_transport`).
 
 Nothing heavy is imported when the plugin loads (every Airflow process loads plugins): the
 FastAPI app is built on its first request.
@@ -424,6 +426,22 @@ class RunNoteListener:
                     log.info("run %s: note %s", run.run_id, note)
         except Exception:  # a note never breaks the scheduler
             log.exception("run %s: could not set the summary note", dag_run.run_id)
+
+
+def _bound_lineage() -> None:
+    """OpenLineage's HTTP transport with a total deadline (:mod:`.lineage_transport`).
+
+    Only when lineage is on: its client is imported only then.
+    """
+    from airflow.providers.openlineage.conf import is_disabled
+
+    if not is_disabled():
+        from trainyard.orchestration.lineage_transport import install
+
+        install()
+
+
+_bound_lineage()
 
 
 class TrainyardUIPlugin(AirflowPlugin):
