@@ -321,12 +321,17 @@ def _rejected_run(tmp: Path, slow_ports: tuple[int, ...] = ()) -> tuple[Any, lis
     return out, _read_events(events_file), elapsed
 
 
-def test_a_rejected_snapshot_fails_with_its_assertions(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
+@pytest.fixture(scope="module")
+def rejected(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, float]:
+    """The rejected run with the file transport alone: its events and wall seconds."""
+    _, events, elapsed = _rejected_run(tmp_path_factory.mktemp("lineage-rejected"))
+    return events, elapsed
+
+
+def test_a_rejected_snapshot_fails_with_its_assertions(rejected: tuple[list, float]) -> None:
     """A blocking rule fails validate: the run stops there, naming the rule, and its FAIL
     event still names the snapshot and the rules."""
-    _, events, _ = _rejected_run(tmp_path_factory.mktemp("lineage-rejected"))
+    events, _ = rejected
     _assert_valid(events)
     (failed,) = [
         e for e in events if e["job"]["name"] == f"{DAG_ID}.validate" and e["eventType"] == "FAIL"
@@ -347,14 +352,14 @@ def test_a_rejected_snapshot_fails_with_its_assertions(
 
 
 def test_a_dripping_and_a_silent_lineage_endpoint_cost_the_run_seconds(
-    tmp_path_factory: pytest.TempPathFactory,
+    rejected: tuple[list, float], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The same rejected run, its events also sent to an endpoint that answers a byte every
     0.3 s and to one that never answers: the run ends (it used to never exit), within twice
     its time with the file alone, every event still in the file, the misses as warnings."""
     from tests.support.streams import slow_http_server
 
-    _, normal_events, normal_s = _rejected_run(tmp_path_factory.mktemp("lineage-normal"))
+    normal_events, normal_s = rejected
     with slow_http_server(drip=True) as dripping, slow_http_server(drip=False) as silent:
         out, events, slow_s = _rejected_run(
             tmp_path_factory.mktemp("lineage-slow"), (dripping, silent)
