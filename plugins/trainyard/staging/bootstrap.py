@@ -82,6 +82,27 @@ def sklearn_digits(dest: Path) -> Path:
     return dest
 
 
+def _day(ds: str, generator: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(ds[:10])
+    except (TypeError, ValueError) as e:
+        raise StagingError(f"{generator}: {ds!r} is not a YYYY-MM-DD date") from e
+
+
+def _write_csv(path: Path, lines: list[str]) -> Path:
+    """Publish ``lines`` as ``path`` whole (written to a private sibling, synced, renamed)."""
+    tmp = _private_sibling(path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            fh.write("\n".join(lines) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        _publish(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def synthetic_transactions(dest: Path, ds: str, rows: int = 2000) -> Path:
     """Write one day of a fraud-like transactions table as CSV, deterministic per day.
 
@@ -101,10 +122,7 @@ def synthetic_transactions(dest: Path, ds: str, rows: int = 2000) -> Path:
     Raises:
         StagingError: If ``ds`` is not a date.
     """
-    try:
-        day = dt.date.fromisoformat(ds[:10])
-    except (TypeError, ValueError) as e:
-        raise StagingError(f"synthetic_transactions: {ds!r} is not a YYYY-MM-DD date") from e
+    day = _day(ds, "synthetic_transactions")
     path = dest if dest.suffix == ".csv" else dest / "transactions.csv"
     rng = random.Random(day.toordinal())
     n = rows + rng.randint(-rows // 20, rows // 20)
@@ -127,16 +145,7 @@ def synthetic_transactions(dest: Path, ds: str, rows: int = 2000) -> Path:
         p = 1.0 / (1.0 + math.exp(-score))
         fraud = 1 if rng.random() < p else 0
         lines.append(f"{ds[:10]}-{i:06d},{amount:.2f},{hour},{category},{age},{fraud}")
-    tmp = _private_sibling(path)
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write("\n".join(lines) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        _publish(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return _write_csv(path, lines)
 
 
 CHURN_EPOCH = dt.date(2026, 11, 1)
@@ -184,10 +193,7 @@ def synthetic_churn(dest: Path, ds: str, rows: int = 1200) -> Path:
     Raises:
         StagingError: If ``ds`` is not a date.
     """
-    try:
-        day = dt.date.fromisoformat(ds[:10])
-    except (TypeError, ValueError) as e:
-        raise StagingError(f"synthetic_churn: {ds!r} is not a YYYY-MM-DD date") from e
+    day = _day(ds, "synthetic_churn")
     path = dest if dest.suffix == ".csv" else dest / "churn.csv"
     rng = random.Random(day.toordinal() * 7919 + 17)
     n = rows + rng.randint(-rows // 20, rows // 20)
@@ -232,16 +238,7 @@ def synthetic_churn(dest: Path, ds: str, rows: int = 1200) -> Path:
             f"{'NA' if contract_missing else contract},{payment},{channel},{city_cell},"
             f"{region},{churned}"
         )
-    tmp = _private_sibling(path)
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write("\n".join(lines) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        _publish(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return _write_csv(path, lines)
 
 
 BOOTSTRAPS: dict[str, Callable[[Path, str | None], Path]] = {
