@@ -423,7 +423,16 @@ class StandaloneEnv:
             return e.code, json.loads(e.read() or b"null")
 
     def trigger_and_wait(self, conf: dict, dag: str, deadline_s: float = 480) -> dict[str, Any]:
-        run = self.api(f"/api/v2/dags/{dag}/dagRuns", "POST", {"logical_date": None, "conf": conf})
+        return self.wait_for_run(self.trigger(conf, dag), dag, deadline_s)
+
+    def trigger(self, conf: dict, dag: str) -> dict[str, Any]:
+        """Trigger a manual run of ``dag`` with ``conf``; return it as the API answers."""
+        return self.api(f"/api/v2/dags/{dag}/dagRuns", "POST", {"logical_date": None, "conf": conf})
+
+    def wait_for_run(
+        self, run: dict[str, Any], dag: str, deadline_s: float = 480
+    ) -> dict[str, Any]:
+        """Wait until ``run`` (as :meth:`trigger` returned it) ends; return it, ended."""
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
             run = self.api(f"/api/v2/dags/{dag}/dagRuns/{quote(run['dag_run_id'], safe='')}")

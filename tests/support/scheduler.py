@@ -57,7 +57,7 @@ def pipelines(raw_transactions: Path) -> dict[str, dict[str, Any]]:
     """Every scenario's pipelines, by name (``make_project``'s ``extra_pipelines``)."""
     return {
         # test_ui_plugin: a promotion, a 0-epoch rejection, a typo; and a contract violation
-        "digits_ui": _digits("digits", training={"epochs": 2}),
+        "digits_ui": _digits("digits", training={"epochs": 2, "workers": 1}),
         "digits_strict": _digits("digits_strict"),
         # test_standalone: the trigger form (it sets epochs 1 over the config's 2)
         "digits_form": _digits("digits_form", training={"epochs": 2, "workers": 1}),

@@ -5,8 +5,9 @@ project's PostgreSQL (``trainyard.metadb``, a cluster in the test's folder).
   typed trigger form (epochs), triggers, and the run succeeds with that parameter applied.
 * A backfill for a new dataset: created through the API (as the UI's backfill form does)
   while the scheduler and the dag-processor write, answered at once (no "database is
-  locked", no retry); over 3 days it stages 3 snapshots, validates each and trains once; a
-  second backfill creates no snapshot.
+  locked", no retry); over 2 days it stages 2 snapshots, validates each and trains once
+  (in its last run); the earlier day cleared alone trains; a second backfill creates no
+  snapshot and its earlier run trains nothing.
 * Data-aware scheduling: a pipeline with ``trigger_on_dataset`` runs when the backfill
   publishes validated snapshots of its dataset (Asset events), on the event's snapshot.
 """
@@ -151,7 +152,7 @@ def _create_backfill(base: str, token: str, reprocess: str) -> dict:
     body = {
         "dag_id": "trainyard_transactions",
         "from_date": "2026-11-02T01:30:00Z",
-        "to_date": "2026-11-04T01:30:00Z",
+        "to_date": "2026-11-03T01:30:00Z",
         "reprocess_behavior": reprocess,
         "max_active_runs": 1,
     }
@@ -189,19 +190,19 @@ def test_backfill_new_dataset_stages_each_interval_and_trains_once(
     # of the backfill and is told apart by its run type.
     runs = _wait_runs_done(base, token, "trainyard_transactions", 3, 480)
     backfill = [r for r in runs if r["run_type"] == "backfill"]
-    assert len(backfill) == 3, runs
-    assert [r["state"] for r in backfill] == ["success"] * 3, backfill
+    assert len(backfill) == 2, runs
+    assert [r["state"] for r in backfill] == ["success"] * 2, backfill
 
     root = project.volume_root / "transactions"
-    days = ("2026-11-02", "2026-11-03", "2026-11-04")
+    days = ("2026-11-02", "2026-11-03")
     intervals = {
         p.name: json.loads(p.read_text())
         for p in (root / "intervals").glob("*.json")
         if p.name.startswith(days)
     }
-    assert len(intervals) == 3, sorted(intervals)
+    assert len(intervals) == 2, sorted(intervals)
     backfill_snapshots = {i["snapshot_id"] for i in intervals.values()}
-    assert len(backfill_snapshots) == 3, "one snapshot per interval"
+    assert len(backfill_snapshots) == 2, "one snapshot per interval"
     snapshots = sorted(p.name for p in (root / "snapshots").iterdir())
     assert backfill_snapshots <= set(snapshots)
 
@@ -250,26 +251,26 @@ def test_a_second_backfill_after_a_cleared_day_overwrites_nothing(
     while _api(base, token, f"/api/v2/backfills/{first['id']}").get("completed_at") is None:
         assert time.monotonic() < end, "the first backfill never completed"
         time.sleep(1)
-    # A middle day cleared alone trains (nothing later is queued) on the window as of it.
-    middle = sorted(backfill, key=lambda r: r["logical_date"])[1]
+    # The earlier day cleared alone trains (nothing later is queued) on the window as of it.
+    earlier = sorted(backfill, key=lambda r: r["logical_date"])[0]
     from trainyard.layout import run_key
 
-    middle_record = root.parent / "_models" / "transactions" / "runs"
-    middle_record = middle_record / f"{run_key(middle['dag_run_id'])}.json"
-    when = middle["logical_date"]
+    earlier_record = root.parent / "_models" / "transactions" / "runs"
+    earlier_record = earlier_record / f"{run_key(earlier['dag_run_id'])}.json"
+    when = earlier["logical_date"]
     out = project.airflow(
         "tasks", "clear", "trainyard_transactions", "-s", when, "-e", when, "--yes", timeout=300
     )
     assert out.returncode == 0, out.stderr[-2000:]
     end = time.monotonic() + 480
     while (run := _api(base, token, f"/api/v2/dags/trainyard_transactions/dagRuns/"
-                       f"{middle['dag_run_id']}"))["end_date"] in (None, middle["end_date"]) or (
+                       f"{earlier['dag_run_id']}"))["end_date"] in (None, earlier["end_date"]) or (
         run["state"] not in ("success", "failed")
     ):  # fmt: skip
         assert time.monotonic() < end, f"the cleared run never ended: {run}"
         time.sleep(1)
-    assert "register" in json.loads(middle_record.read_text()), "it trained"
-    first_ends[middle["dag_run_id"]] = run["end_date"]
+    assert "register" in json.loads(earlier_record.read_text()), "it trained"
+    first_ends[earlier["dag_run_id"]] = run["end_date"]
 
     _create_backfill(base, token, "completed")
     end = time.monotonic() + 480
@@ -280,9 +281,9 @@ def test_a_second_backfill_after_a_cleared_day_overwrites_nothing(
             break
         time.sleep(1)
     assert all(r["state"] == "success" for r in backfill), backfill
-    # reprocessed, the middle run skipped training: its record names no version (its
+    # reprocessed, the earlier run skipped training: its record names no version (its
     # register result was the cleared try's)
-    again = json.loads(middle_record.read_text())
+    again = json.loads(earlier_record.read_text())
     assert "register" not in again and "train" not in again, again
     records = {p.name: json.loads(p.read_text()) for p in (root / "intervals").iterdir()}
     assert sorted(p.name for p in (root / "snapshots").iterdir()) == snapshots, records

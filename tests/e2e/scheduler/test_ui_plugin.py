@@ -39,10 +39,11 @@ def env(scheduler: Scheduler) -> Env:
     for dag in (DAG, STRICT):
         scheduler.wait_for_dag(dag)
         e.api(f"/api/v2/dags/{dag}", "PATCH", {"is_paused": False})
+    invalid = e.trigger({}, dag=STRICT)  # another DAG: it runs beside the three below
     e.runs["promoted"] = e.trigger_and_wait({}, dag=DAG)
     e.runs["rejected"] = e.trigger_and_wait({"epochs": 0}, dag=DAG)
-    e.runs["invalid"] = e.trigger_and_wait({}, dag=STRICT)
     e.runs["typo"] = e.trigger_and_wait({"epoch": 3}, dag=DAG)  # fails at its first step
+    e.runs["invalid"] = e.wait_for_run(invalid, dag=STRICT)
     return e
 
 
