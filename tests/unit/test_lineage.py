@@ -241,3 +241,29 @@ def test_a_failed_validate_reads_the_rejected_snapshots_report(
     (passed / "summary.json").write_text(json.dumps({**summary, "snapshot_id": "e" * 16}))
     crashed = lineage.failed_step_lineage("validate", cfg, {"snapshot_id": "e" * 16}, settings)
     assert Serde.to_dict(crashed.inputs[0])["inputFacets"] == {}
+
+
+@pytest.mark.parametrize("timeout", ["abc", None, -1, 0, float("nan"), True, "inf"])
+def test_an_http_transport_timeout_that_is_no_duration_is_refused_naming_it(timeout) -> None:
+    """Found by a new user: each of these failed every event with a library's message
+    (``could not convert string to float``, ``must be an int, float or None``), and 0
+    marked the endpoint down without sending anything."""
+    from openlineage.client import OpenLineageClient
+
+    from trainyard.orchestration import lineage_transport
+
+    lineage_transport.install()
+    url = "http://user:secret@127.0.0.1:9/lineage"
+    with pytest.raises(ValueError, match="timeout must be a number of seconds above 0") as e:
+        OpenLineageClient(config={"transport": {"type": "http", "url": url, "timeout": timeout}})
+    assert repr(timeout) in str(e.value) and "secret" not in str(e.value)
+
+
+def test_an_http_transport_timeout_given_as_text_is_its_seconds() -> None:
+    from openlineage.client import OpenLineageClient
+
+    from trainyard.orchestration import lineage_transport
+
+    lineage_transport.install()
+    config = {"type": "http", "url": "http://127.0.0.1:9", "timeout": "1.5"}
+    assert OpenLineageClient(config={"transport": config}).transport.timeout == 1.5

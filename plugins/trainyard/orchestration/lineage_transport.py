@@ -10,8 +10,10 @@ Airflow process that emits loads it), makes ``"type": "http"`` mean
 * each emit ends within the transport's ``timeout``, retries included (the total, not per
   read);
 * an emit that missed it marks the endpoint down for :data:`COOLDOWN_S`, for every process
-  of this user on this machine (the task processes, the scheduler's pool): the run's other
-  events fail at once, each one warning in the log, instead of each waiting.
+  of this Airflow home (the task processes, the scheduler's pool; the marker lives in the
+  home): the run's other events fail at once, each one warning in the log, instead of
+  each waiting;
+* a ``timeout`` that is not a number of seconds above 0 is refused, naming the value.
 
 Lineage never fails a step: the provider logs a failed emit as a warning.
 """
@@ -19,8 +21,8 @@ Lineage never fails a step: the provider logs a failed emit as a warning.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,21 +38,23 @@ COOLDOWN_S = 60.0
 
 
 def _down_marker(url: str) -> Path:
+    """The endpoint's marker, in a folder of the Airflow home's owner (not a shared /tmp)."""
+    from airflow.configuration import AIRFLOW_HOME
+
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"trainyard-{os.getuid()}-lineage-{digest}.down"
+    return Path(AIRFLOW_HOME) / "trainyard-lineage" / f"{digest}.down"
 
 
 def _is_down(marker: Path) -> bool:
     try:
-        st = marker.stat()
+        return time.time() - marker.stat().st_mtime < COOLDOWN_S
     except OSError:
         return False
-    # another account's file in a shared /tmp is no evidence
-    return st.st_uid == os.getuid() and time.time() - st.st_mtime < COOLDOWN_S
 
 
 def _mark_down(marker: Path) -> None:
     try:
+        marker.parent.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         os.close(fd)
         os.utime(marker)
@@ -60,6 +64,24 @@ def _mark_down(marker: Path) -> None:
 
 class DeadlineHttpTransport(HttpTransport):
     """The client's HTTP transport, each emit bounded by ``timeout`` in total."""
+
+    def __init__(self, config: Any) -> None:
+        """Refuse a ``timeout`` that is not a number of seconds above 0 (``"5"`` is 5).
+
+        Raises:
+            ValueError: Naming the transport's URL and the value.
+        """
+        super().__init__(config)
+        try:
+            seconds = float(self.timeout)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0) or isinstance(self.timeout, bool):
+            raise ValueError(
+                f"OpenLineage http transport to {redact_url(self.url)}: timeout must be a "
+                f"number of seconds above 0 (the total for one event), not {self.timeout!r}"
+            )
+        self.timeout = seconds
 
     def emit(self, event: Any) -> Any:
         """Send one event, or raise ``TimeoutError`` once ``timeout`` seconds have passed."""
