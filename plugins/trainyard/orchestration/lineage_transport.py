@@ -94,7 +94,7 @@ class DeadlineHttpTransport(HttpTransport):
             )
         try:
             return within(
-                float(self.timeout),
+                self.timeout,
                 lambda: super(DeadlineHttpTransport, self).emit(event),
                 f"OpenLineage emit to {where}",
             )
