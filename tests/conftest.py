@@ -42,22 +42,32 @@ DIGITS_RUN_GROUP = "digits_run"
 DIGITS_RUN_MODULES = {"tests/e2e/test_lineage.py", "tests/e2e/test_pipeline_e2e.py"}
 
 HEAVY = {
-    "tests/e2e/test_daily_window_e2e.py": 7,
-    "tests/e2e/test_kubernetes_runner.py": 6,
-    "tests/e2e/test_notifications.py": 4,
-    "tests/e2e/test_mlflow_tracking.py": 4,
-    "tests/e2e/test_cli_run_range.py": 3,
-    "tests/e2e/test_image_classes_e2e.py": 3,
-    "tests/e2e/test_regression_e2e.py": 3,
-    "tests/e2e/test_backfill_postgres.py": 3,
-    "tests/reliability/test_training_faults.py": 3,
-    "tests/e2e/test_missing_partition_e2e.py": 2,
-    "tests/e2e/test_training_strategies.py": 2,
-    "tests/reliability/test_train_sigterm.py": 2,
-    "tests/e2e/test_standalone_watch.py": 1,
-    "tests/reliability/test_worker_loopback.py": 1,
+    "tests/e2e/test_daily_window_e2e.py": 250,
+    "tests/e2e/test_kubernetes_runner.py": 202,
+    "tests/e2e/test_notifications.py": 169,
+    "tests/reliability/test_serving_hardening.py": 164,
+    "tests/reliability/test_training_faults.py": 150,
+    "tests/e2e/test_cached_training.py": 130,
+    "tests/reliability/test_interrupt.py": 125,
+    "tests/e2e/test_mlflow_tracking.py": 98,
+    "tests/e2e/test_backfill_postgres.py": 92,
+    "tests/e2e/test_regression_e2e.py": 87,
+    "tests/reliability/test_stream_scoring.py": 84,
+    "tests/e2e/test_missing_partition_e2e.py": 72,
+    "tests/e2e/test_training_strategies.py": 68,
+    "tests/integration/test_missing_partitions.py": 64,
+    "tests/integration/test_tracking.py": 64,
+    "tests/e2e/test_image_classes_e2e.py": 53,
+    "tests/e2e/test_cli_run_range.py": 48,
+    "tests/e2e/test_standalone_watch.py": 48,
+    "tests/reliability/test_train_sigterm.py": 47,
+    "tests/integration/test_registry.py": 45,
+    "tests/e2e/test_churn_e2e.py": 42,
+    "tests/integration/test_serving_server.py": 41,
 }
-"""The longest modules outside those groups, by their minutes on a busy machine."""
+"""The modules outside those groups that take 40 s or more, by their seconds in a fresh
+clone's ``make test`` (2026-11-28, two cores): handed out longest first, so that no long
+module starts last."""
 
 
 def _module(item: pytest.Item) -> str:
@@ -82,12 +92,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     Not ``xdist_group`` markers: pytest-xdist 3.8's ``--dist loadgroup`` renames a
     grouped test's ``item._nodeid``, which pytest 9 no longer reads, so it groups nothing.
     The longest groups are handed out first (the shared standalone's, the shared run's,
-    then :data:`HEAVY`), then the rest, largest first: a worker takes the next group when
-    it has two tests or fewer left.
+    then :data:`HEAVY`, longest first), then the rest, most tests first: a worker takes
+    the next group when it has two tests or fewer left.
     """
     from xdist.scheduler import LoadScopeScheduling
 
-    first = {SCHEDULER_GROUP: 100, DIGITS_RUN_GROUP: 99, **HEAVY}
+    first = {SCHEDULER_GROUP: 850, DIGITS_RUN_GROUP: 190, **HEAVY}
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
