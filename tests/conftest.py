@@ -189,14 +189,29 @@ def _no_resource_tracker_left() -> Iterator[None]:
 
 @pytest.fixture
 def volume_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh volume root for one test (``TRAINYARD_VOLUME_ROOT``).
+    """A fresh volume root for one test (``TRAINYARD_VOLUME_ROOT``), and the shipped
+    pipelines served on a free port of the test's own (``TRAINYARD_PIPELINES_DIR``).
 
-    A model server started under it (``models promote`` starts one, detached, to serve
-    the champion) is stopped afterwards, so none outlives its test and holds the port.
+    Found in a fresh clone where ``make run`` had just run (as the README says): a test's
+    ``summary`` asked the model server that ``make run`` left on the shipped port, 8501,
+    and printed its answer. A model server started under the root (``models promote``
+    starts one, detached, to serve the champion) is stopped afterwards, so none outlives
+    its test and holds the port.
     """
+    import yaml
+
+    from tests.support.ports import free_port
+
     root = tmp_path / "volumes"
     root.mkdir()
     monkeypatch.setenv("TRAINYARD_VOLUME_ROOT", str(root))
+    pipelines, port = tmp_path / "shipped-pipelines", free_port()
+    pipelines.mkdir()
+    for shipped in sorted((ROOT / "dags" / "pipelines").glob("*.yaml")):
+        raw = yaml.safe_load(shipped.read_text())
+        raw["serving"] = {**raw.get("serving", {}), "port": port}
+        (pipelines / shipped.name).write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.setenv("TRAINYARD_PIPELINES_DIR", str(pipelines))
     yield root
     if (root / "_serving").is_dir():
         from trainyard.serving.deploy import stop_local_server
