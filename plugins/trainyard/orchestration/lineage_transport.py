@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -55,9 +54,7 @@ def _is_down(marker: Path) -> bool:
 def _mark_down(marker: Path) -> None:
     try:
         marker.parent.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
-        os.utime(marker)
+        marker.touch(mode=0o600)
     except OSError:
         pass  # the next emit waits its deadline again: slower, never wrong
 
