@@ -165,9 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         return steps.EXIT_INTERRUPTED
 
 
-def is_step(command: str) -> bool:
-    """Whether ``command`` is a step of the table (not a tool)."""
-    return command in _steps().STEPS
+def is_pod_command(command: str) -> bool:
+    """Whether ``command`` is what a pod runs: a step of the table or a training worker.
+
+    Such a process writes its results durably before it returns, so it ends by
+    :func:`finish`; the tools exit normally.
+    """
+    return command == "worker" or command in _steps().STEPS
 
 
 def finish(code: int) -> NoReturn:

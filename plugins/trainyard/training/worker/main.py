@@ -529,7 +529,15 @@ def _export(
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        tf.saved_model.save(model, str(tmp), signatures={"serving_default": serve})
+        # what serving loads is the signature: no per-layer Keras traces (2-6 s of tracing
+        # per export) and no optimizer state (checkpoints keep that)
+        model.save(
+            str(tmp),
+            save_format="tf",
+            include_optimizer=False,
+            save_traces=False,
+            signatures={"serving_default": serve},
+        )
         fsync_tree(tmp)
         if final.exists():
             old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
