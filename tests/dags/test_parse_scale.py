@@ -9,6 +9,7 @@ How long each takes is measured in benchmarks/dag_parse.py.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,14 @@ def test_one_pipeline_that_fails_to_build_leaves_the_others(tmp_path: Path, monk
     assert bad.task_ids == ["invalid_config"]
     assert f"'workers' defaults to {max_workers() + 1}" in bad.doc_md
     assert all(dags[f"trainyard_{n}"].task_ids != ["invalid_config"] for n in names[1:])
+
+
+def test_the_workers_cap_follows_the_runner_of_each_parse(monkeypatch) -> None:
+    # found by xdist's order: the cap was cached from the first parse of the process, so a
+    # local parse after a kubernetes one offered 64 workers (and the other way round, 4)
+    from trainyard.orchestration.graph import max_workers
+
+    monkeypatch.setenv("TRAINYARD_RUNNER", "kubernetes")
+    assert max_workers() == 64
+    monkeypatch.setenv("TRAINYARD_RUNNER", "local")
+    assert max_workers() <= 2 * (os.cpu_count() or 1)

@@ -93,16 +93,18 @@ WORKER_MEMORY_GB = 1.0
 """What one local training worker may take (TensorFlow + tf.data), for the form's cap."""
 
 
-@cache
 def max_workers() -> int:
     """The trigger form's cap on workers: what this machine can run, on the local runner.
 
     On a cluster the Jobs' pods queue for GPUs, so the cap is the config's own (64); on a
     laptop every worker is a process here: at most two per core and one per GB of memory.
     """
-    settings = get_settings()
-    if settings.runner != "local":
-        return 64
+    return 64 if get_settings().runner != "local" else _local_cap()
+
+
+@cache
+def _local_cap() -> int:
+    """This machine's cap (its cores and memory do not change while it runs)."""
     cores = os.cpu_count() or 1
     try:
         memory_gb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
