@@ -175,7 +175,7 @@ def is_pod_command(command: str) -> bool:
 
 
 def finish(code: int) -> NoReturn:
-    """End a step's process with ``code`` as a normal exit would, minus the teardown.
+    """End a pod's process (a step, a training worker) as an exit would, minus the teardown.
 
     Python's finalisation frees every imported module's objects one by one: after
     TensorFlow or Great Expectations were imported that took 3-4 s on two busy cores
