@@ -35,6 +35,19 @@ def test_the_serving_client_gives_up_at_its_deadline(slow_port: int) -> None:
     assert time.monotonic() - began < 2.0
 
 
+def test_the_deadline_is_named_whichever_timer_fires_first(monkeypatch) -> None:
+    # found under load (three xdist workers): the socket's own timeout fired before the
+    # watchdog's, and the stream scorer reported a bare "TimeoutError: timed out"
+    from trainyard.serving.client import ServingClient
+
+    late = ServingClient._expire
+    monkeypatch.setattr(ServingClient, "_expire", lambda self, e: (time.sleep(1.5), late(self, e)))
+    with slow_http_server(drip=False) as port:
+        url = f"http://127.0.0.1:{port}/v1/models/digits"
+        with pytest.raises(TimeoutError, match=f"^GET {url}: no whole answer within 1 s$"):
+            ServingClient("127.0.0.1", port, timeout=1.0).status("digits")
+
+
 def test_fifty_page_views_of_a_slow_model_server_end_at_once(
     slow_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -117,9 +117,10 @@ class ServingClient:
                 if not expired.is_set():
                     continue
                 data, resp = b"", None
-            except BaseException:
+            except BaseException as e:
                 self.close()
-                if not expired.is_set():
+                # the socket's own timeout is the same deadline, and may fire first
+                if not expired.is_set() and not isinstance(e, TimeoutError):
                     raise
                 data, resp = b"", None
             finally:
