@@ -62,11 +62,9 @@ stop:
 	$(ENV) python -m trainyard.streaming.redis_server stop
 	$(ENV) python -m trainyard.metadb stop
 
-# every test (pytest-xdist, grouped by tests/conftest.py: each e2e group stays on one
-# worker) on one worker more than the cores: the e2e tests wait a quarter of their time
-# (scheduler loops, servers starting), which the extra worker fills; the 20 slowest
-# named at the end
-PYTEST_ALL := -n $(shell echo $$(( $$(nproc) + 1 ))) --durations=20
+# every test, on both cores (pytest-xdist, grouped by tests/conftest.py: each e2e group
+# stays on one worker), and the 20 slowest named at the end
+PYTEST_ALL := -n 2 --durations=20
 
 test: $(STAMP) native
 	bash scripts/system_deps.sh
