@@ -402,12 +402,14 @@ def _value_fits(value: Any, type_: str) -> bool:
 
 
 def nested_repetition(pattern: str) -> bool:
-    """Whether a repeated group of ``pattern`` itself holds an unbounded repeat.
+    """Whether a repeated group of ``pattern`` itself holds a repeat of varying length.
 
-    Such a group (``(a+)+``, ``([a-z]+,)*``) can make Python's backtracking matcher take
-    exponential time on a value that almost matches: a record could stall the scorer and
-    validation. Possessive repeats (``a++``) and atomic groups (``(?>...)``) give nothing
-    back to backtrack into, so a repeat inside them does not count.
+    Such a group (``(a+)+``, ``([a-z]+,)*``, ``(a{1,8}){1,12}``) can make Python's
+    backtracking matcher take exponential time on a value that almost matches: a record
+    could stall the scorer and validation. Bounds do not save it: ``(a{1,8}){1,12}``
+    runs for minutes on sixty a's and a full stop. Possessive repeats (``a++``) and atomic
+    groups (``(?>...)``) give nothing back to backtrack into, so a repeat inside them does
+    not count.
     """
     from re import _constants as c  # type: ignore[attr-defined]
     from re import _parser  # type: ignore[attr-defined]
@@ -429,18 +431,18 @@ def nested_repetition(pattern: str) -> bool:
             elif op in (c.ASSERT, c.ASSERT_NOT):
                 yield from items(av[1])
 
-    def unbounded_inside(seq: Any) -> bool:
+    def varying_inside(seq: Any) -> bool:
         for op, av in seq:
-            if op in repeats and av[1] == c.MAXREPEAT:
+            if op in repeats and av[0] != av[1]:
                 return True
-            if op == c.SUBPATTERN and unbounded_inside(av[3]):
+            if op == c.SUBPATTERN and varying_inside(av[3]):
                 return True
-            if op == c.BRANCH and any(unbounded_inside(b) for b in av[1]):
+            if op == c.BRANCH and any(varying_inside(b) for b in av[1]):
                 return True
         return False
 
     return any(
-        op in repeats and av[1] > 1 and unbounded_inside(av[2])
+        op in repeats and av[1] > 1 and varying_inside(av[2])
         for op, av in items(_parser.parse(pattern))
     )
 
