@@ -409,6 +409,35 @@ def test_the_redis_trigger_outlives_a_redis_that_stops_answering(
         redis_server.stop(redis_dir)
 
 
+def test_a_call_that_swallows_its_cancellation_still_ends_at_the_deadline() -> None:
+    """The silent-Redis test above once hung for its 600 s: the trigger's read had passed
+    its ``asyncio.timeout``, whose cancellation redis-py's read swallowed, so the read went
+    on with no deadline left. A call that swallows cancellations (for 3 s here) must still
+    end the trigger's wait at its deadline, and be cancelled, not awaited, there."""
+    import time
+
+    swallowed: list[float] = []
+
+    async def stubborn() -> str:
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            try:
+                await asyncio.sleep(end - time.monotonic())
+            except asyncio.CancelledError:
+                swallowed.append(time.monotonic())
+        return "answered late"
+
+    async def call() -> float:
+        trigger = RedisStreamTrigger("arrivals", "g", "redis://127.0.0.1:1/0", 0.1, deadline=0.2)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await trigger._call(stubborn())
+        return time.monotonic() - start
+
+    took = asyncio.run(call())
+    assert took < 1.0 and swallowed, (took, swallowed)
+
+
 def test_a_run_acknowledging_on_a_silent_redis_fails_at_the_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -127,6 +127,12 @@ def message_interval(
     return {"interval_start": start.isoformat(), "interval_end": end.isoformat()}
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Take a left-behind call's outcome, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -223,9 +229,23 @@ class RedisStreamTrigger(BaseEventTrigger):
         return [self.stream, *([self.retry] if self.retry else [])]
 
     async def _call(self, call: Awaitable[Any], block_s: float = 0.0) -> Any:
-        """``await call``, which must end within :attr:`deadline` (plus ``block_s``)."""
-        async with asyncio.timeout(self.deadline + block_s):
-            return await call
+        """``await call``, which must end within :attr:`deadline` (plus ``block_s``).
+
+        The call runs as a task of its own that is waited for, not awaited: at the deadline
+        it is cancelled and left behind. A redis-py read that swallowed the cancellation of
+        an ``asyncio.timeout`` kept its deadline from firing, and the trigger read for ever.
+        """
+        task = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.deadline + block_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task in done:
+            return task.result()
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise TimeoutError
 
     async def _connect(self) -> Any:
         import redis.asyncio as aioredis
@@ -314,8 +334,7 @@ class RedisStreamTrigger(BaseEventTrigger):
     async def _close(self, client: Any) -> None:
         """Close ``client``'s connections, waiting at most :attr:`deadline` (a stuck peer)."""
         try:
-            async with asyncio.timeout(self.deadline):
-                await client.aclose()
+            await self._call(client.aclose())
         except (TimeoutError, OSError) as e:
             log.debug("redis stream %s: closing: %r", self.stream, e)
 
