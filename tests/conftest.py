@@ -44,7 +44,6 @@ DIGITS_RUN_MODULES = {"tests/e2e/test_lineage.py", "tests/e2e/test_pipeline_e2e.
 HEAVY = {
     "tests/e2e/test_daily_window_e2e.py": 250,
     "tests/e2e/test_kubernetes_runner.py": 202,
-    "tests/e2e/test_notifications.py": 169,
     "tests/reliability/test_serving_hardening.py": 164,
     "tests/reliability/test_training_faults.py": 150,
     "tests/e2e/test_cached_training.py": 130,
