@@ -116,17 +116,12 @@ class Column:
 
     @property
     def value_regex(self) -> str | None:
-        r"""``regex`` as values are searched with: a final ``$`` is the value's end.
+        """``regex`` as values are searched with (:func:`value_pattern`).
 
-        Python's ``$`` also matches before a final newline, so ``^ev-[0-9]+$`` took
-        ``"ev-1\n"``; ``\Z`` matches at the end only. Validation and the stream scorer
-        both search with this.
+        Validation, the stream scorer and the contract's own check of its allowed values
+        all search with this.
         """
-        pattern = self.regex
-        if pattern is None or not pattern.endswith("$"):
-            return pattern
-        escapes = len(pattern[:-1]) - len(pattern[:-1].rstrip("\\"))
-        return pattern[:-1] + "\\Z" if escapes % 2 == 0 else pattern
+        return None if self.regex is None else value_pattern(self.regex)
 
     def severity_of(self, rule: str) -> Severity:
         """The severity of one of this column's rules (``error`` unless declared ``warn``)."""
@@ -401,49 +396,246 @@ def _value_fits(value: Any, type_: str) -> bool:
     return False
 
 
-def nested_repetition(pattern: str) -> bool:
-    """Whether a repeated group of ``pattern`` itself holds a repeat of varying length.
+def value_pattern(regex: str) -> str:
+    r"""``regex`` with every ``$`` meaning the value's end (``\Z``).
 
-    Such a group (``(a+)+``, ``([a-z]+,)*``, ``(a{1,8}){1,12}``) can make Python's
-    backtracking matcher take exponential time on a value that almost matches: a record
-    could stall the scorer and validation. Bounds do not save it: ``(a{1,8}){1,12}``
-    runs for minutes on sixty a's and a full stop. Possessive repeats (``a++``) and atomic
-    groups (``(?>...)``) give nothing back to backtrack into, so a repeat inside them does
-    not count.
+    Python's ``$`` also matches before a final newline, so ``^ev-[0-9]+$`` took
+    ``"ev-1\n"``, and so did ``^yes$|^no$``. An escaped ``\$`` and one in a class
+    (``[$]``) are dollar signs and stay; under ``(?m)`` a ``$`` is a line's end and stays.
     """
-    from re import _constants as c  # type: ignore[attr-defined]
-    from re import _parser  # type: ignore[attr-defined]
+    import re
 
-    repeats = (c.MAX_REPEAT, c.MIN_REPEAT)
+    if re.match(r"\(\?[aiLsux]*m", regex):
+        return regex
+    out, i, in_class, first = [], 0, False, 0
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\":
+            out.append(regex[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = not (ch == "]" and i > first)  # []a] and [^]a] hold a "]"
+        elif ch == "[":
+            in_class, first = True, i + 1 + (regex[i + 1 : i + 2] == "^")
+        elif ch == "$":
+            ch = "\\Z"
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
-    def items(seq: Any) -> Any:
-        for op, av in seq:
+
+@lru_cache(maxsize=256)
+def _usable_regex(regex: str) -> re.Pattern[str] | None:
+    """The compiled search of a contract's ``regex``; None if it is invalid or slow."""
+    try:
+        compiled = re.compile(value_pattern(regex))
+        if nested_repetition(regex) or ambiguous_alternation(regex):
+            return None
+    except (re.error, OverflowError, RecursionError):
+        return None
+    return compiled
+
+
+class _RegexTree:
+    """A pattern as Python's ``re`` parser sees it, and what its parts can match."""
+
+    def __init__(self, pattern: str) -> None:
+        from re import _constants as c  # type: ignore[attr-defined]
+        from re import _parser  # type: ignore[attr-defined]
+
+        self.c = c
+        self.tree = _parser.parse(pattern)
+        # (?i) anywhere folds case everywhere: LITERAL 65 then matches "a" too
+        self.fold = bool(self.tree.state.flags & c.SRE_FLAG_IGNORECASE) or any(
+            op == c.SUBPATTERN and av[1] & c.SRE_FLAG_IGNORECASE for op, av in self.items()
+        )
+        self.varying_ops = (c.MAX_REPEAT, c.MIN_REPEAT)
+        self.zero_width = (c.AT, c.ASSERT, c.ASSERT_NOT)
+
+    def children(self, op: Any, av: Any) -> list[Any]:
+        """The sequences directly inside one node (every kind: atomic, conditional...)."""
+        c = self.c
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            return [av[2]]
+        if op == c.SUBPATTERN:
+            return [av[3]]
+        if op == c.ATOMIC_GROUP:
+            return [av]
+        if op == c.BRANCH:
+            return list(av[1])
+        if op in (c.ASSERT, c.ASSERT_NOT):
+            return [av[1]]
+        if op == c.GROUPREF_EXISTS:
+            return [x for x in av[1:] if x is not None]
+        return []
+
+    def items(self, seq: Any = None) -> Any:
+        """Every node of ``seq`` (default: the whole pattern), depth first."""
+        for op, av in self.tree if seq is None else seq:
             yield op, av
-            if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
-                yield from items(av[2])
-            elif op == c.SUBPATTERN:
-                yield from items(av[3])
-            elif op == c.ATOMIC_GROUP:
-                yield from items(av)
-            elif op == c.BRANCH:
-                for branch in av[1]:
-                    yield from items(branch)
-            elif op in (c.ASSERT, c.ASSERT_NOT):
-                yield from items(av[1])
+            for child in self.children(op, av):
+                yield from self.items(child)
 
-    def varying_inside(seq: Any) -> bool:
+    def folded(self, chars: set[int]) -> set[int]:
+        """``chars`` with their other cases, under (?i)."""
+        if not self.fold:
+            return chars
+        out = set(chars)
+        for x in chars:
+            for v in (chr(x).lower(), chr(x).upper()):
+                if len(v) == 1:
+                    out.add(ord(v))
+        return out
+
+    def leaf_set(self, op: Any, av: Any) -> set[int] | None:
+        """The characters one leaf matches, when few and known; None: a class, a dot..."""
+        c = self.c
+        if op == c.LITERAL:
+            return self.folded({av})
+        if op == c.IN:
+            chars: set[int] = set()
+            for kind, arg in av:
+                if kind == c.LITERAL:
+                    chars.add(arg)
+                elif kind == c.RANGE and arg[1] - arg[0] < 4096:
+                    chars.update(range(arg[0], arg[1] + 1))
+                else:  # a category (\w), a negation, a wide range
+                    return None
+            return self.folded(chars)
+        return None
+
+    def can_match(self, op: Any, av: Any, ch: int) -> bool:
+        """Whether one leaf (a literal, a class, a dot, a back reference) can match ``ch``."""
+        import re
+
+        c = self.c
+        flags = re.IGNORECASE if self.fold else 0
+        if op in (c.LITERAL, c.NOT_LITERAL):
+            same = ch in self.folded({av})
+            return same if op == c.LITERAL else not same
+        if op == c.IN:
+            hit, negate = False, False
+            for kind, arg in av:
+                if kind == c.NEGATE:
+                    negate = True
+                elif kind == c.LITERAL:
+                    hit |= ch in self.folded({arg})
+                elif kind == c.RANGE:
+                    hit |= any(arg[0] <= x <= arg[1] for x in self.folded({ch}))
+                elif kind == c.CATEGORY:
+                    code = str(arg).removeprefix("CATEGORY_").lower()
+                    probe = {"digit": r"\d", "not_digit": r"\D", "space": r"\s",
+                             "not_space": r"\S", "word": r"\w", "not_word": r"\W"}  # fmt: skip
+                    hit |= bool(re.fullmatch(probe.get(code, "(?s:.)"), chr(ch), flags))
+            return hit != negate
+        return True  # any character, a back reference
+
+    def leaves(self, seq: Any) -> list[tuple[Any, Any]]:
+        """The character-matching nodes anywhere inside ``seq``."""
+        c = self.c
+        kinds = (c.LITERAL, c.NOT_LITERAL, c.IN, c.ANY, c.GROUPREF)
+        return [(op, av) for op, av in self.items(seq) if op in kinds]
+
+    def overlap(self, a: Any, b: Any) -> bool:
+        """Whether some character can be matched inside both ``a`` and ``b`` (sequences)."""
+        left, right = self.leaves(a), self.leaves(b)
+        probes = set(range(256))
+        for op, av in left + right:
+            probes |= self.leaf_set(op, av) or set()
+        return any(
+            any(self.can_match(op, av, ch) for op, av in left)
+            and any(self.can_match(op, av, ch) for op, av in right)
+            for ch in probes
+        )
+
+    def varying(self, seq: Any) -> bool:
+        """Whether ``seq`` holds a repeat of varying length that can give characters back."""
         for op, av in seq:
-            if op in repeats and av[0] != av[1]:
+            if op in self.varying_ops and av[0] != av[1]:
                 return True
-            if op == c.SUBPATTERN and varying_inside(av[3]):
-                return True
-            if op == c.BRANCH and any(varying_inside(b) for b in av[1]):
+            if op in (self.c.ATOMIC_GROUP, self.c.POSSESSIVE_REPEAT):
+                continue  # gives nothing back
+            if any(self.varying(child) for child in self.children(op, av)):
                 return True
         return False
 
+    def splits(self, seq: Any) -> float:
+        """At most how many ways one round of ``seq`` can split a stretch (inf: unbounded)."""
+        ways = 1.0
+        for op, av in seq:
+            if op in (self.c.ATOMIC_GROUP, self.c.POSSESSIVE_REPEAT):
+                continue
+            if op in self.varying_ops and av[0] != av[1]:
+                ways *= math.inf if av[1] == self.c.MAXREPEAT else av[1] - av[0] + 1
+            for child in self.children(op, av):
+                ways *= self.splits(child)
+        return ways
+
+    def delimited(self, body: Any) -> bool:
+        r"""Whether each round of ``body`` is cut off by a character found nowhere else in it.
+
+        A first or last part (a literal, a class) that no other part can match, as in
+        ``(\d{1,3}\.){3}`` or ``( [a-z]+)*``: its rounds then split a value one way only.
+        """
+        parts = [(op, av) for op, av in body if op not in self.zero_width]
+        while len(parts) == 1 and parts[0][0] == self.c.SUBPATTERN:  # (...) around it all
+            parts = [(op, av) for op, av in parts[0][1][3] if op not in self.zero_width]
+        for k in (0, len(parts) - 1):
+            if not parts:
+                return False
+            mark = self.leaf_set(*parts[k])
+            rest = parts[:k] + parts[k + 1 :]
+            if mark and not any(
+                self.can_match(op, av, ch) for op, av in self.leaves(rest) for ch in mark
+            ):
+                return True
+        return False
+
+    def repeats_in_a_row(self, seq: Any) -> bool:
+        r"""Whether two repeats of varying length in a row can take the same characters.
+
+        ``x+x+`` or ``\d+,?\d*``: each round then splits one stretch many ways.
+        """
+        for i, (op, av) in enumerate(seq):
+            if op in self.varying_ops and av[0] != av[1]:
+                for op2, av2 in seq[i + 1 :]:
+                    if op2 in self.zero_width:
+                        continue
+                    if op2 in self.varying_ops and av2[0] != av2[1]:
+                        if self.overlap(av[2], av2[2]):
+                            return True
+                        if av2[0] == 0:
+                            continue
+                    break
+            if op not in (self.c.ATOMIC_GROUP, self.c.POSSESSIVE_REPEAT) and any(
+                self.repeats_in_a_row(child) for child in self.children(op, av)
+            ):
+                return True
+        return False
+
+
+def nested_repetition(pattern: str) -> bool:
+    r"""Whether a repeated group of ``pattern`` holds a repeat that splits its rounds many ways.
+
+    Such a group (``(a+)+``, ``(a{1,8}){1,12}``, ``(x+x+,)*``) can make Python's
+    backtracking matcher take exponential time on a value that almost matches: a record
+    could stall the scorer and validation. Bounds do not save it: ``(a{1,8}){1,12}`` runs
+    for minutes on sixty a's and a full stop. A group whose rounds start or end with a
+    character nothing else in it matches (``(\d{1,3}\.){3}``, ``([a-z]+,)*``) splits a
+    value one way, unless two repeats in a row inside it can take the same characters; so
+    does a group of few rounds whose repeats have few lengths (``(\d{2,3}){2}``).
+    Possessive repeats (``a++``) and atomic groups (``(?>...)``) give nothing back, so a
+    repeat inside them does not count; what is inside them is checked as a pattern of its own.
+    """
+    regex = _RegexTree(pattern)
     return any(
-        op in repeats and av[1] > 1 and varying_inside(av[2])
-        for op, av in items(_parser.parse(pattern))
+        op in regex.varying_ops
+        and av[1] > 1
+        and regex.varying(av[2])
+        and regex.splits(av[2]) ** min(av[1], 64) > 10_000  # (\d{2,3}){2}: 4 ways in all
+        and (regex.repeats_in_a_row(av[2]) or not regex.delimited(av[2]))
+        for op, av in regex.items()
     )
 
 
@@ -453,32 +645,23 @@ def ambiguous_alternation(pattern: str) -> bool:
     ``(a|aa)+``, ``([a-z]|[a-z]{2})*`` or ``(a?){28}`` can split one value between their
     parts in exponentially many ways, each tried on a value that almost matches, as a
     nested repeat can (:func:`nested_repetition`). Alternatives that may match nothing,
-    or start with any character, count as starting alike; possessive repeats and atomic
-    groups give nothing back and do not count.
+    or start with any character, count as starting alike (under ``(?i)``, in either case);
+    possessive repeats and atomic groups give nothing back and do not count, though what
+    they hold is checked as a pattern of its own.
     """
-    from re import _constants as c  # type: ignore[attr-defined]
-    from re import _parser  # type: ignore[attr-defined]
-
+    regex = _RegexTree(pattern)
+    c = regex.c
     repeats = (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT)
 
     def first(seq: Any) -> set[int] | None:
         """The characters a match of ``seq`` can start with; None: any, or none."""
         out: set[int] = set()
         for op, av in seq:
-            if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
+            if op in regex.zero_width:
                 continue
-            if op == c.LITERAL:
-                return out | {av}
-            if op == c.IN:
-                chars: set[int] = set()
-                for kind, arg in av:
-                    if kind == c.LITERAL:
-                        chars.add(arg)
-                    elif kind == c.RANGE and arg[1] - arg[0] < 4096:
-                        chars.update(range(arg[0], arg[1] + 1))
-                    else:  # a category (\w), a negation, a wide range
-                        return None
-                return out | chars
+            if op in (c.LITERAL, c.IN):
+                chars = regex.leaf_set(op, av)
+                return None if chars is None else out | chars
             if op in repeats:
                 sub = first(av[2])
                 if sub is None:
@@ -487,9 +670,10 @@ def ambiguous_alternation(pattern: str) -> bool:
                 if av[0] > 0:
                     return out
                 continue  # may repeat 0 times: what follows can start the match too
-            if op in (c.SUBPATTERN, c.ATOMIC_GROUP, c.BRANCH):
-                parts = [av[3]] if op == c.SUBPATTERN else [av] if op == c.ATOMIC_GROUP else av[1]
-                subs = [first(b) for b in parts]
+            if op in (c.SUBPATTERN, c.ATOMIC_GROUP, c.BRANCH, c.GROUPREF_EXISTS):
+                subs = [first(b) for b in regex.children(op, av)]
+                if op == c.GROUPREF_EXISTS and len(subs) == 1:
+                    return None  # (?(1)x): no second branch, it may match nothing
                 if any(x is None for x in subs):
                     return None
                 return out.union(*subs)  # type: ignore[arg-type]
@@ -498,54 +682,36 @@ def ambiguous_alternation(pattern: str) -> bool:
 
     def ambiguous(seq: Any) -> bool:
         for op, av in seq:
-            if op == c.BRANCH:
-                starts = [first(b) for b in av[1]]
+            if op in (c.BRANCH, c.GROUPREF_EXISTS):
+                starts = [first(b) for b in regex.children(op, av)]
                 for i, a in enumerate(starts):
                     for b in starts[i + 1 :]:
                         if a is None or b is None or a & b:
                             return True
-                if any(ambiguous(b) for b in av[1]):
-                    return True
-            inner = {c.SUBPATTERN: 3, c.MAX_REPEAT: 2, c.MIN_REPEAT: 2}.get(op)
-            if inner is not None and ambiguous(av[inner]):
+            if op in (c.ATOMIC_GROUP, c.POSSESSIVE_REPEAT):
+                continue  # gives nothing back
+            if any(ambiguous(child) for child in regex.children(op, av)):
                 return True
         return False
 
     def empty_ok(seq: Any) -> bool:
         """Whether ``seq`` can match nothing."""
         for op, av in seq:
-            if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
+            if op in regex.zero_width:
                 continue
             if op in repeats and (av[0] == 0 or empty_ok(av[2])):
                 continue
-            if op == c.SUBPATTERN and empty_ok(av[3]):
-                continue
-            if op == c.BRANCH and any(empty_ok(b) for b in av[1]):
+            if op in (c.SUBPATTERN, c.BRANCH, c.GROUPREF_EXISTS, c.ATOMIC_GROUP) and any(
+                empty_ok(b) for b in regex.children(op, av)
+            ):
                 continue
             return False
         return True
 
-    def walk(seq: Any) -> bool:
-        for op, av in seq:
-            if (
-                op in (c.MAX_REPEAT, c.MIN_REPEAT)
-                and av[1] > 1
-                and (ambiguous(av[2]) or empty_ok(av[2]))
-            ):
-                return True
-            if op in (c.MAX_REPEAT, c.MIN_REPEAT):
-                parts = [av[2]]
-            elif op == c.SUBPATTERN:
-                parts = [av[3]]
-            elif op in (c.ASSERT, c.ASSERT_NOT):
-                parts = [av[1]]
-            else:
-                parts = av[1] if op == c.BRANCH else []
-            if any(walk(x) for x in parts):
-                return True
-        return False
-
-    return walk(_parser.parse(pattern))
+    return any(
+        op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[1] > 1 and (ambiguous(av[2]) or empty_ok(av[2]))
+        for op, av in regex.items()
+    )
 
 
 def _empty_range(col: dict[str, Any], type_: str, at: list[Any], where: _Where) -> list[str]:
@@ -575,7 +741,8 @@ def _breaks_rules(value: Any, col: dict[str, Any]) -> str | None:
             return f"is shorter than min_length {col['min_length']}"
         if "max_length" in col and len(value) > col["max_length"]:
             return f"is longer than max_length {col['max_length']}"
-        if "regex" in col and not re.search(col["regex"], value):
+        pattern = _usable_regex(col["regex"]) if "regex" in col else None
+        if pattern is not None and not pattern.search(value):  # a bad regex is its own error
             return f"does not match the regex {col['regex']!r}"
         return None
     if isinstance(value, bool):
@@ -625,16 +792,20 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
                 re.compile(col["regex"])
                 nested = nested_repetition(col["regex"])
                 ambiguous = ambiguous_alternation(col["regex"])
-            except re.error as e:
+            except (re.error, OverflowError) as e:
                 errs.append(where([*at, "regex"], f"invalid regular expression: {e}"))
+            except RecursionError:
+                errs.append(where([*at, "regex"], "invalid regular expression: nested too deep"))
             else:
                 if nested:
                     errs.append(
                         where(
                             [*at, "regex"],
-                            "a repeated group holds a repeat: a value that almost matches "
-                            "can take exponential time; make the inner repeat possessive "
-                            "(a++) or the group atomic ((?>...))",
+                            "a repeated group holds a repeat that can split a value between "
+                            "its rounds in many ways: a value that almost matches can take "
+                            "exponential time; end (or start) each round with a character "
+                            "nothing else in it matches ((\\d{1,3}\\.){3}), or make the "
+                            "inner repeat possessive (a++) or the group atomic ((?>...))",
                         )
                     )
                 elif ambiguous:

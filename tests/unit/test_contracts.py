@@ -219,6 +219,11 @@ def test_schema_file_is_a_valid_json_schema() -> None:
         ("^(ab|cd)+$", False),
         ("^(foo|bar)*$", False),
         ("^((a|b)c)+$", False),
+        ("(?i)^(ab|Ab)+$", True),  # cold user: 12 s; alike under (?i)
+        ("(?i)^(?:NA|na|EU|eu)(?:-(?:NA|na|EU|eu))*$", True),  # cold user: 8 s
+        ("^(?>(?:a|aa)+$)", True),  # cold user: the atomic group's inside backtracks
+        ("^(?:(?:a|aa)+$)++", True),
+        ("^(x)(?:(?(1)(?:a|aa)|b))+$", True),  # cold user: inside a conditional
         ("^(a|aa)++$", False),  # possessive: nothing to give back
         ("^(?>a|aa)+$", False),  # atomic alternatives
         ("^(\\w|-)+$", False),  # one character class to the parser
@@ -243,31 +248,43 @@ def _assert_fast_on_a_near_match(pattern: str) -> None:
     """This thread's CPU time: a busy machine (tests on both cores) must not fail it."""
     import time
 
-    t = time.thread_time()
-    re.search(pattern, "a" * 60 + "!")
-    assert time.thread_time() - t < 0.5, pattern
+    for value in ("a" * 60, "1" * 60, "x" * 60, "a." * 30, "a," * 30, " ab" * 20, "ab" * 30):
+        t = time.thread_time()
+        re.search(pattern, value + "!")
+        assert time.thread_time() - t < 0.5, (pattern, value)
 
 
 @pytest.mark.parametrize(
     ("pattern", "nested"),
     [
         ("^(a+)+$", True),
-        ("^([a-z]+,)*$", True),
         ("^(a{1,5}){1,10}$", True),  # CI: 0.55 s on 40 a's; (a{1,8}){1,12}: minutes on 60
         ("^(a{1,8}){1,12}$", True),
+        ("^(a{1,60}){3}$", True),  # few rounds, but 60 lengths each
         ("^((a|b){1,3}c?){2,}$", True),
+        ("^(x+x+,)*$", True),  # a delimiter, but each round splits x's many ways
+        ("^(?:(?:a+){1})+$", True),  # cold user: {1} hid the repeat
+        ("^(x)(?:(?(1)a+|b))+$", True),  # cold user: so did a conditional
         ("^(a{1,8}+){1,12}$", False),  # possessive: nothing to give back
         ("^(a{2}){1,10}$", False),  # a repeat of fixed length splits one way
+        ("^(\\d{2,3}){2}$", False),  # cold user: refused, though 4 ways in all
         ("^(a{1,5})$", False),  # not repeated
-        ("^[0-9]{1,3}(\\.[0-9]{1,3}){3}$", True),  # safe, but the check is not that fine:
-        ("^[0-9]{1,3}(\\.[0-9]{1,3}+){3}$", False),  # the fix its error names
+        # each round cut off by a character nothing else in it matches: one way to split;
+        # all refused before (cold user: the IPv4, e-mail, host name and list patterns)
+        ("^[0-9]{1,3}(\\.[0-9]{1,3}){3}$", False),
+        ("^(\\d{1,3}\\.){3}\\d{1,3}$", False),
+        ("^[\\w.+-]+@([\\w-]+\\.)+[A-Za-z]{2,}$", False),
+        ("^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z]{2,}$", False),
+        ("^([a-z]+,)*$", False),
+        ("^[A-Za-z]+( [A-Za-z]+)*$", False),
     ],
 )
-def test_repeated_groups_holding_a_repeat_of_varying_length_are_refused(
+def test_repeated_groups_holding_a_repeat_that_splits_rounds_many_ways_are_refused(
     pattern: str, nested: bool
 ) -> None:
-    """Bounds did not save ``(a{1,5}){1,10}``: the check let it pass because only an
-    unbounded inner repeat counted; the ones it passes stay fast on a near match."""
+    """Bounds did not save ``(a{1,5}){1,10}`` (only an unbounded inner repeat counted),
+    while common patterns whose rounds end in a delimiter were refused; the ones the check
+    passes stay fast on near matches."""
     from trainyard.contracts import ambiguous_alternation, nested_repetition
 
     assert nested_repetition(pattern) is nested
@@ -282,11 +299,15 @@ def test_repeated_groups_holding_a_repeat_of_varying_length_are_refused(
         (r"^price \$", r"^price \$"),  # an escaped $ is a dollar sign
         (r"^a\\$", r"^a\\\Z"),  # an escaped backslash, then the end
         ("^t-", "^t-"),
-        ("(a|b$)c", "(a|b$)c"),  # only a final $ is rewritten
+        ("^yes$|^no$", r"^yes\Z|^no\Z"),  # cold user: "yes\n" passed
+        ("(?x) ^ev-[0-9]+$  ", r"(?x) ^ev-[0-9]+\Z  "),
+        ("[$]x$", r"[$]x\Z"),  # in a class: a dollar sign
+        ("[]$]$", r"[]$]\Z"),
+        ("(?m)^a$", "(?m)^a$"),  # (?m): a line's end
         (None, None),
     ],
 )
-def test_a_final_dollar_is_the_values_end(regex: str | None, searched: str | None) -> None:
+def test_a_dollar_is_the_values_end(regex: str | None, searched: str | None) -> None:
     import re
 
     from trainyard.contracts import Column
@@ -295,6 +316,30 @@ def test_a_final_dollar_is_the_values_end(regex: str | None, searched: str | Non
     if regex == "^ev-[0-9]+$":  # Python's $ takes a final newline; the value's end does not
         assert re.search(regex, "ev-1\n") and re.search(searched, "ev-1")
         assert not re.search(searched, "ev-1\n")
+
+
+def test_a_regex_nested_too_deep_or_slow_on_its_allowed_values_is_one_clear_error() -> None:
+    """Cold user: 500 nested groups ended the check in a RecursionError traceback, and the
+    check ran a refused regex on its own allowed values (7 s for ``(a+)+`` on 27 a's)."""
+    import time
+
+    minimal = (FIXTURES / "positive" / "minimal.yaml").read_text()
+    assert "    type: string\n" in minimal
+
+    def with_regex(regex: str, allowed: str = "") -> str:
+        extra = f"    regex: '{regex}'\n" + (
+            f"    allowed_values: [{allowed}]\n" if allowed else ""
+        )
+        return minimal.replace("    type: string\n", "    type: string\n" + extra, 1)
+
+    deep = "^" + "(?:" * 500 + "a" + ")" * 500 + "$"
+    with pytest.raises(ContractError, match="invalid regular expression: nested too deep"):
+        parse_contract_text(with_regex(deep), Path("minimal.yaml"))
+    t = time.thread_time()
+    with pytest.raises(ContractError, match="a repeated group holds a repeat") as err:
+        parse_contract_text(with_regex("^(a+)+$", "'" + "a" * 30 + "!'"), Path("minimal.yaml"))
+    assert time.thread_time() - t < 0.5
+    assert "does not match" not in str(err.value)  # one error: the regex's own
 
 
 @pytest.mark.parametrize("name", ["class", "lambda", "__x", "__init__"])
