@@ -400,28 +400,36 @@ def value_pattern(regex: str) -> str:
     r"""``regex`` with every ``$`` meaning the value's end (``\Z``).
 
     Python's ``$`` also matches before a final newline, so ``^ev-[0-9]+$`` took
-    ``"ev-1\n"``, and so did ``^yes$|^no$``. An escaped ``\$`` and one in a class
-    (``[$]``) are dollar signs and stay; under ``(?m)`` a ``$`` is a line's end and stays.
+    ``"ev-1\n"``, and so did ``^yes$|^no$``. An escaped ``\$``, one in a class (``[$]``)
+    and one in a comment stay; under ``(?m)`` anywhere, a ``$`` is a line's end and stays.
     """
-    import re
-
-    if re.match(r"\(\?[aiLsux]*m", regex):
+    try:
+        tree = _RegexTree(regex)
+        flags = tree.tree.state.flags
+        scoped = [av[1] for op, av in tree.items() if op == tree.c.SUBPATTERN]
+    except (re.error, OverflowError, RecursionError):
+        return regex  # refused with its own error
+    if any(f & re.MULTILINE for f in [flags, *scoped]):
         return regex
+    verbose = bool(flags & re.VERBOSE)
     out, i, in_class, first = [], 0, False, 0
     while i < len(regex):
         ch = regex[i]
+        end = i + 1
         if ch == "\\":
-            out.append(regex[i : i + 2])
-            i += 2
-            continue
-        if in_class:
+            end = i + 2
+        elif in_class:
             in_class = not (ch == "]" and i > first)  # []a] and [^]a] hold a "]"
         elif ch == "[":
             in_class, first = True, i + 1 + (regex[i + 1 : i + 2] == "^")
+        elif regex.startswith("(?#", i):
+            end = regex.find(")", i) + 1 or len(regex)
+        elif verbose and ch == "#":
+            end = regex.find("\n", i) + 1 or len(regex)
         elif ch == "$":
             ch = "\\Z"
-        out.append(ch)
-        i += 1
+        out.append(ch if end == i + 1 else regex[i:end])
+        i = end
     return "".join(out)
 
 
@@ -435,6 +443,15 @@ def _usable_regex(regex: str) -> re.Pattern[str] | None:
     except (re.error, OverflowError, RecursionError):
         return None
     return compiled
+
+
+_SCRIPT_PROBES = {
+    *map(ord, "ĀſƀΑαЖжאا٣अ३กあア中한０Ａａ\u2003\u3000\u00a0\u0130\u0131\u212a"),
+    *range(0x390, 0x3A0),
+    *range(0x1F00, 0x1F10),
+}
+"""Characters beyond Latin-1 that classes (``\\w``, ``\\d``, ``\\s``, negations, wide
+ranges) may share: one or a few of each script's letters, digits and spaces."""
 
 
 class _RegexTree:
@@ -478,14 +495,17 @@ class _RegexTree:
                 yield from self.items(child)
 
     def folded(self, chars: set[int]) -> set[int]:
-        """``chars`` with their other cases, under (?i)."""
+        """``chars`` with what ``re`` takes for them under (?i) (``İ`` for ``i``...)."""
         if not self.fold:
             return chars
+        import _sre  # type: ignore[import-not-found]
+        from re import _casefix  # type: ignore[attr-defined]
+
         out = set(chars)
         for x in chars:
-            for v in (chr(x).lower(), chr(x).upper()):
-                if len(v) == 1:
-                    out.add(ord(v))
+            low = _sre.unicode_tolower(x)
+            out |= {low, *_casefix._EXTRA_CASES.get(low, ())}
+            out |= {ord(v) for v in (chr(x).lower(), chr(x).upper()) if len(v) == 1}
         return out
 
     def leaf_set(self, op: Any, av: Any) -> set[int] | None:
@@ -537,13 +557,24 @@ class _RegexTree:
         kinds = (c.LITERAL, c.NOT_LITERAL, c.IN, c.ANY, c.GROUPREF)
         return [(op, av) for op, av in self.items(seq) if op in kinds]
 
+    def probes(self, leaves: list[tuple[Any, Any]]) -> set[int] | None:
+        """The characters to try ``leaves`` on; None: they name too many to try.
+
+        Latin-1, a letter, digit and space of the other scripts, and every character the
+        leaves name.
+        """
+        out = set(range(256)) | _SCRIPT_PROBES
+        for op, av in leaves:
+            out |= self.leaf_set(op, av) or set()
+            if len(out) > 2048:
+                return None
+        return out
+
     def overlap(self, a: Any, b: Any) -> bool:
         """Whether some character can be matched inside both ``a`` and ``b`` (sequences)."""
         left, right = self.leaves(a), self.leaves(b)
-        probes = set(range(256))
-        for op, av in left + right:
-            probes |= self.leaf_set(op, av) or set()
-        return any(
+        probes = self.probes(left + right)
+        return probes is None or any(
             any(self.can_match(op, av, ch) for op, av in left)
             and any(self.can_match(op, av, ch) for op, av in right)
             for ch in probes
@@ -568,8 +599,12 @@ class _RegexTree:
                 continue
             if op in self.varying_ops and av[0] != av[1]:
                 ways *= math.inf if av[1] == self.c.MAXREPEAT else av[1] - av[0] + 1
+            inner = 1.0
             for child in self.children(op, av):
-                ways *= self.splits(child)
+                inner *= self.splits(child)
+            if op in self.varying_ops and av[0] == av[1] > 1 and inner > 1:
+                inner = math.inf if av[1] * math.log(inner) > 50 else inner ** av[1]
+            ways = min(ways * inner, math.inf)
         return ways
 
     def delimited(self, body: Any) -> bool:
@@ -578,36 +613,68 @@ class _RegexTree:
         A first or last part (a literal, a class) that no other part can match, as in
         ``(\d{1,3}\.){3}`` or ``( [a-z]+)*``: its rounds then split a value one way only.
         """
-        parts = [(op, av) for op, av in body if op not in self.zero_width]
-        while len(parts) == 1 and parts[0][0] == self.c.SUBPATTERN:  # (...) around it all
-            parts = [(op, av) for op, av in parts[0][1][3] if op not in self.zero_width]
+        parts = self.flat(body)
         for k in (0, len(parts) - 1):
             if not parts:
                 return False
-            mark = self.leaf_set(*parts[k])
-            rest = parts[:k] + parts[k + 1 :]
-            if mark and not any(
-                self.can_match(op, av, ch) for op, av in self.leaves(rest) for ch in mark
+            op, av = parts[k]
+            others = parts[:k] + parts[k + 1 :]
+            if op in self.varying_ops and av[0] >= 1:  # \s+ starts each round too,
+                if all(o in self.varying_ops and a[0] == 0 for o, a in others):
+                    continue  # if something else must follow it: not (a+)+, (a+b?)+
+                op, av = av[2][0] if len(av[2]) == 1 else (None, None)
+            if op not in (self.c.LITERAL, self.c.IN):
+                continue
+            rest = self.leaves(others)
+            probes = self.probes([*rest, (op, av)])
+            if probes is not None and not any(
+                self.can_match(op, av, ch) and any(self.can_match(o, a, ch) for o, a in rest)
+                for ch in probes
             ):
                 return True
         return False
+
+    def heads(self, seq: Any) -> list[tuple[Any, Any]]:
+        """The parts a match of ``seq`` can start with (``-`` for ``-[a-z0-9]+``)."""
+        out: list[tuple[Any, Any]] = []
+        for op, av in self.flat(seq):
+            if op in self.varying_ops or op == self.c.POSSESSIVE_REPEAT:
+                out += self.heads(av[2])
+                if av[0] > 0:
+                    return out
+            elif op in (self.c.LITERAL, self.c.NOT_LITERAL, self.c.IN, self.c.ANY):
+                return [*out, (op, av)]
+            else:  # alternatives, a conditional, an atomic group, a back reference
+                return [*out, (op, av)]
+        return out
+
+    def flat(self, seq: Any) -> list[tuple[Any, Any]]:
+        """``seq``'s parts in order, groups that are not repeated opened, no zero-width part."""
+        out: list[tuple[Any, Any]] = []
+        for op, av in seq:
+            if op == self.c.SUBPATTERN:
+                out += self.flat(av[3])
+            elif op not in self.zero_width:
+                out.append((op, av))
+        return out
 
     def repeats_in_a_row(self, seq: Any) -> bool:
         r"""Whether two repeats of varying length in a row can take the same characters.
 
         ``x+x+`` or ``\d+,?\d*``: each round then splits one stretch many ways.
         """
-        for i, (op, av) in enumerate(seq):
+        parts = self.flat(seq)
+        for i, (op, av) in enumerate(parts):
+            if op in self.varying_ops and av[0] == av[1] > 1 and self.varying(av[2]):
+                return True  # (a{1,2}){5}: five repeats in a row
             if op in self.varying_ops and av[0] != av[1]:
-                for op2, av2 in seq[i + 1 :]:
-                    if op2 in self.zero_width:
-                        continue
+                for op2, av2 in parts[i + 1 :]:
                     if op2 in self.varying_ops and av2[0] != av2[1]:
-                        if self.overlap(av[2], av2[2]):
+                        if self.overlap(av[2], self.heads(av2[2])):
                             return True
-                        if av2[0] == 0:
-                            continue
-                    break
+                        continue
+                    if not self.overlap(av[2], [(op2, av2)]):
+                        break  # a part the repeat cannot take: the stretch ends here
             if op not in (self.c.ATOMIC_GROUP, self.c.POSSESSIVE_REPEAT) and any(
                 self.repeats_in_a_row(child) for child in self.children(op, av)
             ):
@@ -629,14 +696,18 @@ def nested_repetition(pattern: str) -> bool:
     repeat inside them does not count; what is inside them is checked as a pattern of its own.
     """
     regex = _RegexTree(pattern)
-    return any(
-        op in regex.varying_ops
-        and av[1] > 1
-        and regex.varying(av[2])
-        and regex.splits(av[2]) ** min(av[1], 64) > 10_000  # (\d{2,3}){2}: 4 ways in all
-        and (regex.repeats_in_a_row(av[2]) or not regex.delimited(av[2]))
-        for op, av in regex.items()
-    )
+    few = 0.0  # the groups let pass for their few splits share one budget
+    for op, av in regex.items():
+        if not (op in regex.varying_ops and av[1] > 1 and regex.varying(av[2])):
+            continue
+        if regex.repeats_in_a_row(av[2]):
+            return True
+        if regex.delimited(av[2]):
+            continue
+        few += min(av[1], 64) * math.log(regex.splits(av[2]))  # (\d{2,3}){2}: 4 ways
+        if few > math.log(10_000):
+            return True
+    return False
 
 
 def ambiguous_alternation(pattern: str) -> bool:
@@ -804,8 +875,9 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
                             "a repeated group holds a repeat that can split a value between "
                             "its rounds in many ways: a value that almost matches can take "
                             "exponential time; end (or start) each round with a character "
-                            "nothing else in it matches ((\\d{1,3}\\.){3}), or make the "
-                            "inner repeat possessive (a++) or the group atomic ((?>...))",
+                            "nothing else in it matches ((\\d{1,3}\\.){3}, (\\s+\\w+)*), or "
+                            "make the inner repeat possessive (a++) where nothing after it "
+                            "needs characters back",
                         )
                     )
                 elif ambiguous:
@@ -814,8 +886,9 @@ def _semantic_errors(raw: dict[str, Any], where: _Where, stem: str | None) -> li
                             [*at, "regex"],
                             "a repeated group holds alternatives that can start with the "
                             "same character, or can match nothing ((a?){9}): a value that "
-                            "almost matches can take exponential time; make the repeat "
-                            "possessive ((a|ab)++) or the group atomic ((?>a|ab)+)",
+                            "almost matches can take exponential time; let the alternatives "
+                            "start differently ((a|ab)+ as (ab?)+), or make the repeat "
+                            "possessive ((a|ab)++) where nothing after it needs characters back",
                         )
                     )
         for j, value in enumerate(col.get("allowed_values", [])):

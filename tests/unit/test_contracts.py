@@ -265,7 +265,25 @@ def _assert_fast_on_a_near_match(pattern: str) -> None:
         ("^(x+x+,)*$", True),  # a delimiter, but each round splits x's many ways
         ("^(?:(?:a+){1})+$", True),  # cold user: {1} hid the repeat
         ("^(x)(?:(?(1)a+|b))+$", True),  # cold user: so did a conditional
+        # a second cold trial: parts between the repeats, groups around them, bounded
+        # groups in a row or nested, classes that share characters beyond Latin-1, (?i) pairs
+        ("^(?:a+aa+,)*$", True),  # 18 s on 97 characters
+        ("^(?:\\w+_\\w+,)*$", True),
+        ("^(?:(a+)(a+),)*$", True),
+        ("^(?:(?:a{1,2}){5},)*$", True),
+        ("^(?:a{1,2}){13}(?:a{1,2}){13}$", True),
+        ("^((a{1,2}){13}){3}$", True),
+        ("^(?:\\w+[^\\x00-\\xff]+,)*$", True),
+        ("^(?:[\u4e00-\u9fff]+\\w* )*$", True),
+        ("(?i)^(?:i+\u0130)*$", True),
+        ("(?i)^(?:\u0390+\u1fd3)*$", True),
         ("^(a{1,8}+){1,12}$", False),  # possessive: nothing to give back
+        ("^\\w+(?:\\s+\\w+)*$", False),  # a run of spaces starts each round
+        ("^\\+?\\d+(?:[\\s.-]\\d+)*$", False),
+        ("^([a-z0-9]+(-[a-z0-9]+)*\\.)+[a-z]{2,}$", False),  # - is not in [a-z0-9]
+        ("^\\d+(\\.\\d+)?(,\\d+(\\.\\d+)?)*$", False),
+        ("^(?:[a-z]{1,256}\\.[a-z]{1,256},)*$", False),  # was a float overflow, as invalid
+        ("(?:a{0,70000}b){64}", False),
         ("^(a{2}){1,10}$", False),  # a repeat of fixed length splits one way
         ("^(\\d{2,3}){2}$", False),  # cold user: refused, though 4 ways in all
         ("^(a{1,5})$", False),  # not repeated
@@ -304,6 +322,10 @@ def test_repeated_groups_holding_a_repeat_that_splits_rounds_many_ways_are_refus
         ("[$]x$", r"[$]x\Z"),  # in a class: a dollar sign
         ("[]$]$", r"[]$]\Z"),
         ("(?m)^a$", "(?m)^a$"),  # (?m): a line's end
+        ("(?i)(?m)^a$", "(?i)(?m)^a$"),
+        ("(?m:^)a$", "(?m:^)a$"),  # (?m) anywhere: left as written
+        ("^ev-[0-9]+(?#[)$", r"^ev-[0-9]+(?#[)\Z"),  # a [ in a comment opens no class
+        ("(?x)^ev-[0-9]+  # like ev-[n\n$", "(?x)^ev-[0-9]+  # like ev-[n\n\\Z"),
         (None, None),
     ],
 )
