@@ -411,7 +411,7 @@ def value_pattern(regex: str) -> str:
         return regex  # refused with its own error
     if any(f & re.MULTILINE for f in [flags, *scoped]):
         return regex
-    verbose = bool(flags & re.VERBOSE)
+    verbose = any(f & re.VERBOSE for f in [flags, *scoped])  # (?x:...): # may start a comment
     out, i, in_class, first = [], 0, False, 0
     while i < len(regex):
         ch = regex[i]
@@ -454,6 +454,42 @@ _SCRIPT_PROBES = {
 ranges) may share: one or a few of each script's letters, digits and spaces."""
 
 
+@lru_cache(maxsize=1)
+def _case_classes() -> dict[int, tuple[int, ...]]:
+    """The characters ``re`` folds to each lower case one, where more than one does."""
+    import _sre  # type: ignore[import-not-found]
+
+    by: dict[int, list[int]] = {}
+    for x in range(0x20000):
+        by.setdefault(_sre.unicode_tolower(x), []).append(x)
+    return {low: tuple(xs) for low, xs in by.items() if len(xs) > 1 or xs[0] != low}
+
+
+def _leaf_source(c: Any, op: Any, av: Any) -> str:
+    """A pattern matching what one parsed leaf (a literal, a class) matches."""
+
+    def one(x: int) -> str:
+        return re.escape(chr(x))
+
+    if op == c.LITERAL:
+        return one(av)
+    if op == c.NOT_LITERAL:
+        return f"[^{one(av)}]"
+    categories = {"DIGIT": r"\d", "NOT_DIGIT": r"\D", "SPACE": r"\s", "NOT_SPACE": r"\S",
+                  "WORD": r"\w", "NOT_WORD": r"\W"}  # fmt: skip
+    body = ""
+    for kind, arg in av:
+        if kind == c.NEGATE:
+            body = "^" + body
+        elif kind == c.LITERAL:
+            body += one(arg)
+        elif kind == c.RANGE:
+            body += f"{one(arg[0])}-{one(arg[1])}"
+        elif kind == c.CATEGORY:
+            body += categories.get(str(arg).removeprefix("CATEGORY_"), r"\s\S")
+    return f"[{body}]" if body else "[^\\s\\S]"
+
+
 class _RegexTree:
     """A pattern as Python's ``re`` parser sees it, and what its parts can match."""
 
@@ -467,6 +503,8 @@ class _RegexTree:
         self.fold = bool(self.tree.state.flags & c.SRE_FLAG_IGNORECASE) or any(
             op == c.SUBPATTERN and av[1] & c.SRE_FLAG_IGNORECASE for op, av in self.items()
         )
+        self.flags = re.IGNORECASE if self.fold else 0
+        self._leaf_cache: dict[tuple[Any, str], re.Pattern[str]] = {}
         self.varying_ops = (c.MAX_REPEAT, c.MIN_REPEAT)
         self.zero_width = (c.AT, c.ASSERT, c.ASSERT_NOT)
 
@@ -501,11 +539,11 @@ class _RegexTree:
         import _sre  # type: ignore[import-not-found]
         from re import _casefix  # type: ignore[attr-defined]
 
+        same = _case_classes()
         out = set(chars)
         for x in chars:
             low = _sre.unicode_tolower(x)
-            out |= {low, *_casefix._EXTRA_CASES.get(low, ())}
-            out |= {ord(v) for v in (chr(x).lower(), chr(x).upper()) if len(v) == 1}
+            out |= {low, *_casefix._EXTRA_CASES.get(low, ()), *same.get(low, ())}
         return out
 
     def leaf_set(self, op: Any, av: Any) -> set[int] | None:
@@ -526,30 +564,19 @@ class _RegexTree:
         return None
 
     def can_match(self, op: Any, av: Any, ch: int) -> bool:
-        """Whether one leaf (a literal, a class, a dot, a back reference) can match ``ch``."""
-        import re
+        """Whether one leaf (a literal, a class, a dot, a back reference) can match ``ch``.
 
+        Asked of ``re`` itself, with the pattern's case folding: (?i) pairs such as ``ß``
+        and ``ẞ`` are its own.
+        """
         c = self.c
-        flags = re.IGNORECASE if self.fold else 0
-        if op in (c.LITERAL, c.NOT_LITERAL):
-            same = ch in self.folded({av})
-            return same if op == c.LITERAL else not same
-        if op == c.IN:
-            hit, negate = False, False
-            for kind, arg in av:
-                if kind == c.NEGATE:
-                    negate = True
-                elif kind == c.LITERAL:
-                    hit |= ch in self.folded({arg})
-                elif kind == c.RANGE:
-                    hit |= any(arg[0] <= x <= arg[1] for x in self.folded({ch}))
-                elif kind == c.CATEGORY:
-                    code = str(arg).removeprefix("CATEGORY_").lower()
-                    probe = {"digit": r"\d", "not_digit": r"\D", "space": r"\s",
-                             "not_space": r"\S", "word": r"\w", "not_word": r"\W"}  # fmt: skip
-                    hit |= bool(re.fullmatch(probe.get(code, "(?s:.)"), chr(ch), flags))
-            return hit != negate
-        return True  # any character, a back reference
+        if op not in (c.LITERAL, c.NOT_LITERAL, c.IN):
+            return True  # any character, a back reference
+        key = (op, repr(av))
+        leaf = self._leaf_cache.get(key)
+        if leaf is None:
+            leaf = self._leaf_cache[key] = re.compile(_leaf_source(c, op, av), self.flags)
+        return leaf.fullmatch(chr(ch)) is not None
 
     def leaves(self, seq: Any) -> list[tuple[Any, Any]]:
         """The character-matching nodes anywhere inside ``seq``."""
@@ -566,6 +593,11 @@ class _RegexTree:
         out = set(range(256)) | _SCRIPT_PROBES
         for op, av in leaves:
             out |= self.leaf_set(op, av) or set()
+            if op == self.c.IN:  # a wide or negated range: its edges and middle
+                for kind, arg in av:
+                    if kind == self.c.RANGE:
+                        lo, hi = arg
+                        out |= {lo, hi, (lo + hi) // 2, max(lo - 1, 0), min(hi + 1, 0x10FFFF)}
             if len(out) > 2048:
                 return None
         return out
@@ -620,8 +652,8 @@ class _RegexTree:
             op, av = parts[k]
             others = parts[:k] + parts[k + 1 :]
             if op in self.varying_ops and av[0] >= 1:  # \s+ starts each round too,
-                if all(o in self.varying_ops and a[0] == 0 for o, a in others):
-                    continue  # if something else must follow it: not (a+)+, (a+b?)+
+                if all(self.nullable([(o, a)]) for o, a in others):
+                    continue  # if something else must follow it: not (a+)+, (a+,?+)+
                 op, av = av[2][0] if len(av[2]) == 1 else (None, None)
             if op not in (self.c.LITERAL, self.c.IN):
                 continue
@@ -633,6 +665,26 @@ class _RegexTree:
             ):
                 return True
         return False
+
+    def nullable(self, seq: Any) -> bool:
+        """Whether ``seq`` can match nothing (``a?+``, ``(?>,?)``, ``(?(1),)``...)."""
+        c = self.c
+        for op, av in seq:
+            if op in self.zero_width:
+                continue
+            if op in (*self.varying_ops, c.POSSESSIVE_REPEAT):
+                if av[0] == 0 or self.nullable(av[2]):
+                    continue
+                return False
+            if op == c.GROUPREF_EXISTS and (av[2] is None or self.nullable(av[2])):
+                continue
+            kids = self.children(op, av)
+            if op in (c.SUBPATTERN, c.ATOMIC_GROUP) and self.nullable(kids[0]):
+                continue
+            if op in (c.BRANCH, c.GROUPREF_EXISTS) and any(self.nullable(k) for k in kids):
+                continue
+            return False
+        return True
 
     def heads(self, seq: Any) -> list[tuple[Any, Any]]:
         """The parts a match of ``seq`` can start with (``-`` for ``-[a-z0-9]+``)."""

@@ -277,6 +277,15 @@ def _assert_fast_on_a_near_match(pattern: str) -> None:
         ("^(?:[\u4e00-\u9fff]+\\w* )*$", True),
         ("(?i)^(?:i+\u0130)*$", True),
         ("(?i)^(?:\u0390+\u1fd3)*$", True),
+        # a third: an optional separator, possessive, atomic or conditional, is none;
+        # overlaps in wide or negated ranges; (?i) pairs only re knows (ß, ẞ)
+        ("^(?:\\w+,?+)*$", True),
+        ("^(?:\\d+(?>\\.?))+$", True),
+        ("^(b)?(?:(?(1),)a+)*$", True),
+        ("^(\\w+[\u3400-\u4dbf])*$", True),
+        ("^(\\w+[\U00010000-\U0010ffff])*$", True),
+        ("^(\\d+[^\x00-\u0e4f\u0e5a-\U0010ffff])*$", True),
+        ("(?i)^(?:[\u1e00-\u1eff]+\u00df)*$", True),
         ("^(a{1,8}+){1,12}$", False),  # possessive: nothing to give back
         ("^\\w+(?:\\s+\\w+)*$", False),  # a run of spaces starts each round
         ("^\\+?\\d+(?:[\\s.-]\\d+)*$", False),
@@ -326,6 +335,7 @@ def test_repeated_groups_holding_a_repeat_that_splits_rounds_many_ways_are_refus
         ("(?m:^)a$", "(?m:^)a$"),  # (?m) anywhere: left as written
         ("^ev-[0-9]+(?#[)$", r"^ev-[0-9]+(?#[)\Z"),  # a [ in a comment opens no class
         ("(?x)^ev-[0-9]+  # like ev-[n\n$", "(?x)^ev-[0-9]+  # like ev-[n\n\\Z"),
+        ("^a(?x: # [\n)$", "^a(?x: # [\n)\\Z"),  # third cold trial
         (None, None),
     ],
 )
