@@ -129,7 +129,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "settings", "fsutil", "layout", "argtypes", "lognoise", "cpus", "progress",
      "native", "connections", "deadline"),
     # 1: one file's config and contract, parsed and typed
-    ("config", "contracts", "odcs"),
+    ("config", "contracts", "regexes", "odcs"),
     # 2: what is stored: snapshots and model versions
     ("volumes", "registry", "fingerprint"),
     # 3: the stages, and what spans pipelines

@@ -236,7 +236,7 @@ def test_regexes_whose_repeated_alternatives_start_alike_are_refused(
 ) -> None:
     """``(a|a)+`` and its kind passed the check and hung the scorer on a record that
     almost matched; the ones the check passes stay fast on such a value."""
-    from trainyard.contracts import ambiguous_alternation, nested_repetition
+    from trainyard.regexes import ambiguous_alternation, nested_repetition
 
     assert ambiguous_alternation(pattern) is ambiguous
     if not ambiguous:
@@ -312,7 +312,7 @@ def test_repeated_groups_holding_a_repeat_that_splits_rounds_many_ways_are_refus
     """Bounds did not save ``(a{1,5}){1,10}`` (only an unbounded inner repeat counted),
     while common patterns whose rounds end in a delimiter were refused; the ones the check
     passes stay fast on near matches."""
-    from trainyard.contracts import ambiguous_alternation, nested_repetition
+    from trainyard.regexes import ambiguous_alternation, nested_repetition
 
     assert nested_repetition(pattern) is nested
     if not nested and not ambiguous_alternation(pattern):
