@@ -32,7 +32,7 @@ def value_pattern(regex: str) -> str:
         return regex  # refused with its own error
     if any(f & re.MULTILINE for f in [flags, *scoped]):
         return regex
-    verbose = any(f & re.VERBOSE for f in [flags, *scoped])  # (?x:...): # may start a comment
+    verbose = [bool(flags & re.VERBOSE)]  # per open group: (?x:...) and (?-x:...) scope it
     out, i, in_class, first = [], 0, False, 0
     while i < len(regex):
         ch = regex[i]
@@ -45,8 +45,16 @@ def value_pattern(regex: str) -> str:
             in_class, first = True, i + 1 + (regex[i + 1 : i + 2] == "^")
         elif regex.startswith("(?#", i):
             end = regex.find(")", i) + 1 or len(regex)
-        elif verbose and ch == "#":
+        elif verbose[-1] and ch == "#":
             end = regex.find("\n", i) + 1 or len(regex)
+        elif ch == "(":
+            scope = re.match(r"\(\?([aiLmsux]*)(?:-([imsx]*))?:", regex[i:])
+            on = verbose[-1]
+            if scope:
+                on = "x" in scope[1] or (on and "x" not in (scope[2] or ""))
+            verbose.append(on)
+        elif ch == ")" and len(verbose) > 1:
+            verbose.pop()
         elif ch == "$":
             ch = "\\Z"
         out.append(ch if end == i + 1 else regex[i:end])
@@ -66,15 +74,6 @@ def usable_regex(regex: str) -> re.Pattern[str] | None:
     return compiled
 
 
-_SCRIPT_PROBES = {
-    *map(ord, "ĀſƀΑαЖжאا٣अ३กあア中한０Ａａ\u2003\u3000\u00a0\u0130\u0131\u212a"),
-    *range(0x390, 0x3A0),
-    *range(0x1F00, 0x1F10),
-}
-"""Characters beyond Latin-1 that classes (``\\w``, ``\\d``, ``\\s``, negations, wide
-ranges) may share: one or a few of each script's letters, digits and spaces."""
-
-
 @lru_cache(maxsize=1)
 def _case_classes() -> dict[int, tuple[int, ...]]:
     """The characters ``re`` folds to each lower case one, where more than one does."""
@@ -84,6 +83,53 @@ def _case_classes() -> dict[int, tuple[int, ...]]:
     for x in range(0x20000):
         by.setdefault(_sre.unicode_tolower(x), []).append(x)
     return {low: tuple(xs) for low, xs in by.items() if len(xs) > 1 or xs[0] != low}
+
+
+@lru_cache(maxsize=1)
+def _every_character() -> str:
+    """Every code point but the surrogates, in order."""
+    return "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
+
+
+@lru_cache(maxsize=1024)
+def _leaf_chars(source: str, flags: int) -> tuple[tuple[int, int], ...]:
+    r"""What the one-character pattern ``source`` matches, as ranges, asked of ``re``.
+
+    One pass of ``re`` over every code point finds the runs it matches: exact, where a
+    sample of characters missed a ``\d`` inside ``[\u1000-\u2000]`` or ``(?i)`` pairs.
+    """
+    if re.fullmatch(r"\\?.", source, re.DOTALL) and not flags:  # one literal
+        x = ord(source[-1])
+        return ((x, x),)
+    every = _every_character()
+    runs = []
+    for m in re.finditer(f"(?:{source})+", every, flags):
+        lo, hi = ord(m.group()[0]), ord(m.group()[-1])
+        runs.append((lo, hi))
+    return tuple(runs)
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _meet(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """Whether two sorted, merged range lists share a character."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][1] < b[j][0]:
+            i += 1
+        elif b[j][1] < a[i][0]:
+            j += 1
+        else:
+            return True
+    return False
 
 
 def _leaf_source(c: Any, op: Any, av: Any) -> str:
@@ -125,7 +171,6 @@ class _RegexTree:
             op == c.SUBPATTERN and av[1] & c.SRE_FLAG_IGNORECASE for op, av in self.items()
         )
         self.flags = re.IGNORECASE if self.fold else 0
-        self._leaf_cache: dict[tuple[Any, str], re.Pattern[str]] = {}
         self.varying_ops = (c.MAX_REPEAT, c.MIN_REPEAT)
         self.zero_width = (c.AT, c.ASSERT, c.ASSERT_NOT)
 
@@ -184,20 +229,15 @@ class _RegexTree:
             return self.folded(chars)
         return None
 
-    def can_match(self, op: Any, av: Any, ch: int) -> bool:
-        """Whether one leaf (a literal, a class, a dot, a back reference) can match ``ch``.
-
-        Asked of ``re`` itself, with the pattern's case folding: (?i) pairs such as ``ß``
-        and ``ẞ`` are its own.
-        """
+    def chars(self, leaves: list[tuple[Any, Any]]) -> list[tuple[int, int]]:
+        """Every character one of ``leaves`` can match, as sorted, merged ranges."""
         c = self.c
-        if op not in (c.LITERAL, c.NOT_LITERAL, c.IN):
-            return True  # any character, a back reference
-        key = (op, repr(av))
-        leaf = self._leaf_cache.get(key)
-        if leaf is None:
-            leaf = self._leaf_cache[key] = re.compile(_leaf_source(c, op, av), self.flags)
-        return leaf.fullmatch(chr(ch)) is not None
+        ranges: list[tuple[int, int]] = []
+        for op, av in leaves:
+            if op not in (c.LITERAL, c.NOT_LITERAL, c.IN):
+                return [(0, 0x10FFFF)]  # any character, a back reference
+            ranges += _leaf_chars(_leaf_source(c, op, av), self.flags)
+        return _merged(ranges)
 
     def leaves(self, seq: Any) -> list[tuple[Any, Any]]:
         """The character-matching nodes anywhere inside ``seq``."""
@@ -205,33 +245,9 @@ class _RegexTree:
         kinds = (c.LITERAL, c.NOT_LITERAL, c.IN, c.ANY, c.GROUPREF)
         return [(op, av) for op, av in self.items(seq) if op in kinds]
 
-    def probes(self, leaves: list[tuple[Any, Any]]) -> set[int] | None:
-        """The characters to try ``leaves`` on; None: they name too many to try.
-
-        Latin-1, a letter, digit and space of the other scripts, and every character the
-        leaves name.
-        """
-        out = set(range(256)) | _SCRIPT_PROBES
-        for op, av in leaves:
-            out |= self.leaf_set(op, av) or set()
-            if op == self.c.IN:  # a wide or negated range: its edges and middle
-                for kind, arg in av:
-                    if kind == self.c.RANGE:
-                        lo, hi = arg
-                        out |= {lo, hi, (lo + hi) // 2, max(lo - 1, 0), min(hi + 1, 0x10FFFF)}
-            if len(out) > 2048:
-                return None
-        return out
-
     def overlap(self, a: Any, b: Any) -> bool:
         """Whether some character can be matched inside both ``a`` and ``b`` (sequences)."""
-        left, right = self.leaves(a), self.leaves(b)
-        probes = self.probes(left + right)
-        return probes is None or any(
-            any(self.can_match(op, av, ch) for op, av in left)
-            and any(self.can_match(op, av, ch) for op, av in right)
-            for ch in probes
-        )
+        return _meet(self.chars(self.leaves(a)), self.chars(self.leaves(b)))
 
     def varying(self, seq: Any) -> bool:
         """Whether ``seq`` holds a repeat of varying length that can give characters back."""
@@ -278,12 +294,7 @@ class _RegexTree:
                 op, av = av[2][0] if len(av[2]) == 1 else (None, None)
             if op not in (self.c.LITERAL, self.c.IN):
                 continue
-            rest = self.leaves(others)
-            probes = self.probes([*rest, (op, av)])
-            if probes is not None and not any(
-                self.can_match(op, av, ch) and any(self.can_match(o, a, ch) for o, a in rest)
-                for ch in probes
-            ):
+            if not _meet(self.chars([(op, av)]), self.chars(self.leaves(others))):
                 return True
         return False
 
