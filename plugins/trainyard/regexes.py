@@ -75,17 +75,6 @@ def usable_regex(regex: str) -> re.Pattern[str] | None:
 
 
 @lru_cache(maxsize=1)
-def _case_classes() -> dict[int, tuple[int, ...]]:
-    """The characters ``re`` folds to each lower case one, where more than one does."""
-    import _sre  # type: ignore[import-not-found]
-
-    by: dict[int, list[int]] = {}
-    for x in range(0x20000):
-        by.setdefault(_sre.unicode_tolower(x), []).append(x)
-    return {low: tuple(xs) for low, xs in by.items() if len(xs) > 1 or xs[0] != low}
-
-
-@lru_cache(maxsize=1)
 def _every_character() -> str:
     """Every code point but the surrogates, in order."""
     return "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
@@ -197,37 +186,6 @@ class _RegexTree:
             yield op, av
             for child in self.children(op, av):
                 yield from self.items(child)
-
-    def folded(self, chars: set[int]) -> set[int]:
-        """``chars`` with what ``re`` takes for them under (?i) (``İ`` for ``i``...)."""
-        if not self.fold:
-            return chars
-        import _sre  # type: ignore[import-not-found]
-        from re import _casefix  # type: ignore[attr-defined]
-
-        same = _case_classes()
-        out = set(chars)
-        for x in chars:
-            low = _sre.unicode_tolower(x)
-            out |= {low, *_casefix._EXTRA_CASES.get(low, ()), *same.get(low, ())}
-        return out
-
-    def leaf_set(self, op: Any, av: Any) -> set[int] | None:
-        """The characters one leaf matches, when few and known; None: a class, a dot..."""
-        c = self.c
-        if op == c.LITERAL:
-            return self.folded({av})
-        if op == c.IN:
-            chars: set[int] = set()
-            for kind, arg in av:
-                if kind == c.LITERAL:
-                    chars.add(arg)
-                elif kind == c.RANGE and arg[1] - arg[0] < 4096:
-                    chars.update(range(arg[0], arg[1] + 1))
-                else:  # a category (\w), a negation, a wide range
-                    return None
-            return self.folded(chars)
-        return None
 
     def chars(self, leaves: list[tuple[Any, Any]]) -> list[tuple[int, int]]:
         """Every character one of ``leaves`` can match, as sorted, merged ranges."""
@@ -408,22 +366,21 @@ def ambiguous_alternation(pattern: str) -> bool:
     c = regex.c
     repeats = (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT)
 
-    def first(seq: Any) -> set[int] | None:
+    def first(seq: Any) -> list[tuple[int, int]] | None:
         """The characters a match of ``seq`` can start with; None: any, or none."""
-        out: set[int] = set()
+        out: list[tuple[int, int]] = []
         for op, av in seq:
             if op in regex.zero_width:
                 continue
-            if op in (c.LITERAL, c.IN):
-                chars = regex.leaf_set(op, av)
-                return None if chars is None else out | chars
+            if op in (c.LITERAL, c.NOT_LITERAL, c.IN):
+                return _merged(out + regex.chars([(op, av)]))
             if op in repeats:
                 sub = first(av[2])
                 if sub is None:
                     return None
-                out |= sub
+                out += sub
                 if av[0] > 0:
-                    return out
+                    return _merged(out)
                 continue  # may repeat 0 times: what follows can start the match too
             if op in (c.SUBPATTERN, c.ATOMIC_GROUP, c.BRANCH, c.GROUPREF_EXISTS):
                 subs = [first(b) for b in regex.children(op, av)]
@@ -431,7 +388,7 @@ def ambiguous_alternation(pattern: str) -> bool:
                     return None  # (?(1)x): no second branch, it may match nothing
                 if any(x is None for x in subs):
                     return None
-                return out.union(*subs)  # type: ignore[arg-type]
+                return _merged(out + [r for sub in subs for r in sub])  # type: ignore[union-attr]
             return None  # any character, a back reference...
         return None  # it may match nothing
 
@@ -441,7 +398,7 @@ def ambiguous_alternation(pattern: str) -> bool:
                 starts = [first(b) for b in regex.children(op, av)]
                 for i, a in enumerate(starts):
                     for b in starts[i + 1 :]:
-                        if a is None or b is None or a & b:
+                        if a is None or b is None or _meet(a, b):
                             return True
             if op in (c.ATOMIC_GROUP, c.POSSESSIVE_REPEAT):
                 continue  # gives nothing back
