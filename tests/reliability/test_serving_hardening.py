@@ -499,7 +499,7 @@ def test_connection_cap_below_the_clients_never_cuts_an_answered_keepalive_conne
 
 
 @pytest.mark.slow
-def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
+def test_large_request_memory_returns_near_baseline(tmp_path: Path, model: Path):
     """What large requests leave resident, and that it does not grow request after request.
 
     Twelve concurrent 40,000-row requests: decoded all at once, their JSON took the server
@@ -509,7 +509,19 @@ def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
     the allocator tuning (``trainyard.serving.memory``) each left 40-100 MB behind; now the
     heap keeps 15-30 MB that ``malloc_trim`` cannot return: four are sent, which together
     must leave less than one did before, and the last nothing more than the one before it.
+
+    The server has the default deadlines: under a busy ``make test`` one of the twelve bodies
+    took the strict server more than its 3 s to read (408), and the assertion in its thread
+    went unseen; each client's answer is now checked here.
     """
+    strict = ServerProcess(tmp_path / "roomy", model, "--max-rows", "50000")
+    try:
+        _large_requests(strict)
+    finally:
+        strict.stop()
+
+
+def _large_requests(strict: ServerProcess) -> None:
     images = np.round(np.random.default_rng(5).random((50_000, 8, 8, 1)), 2)
     with ServingClient("127.0.0.1", strict.port, timeout=60) as client:
         for _ in range(5):
@@ -523,10 +535,13 @@ def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
         while not stop.wait(0.2):
             peak[0] = max(peak[0], strict.rss_mb())
 
+    answers: list[tuple[int, int]] = []
+
     def one() -> None:
         with ServingClient("127.0.0.1", strict.port, timeout=900) as c:
             status, data = c.request("POST", PREDICT, concurrent)
-            assert status == 200 and len(json.loads(data)["predictions"]) == 40_000
+            rows = len(json.loads(data).get("predictions", [])) if status == 200 else 0
+            answers.append((status, rows))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -537,6 +552,7 @@ def test_large_request_memory_returns_near_baseline(strict: ServerProcess):
         t.join(900)
     stop.set()
     watcher.join(5)
+    assert answers == [(200, 40_000)] * 12, answers
     time.sleep(2.0)  # the trim runs 0.2 s after the answer
     kept = strict.rss_mb() - baseline
     assert kept < 60, f"RSS {baseline:.0f} MB before 12 concurrent requests, then +{kept:.0f}"
