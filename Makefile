@@ -21,11 +21,14 @@ setup: $(STAMP) native
 # (setup.py: staging packer, loopback preload library) in place,
 # next to their sources; again when a source or the build files change. The extensions are
 # optional: a failed build is a warning and `python -m trainyard.native` names what is missing.
+# The sources are byte-compiled too, as pip does for site-packages: under PYTHONDONTWRITEBYTECODE
+# (CI images set it) every Airflow task, step and worker process compiled them again.
 NATIVE_STAMP := .trainyard/native.built
 native: $(NATIVE_STAMP)
 
 $(NATIVE_STAMP): $(STAMP) pyproject.toml setup.py $(wildcard plugins/trainyard/*/*.c)
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
+	@$(VENV)/bin/python -m compileall -q plugins dags >/dev/null
 	@$(ENV) python -m trainyard.native
 	@mkdir -p $(dir $@) && touch $@
 

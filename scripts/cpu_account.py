@@ -24,7 +24,14 @@ PTH = "_trainyard_cpu_account.pth"
 
 
 def _hook(path: str) -> None:
-    """Log this process's CPU time to ``path`` when it exits (``os._exit`` included)."""
+    """Log this process's CPU time to ``path`` when it exits (``os._exit`` included).
+
+    Once per process: site may read the ``.pth`` twice (seen in this venv), and a second
+    hook would log every process twice.
+    """
+    if getattr(sys, "_trainyard_cpu_account", False):
+        return
+    sys._trainyard_cpu_account = True  # type: ignore[attr-defined]
     import atexit
     import resource
     import time
