@@ -49,7 +49,6 @@ HEAVY = {
     "tests/e2e/test_cached_training.py": 130,
     "tests/reliability/test_interrupt.py": 125,
     "tests/e2e/test_mlflow_tracking.py": 98,
-    "tests/e2e/test_backfill_postgres.py": 92,
     "tests/e2e/test_regression_e2e.py": 87,
     "tests/reliability/test_stream_scoring.py": 84,
     "tests/e2e/test_missing_partition_e2e.py": 72,

@@ -30,8 +30,6 @@ SHARED_ENV = "TRAINYARD_TEST_SHARED"
 
 SCHEDULER_ALLOWED: dict[str, str] = {
     "tests/e2e/test_standalone_watch.py": "kills the scheduler on purpose",
-    "tests/e2e/test_backfill_postgres.py": "a bare Airflow (no trainyard) whose database "
-    "load is the subject",
     "tests/integration/test_standalone_lifecycle.py": "a stand-in `airflow standalone` "
     "(a script that ignores SIGTERM) for the wrapper's stop",
 }
