@@ -13,6 +13,6 @@ fi
 rm -rf "$venv"
 python3 -m venv "$venv"
 # (this machine's pip config names local indexes that may be absent: their warnings go)
-# pip byte-compiles on one core, compileall on every core (mlflow's venv: 63 s instead of 102)
+# pip byte-compiles on one core, compileall on every core
 "$venv/bin/pip" install --quiet --no-compile "mlflow==$version" 2> >(grep -v "is ignored" >&2)
 "$venv/bin/python" -m compileall -q -j 0 "$venv/lib" >/dev/null || true  # (as pip: a file that does not compile fails at its import)
