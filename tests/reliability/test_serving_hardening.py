@@ -514,31 +514,31 @@ def test_large_request_memory_returns_near_baseline(tmp_path: Path, model: Path)
     took the strict server more than its 3 s to read (408), and the assertion in its thread
     went unseen; each client's answer is now checked here.
     """
-    strict = ServerProcess(tmp_path / "roomy", model, "--max-rows", "50000")
+    server = ServerProcess(tmp_path / "roomy", model, "--max-rows", "50000")
     try:
-        _large_requests(strict)
+        _large_requests(server)
     finally:
-        strict.stop()
+        server.stop()
 
 
-def _large_requests(strict: ServerProcess) -> None:
+def _large_requests(server: ServerProcess) -> None:
     images = np.round(np.random.default_rng(5).random((50_000, 8, 8, 1)), 2)
-    with ServingClient("127.0.0.1", strict.port, timeout=60) as client:
+    with ServingClient("127.0.0.1", server.port, timeout=60) as client:
         for _ in range(5):
             client.predict("digits", instances=images[:4].tolist())
     time.sleep(1.0)
-    baseline = strict.rss_mb()
+    baseline = server.rss_mb()
     concurrent = json.dumps({"instances": images[:40_000].tolist()}).encode()
     peak, stop = [baseline], threading.Event()
 
     def watch() -> None:
         while not stop.wait(0.2):
-            peak[0] = max(peak[0], strict.rss_mb())
+            peak[0] = max(peak[0], server.rss_mb())
 
     answers: list[tuple[int, int]] = []
 
     def one() -> None:
-        with ServingClient("127.0.0.1", strict.port, timeout=900) as c:
+        with ServingClient("127.0.0.1", server.port, timeout=900) as c:
             status, data = c.request("POST", PREDICT, concurrent)
             rows = len(json.loads(data).get("predictions", [])) if status == 200 else 0
             answers.append((status, rows))
@@ -554,16 +554,16 @@ def _large_requests(strict: ServerProcess) -> None:
     watcher.join(5)
     assert answers == [(200, 40_000)] * 12, answers
     time.sleep(2.0)  # the trim runs 0.2 s after the answer
-    kept = strict.rss_mb() - baseline
+    kept = server.rss_mb() - baseline
     assert kept < 60, f"RSS {baseline:.0f} MB before 12 concurrent requests, then +{kept:.0f}"
     assert peak[0] - baseline < 1500, f"peak {peak[0]:.0f} MB from {baseline:.0f}"
 
     rows = 50_000
     body = json.dumps({"instances": images.tolist()}).encode()
     assert len(body) < 32 * 2**20  # within the default body limit
-    with ServingClient("127.0.0.1", strict.port, timeout=60) as client:
+    with ServingClient("127.0.0.1", server.port, timeout=60) as client:
         time.sleep(1.0)
-        baseline = strict.rss_mb()
+        baseline = server.rss_mb()
         after = []
         for _ in range(4):
             status, data = client.request("POST", PREDICT, body)
@@ -571,7 +571,7 @@ def _large_requests(strict: ServerProcess) -> None:
             assert len(json.loads(data)["predictions"]) == rows
             del data
             time.sleep(2.0)  # the trim runs 0.2 s after the answer
-            after.append(strict.rss_mb())
+            after.append(server.rss_mb())
     grown = ", ".join(f"{a - baseline:+.0f}" for a in after)
     assert after[-1] - baseline < 40, f"RSS {baseline:.0f} MB before, then {grown} MB"
     assert after[-1] - after[-2] < 5, f"RSS grows request after request: {grown} MB"
