@@ -507,8 +507,11 @@ def test_large_request_memory_returns_near_baseline(tmp_path: Path, model: Path)
     (``server._off_loop``) it peaks 0.9 GB above (the bodies waiting, the model's own
     tensors) and keeps about 40 MB. Then 50,000-row requests in a row: before
     the allocator tuning (``trainyard.serving.memory``) each left 40-100 MB behind; now the
-    heap keeps 15-30 MB that ``malloc_trim`` cannot return: four are sent, which together
-    must leave less than one did before, and the last nothing more than the one before it.
+    heap keeps 10-30 MB that ``malloc_trim`` cannot return, at a level that moves within that
+    band from one request to the next (+11, +19, +13, +21 in one CI run). Four are sent, and
+    none may leave 40 MB or more above the baseline: less than one request left before the
+    tuning, and more than any residue in the band, so a leak of 8 MB a request crosses it
+    within the four. A step from one request to the next says nothing: the band is that wide.
 
     The server has the default deadlines: under a busy ``make test`` one of the twelve bodies
     took the strict server more than its 3 s to read (408), and the assertion in its thread
@@ -573,8 +576,7 @@ def _large_requests(server: ServerProcess) -> None:
             time.sleep(2.0)  # the trim runs 0.2 s after the answer
             after.append(server.rss_mb())
     grown = ", ".join(f"{a - baseline:+.0f}" for a in after)
-    assert after[-1] - baseline < 40, f"RSS {baseline:.0f} MB before, then {grown} MB"
-    assert after[-1] - after[-2] < 5, f"RSS grows request after request: {grown} MB"
+    assert max(after) - baseline < 40, f"RSS {baseline:.0f} MB before, then {grown} MB"
 
 
 ZERO_ROW = b"[" + b",".join([b"[" + b",".join([b"[0]"] * 8) + b"]"] * 8) + b"]"
