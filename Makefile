@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 ENV := . scripts/env.sh &&
 PIPELINE ?= digits
 
-.PHONY: run setup native postgres airflow-init test test-fast lint docs bench standalone standalone-check stop clean
+.PHONY: run setup native postgres airflow-init test tool-datacontract tool-mlflow test-checks test-fast lint docs bench standalone standalone-check stop clean
 
 # one run at a time per pipeline, a log of its own in .trainyard/dags_test/
 # (.trainyard/last_dags_test.log links to the newest); Ctrl-C stops it for good (plugins/trainyard/orchestration/dagtest.py)
@@ -73,14 +73,21 @@ stop:
 PYTEST_ALL := -n 2 --durations=20
 
 # the two tool venvs install while the project's venv builds and lint runs (pip and mypy
-# work mostly on one core); every exit code counts
+# work mostly on one core): make's own jobs, which Ctrl-C stops (a shell's `&` ignores it)
 test:
 	bash scripts/system_deps.sh
-	bash scripts/datacontract_cli.sh & dc=$$!; bash scripts/mlflow_server.sh & mf=$$!; \
-	$(MAKE) --no-print-directory $(STAMP) native && $(ENV) ruff check . && ruff format --check . \
-	  && mypy && python -m trainyard contracts check && python -m trainyard pipelines check; \
-	ok=$$?; wait $$dc || ok=1; wait $$mf || ok=1; exit $$ok
+	$(MAKE) --no-print-directory -j 3 tool-datacontract tool-mlflow test-checks
 	$(ENV) pytest $(PYTEST_ALL)
+
+tool-datacontract:
+	bash scripts/datacontract_cli.sh
+
+tool-mlflow:
+	bash scripts/mlflow_server.sh
+
+test-checks: $(STAMP) native
+	$(ENV) ruff check . && ruff format --check . && mypy
+	$(ENV) python -m trainyard contracts check && python -m trainyard pipelines check
 
 # the inner loop: unit and DAG tests only (no server, scheduler, training or browser)
 test-fast: $(STAMP) native
