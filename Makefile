@@ -85,8 +85,7 @@ tool-datacontract:
 tool-mlflow:
 	bash scripts/mlflow_server.sh
 
-test-checks: $(STAMP) native
-	$(ENV) ruff check . && ruff format --check . && mypy
+test-checks: lint native
 	$(ENV) python -m trainyard contracts check && python -m trainyard pipelines check
 
 # the inner loop: unit and DAG tests only (no server, scheduler, training or browser)
