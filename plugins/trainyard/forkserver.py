@@ -102,6 +102,20 @@ class ForkedProcess:
         self.stdout = stdout
         self.returncode: int | None = None
 
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the process (not its group), unless it has ended."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        """SIGTERM the process."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the process."""
+        self.send_signal(signal.SIGKILL)
+
     def poll(self) -> int | None:
         """The exit code (negative: the signal), or None while it runs."""
         return self._status(0)
@@ -152,7 +166,8 @@ def spawn(
         The process.
     """
     forked = None
-    ours = len(argv) > 3 and list(argv[1:3]) == ["-m", "trainyard"]
+    ours = sys.platform.startswith("linux")  # pidfd, /proc
+    ours = ours and len(argv) > 3 and list(argv[1:3]) == ["-m", "trainyard"]
     ours = ours and sum(len(a.encode()) + 1 for a in argv) <= ARGV_ROOM
     if warm and ours and os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
         forked = _request(argv, env)
