@@ -67,7 +67,6 @@ stop:
 	$(ENV) python -c "from trainyard.serving.deploy import stop_local_server; from trainyard.settings import get_settings; print('model server(s) stopped' if stop_local_server(get_settings().serving_root) else 'model server: not running')"
 	$(ENV) python -m trainyard.streaming.redis_server stop
 	$(ENV) python -m trainyard.metadb stop
-	$(ENV) python -c "from trainyard.forkserver import stop_servers; print('fork servers stopped:', ', '.join(stop_servers()) or 'none running')"
 
 # every test, on both cores (pytest-xdist, grouped by tests/conftest.py: each e2e group
 # stays on one worker), and the 20 slowest named at the end

@@ -59,8 +59,6 @@ class Settings:
             (``TRAINYARD_TERMINATION_LOG``), or None.
         stop_file: A file ``make run`` creates on Ctrl-C (``TRAINYARD_STOP_FILE``): once
             it exists the local runner starts no step and a step that ends fails for good.
-        fork_server: Fork local pod processes from a warm parent (:mod:`trainyard.forkserver`;
-            ``TRAINYARD_FORK_SERVER=0`` turns it off).
     """
 
     project_dir: Path
@@ -83,7 +81,6 @@ class Settings:
     xcom_path: Path | None = None
     termination_log: Path | None = None
     stop_file: Path | None = None
-    fork_server: bool = True
 
     @property
     def models_root(self) -> Path:
@@ -144,8 +141,6 @@ def get_settings() -> Settings:
         pg_bin=_path(os.environ.get("TRAINYARD_PG_BIN")),
         progress_s=os.environ.get("TRAINYARD_PROGRESS_S", "").strip(),
         verbose=os.environ.get("TRAINYARD_VERBOSE", "").strip().lower() in ("1", "true", "yes"),
-        fork_server=os.environ.get("TRAINYARD_FORK_SERVER", "").strip().lower()
-        not in ("0", "false", "no", "off"),
         allreduce_pack_bytes=int(os.environ.get("TRAINYARD_ALLREDUCE_PACK_BYTES") or 0),
         xcom_path=_path(os.environ.get("TRAINYARD_XCOM_PATH")),
         termination_log=_path(os.environ.get("TRAINYARD_TERMINATION_LOG")),

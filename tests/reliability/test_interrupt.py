@@ -26,7 +26,6 @@ import psutil
 import pytest
 
 from tests.support.harness import ROOT, Project, init_airflow, make_project
-from tests.support.pods import pod_processes
 
 pytestmark = [pytest.mark.slow]
 
@@ -47,6 +46,29 @@ def _start(project: Project, *argv: str) -> subprocess.Popen[str]:
         # shell ignores it, as for a background job, and children inherit that)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def _workers() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if (p.info["cmdline"] or [])[1:4] == ["-m", "trainyard", "worker"]:
+                found.append(p)
+        except (psutil.Error, IndexError):
+            continue
+    return found
+
+
+def _mine(workers: list[psutil.Process], volume_root: Path) -> list[psutil.Process]:
+    """The training workers of this test's project (other projects may train meanwhile)."""
+    out = []
+    for w in workers:
+        try:
+            if str(volume_root) in " ".join(w.cmdline()):
+                out.append(w)
+        except psutil.Error:
+            continue
+    return out
 
 
 def _wait_for_training(log: Path, proc: subprocess.Popen[str], deadline_s: float = 600) -> None:
@@ -104,7 +126,7 @@ def test_ctrl_c_stops_make_run_for_good(project: Project) -> None:
     (log,) = logs.glob("digits-*.log")
     assert (project.home / "last_dags_test.log").resolve() == log.resolve()
     _wait_for_training(log, first)
-    workers = pod_processes(project.volume_root, "worker")
+    workers = _mine(_workers(), project.volume_root)
     assert len(workers) == 2, workers
 
     # a second make run meanwhile: refused at once, naming the first
@@ -162,7 +184,7 @@ def test_ctrl_c_stops_trainyard_run(project: Project) -> None:
         lines.append(line)
         if f"Epoch 2/{EPOCHS}" in line:
             break
-    workers = pod_processes(project.volume_root, "worker")
+    workers = _mine(_workers(), project.volume_root)
     assert len(workers) == 2, workers
     code, out, seconds = _interrupt(proc)
     assert code == 130, out[-3000:]

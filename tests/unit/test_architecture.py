@@ -127,7 +127,7 @@ def test_the_circle_check_sees_an_import_inside_a_function(tmp_path: Path) -> No
 LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: the base every module may use
     ("errors", "settings", "fsutil", "layout", "argtypes", "lognoise", "cpus", "progress",
-     "native", "connections", "deadline", "forkserver"),
+     "native", "connections", "deadline"),
     # 1: one file's config and contract, parsed and typed
     ("config", "contracts", "regexes", "odcs"),
     # 2: what is stored: snapshots and model versions

@@ -575,7 +575,6 @@ def run_pod_locally(
     import shlex
 
     from trainyard.errors import Interrupted
-    from trainyard.forkserver import spawn
     from trainyard.k8s.local import TERMINATION_LOG, XCOM_PATH, local_process
     from trainyard.steps import EXIT_DETERMINISTIC, EXIT_SKIPPED
 
@@ -591,7 +590,14 @@ def run_pod_locally(
             extra_env=env,
         )
         log(f"pod {pod.metadata.name}: running {shlex.join(proc.argv)}")
-        child = spawn(proc.argv, proc.env, warm=settings.fork_server)
+        child = subprocess.Popen(
+            proc.argv,
+            env=proc.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         if started is not None:
             started(child)
         tail: list[str] = []

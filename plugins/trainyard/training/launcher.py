@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard.errors import TrainingError, TrainingTerminated
-from trainyard.forkserver import spawn
 from trainyard.fsutil import read_json
 from trainyard.lognoise import is_noise
 from trainyard.training import spec
@@ -108,7 +107,6 @@ class LaunchSpec:
         env: Extra environment for every task (tests: ``TRAINYARD_FAULT``).
         success_roles: Task types whose exit 0 completes the attempt (the others are
             servers that are stopped afterwards).
-        fork_server: Fork the task processes from :mod:`trainyard.forkserver`.
     """
 
     tasks: list[TaskSpec]
@@ -117,7 +115,6 @@ class LaunchSpec:
     max_attempts: int
     env: dict[str, str] = field(default_factory=dict)
     success_roles: tuple[str, ...] = ("worker",)
-    fork_server: bool = True
 
 
 class _NonRetryable(TrainingError):
@@ -173,19 +170,20 @@ def free_ports(n: int) -> list[int]:
 
 class _Task:
     def __init__(
-        self,
-        name: str,
-        cmd: list[str],
-        env: dict[str, str],
-        log: Callable[[str], None],
-        *,
-        warm: bool,
+        self, name: str, cmd: list[str], env: dict[str, str], log: Callable[[str], None]
     ) -> None:
         self.name = name
         self.ready = threading.Event()
         self.nan = threading.Event()
         self.tail: list[str] = []
-        self.proc = spawn(cmd, env, warm=warm)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.pgid = self.proc.pid
         self._reader = threading.Thread(
             target=self._pump, args=(log,), name=f"log-{name}", daemon=True
@@ -275,8 +273,7 @@ class _Attempt:
         hosts = {t.dns: f"{LOOPBACK}:{p}" for t, p in zip(self.spec.tasks, ports, strict=True)}
         for task in self.spec.tasks:
             env = task_env(task, hosts, self.guard, attempt=self.attempt, extra=self.spec.env)
-            warm = self.spec.fork_server
-            self.tasks.append(_Task(task.name, task.argv, env, self.log, warm=warm))
+            self.tasks.append(_Task(task.name, task.argv, env, self.log))
         self.log(f"attempt {self.attempt}: started {', '.join(t.name for t in self.tasks)}")
         self.log(f"attempt {self.attempt}: addresses {hosts}")
         self.log(f"attempt {self.attempt}: command {shlex.join(self.spec.tasks[0].argv)}")
@@ -509,7 +506,6 @@ def run_jobs(
             max_attempts=training.max_attempts,
             env=dict(env or {}),
             success_roles=("chief",) if training.strategy == "parameter_server" else ("worker",),
-            fork_server=settings.fork_server,
         )
         t0 = time.monotonic()
         attempts = launch(plan, emit)
